@@ -1,0 +1,30 @@
+"""The attention core: masks, the kernel (explicit | fused), RoPE, the KV cache, layers.
+
+It knows nothing of models, tracing or the CLI.
+"""
+
+from qkv.attention.grouped_query import GroupedQueryAttention
+from qkv.attention.kernels import BACKENDS, attention, explicit_attention, fused_attention, repeat_kv
+from qkv.attention.kv_cache import KVCache
+from qkv.attention.masks import causal_mask, combine_masks, padding_mask
+from qkv.attention.rmsnorm import RMSNorm
+from qkv.attention.rope import Llama3RopeScaling, RotaryEmbedding, apply_rope, inverse_frequencies, rotate_half
+
+__all__ = [
+    "BACKENDS",
+    "GroupedQueryAttention",
+    "KVCache",
+    "Llama3RopeScaling",
+    "RMSNorm",
+    "RotaryEmbedding",
+    "apply_rope",
+    "attention",
+    "causal_mask",
+    "combine_masks",
+    "explicit_attention",
+    "fused_attention",
+    "inverse_frequencies",
+    "padding_mask",
+    "repeat_kv",
+    "rotate_half",
+]

@@ -1,0 +1,120 @@
+"""A general attention layer: multi-head, grouped-query or multi-query, as decoders use it.
+
+Options are constructor arguments, not branches threaded through callers: the number of
+key/value heads (1 = multi-query, = num_heads = multi-head, in between = grouped-query),
+a head size independent of the embedding size, q/k/v bias (Qwen2), per-head RMSNorm of
+queries and keys (Qwen3), and the kernel backend. RoPE cos/sin arrive from the model; the
+KV cache is a submodule attached by the model when generating.
+
+Modules are named like the Hugging Face checkpoints they load (q_proj, k_proj, v_proj,
+o_proj, q_norm, k_norm), so loading is a near-identity key map.
+
+Shape legend: B batch, T new tokens, S key tokens (cache included), C embedding,
+H query heads, H_kv key/value heads, D head size.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from qkv.attention.kernels import BACKENDS, Backend, attention
+from qkv.attention.kv_cache import KVCache
+from qkv.attention.rmsnorm import RMSNorm
+from qkv.attention.rope import apply_rope
+
+
+class GroupedQueryAttention(nn.Module):
+    def __init__(
+        self,
+        emb_dim: int,
+        num_heads: int,
+        *,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        qkv_bias: bool = False,
+        out_bias: bool = False,
+        qk_norm: bool = False,
+        norm_eps: float = 1e-6,
+        dropout: float = 0.0,
+        backend: Backend = "fused",
+    ) -> None:
+        super().__init__()
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if head_dim is None:
+            if emb_dim % num_heads != 0:
+                raise ValueError(
+                    f"emb_dim ({emb_dim}) must be divisible by num_heads ({num_heads}) "
+                    "unless head_dim is given"
+                )
+            head_dim = emb_dim // num_heads
+        if num_heads < 1 or num_kv_heads < 1 or num_heads % num_kv_heads != 0:
+            raise ValueError(
+                f"num_heads ({num_heads}) must be a positive multiple of num_kv_heads ({num_kv_heads})"
+            )
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown attention backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+        self.emb_dim = emb_dim
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.dropout = dropout
+        self.backend: Backend = backend
+        self.q_proj = nn.Linear(emb_dim, num_heads * head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(emb_dim, num_kv_heads * head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(emb_dim, num_kv_heads * head_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(num_heads * head_dim, emb_dim, bias=out_bias)
+        self.q_norm: nn.Module = RMSNorm(head_dim, norm_eps) if qk_norm else nn.Identity()
+        self.k_norm: nn.Module = RMSNorm(head_dim, norm_eps) if qk_norm else nn.Identity()
+        self.kv_cache: KVCache | None = None
+
+    def query_heads_of(self, kv_head: int) -> list[int]:
+        """The query heads that share key/value head `kv_head`."""
+        group = self.num_heads // self.num_kv_heads
+        return list(range(kv_head * group, (kv_head + 1) * group))
+
+    def setup_cache(
+        self, batch_size: int, max_seq_len: int, *, dtype: torch.dtype, device: torch.device
+    ) -> KVCache:
+        self.kv_cache = KVCache(
+            batch_size, self.num_kv_heads, max_seq_len, self.head_dim, dtype=dtype, device=device
+        )
+        return self.kv_cache
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        cos: Tensor | None = None,
+        sin: Tensor | None = None,
+        mask: Tensor | None = None,
+        is_causal: bool = True,
+    ) -> Tensor:
+        """x: (B, T, C). mask: boolean, broadcastable to (B, H, T, S), True = may attend."""
+        if x.dim() != 3 or x.shape[-1] != self.emb_dim:
+            raise ValueError(
+                f"attention input must be (batch, tokens, {self.emb_dim}), got {tuple(x.shape)}"
+            )
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)  # (B, T, H, D)
+        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)  # (B, T, H_kv, D)
+        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim)  # (B, T, H_kv, D)
+        q = self.q_norm(q).transpose(1, 2)  # (B, H, T, D)
+        k = self.k_norm(k).transpose(1, 2)  # (B, H_kv, T, D)
+        v = v.transpose(1, 2)  # (B, H_kv, T, D)
+        if cos is not None and sin is not None:
+            q = apply_rope(q, cos, sin)
+            k = apply_rope(k, cos, sin)
+        if self.kv_cache is not None:
+            k, v = self.kv_cache.update(k, v)  # (B, H_kv, S, D)
+        context = attention(
+            q,
+            k,
+            v,
+            mask=mask,
+            is_causal=is_causal,
+            dropout_p=self.dropout if self.training else 0.0,
+            backend=self.backend,
+        )  # (B, H, T, D)
+        context = context.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (B, T, H*D)
+        return self.o_proj(context)

@@ -1,0 +1,179 @@
+"""Scaled dot-product attention: one signature, two interchangeable backends.
+
+- `explicit_attention` materialises every step of the book's data flow (scores = Q Kᵀ,
+  scaled by 1/sqrt(d_k), masked with -inf, softmax over keys, dropout, weights @ V) and
+  returns the weights too, because tracing and teaching need them.
+- `fused_attention` calls `torch.nn.functional.scaled_dot_product_attention`, which never
+  materialises the (T, S) matrix when it can avoid it and is much faster on long inputs.
+
+Both accept (T, D), (B, T, D) or (B, H, T, D) queries, keys and values with any leading
+batch dimensions, grouped-query keys/values (fewer heads on dim -3 than the queries,
+dividing them evenly) and a boolean mask broadcastable to (..., T, S) where True means
+"may attend". A query row whose keys are all masked gives zeros, never NaN.
+
+Shape legend: B batch, H query heads, H_kv key/value heads, T query tokens, S key
+tokens, D head size (queries/keys), D_v head size of values.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from qkv.attention.masks import causal_mask
+
+Backend = Literal["explicit", "fused"]
+BACKENDS: tuple[str, ...] = ("explicit", "fused")
+
+_SDPA_HAS_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
+
+
+def _check_shapes(q: Tensor, k: Tensor, v: Tensor) -> None:
+    if q.dim() < 2 or k.dim() != q.dim() or v.dim() != q.dim():
+        raise ValueError(
+            "queries, keys and values must have the same number of dimensions (at least 2: "
+            f"tokens, features); got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"queries and keys must have the same size per head to be compared by dot "
+            f"products; got q[..., {q.shape[-1]}] and k[..., {k.shape[-1]}]"
+        )
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(
+            f"there must be one value per key; got {k.shape[-2]} keys and {v.shape[-2]} values"
+        )
+    if q.dim() >= 3 and k.shape[-3] != q.shape[-3]:
+        if k.shape[-3] != v.shape[-3] or q.shape[-3] % k.shape[-3] != 0:
+            raise ValueError(
+                f"grouped-query attention needs the query heads ({q.shape[-3]}) to be a "
+                f"multiple of the key/value heads (k: {k.shape[-3]}, v: {v.shape[-3]})"
+            )
+
+
+def _full_mask(q: Tensor, k: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor | None:
+    """The boolean mask to apply: the given one, AND'ed with a causal one if asked.
+
+    The causal mask aligns the queries with the *last* T keys (the KV-cache convention:
+    query i sits at absolute position S - T + i), unlike SDPA's own `is_causal`, which
+    aligns them with the first keys.
+    """
+    if mask is not None and mask.dtype != torch.bool:
+        raise ValueError(f"attention masks must be boolean (True = may attend), got {mask.dtype}")
+    if not is_causal or q.shape[-2] == 1:
+        # One query aligned with the last key sees every key: causality hides nothing.
+        return mask
+    causal = causal_mask(q.shape[-2], k.shape[-2], device=q.device)  # (T, S)
+    return causal if mask is None else mask & causal
+
+
+def repeat_kv(x: Tensor, num_query_heads: int) -> Tensor:
+    """Expand (..., H_kv, S, D) keys or values to (..., H, S, D) for grouped-query attention.
+
+    Query head h uses key/value head h // (H / H_kv): consecutive query heads form a group.
+    """
+    num_kv_heads = x.shape[-3]
+    if num_kv_heads == num_query_heads:
+        return x
+    group = num_query_heads // num_kv_heads
+    expanded = x.unsqueeze(-3).expand(*x.shape[:-2], group, *x.shape[-2:])  # (..., H_kv, G, S, D)
+    return expanded.reshape(*x.shape[:-3], num_query_heads, *x.shape[-2:])  # (..., H, S, D)
+
+
+def explicit_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+) -> tuple[Tensor, Tensor]:
+    """Every step of attention, in the book's order. Returns (context, weights).
+
+    context: (..., T, D_v); weights: (..., T, S), each row non-negative and summing to 1
+    (or all zeros where every key is masked).
+    """
+    _check_shapes(q, k, v)
+    if q.dim() >= 3:
+        k = repeat_kv(k, q.shape[-3])
+        v = repeat_kv(v, q.shape[-3])
+    scores = q @ k.transpose(-2, -1)  # (..., T, S)
+    if scale is None:
+        scores = scores / math.sqrt(k.shape[-1])  # the book's 1/sqrt(d_k)
+    else:
+        scores = scores * scale
+    full_mask = _full_mask(q, k, mask, is_causal)
+    if full_mask is not None:
+        scores = scores.masked_fill(~full_mask, -torch.inf)
+    # Softmax in float32 at least: half-precision exponentials lose the small weights.
+    weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)  # (..., T, S)
+    if full_mask is not None:
+        # A row with no visible key is all -inf, whose softmax is NaN: it attends to nothing.
+        weights = weights.masked_fill(~full_mask.any(dim=-1, keepdim=True), 0.0)
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, p=dropout_p, training=True)
+    return weights @ v, weights
+
+
+def fused_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """The same result through PyTorch's fused kernel. Returns the context only."""
+    _check_shapes(q, k, v)
+    grouped = q.dim() >= 3 and k.shape[-3] != q.shape[-3]
+    if grouped and not (_SDPA_HAS_GQA and q.dim() == 4):
+        k = repeat_kv(k, q.shape[-3])
+        v = repeat_kv(v, q.shape[-3])
+        grouped = False
+    if mask is None and is_causal and q.shape[-2] == k.shape[-2]:
+        # Square causal attention: let the kernel skip the hidden blocks itself.
+        extra = {"enable_gqa": True} if grouped else {}
+        return F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, scale=scale, dropout_p=dropout_p, **extra
+        )
+    full_mask = _full_mask(q, k, mask, is_causal)
+    extra = {"enable_gqa": True} if grouped else {}
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=full_mask, scale=scale, dropout_p=dropout_p, **extra
+    )
+    if full_mask is not None:
+        visible = full_mask.any(dim=-1, keepdim=True)  # (..., T, 1)
+        if not bool(visible.all()):
+            out = out.masked_fill(~visible, 0.0)
+    return out
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    backend: Backend = "fused",
+) -> Tensor:
+    """Context vectors through the chosen backend; both give the same answer."""
+    if backend == "explicit":
+        return explicit_attention(
+            q, k, v, mask=mask, is_causal=is_causal, scale=scale, dropout_p=dropout_p
+        )[0]
+    if backend == "fused":
+        return fused_attention(
+            q, k, v, mask=mask, is_causal=is_causal, scale=scale, dropout_p=dropout_p
+        )
+    raise ValueError(f"unknown attention backend {backend!r}; choose one of {', '.join(BACKENDS)}")
