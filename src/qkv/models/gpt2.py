@@ -1,0 +1,208 @@
+"""The book's GPT model (chapter 4), which is GPT-2's architecture.
+
+Names follow the book (tok_emb, pos_emb, trf_blocks, att.W_query/W_key/W_value/out_proj,
+ff, norm1, norm2, final_norm, out_head) and so does the config (vocab_size,
+context_length, emb_dim, n_heads, n_layers, drop_rate, qkv_bias), so a reader of the book
+recognises every part. Unlike the book's MultiHeadAttention, the attention here keeps no
+(context_length x context_length) mask buffer: causality is passed to the kernel, and a
+KV cache can be attached for generation.
+
+Shape legend: B batch, T new tokens, S key tokens (cache included), C embedding (emb_dim),
+H heads, D head size, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+from torch import Tensor, nn
+
+from qkv.attention.kernels import BACKENDS, Backend, attention
+from qkv.attention.kv_cache import KVCache
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    vocab_size: int = 50257
+    context_length: int = 1024
+    emb_dim: int = 768
+    n_heads: int = 12
+    n_layers: int = 12
+    drop_rate: float = 0.1
+    qkv_bias: bool = False
+    layer_norm_eps: float = 1e-5
+    attention_backend: Backend = "fused"
+
+    def __post_init__(self) -> None:
+        positive = {
+            "vocab_size": self.vocab_size,
+            "context_length": self.context_length,
+            "emb_dim": self.emb_dim,
+            "n_heads": self.n_heads,
+            "n_layers": self.n_layers,
+        }
+        bad = {k: v for k, v in positive.items() if not isinstance(v, int) or v < 1}
+        if bad:
+            raise ValueError(f"GPTConfig values must be positive integers, got {bad}")
+        if self.emb_dim % self.n_heads != 0:
+            raise ValueError(
+                f"GPTConfig emb_dim ({self.emb_dim}) must be divisible by n_heads ({self.n_heads})"
+            )
+        if not 0.0 <= self.drop_rate < 1.0:
+            raise ValueError(f"GPTConfig drop_rate must be in [0, 1), got {self.drop_rate}")
+        if self.attention_backend not in BACKENDS:
+            raise ValueError(
+                f"GPTConfig attention_backend must be one of {BACKENDS}, got {self.attention_backend!r}"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.emb_dim // self.n_heads
+
+    def to_dict(self) -> dict[str, object]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+# The book's GPT_CONFIG_124M (section 4.1); drop_rate as the book sets it.
+GPT_CONFIG_124M = GPTConfig(
+    vocab_size=50257, context_length=1024, emb_dim=768, n_heads=12, n_layers=12,
+    drop_rate=0.1, qkv_bias=False,
+)
+
+
+class LayerNorm(nn.Module):
+    """Section 4.2: normalise each token's features, then scale and shift (learned)."""
+
+    def __init__(self, emb_dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.scale = nn.Parameter(torch.ones(emb_dim))
+        self.shift = nn.Parameter(torch.zeros(emb_dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.nn.functional.layer_norm(x, x.shape[-1:], self.scale, self.shift, self.eps)
+
+
+class GELU(nn.Module):
+    """Section 4.3: GPT-2's tanh approximation of GELU."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.nn.functional.gelu(x, approximate="tanh")
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(
+            nn.Linear(cfg.emb_dim, 4 * cfg.emb_dim), GELU(), nn.Linear(4 * cfg.emb_dim, cfg.emb_dim)
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.layers(x)
+
+
+class GPTAttention(nn.Module):
+    """Causal multi-head attention with the book's names, a kernel backend and a KV cache."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.num_heads = cfg.n_heads
+        self.head_dim = cfg.head_dim
+        self.d_out = cfg.emb_dim
+        self.dropout = cfg.drop_rate
+        self.backend: Backend = cfg.attention_backend
+        self.W_query = nn.Linear(cfg.emb_dim, cfg.emb_dim, bias=cfg.qkv_bias)
+        self.W_key = nn.Linear(cfg.emb_dim, cfg.emb_dim, bias=cfg.qkv_bias)
+        self.W_value = nn.Linear(cfg.emb_dim, cfg.emb_dim, bias=cfg.qkv_bias)
+        self.out_proj = nn.Linear(cfg.emb_dim, cfg.emb_dim)
+        self.kv_cache: KVCache | None = None
+
+    def setup_cache(
+        self, batch_size: int, max_seq_len: int, *, dtype: torch.dtype, device: torch.device
+    ) -> KVCache:
+        self.kv_cache = KVCache(
+            batch_size, self.num_heads, max_seq_len, self.head_dim, dtype=dtype, device=device
+        )
+        return self.kv_cache
+
+    def forward(self, x: Tensor, *, mask: Tensor | None = None) -> Tensor:
+        b, t, _ = x.shape
+
+        def split_heads(y: Tensor) -> Tensor:
+            return y.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+
+        q = split_heads(self.W_query(x))
+        k = split_heads(self.W_key(x))
+        v = split_heads(self.W_value(x))
+        if self.kv_cache is not None:
+            k, v = self.kv_cache.update(k, v)  # (B, H, S, D)
+        context = attention(
+            q, k, v, mask=mask, is_causal=True,
+            dropout_p=self.dropout if self.training else 0.0, backend=self.backend,
+        )  # (B, H, T, D)
+        context = context.transpose(1, 2).reshape(b, t, self.d_out)  # (B, T, C)
+        return self.out_proj(context)
+
+
+class TransformerBlock(nn.Module):
+    """Section 4.5: pre-norm attention and feed-forward, each with a shortcut."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.att = GPTAttention(cfg)
+        self.ff = FeedForward(cfg)
+        self.norm1 = LayerNorm(cfg.emb_dim, cfg.layer_norm_eps)
+        self.norm2 = LayerNorm(cfg.emb_dim, cfg.layer_norm_eps)
+        self.drop_shortcut = nn.Dropout(cfg.drop_rate)
+
+    def forward(self, x: Tensor, *, mask: Tensor | None = None) -> Tensor:
+        x = x + self.drop_shortcut(self.att(self.norm1(x), mask=mask))
+        return x + self.drop_shortcut(self.ff(self.norm2(x)))
+
+
+class GPTModel(nn.Module):
+    """Section 4.6: token + position embeddings, transformer blocks, final norm, output head.
+
+    forward(input_ids (B, T), *, positions=None, mask=None) -> logits (B, T, V).
+    `positions` (T,) or (B, T) defaults to cache_length + arange(T); `mask` is a boolean
+    key mask broadcastable to (B, 1, T, S) for padded batches.
+    """
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.emb_dim)
+        self.pos_emb = nn.Embedding(cfg.context_length, cfg.emb_dim)
+        self.drop_emb = nn.Dropout(cfg.drop_rate)
+        self.trf_blocks = nn.ModuleList([TransformerBlock(cfg) for _ in range(cfg.n_layers)])
+        self.final_norm = LayerNorm(cfg.emb_dim, cfg.layer_norm_eps)
+        self.out_head = nn.Linear(cfg.emb_dim, cfg.vocab_size, bias=False)
+
+    @property
+    def context_length(self) -> int:
+        return self.cfg.context_length
+
+    def cache_length(self) -> int:
+        """How many tokens the attached KV caches hold (0 without caches)."""
+        cache = self.trf_blocks[0].att.kv_cache
+        return 0 if cache is None else cache.length
+
+    def forward(
+        self, input_ids: Tensor, *, positions: Tensor | None = None, mask: Tensor | None = None
+    ) -> Tensor:
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be (batch, tokens), got shape {tuple(input_ids.shape)}")
+        t = input_ids.shape[1]
+        start = self.cache_length()
+        if start + t > self.cfg.context_length:
+            raise ValueError(
+                f"{start + t} tokens exceed the model's context_length={self.cfg.context_length}; "
+                "shorten the input"
+            )
+        if positions is None:
+            positions = torch.arange(start, start + t, device=input_ids.device)  # (T,)
+        x = self.drop_emb(self.tok_emb(input_ids) + self.pos_emb(positions))  # (B, T, C)
+        for block in self.trf_blocks:
+            x = block(x, mask=mask)
+        return self.out_head(self.final_norm(x))  # (B, T, V)
