@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 
 from qkv.errors import QkvError
 
@@ -17,8 +18,15 @@ from qkv.errors import QkvError
 SUBCOMMANDS: tuple[str, ...] = ("explain",)
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse, but a bad option is one line on stderr (and exit code 2), not usage + error."""
+
+    def error(self, message: str) -> "NoReturn":  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="qkv",
         description="Attention from the key up: see the book's walkthrough, run and trace "
         "real decoders, train the book's GPT, measure speed.",

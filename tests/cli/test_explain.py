@@ -1,0 +1,67 @@
+"""`qkv explain` on the book's example: the numbers a reader sees, JSON, bad options."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from qkv.cli.main import main
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "qkv", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_default_prints_the_books_steps_and_context() -> None:
+    result = run_cli("explain")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    for token in ("Your", "journey", "starts", "with", "one", "step"):
+        assert token in out
+    for step in ("keys = inputs @ W_key", "scores", "softmax", "context"):
+        assert step in out
+    assert "[0.3061, 0.8210]" in out  # the book's printed context vector of "journey"
+    assert "0.2264" in out  # the book's weight of "journey" on itself
+    assert "\x1b[" not in out  # plain text when stdout is not a terminal
+
+
+def test_json_has_every_step(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    for key in ("tokens", "inputs", "W_query", "W_key", "W_value", "query", "keys", "values",
+                "scores", "scaled_scores", "weights", "context"):
+        assert key in data
+    assert data["tokens"][1] == "journey"
+    assert data["context"] == pytest.approx([0.3061, 0.8210], abs=5e-5)
+    assert len(data["keys"]) == 6 and len(data["keys"][0]) == 2
+    assert sum(data["weights"]) == pytest.approx(1.0, abs=1e-6)
+    assert data["scaled_scores"] == pytest.approx([s / 2**0.5 for s in data["scores"]], rel=1e-5)
+
+
+def test_causal_hides_later_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", "--json", "--causal", "--query", "3"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["weights"][3:] == [0.0, 0.0, 0.0]
+    assert data["scaled_scores"][3:] == [None, None, None]
+
+
+def test_options_change_the_computation(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", "--json", "--d-out", "4", "--seed", "5", "--query", "6"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert len(data["query"]) == 4 and data["query_token"] == "step"
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [(["--query", "0"], "between 1 and 6"), (["--query", "7"], "between 1 and 6"),
+     (["--d-out", "0"], "--d-out"), (["--query", "two"], "invalid int")],
+)
+def test_bad_options_give_one_line_and_exit_code_2(args: list[str], fragment: str) -> None:
+    result = run_cli("explain", *args)
+    assert result.returncode == 2
+    assert fragment in result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
