@@ -4,7 +4,24 @@ Shape legend used across the package: B batch, T query tokens, S key tokens (cac
 included), C embedding, H query heads, H_kv key/value heads, D head size, V vocabulary.
 """
 
+from typing import Any
+
 from qkv.errors import QkvError
 
-__all__ = ["QkvError"]
+# Heavier entry points, imported on first use so `import qkv` stays cheap.
+_LAZY = {
+    "load_pretrained": "qkv.models.checkpoint",
+    "save_pretrained": "qkv.models.checkpoint",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'qkv' has no attribute {name!r}")
+
+
+__all__ = ["QkvError", *_LAZY]
 __version__ = "0.1.0"

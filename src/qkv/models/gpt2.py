@@ -13,13 +13,16 @@ H heads, D head size, V vocabulary.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from qkv.attention.kernels import BACKENDS, Backend, attention
 from qkv.attention.kv_cache import KVCache
+from qkv.models.decoder import CausalDecoder, key_mask
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,59 @@ class GPTConfig:
 
     def to_dict(self) -> dict[str, object]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_hf_config(cls, config: dict[str, Any]) -> GPTConfig:
+        """Read a Hugging Face GPT-2 config.json. GPT-2 always has q/k/v biases; a folder
+        written by qkv.save_pretrained from a bias-free book model says "qkv_bias": false."""
+        missing = [k for k in ("vocab_size", "n_positions", "n_embd", "n_head", "n_layer") if k not in config]
+        if missing:
+            raise ValueError(f"GPT-2 config.json lacks {', '.join(missing)}")
+        activation = config.get("activation_function", "gelu_new")
+        if activation not in ("gelu_new", "gelu_pytorch_tanh"):
+            raise ValueError(
+                f"GPT-2 activation_function {activation!r} is not supported (qkv uses the tanh GELU, "
+                "'gelu_new')"
+            )
+        n_inner = config.get("n_inner")
+        if n_inner is not None and n_inner != 4 * config["n_embd"]:
+            raise ValueError(f"GPT-2 n_inner={n_inner} is not supported (qkv uses 4 * n_embd)")
+        for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention"):
+            if config.get(flag):
+                raise ValueError(f"GPT-2 option {flag}=true is not supported")
+        if config.get("scale_attn_weights", True) is not True:
+            raise ValueError("GPT-2 option scale_attn_weights=false is not supported")
+        return cls(
+            vocab_size=config["vocab_size"],
+            context_length=config["n_positions"],
+            emb_dim=config["n_embd"],
+            n_heads=config["n_head"],
+            n_layers=config["n_layer"],
+            drop_rate=config.get("resid_pdrop", 0.1),
+            qkv_bias=config.get("qkv_bias", True),
+            layer_norm_eps=config.get("layer_norm_epsilon", 1e-5),
+        )
+
+    def to_hf_config(self, *, tie_word_embeddings: bool) -> dict[str, Any]:
+        """The GPT2LMHeadModel config.json for this model (transformers reads it)."""
+        return {
+            "architectures": ["GPT2LMHeadModel"],
+            "model_type": "gpt2",
+            "vocab_size": self.vocab_size,
+            "n_positions": self.context_length,
+            "n_embd": self.emb_dim,
+            "n_head": self.n_heads,
+            "n_layer": self.n_layers,
+            "n_inner": None,
+            "activation_function": "gelu_new",
+            "resid_pdrop": self.drop_rate,
+            "embd_pdrop": self.drop_rate,
+            "attn_pdrop": self.drop_rate,
+            "layer_norm_epsilon": self.layer_norm_eps,
+            "scale_attn_weights": True,
+            "tie_word_embeddings": tie_word_embeddings,
+            "qkv_bias": self.qkv_bias,
+        }
 
 
 # The book's GPT_CONFIG_124M (section 4.1); drop_rate as the book sets it.
@@ -161,12 +217,14 @@ class TransformerBlock(nn.Module):
         return x + self.drop_shortcut(self.ff(self.norm2(x)))
 
 
-class GPTModel(nn.Module):
+class GPTModel(CausalDecoder):
     """Section 4.6: token + position embeddings, transformer blocks, final norm, output head.
 
     forward(input_ids (B, T), *, positions=None, mask=None) -> logits (B, T, V).
-    `positions` (T,) or (B, T) defaults to cache_length + arange(T); `mask` is a boolean
-    key mask broadcastable to (B, 1, T, S) for padded batches.
+    `positions` (T,) or (B, T) defaults to cache_length + arange(T); `mask` is a (B, S)
+    key padding mask or a boolean mask broadcastable to (B, 1, T, S) for padded batches
+    (see qkv.models.decoder). The output head may share its weight with tok_emb (GPT-2
+    checkpoints do) or not (the book trains it separately).
     """
 
     def __init__(self, cfg: GPTConfig) -> None:
@@ -183,25 +241,25 @@ class GPTModel(nn.Module):
     def context_length(self) -> int:
         return self.cfg.context_length
 
-    def cache_length(self) -> int:
-        """How many tokens the attached KV caches hold (0 without caches)."""
-        cache = self.trf_blocks[0].att.kv_cache
-        return 0 if cache is None else cache.length
+    def attention_layers(self) -> Iterator[GPTAttention]:
+        return (block.att for block in self.trf_blocks)
+
+    def tie_weights(self) -> None:
+        """Share the output head's weight with the token embedding (as GPT-2 does)."""
+        self.out_head.weight = self.tok_emb.weight
+
+    @property
+    def weights_tied(self) -> bool:
+        return self.out_head.weight is self.tok_emb.weight
 
     def forward(
         self, input_ids: Tensor, *, positions: Tensor | None = None, mask: Tensor | None = None
     ) -> Tensor:
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, tokens), got shape {tuple(input_ids.shape)}")
-        t = input_ids.shape[1]
-        start = self.cache_length()
-        if start + t > self.cfg.context_length:
-            raise ValueError(
-                f"{start + t} tokens exceed the model's context_length={self.cfg.context_length}; "
-                "shorten the input"
-            )
         if positions is None:
-            positions = torch.arange(start, start + t, device=input_ids.device)  # (T,)
+            positions = self.default_positions(input_ids)  # (T,)
+        mask = key_mask(mask)
         x = self.drop_emb(self.tok_emb(input_ids) + self.pos_emb(positions))  # (B, T, C)
         for block in self.trf_blocks:
             x = block(x, mask=mask)

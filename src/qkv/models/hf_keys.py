@@ -1,0 +1,201 @@
+"""Hugging Face checkpoint names <-> qkv module names, with every key accounted for.
+
+A `KeyMap` says how one checkpoint tensor (its name and expected shape) becomes one or
+more model tensors. Loading checks the whole checkpoint against the maps before copying
+anything: a missing key, an unexpected key or a wrong shape raises a QkvError naming it.
+Known non-weight buffers (GPT-2's attn.bias/attn.masked_bias masks, rotary inv_freq) are
+skipped by an explicit pattern, never by a catch-all.
+
+GPT-2 stores its linear layers as Conv1D, (in, out), the transpose of nn.Linear's
+(out, in), and fuses queries, keys and values into one c_attn of (C, 3C): the map splits
+it into the book's W_query, W_key, W_value. The Llama family's names are qkv's own, so its
+map is the identity.
+
+Shape legend: C embedding, V vocabulary, P positions (context length), F feed-forward size.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from qkv.errors import QkvError
+from qkv.models.gpt2 import GPTModel
+from qkv.models.llama import LlamaForCausalLM
+
+GPT2_BUFFERS = re.compile(r"transformer\.h\.\d+\.attn\.(bias|masked_bias)")
+LLAMA_BUFFERS = re.compile(r"model\.(layers\.\d+\.self_attn\.)?rotary_emb\.inv_freq")
+
+
+@dataclass(frozen=True)
+class KeyMap:
+    hf_name: str
+    shape: tuple[int, ...]
+    to_model: Callable[[Tensor], dict[str, Tensor]]
+
+
+def _names(names: list[str], limit: int = 5) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def load_mapped(
+    model: torch.nn.Module,
+    maps: list[KeyMap],
+    tensors: dict[str, Tensor],
+    *,
+    skip: re.Pattern[str],
+    tied_duplicates: dict[str, str],
+    source: str,
+) -> None:
+    """Check `tensors` against `maps`, then copy them into `model` (casting to its dtype).
+
+    tied_duplicates: {name: original} checkpoint keys that may repeat a tied weight.
+    """
+    expected = {m.hf_name: m for m in maps}
+    missing = [k for k in expected if k not in tensors]
+    if missing:
+        raise QkvError(f"{source}: missing weight(s) {_names(missing)}; the checkpoint is incomplete")
+    unexpected = sorted(
+        k for k in tensors if k not in expected and k not in tied_duplicates and not skip.fullmatch(k)
+    )
+    if unexpected:
+        raise QkvError(
+            f"{source}: unexpected weight(s) {_names(unexpected)}; the checkpoint does not match its config.json"
+        )
+    for name, original in tied_duplicates.items():
+        if name in tensors and not torch.equal(tensors[name], tensors[original]):
+            raise QkvError(
+                f"{source}: config.json ties {name} to {original}, but the checkpoint holds different values"
+            )
+    for m in maps:
+        shape = tuple(tensors[m.hf_name].shape)
+        if shape != m.shape:
+            raise QkvError(f"{source}: weight {m.hf_name} has shape {shape}, expected {m.shape}")
+    state: dict[str, Tensor] = {}
+    for m in maps:
+        state.update(m.to_model(tensors[m.hf_name]))
+    model.load_state_dict(state, strict=True)
+
+
+def _same(name: str, *aliases: str) -> Callable[[Tensor], dict[str, Tensor]]:
+    return lambda t: {n: t for n in (name, *aliases)}
+
+
+def _transposed(name: str) -> Callable[[Tensor], dict[str, Tensor]]:
+    return lambda t: {name: t.t()}
+
+
+def gpt2_key_maps(model: GPTModel) -> list[KeyMap]:
+    """GPT2LMHeadModel names -> the book's GPTModel names."""
+    cfg = model.cfg
+    c, f = cfg.emb_dim, 4 * cfg.emb_dim
+    tied = model.weights_tied
+    maps = [
+        KeyMap("transformer.wte.weight", (cfg.vocab_size, c),
+               _same("tok_emb.weight", *(["out_head.weight"] if tied else []))),
+        KeyMap("transformer.wpe.weight", (cfg.context_length, c), _same("pos_emb.weight")),
+        KeyMap("transformer.ln_f.weight", (c,), _same("final_norm.scale")),
+        KeyMap("transformer.ln_f.bias", (c,), _same("final_norm.shift")),
+    ]
+    if not tied:
+        maps.append(KeyMap("lm_head.weight", (cfg.vocab_size, c), _same("out_head.weight")))
+    for i in range(cfg.n_layers):
+        hf, qkv = f"transformer.h.{i}.", f"trf_blocks.{i}."
+        maps += [
+            KeyMap(hf + "ln_1.weight", (c,), _same(qkv + "norm1.scale")),
+            KeyMap(hf + "ln_1.bias", (c,), _same(qkv + "norm1.shift")),
+            KeyMap(hf + "ln_2.weight", (c,), _same(qkv + "norm2.scale")),
+            KeyMap(hf + "ln_2.bias", (c,), _same(qkv + "norm2.shift")),
+            KeyMap(hf + "attn.c_attn.weight", (c, 3 * c), _split_qkv(qkv + "att.", "weight", c)),
+            KeyMap(hf + "attn.c_attn.bias", (3 * c,),
+                   _split_qkv(qkv + "att.", "bias", c) if cfg.qkv_bias else _zero_bias(hf + "attn.c_attn.bias")),
+            KeyMap(hf + "attn.c_proj.weight", (c, c), _transposed(qkv + "att.out_proj.weight")),
+            KeyMap(hf + "attn.c_proj.bias", (c,), _same(qkv + "att.out_proj.bias")),
+            KeyMap(hf + "mlp.c_fc.weight", (c, f), _transposed(qkv + "ff.layers.0.weight")),
+            KeyMap(hf + "mlp.c_fc.bias", (f,), _same(qkv + "ff.layers.0.bias")),
+            KeyMap(hf + "mlp.c_proj.weight", (f, c), _transposed(qkv + "ff.layers.2.weight")),
+            KeyMap(hf + "mlp.c_proj.bias", (c,), _same(qkv + "ff.layers.2.bias")),
+        ]
+    return maps
+
+
+def _split_qkv(prefix: str, kind: str, c: int) -> Callable[[Tensor], dict[str, Tensor]]:
+    """Conv1D c_attn (C, 3C) weight or (3C,) bias -> W_query, W_key, W_value (Linear layout)."""
+
+    def convert(t: Tensor) -> dict[str, Tensor]:
+        q, k, v = t.split(c, dim=-1)  # each (C, C) or (C,)
+        if kind == "weight":
+            q, k, v = q.t(), k.t(), v.t()  # (C_out, C_in)
+        return {f"{prefix}W_query.{kind}": q, f"{prefix}W_key.{kind}": k, f"{prefix}W_value.{kind}": v}
+
+    return convert
+
+
+def _zero_bias(hf_name: str) -> Callable[[Tensor], dict[str, Tensor]]:
+    def check(t: Tensor) -> dict[str, Tensor]:
+        if bool(t.any()):
+            raise QkvError(f"{hf_name} is not zero, but config.json says qkv_bias=false")
+        return {}
+
+    return check
+
+
+def gpt2_to_hf(model: GPTModel) -> dict[str, Tensor]:
+    """The book's GPTModel -> GPT2LMHeadModel tensors (Conv1D layout, fused c_attn)."""
+    cfg = model.cfg
+    sd = {k: v.detach() for k, v in model.state_dict().items()}
+    out = {
+        "transformer.wte.weight": sd["tok_emb.weight"],
+        "transformer.wpe.weight": sd["pos_emb.weight"],
+        "transformer.ln_f.weight": sd["final_norm.scale"],
+        "transformer.ln_f.bias": sd["final_norm.shift"],
+    }
+    if not model.weights_tied:
+        out["lm_head.weight"] = sd["out_head.weight"]
+    for i in range(cfg.n_layers):
+        hf, qkv = f"transformer.h.{i}.", f"trf_blocks.{i}."
+        att = qkv + "att."
+        weights = [sd[f"{att}W_{n}.weight"].t() for n in ("query", "key", "value")]  # each (C, C)
+        if cfg.qkv_bias:
+            bias = torch.cat([sd[f"{att}W_{n}.bias"] for n in ("query", "key", "value")])  # (3C,)
+        else:
+            bias = torch.zeros(3 * cfg.emb_dim, dtype=weights[0].dtype, device=weights[0].device)
+        out.update({
+            hf + "ln_1.weight": sd[qkv + "norm1.scale"],
+            hf + "ln_1.bias": sd[qkv + "norm1.shift"],
+            hf + "ln_2.weight": sd[qkv + "norm2.scale"],
+            hf + "ln_2.bias": sd[qkv + "norm2.shift"],
+            hf + "attn.c_attn.weight": torch.cat(weights, dim=1),  # (C, 3C)
+            hf + "attn.c_attn.bias": bias,
+            hf + "attn.c_proj.weight": sd[att + "out_proj.weight"].t(),
+            hf + "attn.c_proj.bias": sd[att + "out_proj.bias"],
+            hf + "mlp.c_fc.weight": sd[qkv + "ff.layers.0.weight"].t(),
+            hf + "mlp.c_fc.bias": sd[qkv + "ff.layers.0.bias"],
+            hf + "mlp.c_proj.weight": sd[qkv + "ff.layers.2.weight"].t(),
+            hf + "mlp.c_proj.bias": sd[qkv + "ff.layers.2.bias"],
+        })
+    return out
+
+
+def llama_key_maps(model: LlamaForCausalLM) -> list[KeyMap]:
+    """Identity map over the model's own names; a tied lm_head is filled from embed_tokens."""
+    tied = model.cfg.tie_word_embeddings
+    maps = []
+    for name, tensor in model.state_dict().items():
+        if tied and name == "lm_head.weight":
+            continue
+        aliases = ("lm_head.weight",) if tied and name == "model.embed_tokens.weight" else ()
+        maps.append(KeyMap(name, tuple(tensor.shape), _same(name, *aliases)))
+    return maps
+
+
+def llama_to_hf(model: LlamaForCausalLM) -> dict[str, Tensor]:
+    sd = {k: v.detach() for k, v in model.state_dict().items()}
+    if model.cfg.tie_word_embeddings:
+        del sd["lm_head.weight"]
+    return sd
