@@ -19,7 +19,7 @@ from qkv.attention import attention, explicit_attention, fused_attention, paddin
 BACKENDS = ("explicit", "fused")
 RANKS = (2, 3, 4)  # (T, D), (B, T, D), (B, H, T, D)
 MASK_KINDS = ("none", "causal", "causal_offset", "padding", "causal_padding")
-FAST = settings(max_examples=12, deadline=None)
+FAST = settings(max_examples=8, deadline=None)
 
 # Half precision: both sides round differently (the explicit path rounds the scores and
 # the weights to the input dtype, the fused kernel keeps them in float32).
@@ -155,6 +155,32 @@ def test_backends_agree_on_gradients():
         grads[backend] = (q.grad, k.grad, v.grad)
     for g_explicit, g_fused in zip(grads["explicit"], grads["fused"]):
         torch.testing.assert_close(g_explicit, g_fused, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_three_dims_are_batch_tokens_features_never_grouped(backend):
+    """In (B, T, D) dim -3 is the batch: keys of batch 1 broadcast, other sizes are an error."""
+    q, k, v = torch.randn(4, 3, 8), torch.randn(1, 5, 8), torch.randn(1, 5, 8)
+    out = attention(q, k, v, backend=backend)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v), atol=1e-6, rtol=0.0)
+    with pytest.raises(ValueError, match=r"batch dimension 0.*q \(4, 3, 8\), k \(2, 5, 8\)"):
+        attention(q, torch.randn(2, 5, 8), torch.randn(2, 5, 8), backend=backend)
+    with pytest.raises(ValueError, match=r"batch dimension 0"):
+        attention(torch.randn(4, 2, 3, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8), backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_grouped_query_in_bf16_rope_pipeline_keeps_dtype(backend):
+    from qkv.attention import GroupedQueryAttention, RotaryEmbedding
+
+    layer = GroupedQueryAttention(16, 4, num_kv_heads=2, backend=backend).to(torch.bfloat16).eval()
+    cos, sin = RotaryEmbedding(4)(torch.arange(5))  # float32 tables, bf16 activations
+    x = torch.randn(2, 5, 16).to(torch.bfloat16)
+    with torch.no_grad():
+        out = layer(x, cos=cos, sin=sin)
+        ref = layer.float()(x.float(), cos=cos, sin=sin)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref, atol=3e-2, rtol=3e-2)
 
 
 def test_bad_inputs_raise_value_errors():

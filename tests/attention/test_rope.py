@@ -72,6 +72,17 @@ def test_cos_sin_dtype():
     assert cos.dtype == sin.dtype == torch.bfloat16 and cos.shape == (5, 16)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_rotation_keeps_the_input_dtype_like_transformers(dtype):
+    """float32 tables must not promote half-precision queries (q, k and v must share a dtype)."""
+    x = torch.randn(1, 2, 5, 16).to(dtype)
+    cos, sin = RotaryEmbedding(16)(torch.arange(5))  # float32
+    rotated = apply_rope(x, cos, sin)
+    assert rotated.dtype == dtype
+    hf_q, _ = apply_rotary_pos_emb(x, x, cos[None].to(dtype), sin[None].to(dtype))  # HF: tables in x dtype
+    assert torch.equal(rotated, hf_q)
+
+
 @FAST
 @given(
     m=st.integers(0, 200),

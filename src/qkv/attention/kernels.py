@@ -7,8 +7,8 @@
   materialises the (T, S) matrix when it can avoid it and is much faster on long inputs.
 
 Both accept (T, D), (B, T, D) or (B, H, T, D) queries, keys and values with any leading
-batch dimensions, grouped-query keys/values (fewer heads on dim -3 than the queries,
-dividing them evenly) and a boolean mask broadcastable to (..., T, S) where True means
+batch dimensions, grouped-query keys/values (for 4-D and larger inputs: fewer heads on
+dim -3 than the queries, dividing them evenly) and a boolean mask broadcastable to (..., T, S) where True means
 "may attend". A query row whose keys are all masked gives zeros, never NaN.
 
 Shape legend: B batch, H query heads, H_kv key/value heads, T query tokens, S key
@@ -47,11 +47,22 @@ def _check_shapes(q: Tensor, k: Tensor, v: Tensor) -> None:
         raise ValueError(
             f"there must be one value per key; got {k.shape[-2]} keys and {v.shape[-2]} values"
         )
-    if q.dim() >= 3 and k.shape[-3] != q.shape[-3]:
+    if q.dim() >= 4 and k.shape[-3] != q.shape[-3]:
         if k.shape[-3] != v.shape[-3] or q.shape[-3] % k.shape[-3] != 0:
             raise ValueError(
                 f"grouped-query attention needs the query heads ({q.shape[-3]}) to be a "
                 f"multiple of the key/value heads (k: {k.shape[-3]}, v: {v.shape[-3]})"
+            )
+    # Every other leading (batch) dimension must match or broadcast; only heads group.
+    head_dim = -3 if q.dim() >= 4 else None
+    for dim in range(-q.dim(), -2):
+        if dim == head_dim:
+            continue
+        sizes = {q.shape[dim], k.shape[dim], v.shape[dim]} - {1}
+        if len(sizes) > 1:
+            raise ValueError(
+                f"queries, keys and values must agree on batch dimension {q.dim() + dim} (or be 1 "
+                f"there); got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
             )
 
 
@@ -100,7 +111,7 @@ def explicit_attention(
     (or all zeros where every key is masked).
     """
     _check_shapes(q, k, v)
-    if q.dim() >= 3:
+    if q.dim() >= 4:  # dim -3 is heads only from (B, H, T, D) on; in (B, T, D) it is the batch
         k = repeat_kv(k, q.shape[-3])
         v = repeat_kv(v, q.shape[-3])
     scores = q @ k.transpose(-2, -1)  # (..., T, S)
@@ -133,7 +144,7 @@ def fused_attention(
 ) -> Tensor:
     """The same result through PyTorch's fused kernel. Returns the context only."""
     _check_shapes(q, k, v)
-    grouped = q.dim() >= 3 and k.shape[-3] != q.shape[-3]
+    grouped = q.dim() >= 4 and k.shape[-3] != q.shape[-3]
     if grouped and not (_SDPA_HAS_GQA and q.dim() == 4):
         k = repeat_kv(k, q.shape[-3])
         v = repeat_kv(v, q.shape[-3])

@@ -66,10 +66,17 @@ class KVCache(nn.Module):
 
         Returns views of every cached key and value so far: (B, H_kv, S, D), S = old + T.
         """
-        if k.shape[0] != self.batch_size or k.shape[1] != self.k_cache.shape[1]:
+        b, h, _, d = self.k_cache.shape
+        d_v = self.v_cache.shape[3]
+        if (
+            k.dim() != 4
+            or v.dim() != 4
+            or (k.shape[0], k.shape[1], k.shape[3]) != (b, h, d)
+            or (v.shape[0], v.shape[1], v.shape[2], v.shape[3]) != (b, h, k.shape[2], d_v)
+        ):
             raise ValueError(
-                f"KVCache holds batch {self.batch_size} x {self.k_cache.shape[1]} heads, "
-                f"got keys of shape {tuple(k.shape)}"
+                f"KVCache holds batch {b} x {h} heads of size {d} (values {d_v}), "
+                f"got keys of shape {tuple(k.shape)} and values of shape {tuple(v.shape)}"
             )
         start, new = self.length, k.shape[2]
         end = start + new

@@ -91,7 +91,12 @@ def rotate_half(x: Tensor) -> Tensor:
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate (B, H, T, D) queries or keys; cos/sin are (T, D) or (B, T, D)."""
+    """Rotate (B, H, T, D) queries or keys; cos/sin are (T, D) or (B, T, D).
+
+    The result keeps x's dtype (cos/sin are cast to it, as Hugging Face does), so float32
+    tables never silently promote bf16/fp16 queries and keys away from their values.
+    """
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     if cos.dim() == 3:
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (B, 1, T, D): same for every head
     return x * cos + rotate_half(x) * sin
