@@ -13,7 +13,7 @@ import sys
 from rich.console import Console
 
 from qkv.errors import QkvError
-from qkv.walkthrough import BOOK_D_OUT, BOOK_QUERY_POSITION, BOOK_SEED, run_walkthrough
+from qkv.walkthrough import BOOK_D_OUT, BOOK_QUERY_POSITION, BOOK_SEED, BOOK_TOKENS, run_walkthrough
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -25,9 +25,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "context vector. Default: the book's example \"Your journey starts with one step\" with "
         "its 3-d embeddings, seed 123, d_out 2 and the query \"journey\".",
     )
-    parser.add_argument("--query", type=int, default=BOOK_QUERY_POSITION, metavar="N",
-                        help="the query token's position, counted from 1 as the book writes x(2) "
-                        "(default: %(default)s)")
+    parser.add_argument("text", nargs="?", metavar="TEXT",
+                        help="your own text, traced through --model (without a model: the book's example)")
+    parser.add_argument("--model", metavar="M",
+                        help="a real model: minilm (all-MiniLM-L6-v2, offline), smollm2, or a "
+                        "checkpoint folder qkv loads (GPT-2, Llama, Qwen, what qkv train writes)")
+    parser.add_argument("--layer", type=int, metavar="L",
+                        help="the attention layer, counted from 0 as transformers counts (default: 0)")
+    parser.add_argument("--head", type=int, metavar="H",
+                        help="the head, counted from 0 (default: 0)")
+    parser.add_argument("--query", metavar="Q",
+                        help="the query token: its position counted from 1 as the book writes x(2), "
+                        f"or its text (default: {BOOK_QUERY_POSITION} for the book's example, the "
+                        "last ordinary token of TEXT with --model)")
+    parser.add_argument("--generate", type=int, metavar="N",
+                        help="with a decoder: generate N tokens greedily and show the KV cache "
+                        "growing, each new query scored against the cached keys")
+    parser.add_argument("--png", metavar="DIR",
+                        help="also write the figures (keys as arrows for d_out 2, score bars, "
+                        "heatmap, causal mask, every head) as PNG files into DIR")
+    parser.add_argument("--html", metavar="FILE",
+                        help="also write one self-contained, interactive HTML page to FILE")
     parser.add_argument("--d-out", type=int, default=BOOK_D_OUT, metavar="D",
                         help="size of queries, keys and values (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=BOOK_SEED,
@@ -41,10 +59,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.model is not None:
+        from qkv.cli.explain_model import run_model
+
+        return run_model(args)
+    if args.text is not None:
+        raise QkvError("TEXT needs --model (for example --model minilm); without a model qkv "
+                       "explains the book's example")
+    if args.generate is not None:
+        raise QkvError("--generate needs a decoder model: give --model")
     if args.d_out < 1:
         raise QkvError(f"--d-out must be at least 1, got {args.d_out}")
+    from qkv.cli.explain_model import resolve_query
+
+    query_position = resolve_query(args.query, list(BOOK_TOKENS), BOOK_QUERY_POSITION - 1) + 1
+    if args.png is not None or args.html is not None:
+        from qkv.cli.explain_model import run_book_figures
+
+        run_book_figures(args, query_position)
     try:
-        walk = run_walkthrough(query_position=args.query, d_out=args.d_out, seed=args.seed,
+        walk = run_walkthrough(query_position=query_position, d_out=args.d_out, seed=args.seed,
                                causal=args.causal)
     except ValueError as error:
         raise QkvError(f"--query: {error}") from None

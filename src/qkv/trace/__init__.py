@@ -1,6 +1,22 @@
 """Tracing attention: record the named steps of real calls with forward hooks, check that
-they reproduce the module's output, and render them (terminal, PNG, HTML)."""
+they reproduce the module's output, and render them (terminal, PNG, HTML).
+
+`qkv.trace(model, inputs, layer=, head=, query=)` is the entry point. This package is
+itself callable with the same arguments, because `qkv.trace` names both the package and
+the function (`import qkv.trace.html` binds the package to `qkv.trace`).
+"""
+
+import sys
+import types
 
 from qkv.trace.recorder import LayerTrace, Trace, TraceMismatchError, attention_modules, trace
+
+
+class _CallablePackage(types.ModuleType):
+    def __call__(self, *args, **kwargs) -> Trace:
+        return trace(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallablePackage
 
 __all__ = ["LayerTrace", "Trace", "TraceMismatchError", "attention_modules", "trace"]

@@ -1,0 +1,207 @@
+"""`qkv explain TEXT --model M`: trace a real model on the reader's text and show it.
+
+M is "minilm" (all-MiniLM-L6-v2, packaged offline), or whatever `qkv.load_pretrained`
+loads (a checkpoint folder, a GGUF file, "smollm2"). Layers and heads are counted from 0
+as transformers counts them; the query by its position counted from 1 (as the book
+writes x(2)) or by its text. Also renders the book's example as PNGs and HTML.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from tokenizers import Tokenizer
+from torch import nn
+
+from qkv.errors import QkvError
+from qkv.trace.analysis import analyse
+from qkv.trace.export import layer_summary, query_row
+from qkv.trace.recorder import Trace, attention_modules, trace
+
+# Recording every query of every head costs heads × T × T × D numbers per layer: beyond
+# these many tokens only the chosen query (and layer) are recorded.
+ALL_QUERIES_UP_TO = 128
+ALL_LAYERS_UP_TO = 64
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    model: nn.Module
+    tokenizer: Tokenizer
+    encoder: bool  # BERT: bidirectional, no generation
+
+
+def load_model(name: str) -> LoadedModel:
+    if name.lower() == "minilm":
+        from qkv.models.minilm import load_minilm
+
+        model, tokenizer = load_minilm()
+        return LoadedModel("minilm", model, tokenizer, encoder=True)
+    from qkv.models import checkpoint
+
+    known = {n.lower() for n in getattr(checkpoint, "GGUF_NAMES", ())}
+    if not Path(name).expanduser().exists() and name.lower() not in known:
+        names = ", ".join(sorted({"minilm", *known}))
+        raise QkvError(f"unknown model {name!r}: give one of {names} or a checkpoint folder")
+    model, tokenizer = checkpoint.load_pretrained(name)
+    return LoadedModel(name, model.eval(), tokenizer, encoder=False)
+
+
+def _display(tokenizer: Tokenizer, ids: list[int], raw: list[str]) -> list[str]:
+    """Readable token texts: byte-level pieces ("Ġstep") decoded one by one ("␣step")."""
+    shown = []
+    for token_id, piece in zip(ids, raw):
+        text = tokenizer.decode([token_id], skip_special_tokens=False)
+        text = text if text.strip() else piece
+        shown.append(text.replace(" ", "␣") if text.startswith(" ") else text)
+    return shown
+
+
+def resolve_query(query: str | None, tokens: list[str], default: int) -> int:
+    """Index from 0 of the query token: a position counted from 1, or the token's text."""
+    if query is None:
+        return default
+    text = query.strip()
+    if text.lstrip("-").isdigit():
+        position = int(text)
+        if not 1 <= position <= len(tokens):
+            raise QkvError(
+                f"--query {position}: positions are counted from 1, between 1 and {len(tokens)}"
+            )
+        return position - 1
+    wanted = text.lower()
+    for i, token in enumerate(tokens):
+        if token.replace("␣", "").lstrip("#").strip().lower() == wanted.lstrip("#"):
+            return i
+    listed = ", ".join(f'{i + 1}:"{t}"' for i, t in enumerate(tokens[:40]))
+    raise QkvError(f"--query {query!r} is neither a position nor one of the tokens ({listed})")
+
+
+def _check_range(value: int | None, count: int, option: str, subject: str, noun: str) -> None:
+    if value is not None and not 0 <= value < count:
+        raise QkvError(
+            f"{option} {value} is out of range: {subject} has {count} {noun} "
+            f"(0..{count - 1}, counted from 0)"
+        )
+
+
+def _write_outputs(args: argparse.Namespace, recorded: Trace, layer: int, head: int, query: int,
+                   analysis: dict[str, Any] | None, generation: list | None, *, title: str,
+                   subtitle: str, book: bool, console: Console) -> None:
+    from qkv.trace import png
+
+    focus = recorded.layer(layer)
+    if args.png is not None:
+        written = png.write_pngs(png.layer_figures(focus, recorded.tokens, head, query), args.png)
+        console.print("wrote " + ", ".join(str(p) for p in written), highlight=False)
+    if args.html is not None:
+        from qkv.trace.html import build_page, write_page
+
+        page = build_page(recorded, title=title, subtitle=subtitle, layer=layer, head=head,
+                          query=query, analysis=analysis, generation=generation, book=book)
+        console.print(f"wrote {write_page(page, args.html)}", highlight=False)
+
+
+def run_book_figures(args: argparse.Namespace, query_position: int) -> None:
+    """--png / --html for the book's example (its numbers come from qkv.walkthrough)."""
+    from qkv.trace.book_example import book_trace
+
+    if args.layer not in (None, 0) or args.head not in (None, 0):
+        raise QkvError("the book's example has one layer and one head: --layer 0 --head 0")
+    recorded = book_trace(d_out=args.d_out, seed=args.seed, causal=args.causal)
+    console = Console(stderr=True, highlight=False) if args.json else Console(highlight=False)
+    _write_outputs(
+        args, recorded, 0, 0, query_position - 1, None, None,
+        title="Attention, one query at a time: “Your journey starts with one step”",
+        subtitle=f"The book's example (chapter 3.4): 3-d embeddings, d_out = {args.d_out}, "
+        f"seed {args.seed}" + (", causal mask" if args.causal else "") + ".",
+        book=True, console=console,
+    )
+
+
+def run_model(args: argparse.Namespace) -> int:
+    text = args.text if args.text is not None else ""
+    if not text.strip():
+        raise QkvError("the text is empty: give some words to explain, e.g. qkv explain \"The cat sat\" --model minilm")
+    loaded = load_model(args.model)
+    encoding = loaded.tokenizer.encode(text)
+    ids = list(encoding.ids)
+    if not ids:
+        raise QkvError("the text has no tokens for this model's tokenizer; give some words")
+    context_length = int(getattr(loaded.model, "context_length", len(ids)))
+    if len(ids) > context_length:
+        raise QkvError(f"the text has {len(ids)} tokens, more than the model's {context_length}; shorten it")
+    tokens = _display(loaded.tokenizer, ids, list(encoding.tokens))
+    modules = attention_modules(loaded.model)
+    _check_range(args.layer, len(modules), "--layer", loaded.name, "attention layers")
+    layer = 0 if args.layer is None else args.layer
+    num_heads = int(getattr(modules[layer][1], "num_heads", 1))
+    _check_range(args.head, num_heads, "--head", f"layer {layer}", "heads")
+    head = 0 if args.head is None else args.head
+    special = list(getattr(encoding, "special_tokens_mask", [0] * len(ids)))
+    ordinary = [i for i, s in enumerate(special) if not s]
+    query = resolve_query(args.query, tokens, ordinary[-1] if ordinary else len(ids) - 1)
+    if args.generate is not None and loaded.encoder:
+        raise QkvError(f"--generate needs a decoder; {loaded.name} is an encoder (BERT)")
+
+    t = len(ids)
+    layers: list[int] | None = [layer]
+    if args.html is not None and args.layer is None and t <= ALL_LAYERS_UP_TO:
+        layers = None  # every layer, so the page can switch between them
+    queries = None if t <= ALL_QUERIES_UP_TO else [query]
+    input_ids = torch.tensor([ids])
+    recorded = trace(loaded.model, input_ids, layer=layers, head=None, query=queries, tokens=tokens)
+    focus = recorded.layer(layer)
+    analysis = analyse(focus, head, query)
+
+    generation = None
+    if args.generate is not None:
+        from qkv.trace.generation import trace_generation
+
+        generation = trace_generation(loaded.model, input_ids, args.generate, layer=layer, head=head)
+        new_ids = [step.token_id for step in generation]
+        tokens = tokens + _display(loaded.tokenizer, new_ids, [str(i) for i in new_ids])
+        recorded.tokens = tokens[:t]
+
+    row = query_row(focus, recorded.tokens, head, query)
+    console = Console(stderr=True, highlight=False) if args.json else Console(highlight=False)
+    if args.json:
+        result: dict[str, Any] = {
+            "model": loaded.name,
+            "tokens": recorded.tokens,
+            **row,
+            "layer_info": layer_summary(focus),
+            "num_layers": len(modules),
+            "analysis": analysis,
+        }
+        if generation is not None:
+            result["generation"] = [
+                {"token": tokens[step.position], "position": step.position + 1,
+                 "cached_keys": step.cache_length,
+                 "weights": query_row(step.layer, tokens, head, 0)["weights"]}
+                for step in generation
+            ]
+        json.dump(result, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        from qkv.trace.terminal import render_generation, render_layer
+
+        render_layer(console, focus, recorded.tokens, head=head, query=query, analysis=analysis,
+                     title=loaded.name)
+        if generation is not None:
+            render_generation(console, generation, tokens, head)
+    _write_outputs(
+        args, recorded, layer, head, query, analysis, generation,
+        title=f"Attention in {loaded.name}: “{text}”",
+        subtitle=f"{len(modules)} attention layers; traced with forward hooks and checked against "
+        "the model's own output.", book=False, console=console,
+    )
+    return 0

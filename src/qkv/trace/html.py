@@ -1,0 +1,360 @@
+"""One self-contained HTML page that tells attention's story with the traced numbers.
+
+Everything is inline: the style, the script, the data (JSON in a non-executable script
+element) and the figures (PNG data URIs), so the page makes no network request when
+opened, online or off. The story walks through the steps for one (layer, head, query)
+with its numbers and figures; the explorer lets the reader pick the query token, hover a
+key to read its score and weight, and switch head and layer among those recorded.
+
+Text typed by the user (the prompt, hence the tokens) is escaped by Jinja's autoescape in
+the markup and by JSON escaping (`<`, `>`, `&`) in the data; the script writes it with
+textContent only, never as markup.
+
+Shape legend: S keys, D head size.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment
+
+from qkv.errors import QkvError
+from qkv.trace.export import layer_summary, plain, query_row, token_at
+from qkv.trace.generation import CacheStep
+from qkv.trace.png import layer_figures, png_bytes, write_atomic
+from qkv.trace.recorder import LayerTrace, Trace
+
+_SHOWN_DIMS = 8
+
+
+def _data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def _safe_json(value: Any) -> str:
+    """JSON that cannot end the <script> element it sits in, whatever the tokens say."""
+    text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    return (text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
+            .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
+
+
+def _explorer_rows(layer: LayerTrace, tokens: list[str] | None) -> dict[str, Any]:
+    """For each recorded head and query: the per-key numbers the explorer shows."""
+    rows: dict[str, Any] = {}
+    for head in layer.heads:
+        for query in layer.queries:
+            row = query_row(layer, tokens, head, query)
+            rows[f"{head}:{query}"] = {
+                key: row[key] for key in ("scores", "scaled_scores", "weights", "visible", "kv_head")
+            } | {"context": row["context"][:_SHOWN_DIMS], "context_dims": len(row["context"])}
+    return rows
+
+
+def _fmt(values: list[float | None]) -> str:
+    shown = ", ".join("-inf" if v is None else f"{v:.4f}" for v in values[:_SHOWN_DIMS])
+    more = f", … ({len(values)} in all)" if len(values) > _SHOWN_DIMS else ""
+    return f"[{shown}{more}]"
+
+
+_TEMPLATE = r"""<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'unsafe-inline'">
+<title>{{ title }}</title>
+<style>
+body { font: 15px/1.5 system-ui, sans-serif; max-width: 70rem; margin: 2rem auto; padding: 0 1rem; color: #1d2330; }
+h1 { font-size: 1.5rem; } h2 { font-size: 1.2rem; margin-top: 2rem; border-bottom: 1px solid #ccd; }
+code, .num { font-family: ui-monospace, monospace; }
+table { border-collapse: collapse; margin: .5rem 0; }
+td, th { padding: .15rem .6rem; text-align: right; border-bottom: 1px solid #eef; }
+td.tok, th.tok { text-align: left; }
+.tokens span, .qbtn { display: inline-block; margin: .1rem; padding: .1rem .45rem; border-radius: .3rem; background: #eef; }
+.qbtn { border: 1px solid #99a; cursor: pointer; font: inherit; }
+.qbtn.active { background: #c2185b; color: white; }
+.bar { display: inline-block; height: .8rem; background: #ef6c00; vertical-align: middle; }
+.masked { color: #999; }
+#detail { min-height: 1.6rem; padding: .3rem .6rem; background: #fff8e1; border-radius: .3rem; }
+.heat span { display: inline-block; padding: .15rem .4rem; margin: .1rem; border-radius: .25rem; }
+img { max-width: 100%; }
+.step { margin: .4rem 0 1rem 0; }
+.controls label { margin-right: 1rem; }
+</style>
+</head>
+<body>
+<h1>{{ title }}</h1>
+<p>{{ subtitle }}</p>
+<p class="tokens" id="story-tokens">{% for token in tokens %}<span>{{ token }}</span>{% endfor %}</p>
+
+<h2>The story, step by step: layer {{ focus.layer }}, head {{ focus.head }}, query x({{ focus.query.position }}) = “{{ focus.query.token }}”</h2>
+{% for step in steps %}
+<div class="step"><b>{{ loop.index }}. {{ step.name }}</b> <span class="num">{{ step.shape }}</span><br>
+{{ step.meaning }}{% if step.value %}<br><code>{{ step.value }}</code>{% endif %}</div>
+{% endfor %}
+<table id="story-table">
+<tr><th>#</th><th class="tok">key token</th><th>q · k</th><th>scaled</th><th>weight</th></tr>
+{% for key in focus_keys %}
+<tr><td>{{ key.number }}</td><td class="tok">{{ key.token }}</td><td class="num">{{ key.score }}</td><td class="num">{{ key.scaled }}</td><td class="num">{{ key.weight }}</td></tr>
+{% endfor %}
+</table>
+
+{% for figure in figures %}
+<h2>{{ figure.caption }}</h2>
+<img alt="{{ figure.caption }}" src="{{ figure.uri }}">
+{% endfor %}
+
+<h2>Explore</h2>
+<p>Pick the query token, hover a key to read its score and weight, switch head and layer.</p>
+<div class="controls">
+<label>layer <select id="layer-select"></select></label>
+<label>head <select id="head-select"></select></label>
+<span id="kv-note"></span>
+</div>
+<p id="query-buttons"></p>
+<div id="detail">hover a key</div>
+<p class="heat" id="heat-row"></p>
+<table id="explorer"><thead><tr><th>#</th><th class="tok">key token</th><th>q · k</th><th>scaled</th><th>weight</th><th class="tok"></th></tr></thead><tbody></tbody></table>
+<p>context = weights @ values = <code id="context-out"></code></p>
+
+{% if analysis %}
+<h2>What the learned weights do (layer {{ focus.layer }})</h2>
+<p>Weight on the first token, per head (an “attention sink” parks weight there):</p>
+<table id="sink-table"><tr><th>head</th>{% for h, v in analysis.sink_share.items() %}<td>{{ h }}</td>{% endfor %}</tr>
+<tr><th>weight on token 1</th>{% for h, v in analysis.sink_share.items() %}<td class="num">{{ "%.3f"|format(v) }}</td>{% endfor %}</tr></table>
+{% if grouped %}
+<p>Grouped-query attention: the query heads that share each key/value head, and how alike they attend
+(1 = identical weights, 0 = disjoint), within the group and across groups:</p>
+<table id="kv-groups"><tr><th>kv head</th><th class="tok">query heads</th><th>alike within</th><th>alike across</th></tr>
+{% for g in analysis.kv_groups %}<tr><td>{{ g.kv_head }}</td><td class="tok">{{ g.query_heads|join(", ") }}</td>
+<td class="num">{{ "-" if g.within_group_similarity is none else "%.3f"|format(g.within_group_similarity) }}</td>
+<td class="num">{{ "-" if g.across_group_similarity is none else "%.3f"|format(g.across_group_similarity) }}</td></tr>{% endfor %}
+</table>
+{% endif %}
+<p>Key length by position:</p>
+<table id="key-norms"><tr>{% for n in analysis.key_norms %}<td class="tok">{{ key_tokens[loop.index0] }}</td>{% endfor %}</tr>
+<tr>{% for n in analysis.key_norms %}<td class="num">{{ "%.2f"|format(n) }}</td>{% endfor %}</tr></table>
+{% if analysis.rope %}
+<p>RoPE: the same query and key vectors, rotated as if they sat at other positions. The score
+depends only on the distance between them (largest spread at equal distance:
+{{ "%.1e"|format(analysis.rope.largest_spread_at_equal_distance) }}):</p>
+<table id="rope-table"><tr><th>distance</th>{% for d, s in analysis.rope.score_by_distance.items() %}<td>{{ d }}</td>{% endfor %}</tr>
+<tr><th>q · k</th>{% for d, s in analysis.rope.score_by_distance.items() %}<td class="num">{{ "%.4f"|format(s) }}</td>{% endfor %}</tr></table>
+{% endif %}
+{% endif %}
+
+{% if generation %}
+<h2>The KV cache while generating</h2>
+<p>Each new token's query is scored against every cached key; the cache grows by one key per step.</p>
+<table id="kv-steps"><tr><th>step</th><th class="tok">query token</th><th>cached keys</th><th class="tok">weights over the cache</th></tr>
+{% for step in generation %}<tr><td>{{ loop.index }}</td><td class="tok">{{ step.token }}</td><td>{{ step.cached }} + 1</td>
+<td class="tok heat">{% for w in step.weights %}<span title="{{ w.token }}: {{ '%.3f'|format(w.weight) }}" style="background: rgba(239,108,0,{{ '%.3f'|format(w.alpha) }})">{{ w.token }}</span>{% endfor %}</td></tr>{% endfor %}
+</table>
+{% endif %}
+
+<script type="application/json" id="trace-data">{{ data_json|safe }}</script>
+<script>
+(function () {
+  "use strict";
+  var data = JSON.parse(document.getElementById("trace-data").textContent);
+  var state = { layer: data.focus.layer_slot, head: data.focus.head, query: data.focus.query };
+  var el = function (id) { return document.getElementById(id); };
+  var fmt = function (v) { return v === null ? "-inf" : v.toFixed(4); };
+  function clear(node) { while (node.firstChild) { node.removeChild(node.firstChild); } }
+  function option(select, value, label) {
+    var o = document.createElement("option"); o.value = String(value); o.textContent = label; select.appendChild(o);
+  }
+  function layer() { return data.layers[state.layer]; }
+  function token(position) { return position < data.tokens.length ? data.tokens[position] : "#" + (position + 1); }
+  function fillControls() {
+    var ls = el("layer-select"); clear(ls);
+    data.layers.forEach(function (l, i) { option(ls, i, "layer " + l.layer); });
+    ls.value = String(state.layer);
+    var hs = el("head-select"); clear(hs);
+    layer().heads.forEach(function (h) { option(hs, h, "head " + h); });
+    if (layer().heads.indexOf(state.head) < 0) { state.head = layer().heads[0]; }
+    hs.value = String(state.head);
+    var qb = el("query-buttons"); clear(qb);
+    qb.appendChild(document.createTextNode("query: "));
+    layer().query_indices.forEach(function (q, i) {
+      var b = document.createElement("button");
+      b.className = "qbtn" + (q === state.query ? " active" : "");
+      b.dataset.query = String(q);
+      b.textContent = layer().queries[i] + " " + token(layer().cache_length + q);
+      b.addEventListener("click", function () { state.query = q; fillControls(); render(); });
+      qb.appendChild(b);
+    });
+  }
+  function render() {
+    var l = layer();
+    if (l.query_indices.indexOf(state.query) < 0) { state.query = l.query_indices[l.query_indices.length - 1]; }
+    var row = l.rows[state.head + ":" + state.query];
+    el("kv-note").textContent = l.num_kv_heads !== l.num_heads ? "reads key/value head " + row.kv_head +
+      " (shared by " + (l.num_heads / l.num_kv_heads) + " query heads)" : "";
+    var body = el("explorer").tBodies[0]; clear(body);
+    var heat = el("heat-row"); clear(heat);
+    var top = Math.max.apply(null, row.weights.concat([1e-12]));
+    row.weights.forEach(function (w, s) {
+      var tr = document.createElement("tr"); tr.className = "key-row" + (row.visible[s] ? "" : " masked");
+      tr.dataset.key = String(s);
+      [String(s + 1), token(s), row.visible[s] ? fmt(row.scores[s]) : "(masked)", fmt(row.scaled_scores[s]), w.toFixed(4)]
+        .forEach(function (text, c) { var td = document.createElement("td"); td.textContent = text; if (c === 1) { td.className = "tok"; } tr.appendChild(td); });
+      var bar = document.createElement("td"); bar.className = "tok";
+      var span = document.createElement("span"); span.className = "bar"; span.style.width = (w * 12).toFixed(2) + "rem";
+      bar.appendChild(span); tr.appendChild(bar);
+      var show = function () {
+        el("detail").textContent = "key " + (s + 1) + " \u201c" + token(s) + "\u201d: q \u00b7 k = " +
+          (row.visible[s] ? fmt(row.scores[s]) : "masked") + ", scaled = " + fmt(row.scaled_scores[s]) + ", weight = " + w.toFixed(4);
+      };
+      tr.addEventListener("mouseenter", show);
+      body.appendChild(tr);
+      var cell = document.createElement("span"); cell.className = "heat-cell"; cell.dataset.key = String(s);
+      cell.textContent = token(s); cell.title = "weight " + w.toFixed(4);
+      cell.style.background = "rgba(239,108,0," + (w / top).toFixed(3) + ")";
+      cell.addEventListener("mouseenter", show);
+      heat.appendChild(cell);
+    });
+    el("context-out").textContent = "[" + row.context.map(fmt).join(", ") +
+      (row.context_dims > row.context.length ? ", \u2026 (" + row.context_dims + " in all)" : "") + "]";
+  }
+  el("layer-select").addEventListener("change", function (e) { state.layer = Number(e.target.value); fillControls(); render(); });
+  el("head-select").addEventListener("change", function (e) { state.head = Number(e.target.value); render(); });
+  fillControls();
+  render();
+}());
+</script>
+</body>
+</html>
+"""
+
+
+def _story_steps(layer: LayerTrace, row: dict[str, Any], *, book: bool) -> list[dict[str, str]]:
+    c = layer.x.shape[-1]
+    h, d = layer.num_heads, layer.head_dim
+    steps = [
+        {"name": "inputs x", "shape": f"[{layer.x.shape[1]}, {c}]",
+         "meaning": "One vector per token: the layer's input.",
+         "value": _fmt(plain(layer.x[0, row["_q"]]))},
+        {"name": "W_query, W_key, W_value", "shape": f"[{c}, {h * d}] each" if not book else f"[{c}, {d}] each",
+         "meaning": "Trainable projections: queries = x @ W_query, keys = x @ W_key, values = x @ W_value."
+         + (" Drawn with torch.rand after torch.manual_seed, as the book does." if book else ""),
+         "value": "W_key = " + str(plain(layer.W_key)) if book else ""},
+        {"name": "the query q", "shape": f"[{d}]",
+         "meaning": f"Head {row['head']}'s query for x({row['query']['position']}) = "
+         f"“{row['query']['token']}”" + (", rotated by RoPE for its position." if layer.rope else "."),
+         "value": _fmt(row["query_vector"])},
+        {"name": "the keys k", "shape": f"[{layer.num_keys}, {d}]",
+         "meaning": "One key per token the query may look at" + (
+             f"; this head reads key/value head {row['kv_head']}, shared by query heads "
+             f"{', '.join(map(str, layer.query_heads_of(row['kv_head'])))}." if layer.num_kv_heads != h else "."),
+         "value": "k(1) = " + _fmt(row["keys"][0])},
+        {"name": "q ⊙ k, then q · k", "shape": f"[{layer.num_keys}]",
+         "meaning": "Multiply query and key component by component, add up: one score per key.",
+         "value": "q ⊙ k(1) = " + _fmt(row["products"][0]) + "  →  q · k = " + _fmt(row["scores"])},
+        {"name": "scaled scores", "shape": f"[{layer.num_keys}]",
+         "meaning": f"Divide by sqrt(d_k) = sqrt({d}) so the softmax does not saturate"
+         + ("; keys the query may not see (the mask) get -inf." if layer.causal or not all(row["visible"]) else "."),
+         "value": _fmt(row["scaled_scores"])},
+        {"name": "attention weights", "shape": f"[{layer.num_keys}]",
+         "meaning": "Softmax: positive, summing to 1.", "value": _fmt(row["weights"])},
+        {"name": "context vector", "shape": f"[{d}]",
+         "meaning": "The weights mix the value vectors: context = weights @ values.",
+         "value": _fmt(row["context"])},
+    ]
+    if h > 1 or layer.kind not in ("book example", "SelfAttention_v1", "SelfAttention_v2", "CausalAttention"):
+        steps.append({
+            "name": "heads side by side, then the output projection",
+            "shape": f"[{layer.concat.shape[-1]}] → [{layer.output.shape[-1]}]",
+            "meaning": f"The {h} heads' contexts are concatenated and projected back; the trace "
+            "checked that this reproduces the module's real output.",
+            "value": _fmt(plain(layer.output[0, layer.query_slot(row['_q'])])),
+        })
+    return steps
+
+
+def build_page(
+    trace: Trace,
+    *,
+    title: str,
+    subtitle: str,
+    layer: int,
+    head: int,
+    query: int,
+    analysis: dict[str, Any] | None = None,
+    generation: list[CacheStep] | None = None,
+    book: bool = False,
+) -> str:
+    """The page's HTML text. `layer`, `head`, `query` (from 0, among the new tokens) pick the story."""
+    tokens = trace.tokens or []
+    focus_layer = trace.layer(layer)
+    row = query_row(focus_layer, tokens, head, query)
+    row["_q"] = query
+    figures = [
+        {"caption": caption, "uri": _data_uri(png_bytes(fig))}
+        for caption, fig in zip(
+            *_captioned(layer_figures(focus_layer, tokens, head, query))
+        )
+    ]
+    layers = []
+    for recorded in trace.layers:
+        summary = layer_summary(recorded)
+        summary["query_indices"] = recorded.queries
+        summary["rows"] = _explorer_rows(recorded, tokens)
+        layers.append(summary)
+    data = {
+        "tokens": tokens,
+        "layers": layers,
+        "focus": {"layer_slot": [l.index for l in trace.layers].index(layer), "head": head, "query": query},
+    }
+    focus_keys = [
+        {"number": s + 1, "token": token_at(tokens, s),
+         "score": f"{row['scores'][s]:.4f}" if row["visible"][s] else "(masked)",
+         "scaled": "-inf" if row["scaled_scores"][s] is None else f"{row['scaled_scores'][s]:.4f}",
+         "weight": f"{row['weights'][s]:.4f}"}
+        for s in range(focus_layer.num_keys)
+    ]
+    steps_view = None
+    if generation:
+        steps_view = []
+        for step in generation:
+            weights = query_row(step.layer, tokens, head, 0)["weights"]
+            top = max(weights) or 1.0
+            steps_view.append({
+                "token": token_at(tokens, step.position), "cached": step.cache_length,
+                "weights": [{"token": token_at(tokens, s), "weight": w, "alpha": w / top}
+                            for s, w in enumerate(weights)],
+            })
+    env = Environment(autoescape=True)
+    return env.from_string(_TEMPLATE).render(
+        title=title, subtitle=subtitle, tokens=tokens, focus=row,
+        steps=_story_steps(focus_layer, row, book=book), focus_keys=focus_keys, figures=figures,
+        analysis=analysis, grouped=focus_layer.num_kv_heads != focus_layer.num_heads,
+        key_tokens=[token_at(tokens, s) for s in range(focus_layer.num_keys)],
+        generation=steps_view, data_json=_safe_json(data),
+    )
+
+
+_CAPTIONS = {
+    "keys_plane": "The keys and the query as arrows in the plane, each key labelled with its dot product",
+    "scores": "From scores to scaled scores to weights",
+    "heatmap": "Every query's weights over the keys (this head)",
+    "causal_mask": "The causal mask",
+    "heads": "Every recorded head of this layer",
+}
+
+
+def _captioned(figures: dict) -> tuple[list[str], list]:
+    return [_CAPTIONS[name] for name in figures], list(figures.values())
+
+
+def write_page(html: str, path: str | Path) -> Path:
+    target = Path(path)
+    if target.is_dir():
+        raise QkvError(f"--html {target}: is a folder; give a file name such as attention.html")
+    if not target.parent.is_dir():
+        raise QkvError(f"--html {target}: the folder {target.parent} does not exist")
+    write_atomic(target, html.encode("utf-8"))
+    return target

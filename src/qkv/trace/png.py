@@ -1,0 +1,219 @@
+"""Figures of a traced layer with matplotlib (Agg backend: no display needed).
+
+- `keys_plane`: for 2-d keys (the book's d_out = 2), each key and the query as arrows in
+  the plane, each key labelled with its dot product with the query;
+- `score_bars`: q · k, then scaled by 1/sqrt(d_k), then softmax weights, key by key;
+- `heatmap`: the weights, query (row) by key (column), with token labels;
+- `mask_figure`: which keys each query may see (the causal mask);
+- `head_grid`: the heatmap of every recorded head of the layer.
+
+`write_pngs` saves them into a folder, each file written atomically.
+
+Shape legend: t recorded queries, S keys.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from qkv.errors import QkvError  # noqa: E402
+from qkv.trace.export import query_row, token_at  # noqa: E402
+from qkv.trace.recorder import LayerTrace  # noqa: E402
+
+_MAX_LABELS = 40  # beyond this many tokens, tick labels are thinned
+
+
+def _labels(layer: LayerTrace, tokens: list[str] | None) -> tuple[list[str], list[str]]:
+    keys = [token_at(tokens, s) for s in range(layer.num_keys)]
+    queries = [token_at(tokens, layer.cache_length + q) for q in layer.queries]
+    return queries, keys
+
+
+def _ticks(ax, labels: list[str], axis: str) -> None:
+    step = max(1, len(labels) // _MAX_LABELS)
+    positions = list(range(0, len(labels), step))
+    if axis == "x":
+        ax.set_xticks(positions, [labels[i] for i in positions], rotation=60, ha="right", fontsize=8)
+    else:
+        ax.set_yticks(positions, [labels[i] for i in positions], fontsize=8)
+
+
+def keys_plane(layer: LayerTrace, tokens: list[str] | None, head: int, query: int) -> Figure:
+    if layer.head_dim != 2:
+        raise QkvError(f"the keys can be drawn as arrows in a plane only when they are 2-d (d_out = 2), "
+                       f"not {layer.head_dim}-d")
+    row = query_row(layer, tokens, head, query)
+    fig, ax = plt.subplots(figsize=(8, 6))
+    xs = [k[0] for k in row["keys"]] + [row["query_vector"][0], 0.0]
+    ys = [k[1] for k in row["keys"]] + [row["query_vector"][1], 0.0]
+    # Labels in a column right of the arrows, ordered like the arrow tips, so none overlap.
+    span_y = max(ys) - min(ys) or 1.0
+    label_x = max(xs) + 0.25 * (max(xs) - min(xs) or 1.0)
+    order = sorted(range(len(row["keys"])), key=lambda s: row["keys"][s][1])
+    for rank, s in enumerate(order):
+        key, token, score = row["keys"][s], row["key_tokens"][s], row["scores"][s]
+        ax.annotate("", xy=(key[0], key[1]), xytext=(0, 0),
+                    arrowprops={"arrowstyle": "->", "color": "tab:blue", "lw": 1.5})
+        label_y = min(ys) + span_y * (rank + 0.5) / len(order)
+        text = f"k({s + 1}) {token}: q·k = {score:.4f}" if score is not None else f"k({s + 1}) {token}: masked"
+        ax.annotate(text, xy=(key[0], key[1]), xytext=(label_x, label_y), fontsize=8, color="tab:blue",
+                    va="center", arrowprops={"arrowstyle": "-", "color": "tab:blue", "lw": 0.4, "alpha": 0.5})
+    qv = row["query_vector"]
+    ax.annotate("", xy=(qv[0], qv[1]), xytext=(0, 0),
+                arrowprops={"arrowstyle": "->", "color": "tab:red", "lw": 2.5})
+    ax.text(qv[0], qv[1], f" query q({row['query']['position']}) {row['query']['token']}",
+            fontsize=9, color="tab:red", fontweight="bold")
+    pad = 0.15 * max(max(xs) - min(xs), max(ys) - min(ys), 1e-6)
+    ax.set_xlim(min(xs) - pad, label_x + 1.6 * (max(xs) - min(xs) or 1.0))
+    ax.set_ylim(min(ys) - pad, max(ys) + pad)
+    ax.grid(alpha=0.3)
+    ax.set_xlabel("dimension 1")
+    ax.set_ylabel("dimension 2")
+    ax.set_title("keys and the query in the plane; each key labelled with q · k")
+    fig.tight_layout()
+    return fig
+
+
+def score_bars(layer: LayerTrace, tokens: list[str] | None, head: int, query: int) -> Figure:
+    row = query_row(layer, tokens, head, query)
+    names = row["key_tokens"]
+    fig, axes = plt.subplots(1, 3, figsize=(max(9, 0.5 * len(names) * 3), 3.6))
+    panels = (("scores q · k", row["scores"], "tab:blue"),
+              (f"scaled: × 1/sqrt(d_k) = {row['scale']:.4f}", row["scaled_scores"], "tab:purple"),
+              ("weights: softmax (sum 1)", row["weights"], "tab:orange"))
+    for ax, (title, values, colour) in zip(axes, panels):
+        shown = [0.0 if v is None else v for v in values]
+        bars = ax.bar(range(len(shown)), shown, color=colour)
+        for bar, value, visible in zip(bars, values, row["visible"]):
+            if not visible:
+                bar.set_hatch("//")
+                bar.set_alpha(0.3)
+        ax.set_title(title, fontsize=10)
+        ax.axhline(0, color="black", lw=0.5)
+        _ticks(ax, names, "x")
+    fig.suptitle(f"query x({row['query']['position']}) = \"{row['query']['token']}\", "
+                 f"layer {layer.index}, head {head}", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def _draw_heatmap(ax, layer: LayerTrace, tokens: list[str] | None, head: int, *, labels: bool) -> None:
+    weights = layer.weights[0, layer.head_slot(head)].float().numpy()  # (t, S)
+    ax.imshow(weights, cmap="viridis", vmin=0.0, vmax=max(float(weights.max()), 1e-9), aspect="auto")
+    if labels:
+        queries, keys = _labels(layer, tokens)
+        _ticks(ax, keys, "x")
+        _ticks(ax, queries, "y")
+        ax.set_xlabel("key (column)")
+        ax.set_ylabel("query (row)")
+    else:
+        ax.set_xticks([])
+        ax.set_yticks([])
+
+
+def heatmap(layer: LayerTrace, tokens: list[str] | None, head: int) -> Figure:
+    queries, keys = _labels(layer, tokens)
+    size = min(12.0, 3.0 + 0.35 * max(len(keys), len(queries)))
+    fig, ax = plt.subplots(figsize=(size + 1.5, size))
+    _draw_heatmap(ax, layer, tokens, head, labels=True)
+    weights = layer.weights[0, layer.head_slot(head)]
+    if weights.numel() <= 144:
+        for i in range(weights.shape[0]):
+            for j in range(weights.shape[1]):
+                w = float(weights[i, j])
+                ax.text(j, i, f"{w:.2f}", ha="center", va="center", fontsize=7,
+                        color="white" if w < 0.5 * float(weights.max()) else "black")
+    ax.figure.colorbar(ax.images[0], ax=ax, label="attention weight")
+    ax.set_title(f"attention weights, layer {layer.index}, head {head}")
+    fig.tight_layout()
+    return fig
+
+
+def mask_figure(layer: LayerTrace, tokens: list[str] | None) -> Figure:
+    queries, keys = _labels(layer, tokens)
+    size = min(10.0, 2.5 + 0.3 * max(len(keys), len(queries)))
+    fig, ax = plt.subplots(figsize=(size + 1, size))
+    visible = layer.mask[0, 0].float().numpy()  # (t, S)
+    ax.imshow(visible, cmap="Greys_r", vmin=0, vmax=1, aspect="auto")
+    _ticks(ax, keys, "x")
+    _ticks(ax, queries, "y")
+    ax.set_xlabel("key (column)")
+    ax.set_ylabel("query (row)")
+    kind = "causal mask" if layer.causal else "mask"
+    ax.set_title(f"{kind}: white = visible, black = hidden")
+    fig.tight_layout()
+    return fig
+
+
+def head_grid(layer: LayerTrace, tokens: list[str] | None) -> Figure:
+    n = len(layer.heads)
+    cols = min(4, n)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.2 * rows), squeeze=False)
+    for slot, head in enumerate(layer.heads):
+        ax = axes[slot // cols][slot % cols]
+        _draw_heatmap(ax, layer, tokens, head, labels=False)
+        shared = f" (kv {layer.kv_heads[slot]})" if layer.num_kv_heads != layer.num_heads else ""
+        ax.set_title(f"head {head}{shared}", fontsize=9)
+    for slot in range(n, rows * cols):
+        axes[slot // cols][slot % cols].axis("off")
+    fig.supxlabel("key (column)")
+    fig.supylabel("query (row)")
+    fig.suptitle(f"every recorded head of layer {layer.index}")
+    fig.tight_layout()
+    return fig
+
+
+def layer_figures(layer: LayerTrace, tokens: list[str] | None, head: int, query: int) -> dict[str, Figure]:
+    """Every figure that applies, by file stem."""
+    figures: dict[str, Figure] = {}
+    if layer.head_dim == 2:
+        figures["keys_plane"] = keys_plane(layer, tokens, head, query)
+    figures["scores"] = score_bars(layer, tokens, head, query)
+    figures["heatmap"] = heatmap(layer, tokens, head)
+    if layer.causal:
+        figures["causal_mask"] = mask_figure(layer, tokens)
+    if len(layer.heads) > 1:
+        figures["heads"] = head_grid(layer, tokens)
+    return figures
+
+
+def png_bytes(fig: Figure, dpi: int = 100) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Temp file in the same folder, then os.replace: a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_pngs(figures: dict[str, Figure], folder: str | Path) -> list[Path]:
+    out = Path(folder)
+    if out.exists() and not out.is_dir():
+        raise QkvError(f"--png {out}: exists and is not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise QkvError(f"--png {out}: cannot create the folder ({error.strerror})") from None
+    written = []
+    for stem, fig in figures.items():
+        path = out / f"{stem}.png"
+        write_atomic(path, png_bytes(fig))
+        written.append(path)
+    return written
