@@ -12,6 +12,7 @@ from qkv.errors import QkvError
 _LAZY = {
     "load_pretrained": "qkv.models.checkpoint",
     "save_pretrained": "qkv.models.checkpoint",
+    "trace": "qkv.trace",
 }
 
 
