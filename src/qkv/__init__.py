@@ -13,6 +13,7 @@ _LAZY = {
     "load_pretrained": "qkv.models.checkpoint",
     "save_pretrained": "qkv.models.checkpoint",
     "trace": "qkv.trace",
+    "generate": "qkv.generation",
 }
 
 

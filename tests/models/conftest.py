@@ -99,3 +99,18 @@ def tokenizer() -> Tokenizer:
 def hf_class():
     """kind -> the transformers model class."""
     return hf_model_class
+
+
+@pytest.fixture(scope="session")
+def shared_checkpoint(tmp_path_factory: pytest.TempPathFactory):
+    """Like tiny_checkpoint, but built once per session per config: read it, never modify it."""
+    made: dict[tuple[str, tuple[tuple[str, Any], ...]], tuple[Path, Any]] = {}
+
+    def make(kind: str, **overrides: Any) -> tuple[Path, Any]:
+        key = (kind, tuple(sorted(overrides.items())))
+        if key not in made:
+            folder = tmp_path_factory.mktemp(kind)
+            made[key] = (folder, save_tiny(kind, folder, **overrides))
+        return made[key]
+
+    return make
