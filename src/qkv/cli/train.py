@@ -1,0 +1,75 @@
+"""`qkv train`: train the book's GPT on a text file, on one process or many (torchrun).
+
+Options left unset take the preset's value; with --resume they take the checkpoint's,
+and only the length of the run (--epochs/--max-steps), --eval-every and --save-every may
+change.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from qkv.training import PRESETS, TrainSettings, saved_settings, train
+from qkv.training.presets import DEFAULT_PRESET
+from qkv.training.settings import DTYPES
+
+# Options that map one-to-one onto TrainSettings fields (None = not given).
+_OVERRIDES = (
+    "context_length", "stride", "batch_size", "epochs", "max_steps", "lr", "weight_decay",
+    "warmup_steps", "eval_every", "save_every", "seed", "tokenizer", "dtype", "dropout", "preset",
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "train",
+        help="train the book's GPT on a text file (resumable, torchrun-ready)",
+        description="Train the book's GPT (chapter 5) on a text file: byte-level BPE, sliding "
+        "windows with a 90/10 split, AdamW with warmup and cosine decay, evaluations with a "
+        "sample, metrics.jsonl, loss.png and atomic checkpoints. OUT becomes a model folder "
+        "that `qkv generate --model OUT` loads. Run it under `torchrun --nproc_per_node N -m qkv "
+        "train ...` to train on N processes (the global batch is N x --batch-size).",
+    )
+    parser.add_argument("--data", required=True, metavar="FILE.txt", help="UTF-8 text to train on")
+    parser.add_argument("--out", required=True, metavar="DIR", help="output folder (model, checkpoint, metrics)")
+    parser.add_argument(
+        "--preset", choices=sorted(PRESETS),
+        help=f"model size and training defaults (default: {DEFAULT_PRESET})",
+    )
+    parser.add_argument("--context-length", type=int, help="window length in tokens (default: preset's)")
+    parser.add_argument("--stride", type=int, help="tokens between window starts (default: context length)")
+    parser.add_argument("--batch-size", type=int, help="windows per step per process (default: preset's)")
+    length = parser.add_mutually_exclusive_group()
+    length.add_argument("--epochs", type=int, help="passes over the training windows (default: preset's)")
+    length.add_argument("--max-steps", type=int, help="optimizer steps to train (instead of --epochs)")
+    parser.add_argument("--lr", type=float, help="peak learning rate (default: preset's)")
+    parser.add_argument("--weight-decay", type=float, help="AdamW weight decay (default: preset's)")
+    parser.add_argument("--warmup-steps", type=int, help="linear warmup steps before cosine decay (default: preset's)")
+    parser.add_argument("--eval-every", type=int, help="steps between evaluations (default: preset's)")
+    parser.add_argument("--save-every", type=int, help="steps between checkpoints (default: preset's)")
+    parser.add_argument("--seed", type=int, help="seed for weights, data order and dropout (default: 123)")
+    parser.add_argument("--dropout", type=float, help="dropout rate (default: preset's)")
+    parser.add_argument("--tokenizer", metavar="tokenizer.json", help="use this tokenizer instead of training a BPE")
+    parser.add_argument("--dtype", choices=DTYPES, help="float32, or bfloat16 autocast (default: float32)")
+    parser.add_argument("--resume", action="store_true", help="continue the run whose checkpoint is in --out")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (evaluations still print)")
+    parser.set_defaults(run=run)
+
+
+def settings_from_args(args: argparse.Namespace) -> TrainSettings:
+    given: dict[str, Any] = {k: getattr(args, k) for k in _OVERRIDES if getattr(args, k) is not None}
+    if not args.resume:
+        preset = given.pop("preset", DEFAULT_PRESET)
+        return TrainSettings.from_preset(preset, data=args.data, out=args.out, **given)
+    saved = saved_settings(args.out)
+    if "max_steps" in given:
+        given["epochs"] = None
+    elif "epochs" in given:
+        given["max_steps"] = None
+    return saved.with_changes(data=args.data, out=args.out, **given)
+
+
+def run(args: argparse.Namespace) -> int:
+    train(settings_from_args(args), resume=args.resume, progress=not args.no_progress)
+    return 0

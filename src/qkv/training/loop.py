@@ -1,0 +1,374 @@
+"""The training loop: the book's chapter-5 loop, with what a real run needs around it.
+
+Per step: a batch of windows, cross-entropy of the next token, backward, gradient
+clipping, AdamW, a warmup + cosine learning rate. Every `eval_every` steps: train and
+validation loss on fixed windows, a greedy sample of a fixed prompt, one line in
+metrics.jsonl. Every `save_every` steps and at the end: an atomic checkpoint and the
+model folder. Under torchrun the model is wrapped in DistributedDataParallel and each
+process trains on its slice of the same global batch; only rank 0 prints and writes.
+
+Shape legend: B batch (per process), L window length, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from qkv.errors import QkvError
+from qkv.models.gpt2 import GPTConfig, GPTModel
+from qkv.training.checkpoint import (
+    TrainingState,
+    checkpoint_path,
+    load_checkpoint,
+    restore_modules,
+    save_checkpoint,
+)
+from qkv.training.data import (
+    BatchSchedule,
+    TokenWindows,
+    read_text,
+    require_windows,
+    split_text,
+    text_fingerprint,
+)
+from qkv.training.distributed import DistContext, init_distributed, shutdown_distributed
+from qkv.training.export import TOKENIZER_NAME, export_model_folder, write_tokenizer
+from qkv.training.metrics import METRICS_NAME, PLOT_NAME, MetricsLog, plot_losses
+from qkv.training.presets import PRESETS
+from qkv.training.sample import greedy_continuation
+from qkv.training.schedule import warmup_cosine
+from qkv.training.settings import TrainSettings
+from qkv.training.tokenizer import encode, load_tokenizer, train_bpe
+
+MODEL_FILES = ("config.json", "model.safetensors")
+
+# Settings a resumed run may change: they do not alter the trajectory of the weights.
+RESUMABLE_CHANGES = frozenset(
+    {"data", "out", "epochs", "max_steps", "eval_every", "save_every", "eval_windows",
+     "sample_prompt", "sample_tokens", "tokenizer"}
+)
+
+
+@dataclass
+class TrainResult:
+    out: Path
+    step: int
+    tokens_seen: int
+    records: list[dict[str, Any]]
+    seconds: float
+
+
+def train(
+    settings: TrainSettings,
+    *,
+    resume: bool = False,
+    on_step: Callable[[int], None] | None = None,
+    progress: bool = True,
+) -> TrainResult:
+    """Train (or, with `resume`, continue) the run that `settings` describe.
+
+    `on_step(step)` is called after every completed step (and any evaluation or
+    checkpoint at that step); raising KeyboardInterrupt from it stops the run as
+    Ctrl-C would.
+    """
+    ctx = init_distributed()
+    try:
+        return _Run(settings, ctx, resume=resume, progress=progress).fit(on_step)
+    finally:
+        shutdown_distributed(ctx)
+
+
+def saved_settings(out: str | Path) -> TrainSettings:
+    """The settings stored in the checkpoint in `out` (for --resume)."""
+    path = checkpoint_path(out)
+    return TrainSettings.from_dict(load_checkpoint(path).state.settings)
+
+
+def prepare_out(out: Path, *, resume: bool) -> None:
+    """Create the output folder, check it is writable, refuse to overwrite a run."""
+    if out.exists() and not out.is_dir():
+        raise QkvError(f"--out {out} is a file; give a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".qkv-write-test-{time.time_ns()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        raise QkvError(f"cannot write to --out {out} ({error.strerror}); choose a writable folder") from None
+    if not resume:
+        if checkpoint_path(out).exists():
+            raise QkvError(
+                f"{out} already holds a training run; pass --resume to continue it or choose another --out"
+            )
+        taken = [name for name in MODEL_FILES if (out / name).exists()]
+        if taken:
+            raise QkvError(f"{out} already holds a model ({', '.join(taken)}); choose another --out")
+
+
+class _Run:
+    def __init__(self, settings: TrainSettings, ctx: DistContext, *, resume: bool, progress: bool) -> None:
+        self.ctx = ctx
+        self.settings = settings
+        self.out = Path(settings.out)
+        self.progress = progress
+        prepare_out(self.out, resume=resume)
+        self.checkpoint = load_checkpoint(checkpoint_path(self.out)) if resume else None
+
+        text = read_text(settings.data)
+        fingerprint = text_fingerprint(text)
+        train_text, val_text = split_text(text)
+        self.tokenizer = self._tokenizer(train_text)
+        train_ids, val_ids = encode(self.tokenizer, train_text), encode(self.tokenizer, val_text)
+        length = settings.context_length
+        self.train_windows = TokenWindows(train_ids, length, settings.stride)
+        self.val_windows = TokenWindows(val_ids, length, settings.stride)
+        require_windows(self.train_windows, "training", len(train_ids))
+        require_windows(self.val_windows, "validation", len(val_ids))
+        self.batches = BatchSchedule(
+            len(self.train_windows), settings.batch_size, ctx.world_size, settings.seed
+        )
+        self.total_steps = settings.max_steps or settings.epochs * self.batches.steps_per_epoch
+
+        preset = PRESETS[settings.preset].model
+        self.config = GPTConfig(
+            vocab_size=max(settings.vocab_size, self.tokenizer.get_vocab_size()),
+            context_length=length, emb_dim=preset.emb_dim, n_heads=preset.n_heads,
+            n_layers=preset.n_layers, drop_rate=settings.dropout, qkv_bias=preset.qkv_bias,
+            layer_norm_eps=preset.layer_norm_eps, attention_backend=preset.attention_backend,
+        )
+        torch.manual_seed(settings.seed)
+        self.model = GPTModel(self.config).to(ctx.device)
+        self.optimizer = _adamw(self.model, settings)
+        self.scheduler = warmup_cosine(
+            self.optimizer, warmup_steps=settings.warmup_steps, total_steps=self.total_steps,
+            min_ratio=settings.min_lr_ratio,
+        )
+        torch.manual_seed(settings.seed + ctx.rank)  # each process its own dropout stream
+        self.metrics = MetricsLog(self.out / METRICS_NAME)
+        self.step = 0
+        self.tokens_seen = 0
+        if self.checkpoint is None and ctx.is_main:
+            self.metrics.keep_until(-1)  # lines left by a run that never saved a checkpoint
+        self.state_base = dict(
+            settings=settings.to_dict(), model_config=self.config.to_dict(),
+            data_fingerprint=fingerprint,
+        )
+        if self.checkpoint is not None:
+            self._restore(fingerprint)
+        self.ddp: nn.Module = (
+            DistributedDataParallel(
+                self.model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None
+            )
+            if ctx.distributed else self.model
+        )
+
+    # -- set-up -----------------------------------------------------------------------
+
+    def _tokenizer(self, train_text: str) -> Tokenizer:
+        """The checkpoint's tokenizer, the given one, or a BPE that rank 0 trains and shares."""
+        path = self.out / TOKENIZER_NAME
+        if self.checkpoint is not None:
+            return load_tokenizer(path)
+        if self.settings.tokenizer is not None:
+            tokenizer = load_tokenizer(self.settings.tokenizer)
+            if self.ctx.is_main:
+                write_tokenizer(tokenizer, path)
+            return tokenizer
+        if self.ctx.is_main:
+            write_tokenizer(train_bpe(train_text, self.settings.vocab_size), path)
+        self.ctx.barrier()
+        return load_tokenizer(path)
+
+    def _restore(self, fingerprint: str) -> None:
+        ckpt = self.checkpoint
+        assert ckpt is not None
+        path = checkpoint_path(self.out)
+        saved = TrainSettings.from_dict(ckpt.state.settings)
+        changed = {
+            k: (getattr(saved, k), getattr(self.settings, k))
+            for k in saved.to_dict()
+            if k not in RESUMABLE_CHANGES and getattr(saved, k) != getattr(self.settings, k)
+        }
+        if changed:
+            name, (old, new) = next(iter(changed.items()))
+            raise QkvError(
+                f"--resume must keep the run's settings: {name} was {old!r}, now {new!r}; "
+                "drop that option when resuming"
+            )
+        if ckpt.state.data_fingerprint != fingerprint:
+            raise QkvError(f"{self.settings.data} is not the text this run was trained on; resume with that file")
+        if ckpt.state.world_size != self.ctx.world_size:
+            raise QkvError(
+                f"the checkpoint was written by {ckpt.state.world_size} processes; resume with "
+                f"the same number (torchrun --nproc_per_node {ckpt.state.world_size})"
+            )
+        if ckpt.state.model_config != self.config.to_dict():
+            raise QkvError(f"checkpoint {path} holds a different model shape than these settings make")
+        restore_modules(ckpt, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, path=path)
+        # A changed --max-steps/--epochs moves the end of the cosine decay.
+        self.scheduler.lr_lambdas[0].total_steps = self.total_steps
+        torch.set_rng_state(ckpt.rng_cpu[self.ctx.rank])
+        cuda_state = ckpt.rng_cuda[self.ctx.rank]
+        if cuda_state is not None and self.ctx.device.type == "cuda":
+            torch.cuda.set_rng_state(cuda_state, self.ctx.device)
+        self.step = ckpt.state.step
+        self.tokens_seen = ckpt.state.tokens_seen
+        if self.ctx.is_main:
+            self.metrics.keep_until(self.step)
+
+    # -- the loop -----------------------------------------------------------------------
+
+    def fit(self, on_step: Callable[[int], None] | None) -> TrainResult:
+        s, ctx = self.settings, self.ctx
+        start = time.perf_counter()
+        if self.step == 0:
+            self._evaluate()
+        bar = tqdm(
+            total=self.total_steps, initial=self.step, desc="train", unit="step",
+            disable=not (ctx.is_main and self.progress), file=sys.stderr, dynamic_ncols=True,
+        )
+        train_seconds, run_tokens = 0.0, 0
+        permutation_epoch, permutation = -1, torch.empty(0)
+        tokens_per_step = self.batches.global_batch * s.context_length
+        try:
+            with bar:
+                while self.step < self.total_steps:
+                    epoch, _ = self.batches.position(self.step)
+                    if epoch != permutation_epoch:
+                        permutation_epoch, permutation = epoch, self.batches.permutation(epoch)
+                    t0 = time.perf_counter()
+                    loss = self._train_step(self.batches.indices(self.step, ctx.rank, permutation))
+                    train_seconds += time.perf_counter() - t0
+                    self.step += 1
+                    self.tokens_seen += tokens_per_step
+                    run_tokens += tokens_per_step
+                    bar.update(1)
+                    bar.set_postfix(
+                        loss=f"{loss:.3f}", tok_s=f"{run_tokens / max(train_seconds, 1e-9):,.0f}",
+                        refresh=False,
+                    )
+                    last = self.step == self.total_steps
+                    if self.step % s.eval_every == 0 or last:
+                        self._evaluate(write=bar.write)
+                    if self.step % s.save_every == 0 or last:
+                        self._save()
+                    if on_step is not None:
+                        on_step(self.step)
+        except KeyboardInterrupt:
+            if ctx.is_main:
+                print(
+                    f"interrupted at step {self.step}; {checkpoint_path(self.out)} keeps the last "
+                    "saved step; continue with --resume",
+                    file=sys.stderr,
+                )
+            raise
+        records = self.metrics.read() if ctx.is_main else []
+        if ctx.is_main and records:
+            plot_losses(records, self.out / PLOT_NAME, title=f"qkv train --preset {s.preset}")
+        seconds = time.perf_counter() - start
+        if ctx.is_main and records:
+            print(
+                f"{self.step} steps, {self.tokens_seen:,} tokens in {seconds:.1f} s; validation loss "
+                f"{records[0]['val_loss']:.3f} -> {records[-1]['val_loss']:.3f}; model in {self.out}"
+            )
+        return TrainResult(self.out, self.step, self.tokens_seen, records, seconds)
+
+    def _train_step(self, index: Tensor) -> float:
+        inputs, targets = self.train_windows.batch(index)  # (B, L) each
+        inputs, targets = inputs.to(self.ctx.device), targets.to(self.ctx.device)
+        with self._autocast():
+            logits = self.ddp(inputs)  # (B, L, V)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        return self.ctx.all_mean(loss.item())
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.settings.dtype == "bfloat16":
+            return torch.autocast(self.ctx.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    @torch.no_grad()
+    def _mean_loss(self, windows: TokenWindows) -> float:
+        """Mean next-token loss over the first eval_windows windows, shared by all ranks."""
+        n = min(len(windows), self.settings.eval_windows)
+        mine = torch.arange(self.ctx.rank, n, self.ctx.world_size)  # this rank's windows
+        total = torch.zeros(2, dtype=torch.float64)  # (sum of window losses, windows)
+        self.model.eval()
+        for chunk in mine.split(self.settings.batch_size):
+            inputs, targets = windows.batch(chunk)  # (B, L) each
+            inputs, targets = inputs.to(self.ctx.device), targets.to(self.ctx.device)
+            with self._autocast():
+                logits = self.model(inputs)  # (B, L, V)
+            per_token = F.cross_entropy(
+                logits.flatten(0, 1).float(), targets.flatten(), reduction="none"
+            ).view(targets.shape)  # (B, L)
+            total[0] += per_token.mean(dim=1).sum().item()
+            total[1] += len(chunk)
+        self.model.train()
+        total = self.ctx.all_sum(total).cpu()
+        return (total[0] / total[1]).item()
+
+    def _evaluate(self, write: Callable[[str], None] = print) -> None:
+        train_loss = self._mean_loss(self.train_windows)
+        val_loss = self._mean_loss(self.val_windows)
+        if not self.ctx.is_main:
+            return
+        sample = greedy_continuation(
+            self.model, self.tokenizer, self.settings.sample_prompt,
+            max_new_tokens=self.settings.sample_tokens, context_length=self.config.context_length,
+            device=self.ctx.device,
+        )
+        record = {
+            "step": self.step, "tokens_seen": self.tokens_seen, "train_loss": train_loss,
+            "val_loss": val_loss, "lr": self.scheduler.get_last_lr()[0], "sample": sample,
+        }
+        self.metrics.append(record)
+        write(
+            f"step {self.step:>6}  tokens {self.tokens_seen:>10,}  train loss {train_loss:.3f}  "
+            f"val loss {val_loss:.3f}  | {self.settings.sample_prompt}{sample!r}"
+        )
+
+    def _save(self) -> None:
+        rng_cpu = self.ctx.gather_objects(torch.get_rng_state())
+        cuda = torch.cuda.get_rng_state(self.ctx.device) if self.ctx.device.type == "cuda" else None
+        rng_cuda = self.ctx.gather_objects(None if cuda is None else cuda.cpu())
+        if not self.ctx.is_main:
+            return
+        epoch, batch_in_epoch = self.batches.position(self.step)
+        state = TrainingState(
+            step=self.step, tokens_seen=self.tokens_seen, epoch=epoch,
+            batch_in_epoch=batch_in_epoch, world_size=self.ctx.world_size, **self.state_base,
+        )
+        export_model_folder(self.model, self.tokenizer, self.out)
+        save_checkpoint(
+            checkpoint_path(self.out), state=state, model=self.model, optimizer=self.optimizer,
+            scheduler=self.scheduler, rng_cpu=rng_cpu, rng_cuda=rng_cuda,
+        )
+
+
+def _adamw(model: nn.Module, settings: TrainSettings) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (not on biases, norms' scale and shift)."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": settings.weight_decay},
+         {"params": no_decay, "weight_decay": 0.0}],
+        lr=settings.lr,
+    )

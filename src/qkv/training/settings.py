@@ -1,0 +1,107 @@
+"""The resolved settings of one training run, saved in its checkpoint.
+
+A run's settings are a preset's defaults with the user's overrides applied. They are a
+frozen dataclass so the loop never changes them, and they round-trip through JSON so a
+checkpoint carries them and `--resume` continues with exactly the same run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, Literal
+
+from qkv.errors import QkvError
+from qkv.training.presets import PRESETS
+
+DType = Literal["float32", "bfloat16"]
+DTYPES: tuple[str, ...] = ("float32", "bfloat16")
+SAMPLE_PROMPT = "Every effort moves you"  # the book's chapter-5 start context
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    data: str
+    out: str
+    preset: str = "tiny"
+    context_length: int = 64
+    stride: int = 64
+    batch_size: int = 8  # per process; the global batch is batch_size x world size
+    epochs: int | None = 1
+    max_steps: int | None = None
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1  # cosine decay ends at lr x min_lr_ratio
+    weight_decay: float = 0.1
+    warmup_steps: int = 0
+    grad_clip: float = 1.0
+    eval_every: int = 20
+    eval_windows: int = 64
+    save_every: int = 50
+    seed: int = 123
+    dtype: DType = "float32"
+    dropout: float = 0.1
+    tokenizer: str | None = None
+    vocab_size: int = 512  # BPE target size, and the model's smallest vocabulary
+    sample_prompt: str = SAMPLE_PROMPT
+    sample_tokens: int = 20
+
+    def __post_init__(self) -> None:
+        positive = {
+            "context_length": self.context_length, "stride": self.stride,
+            "batch_size": self.batch_size, "eval_every": self.eval_every,
+            "eval_windows": self.eval_windows, "save_every": self.save_every,
+            "vocab_size": self.vocab_size,
+        }
+        if self.epochs is not None:
+            positive["epochs"] = self.epochs
+        if self.max_steps is not None:
+            positive["max_steps"] = self.max_steps
+        bad = {k: v for k, v in positive.items() if v < 1}
+        if bad:
+            raise QkvError(f"these options must be at least 1: {bad}")
+        if (self.epochs is None) == (self.max_steps is None):
+            raise QkvError("give exactly one of --epochs and --max-steps")
+        if self.lr <= 0 or self.weight_decay < 0 or self.warmup_steps < 0 or self.grad_clip <= 0:
+            raise QkvError(
+                f"need --lr > 0, --weight-decay >= 0, --warmup-steps >= 0; got lr={self.lr}, "
+                f"weight_decay={self.weight_decay}, warmup_steps={self.warmup_steps}"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise QkvError(f"--dropout must be in [0, 1), got {self.dropout}")
+        if self.dtype not in DTYPES:
+            raise QkvError(f"--dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.preset not in PRESETS:
+            raise QkvError(f"unknown preset {self.preset!r}; choose one of {sorted(PRESETS)}")
+
+    @classmethod
+    def from_preset(cls, preset: str, *, data: str, out: str, **overrides: Any) -> TrainSettings:
+        """The preset's defaults, then every override that is not None."""
+        if preset not in PRESETS:
+            raise QkvError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+        p = PRESETS[preset]
+        base: dict[str, Any] = dict(
+            data=data, out=out, preset=preset, context_length=p.model.context_length,
+            batch_size=p.batch_size, epochs=p.epochs, lr=p.lr, weight_decay=p.weight_decay,
+            warmup_steps=p.warmup_steps, eval_every=p.eval_every, save_every=p.save_every,
+            eval_windows=p.eval_windows, dropout=p.model.drop_rate,
+            vocab_size=p.tokenizer_vocab_size,
+        )
+        given = {k: v for k, v in overrides.items() if v is not None}
+        if given.get("max_steps") is not None:
+            base["epochs"] = None
+        base.update(given)
+        base.setdefault("stride", base["context_length"])  # the book: stride = window length
+        return cls(**base)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainSettings:
+        names = {f.name for f in fields(cls)}
+        unknown = set(values) - names
+        if unknown:
+            raise QkvError(f"checkpoint settings have unknown fields {sorted(unknown)}")
+        return cls(**values)
+
+    def with_changes(self, **changes: Any) -> TrainSettings:
+        return replace(self, **changes)

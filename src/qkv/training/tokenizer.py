@@ -1,0 +1,67 @@
+"""The run's tokenizer: a byte-level BPE trained on the data, or a given tokenizer.json.
+
+Byte-level BPE (GPT-2's scheme) encodes any text without unknown tokens, so a model
+trained with it can continue any prompt. The tokenizer is trained on the training split
+only, so the validation split stays unseen.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from qkv.errors import QkvError
+
+END_OF_TEXT = "<|endoftext|>"
+
+
+def train_bpe(text: str, vocab_size: int) -> Tokenizer:
+    """Learn byte-level BPE merges from `text` up to `vocab_size` entries."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[END_OF_TEXT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_lines(text), trainer=trainer)
+    return tokenizer
+
+
+def _lines(text: str, chunk: int = 1 << 16) -> list[str]:
+    # The trainer counts words per item; feeding pieces keeps memory flat on large files.
+    return [text[i : i + chunk] for i in range(0, len(text), chunk)] or [""]
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """Read a `tokenizers` tokenizer.json, turning every failure into a QkvError."""
+    p = Path(path)
+    if not p.is_file():
+        raise QkvError(f"tokenizer file {p} does not exist; give a tokenizer.json made by `tokenizers`")
+    try:
+        tokenizer = Tokenizer.from_file(str(p))
+    except Exception as error:  # tokenizers raises a bare Exception on bad JSON
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise QkvError(f"{p} is not a tokenizer.json that `tokenizers` can read ({first})") from None
+    if tokenizer.get_vocab_size() < 2:
+        raise QkvError(f"{p} holds a tokenizer with an empty vocabulary")
+    return tokenizer
+
+
+def encode(tokenizer: Tokenizer, text: str, chunk_chars: int = 1 << 20) -> list[int]:
+    """Token ids of `text`; large texts are encoded in line-aligned pieces, in parallel."""
+    if len(text) <= chunk_chars:
+        return tokenizer.encode(text, add_special_tokens=False).ids
+    pieces, start = [], 0
+    while start < len(text):
+        end = text.find("\n", start + chunk_chars)
+        end = len(text) if end < 0 else end + 1
+        pieces.append(text[start:end])
+        start = end
+    ids: list[int] = []
+    for encoding in tokenizer.encode_batch(pieces, add_special_tokens=False):
+        ids.extend(encoding.ids)
+    return ids
