@@ -1,0 +1,133 @@
+"""The HTML page in a real browser: Debian's Chromium, headless, driven by Playwright.
+
+The page must show the traced tokens and numbers, its controls must change them, user text
+must stay inert, and no request may leave the page. Without Chromium these tests are
+skipped with a plain reason, except in CI (env var CI set), where they fail instead.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from qkv.models.gpt2 import GPTConfig, GPTModel
+from qkv.trace import trace
+from qkv.trace.book_example import book_trace
+from qkv.trace.html import build_page, write_page
+from qkv.walkthrough import BOOK_TOKENS, run_walkthrough
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--no-first-run"]
+
+
+def _chromium() -> str:
+    found = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
+    if found is None:
+        reason = "Chromium not found (Debian package `chromium`; `make install-dev` installs it)"
+        if os.environ.get("CI"):
+            pytest.fail(f"{reason}: browser tests must run in CI")
+        pytest.skip(f"{reason}: browser tests skipped")
+    return found
+
+
+@pytest.fixture(scope="module")
+def browser():
+    executable = _chromium()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=executable, headless=True, args=CHROMIUM_FLAGS)
+        yield launched
+        launched.close()
+
+
+def _open(browser, path: Path):
+    """The page, with every request it makes recorded (and only local files let through)."""
+    page = browser.new_page()
+    requests: list[str] = []
+    errors: list[str] = []
+
+    def handle(route):
+        requests.append(route.request.url)
+        if route.request.url.startswith("file://"):
+            route.continue_()
+        else:
+            route.abort()
+
+    page.route("**/*", handle)
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.goto(path.as_uri())
+    return page, requests, errors
+
+
+def _weights_column(page) -> list[str]:
+    return page.locator("#explorer tbody tr td:nth-child(5)").all_inner_texts()
+
+
+def test_book_page_shows_the_numbers_and_the_query_picker_changes_them(browser, tmp_path):
+    recorded = book_trace(causal=True)
+    target = write_page(build_page(recorded, title="book", subtitle="s", layer=0, head=0, query=1, book=True),
+                        tmp_path / "book.html")
+    page, requests, errors = _open(browser, target)
+    assert page.locator("#story-tokens span").all_inner_texts() == list(BOOK_TOKENS)
+    journey = run_walkthrough(query_position=2, causal=True)
+    assert _weights_column(page) == [f"{w:.4f}" for w in journey.weights.tolist()]
+    assert page.inner_text("#context-out") == "[" + ", ".join(f"{v:.4f}" for v in journey.context.tolist()) + "]"
+    # The book prints this context for "journey" without the mask; with it, the page follows the trace.
+    page.click("#query-buttons button[data-query='4']")  # x(5), "one"
+    one = run_walkthrough(query_position=5, causal=True)
+    assert _weights_column(page) == [f"{w:.4f}" for w in one.weights.tolist()]
+    assert page.locator("#query-buttons button.active").inner_text() == "5 one"
+    page.hover("#explorer tbody tr[data-key='1']")
+    detail = page.inner_text("#detail")
+    assert "journey" in detail and f"weight = {one.weights[1]:.4f}" in detail
+    assert f"q · k = {one.scores[1]:.4f}" in detail
+    assert requests == [target.as_uri()] and errors == []
+    page.close()
+
+
+def test_head_and_layer_controls_switch_among_recorded(browser, tmp_path):
+    torch.manual_seed(2)
+    model = GPTModel(GPTConfig(vocab_size=40, context_length=16, emb_dim=16, n_heads=4, n_layers=2)).eval()
+    tokens = ["The", "cat", "sat", "on", "the", "mat"]
+    recorded = trace(model, torch.tensor([[3, 4, 5, 6, 3, 7]]), tokens=tokens)
+    target = write_page(build_page(recorded, title="gpt", subtitle="s", layer=0, head=0, query=5),
+                        tmp_path / "gpt.html")
+    page, requests, errors = _open(browser, target)
+
+    def expected(layer: int, head: int, query: int) -> list[str]:
+        return [f"{w:.4f}" for w in recorded.layer(layer).weights[0, head, query].tolist()]
+
+    assert _weights_column(page) == expected(0, 0, 5)
+    page.select_option("#head-select", "3")
+    assert _weights_column(page) == expected(0, 3, 5)
+    page.select_option("#layer-select", "1")
+    assert _weights_column(page) == expected(1, 3, 5)
+    assert page.locator("#head-select option").all_inner_texts() == [f"head {h}" for h in range(4)]
+    page.click("#query-buttons button[data-query='2']")
+    assert _weights_column(page) == expected(1, 3, 2)
+    assert page.locator("#explorer tbody tr.masked").count() == 3  # keys after "sat" are hidden
+    assert requests == [target.as_uri()] and errors == []
+    page.close()
+
+
+def test_a_script_in_the_prompt_stays_text(browser, tmp_path):
+    torch.manual_seed(3)
+    model = GPTModel(GPTConfig(vocab_size=40, context_length=16, emb_dim=16, n_heads=2, n_layers=1)).eval()
+    evil = "<script>window.pwned = 1</script>"
+    recorded = trace(model, torch.tensor([[1, 2, 3]]), tokens=["hi", evil, "<img src=x onerror=window.pwned=2>"])
+    target = write_page(build_page(recorded, title=f"Attention: {evil}", subtitle="s", layer=0, head=1, query=2),
+                        tmp_path / "evil.html")
+    page, requests, errors = _open(browser, target)
+    assert page.evaluate("typeof window.pwned") == "undefined"
+    assert page.inner_text("h1") == f"Attention: {evil}"
+    assert evil in page.locator("#story-tokens span").all_inner_texts()
+    assert evil in page.locator("#heat-row span").all_inner_texts()
+    assert requests == [target.as_uri()] and errors == []
+    page.close()
