@@ -51,7 +51,7 @@ from qkv.training.presets import PRESETS
 from qkv.training.sample import greedy_continuation
 from qkv.training.schedule import warmup_cosine
 from qkv.training.settings import TrainSettings
-from qkv.training.tokenizer import encode, load_tokenizer, train_bpe
+from qkv.training.tokenizer import END_OF_TEXT, encode, load_tokenizer, train_bpe
 
 MODEL_FILES = ("config.json", "model.safetensors")
 
@@ -332,8 +332,8 @@ class _Run:
             return
         sample = greedy_continuation(
             self.model, self.tokenizer, self.settings.sample_prompt,
-            max_new_tokens=self.settings.sample_tokens, context_length=self.config.context_length,
-            device=self.ctx.device,
+            max_new_tokens=self.settings.sample_tokens, device=self.ctx.device,
+            eos_token_id=self.tokenizer.token_to_id(END_OF_TEXT),
         )
         record = {
             "step": self.step, "tokens_seen": self.tokens_seen, "train_loss": train_loss,
