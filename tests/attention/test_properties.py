@@ -5,6 +5,7 @@ and the key projection learns (gets a gradient)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -153,3 +154,49 @@ def test_key_projection_gets_a_gradient(kind, seed):
     for weight in key_weights:
         assert weight.grad is not None and torch.isfinite(weight.grad).all()
         assert weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("backend", ["explicit", "fused"])
+@pytest.mark.parametrize("per_query", [False, True], ids=["key_mask", "per_query_mask"])
+@settings(max_examples=10, deadline=None)
+@given(
+    t=st.integers(2, 6),
+    cached=st.integers(0, 4),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    seed=seeds,
+)
+def test_causal_with_padding_empty_rows_are_zeros_and_others_exact(backend, per_query, t, cached, dtype, seed):
+    """Left padding hides every key an early query may see: that row is zeros, the rest
+    equal softmax attention over the visible keys (computed here in float64)."""
+    s = t + cached
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(3, 2, n, 8, generator=gen).to(dtype) for n in (t, s, s))
+    real = torch.rand(3, s, generator=gen) > 0.5  # (B, S)
+    real[0, : cached + 1] = False  # the first query of sequence 0 sees only padding
+    if per_query:  # a (B, 1, T, S) mask: the general path, not the key-only shortcut
+        mask = (torch.rand(3, 1, t, s, generator=gen) > 0.3) & real[:, None, None, :]
+    else:
+        mask = real[:, None, None, :]  # (B, 1, 1, S)
+    out = attention(q, k, v, mask=mask, is_causal=True, backend=backend)
+
+    allowed = mask & (torch.arange(s)[None, :] <= torch.arange(t)[:, None] + cached)  # (B, 1, T, S)
+    scores = (q.double() @ k.double().transpose(-2, -1)) / 8**0.5
+    scores = scores.masked_fill(~allowed, -torch.inf)
+    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # empty rows: NaN -> 0
+    expected = weights @ v.double()
+    assert torch.isfinite(out).all()
+    assert (out[0, :, 0] == 0).all()
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(out.double(), expected, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("backend", ["explicit", "fused"])
+def test_left_padding_after_cached_keys(backend):
+    """Keys 0-1 are padding, queries sit at positions 2, 3, 4 of 5: none of them is empty."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(1, 1, 3, 4, generator=gen), torch.randn(1, 1, 5, 4, generator=gen), torch.randn(1, 1, 5, 4, generator=gen)
+    real = torch.tensor([[False, False, True, True, True]])
+    out = attention(q, k, v, mask=real[:, None, None, :], is_causal=True, backend=backend)
+    sees = torch.tensor([[0, 0, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 1, 1, 1]], dtype=torch.bool)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=sees)
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=0.0)

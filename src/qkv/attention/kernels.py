@@ -149,22 +149,60 @@ def fused_attention(
         k = repeat_kv(k, q.shape[-3])
         v = repeat_kv(v, q.shape[-3])
         grouped = False
-    if mask is None and is_causal and q.shape[-2] == k.shape[-2]:
-        # Square causal attention: let the kernel skip the hidden blocks itself.
-        extra = {"enable_gqa": True} if grouped else {}
-        return F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, scale=scale, dropout_p=dropout_p, **extra
-        )
-    full_mask = _full_mask(q, k, mask, is_causal)
     extra = {"enable_gqa": True} if grouped else {}
+    num_queries, num_keys = q.shape[-2], k.shape[-2]
+    causal = is_causal and num_queries > 1  # one query aligned with the last key sees them all
+    if mask is None:
+        if not causal or num_queries == num_keys:
+            # No mask, or square causal attention: the kernel skips the hidden blocks itself.
+            return F.scaled_dot_product_attention(
+                q, k, v, is_causal=causal, scale=scale, dropout_p=dropout_p, **extra
+            )
+        # Queries after cached keys: query p sees keys 0..p, so no row is ever empty.
+        sees_past = causal_mask(num_queries, num_keys, device=q.device)  # (T, S)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=sees_past, scale=scale, dropout_p=dropout_p, **extra
+        )
+    if mask.dtype != torch.bool:
+        raise ValueError(f"attention masks must be boolean (True = may attend), got {mask.dtype}")
+    if causal:
+        allowed = causal_mask(num_queries, num_keys, device=q.device)  # (T, S)
+        # One pass builds the additive (..., T, S) mask SDPA wants from the two small ones;
+        # a boolean mask would be AND'ed, then converted to the same floats inside SDPA.
+        attn_mask: Tensor = _additive(allowed, q.dtype) + _additive(mask, q.dtype)
+        visible = _causal_rows_with_a_key(mask, allowed)  # (..., T, 1)
+    else:
+        attn_mask = mask
+        visible = mask.any(dim=-1, keepdim=True)  # (..., T or 1, 1)
     out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=full_mask, scale=scale, dropout_p=dropout_p, **extra
+        q, k, v, attn_mask=attn_mask, scale=scale, dropout_p=dropout_p, **extra
     )
-    if full_mask is not None:
-        visible = full_mask.any(dim=-1, keepdim=True)  # (..., T, 1)
-        if not bool(visible.all()):
-            out = out.masked_fill(~visible, 0.0)
+    if not bool(visible.all()):
+        # A query with no visible key attends to nothing (some SDPA versions give NaN there).
+        out = out.masked_fill(~visible, 0.0)
     return out
+
+
+def _additive(allowed: Tensor, dtype: torch.dtype) -> Tensor:
+    """Boolean mask -> 0 where allowed, -inf where hidden, in the queries' dtype."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
+        ~allowed, -torch.inf
+    )
+
+
+def _causal_rows_with_a_key(mask: Tensor, allowed: Tensor) -> Tensor:
+    """(..., T, 1): whether query row i of `mask & allowed` (allowed causal) keeps any key.
+
+    Without materialising the (..., T, S) combination when `mask` only masks keys
+    (T dimension 1, e.g. padding): causal row i sees keys 0..offset + i, so it keeps a key
+    iff a prefix of the key mask does, and prefixes are one cumulative sum over S.
+    """
+    num_queries, num_keys = allowed.shape
+    if mask.dim() >= 2 and mask.shape[-2] == 1 and mask.shape[-1] == num_keys:
+        has_key_so_far = mask.cumsum(dim=-1) > 0  # (..., 1, S)
+        offset = num_keys - num_queries  # query i sits at absolute position offset + i
+        return has_key_so_far[..., offset:].transpose(-2, -1)  # (..., T, 1)
+    return (mask & allowed).any(dim=-1, keepdim=True)  # (..., T, 1)
 
 
 def attention(
