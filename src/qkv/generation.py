@@ -134,12 +134,32 @@ def stream(
     """Yield the new tokens (B,) one step at a time; see `generate` for the arguments.
 
     Rows that have produced an end token keep yielding it. The model is put in eval mode
-    and given a fresh KV cache for the duration, then restored (cache removed).
+    and given a fresh KV cache for the duration, then restored (cache removed). Arguments
+    are checked at the call, before the first token is asked for.
     """
     _validate(model, input_ids, max_new_tokens, temperature, top_k, top_p, attention_mask)
+    return _steps(
+        model, input_ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+        seed=seed, use_cache=use_cache, eos=_eos_set(eos_token_id), attention_mask=attention_mask,
+    )
+
+
+def _steps(
+    model: CausalDecoder,
+    input_ids: Tensor,
+    max_new_tokens: int,
+    *,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    seed: int | None,
+    use_cache: bool,
+    eos: tuple[int, ...],
+    attention_mask: Tensor | None,
+) -> Iterator[Tensor]:
     b, t = input_ids.shape
     total, device = t + max_new_tokens, input_ids.device
-    eos = torch.tensor(_eos_set(eos_token_id), dtype=torch.long, device=device)
+    eos_ids = torch.tensor(eos, dtype=torch.long, device=device)
     generator = torch.Generator(device=device)
     if seed is None:
         generator.seed()
@@ -176,12 +196,12 @@ def stream(
             else:
                 logits = decode_one(model, tokens[:, end - 1 : end], **rows(end, end - 1))
             new = sample(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)  # (B,)
-            if eos.numel():
-                new = torch.where(finished, eos[0], new)
-                finished |= torch.isin(new, eos)
+            if eos:
+                new = torch.where(finished, eos_ids[0], new)
+                finished |= torch.isin(new, eos_ids)
             tokens[:, end] = new
             yield new
-            if eos.numel() and bool(finished.all()):
+            if eos and bool(finished.all()):
                 return
     finally:
         model.remove_cache()

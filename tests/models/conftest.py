@@ -14,7 +14,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-VOCAB = 128
+VOCAB = 288  # = the tokenizer's size: byte alphabet (256) + 32 merges
 CORPUS = [
     "Your journey starts with one step.",
     "Keys, queries and values: attention from the key up.",

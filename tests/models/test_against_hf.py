@@ -22,7 +22,7 @@ NEW_TOKENS = 40
 
 
 def prompt(batch: int = 2, tokens: int = 6) -> torch.Tensor:
-    return torch.randint(0, 128, (batch, tokens), generator=torch.Generator().manual_seed(7))
+    return torch.randint(0, 288, (batch, tokens), generator=torch.Generator().manual_seed(7))
 
 
 @pytest.fixture(params=list(CASES))

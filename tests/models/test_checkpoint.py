@@ -16,7 +16,7 @@ from qkv.models.gpt2 import GPTConfig, GPTModel
 from qkv.models.llama import LlamaForCausalLM
 
 
-VOCAB = 128  # the tiny checkpoints' vocabulary (conftest.py)
+VOCAB = 288  # the tiny checkpoints' vocabulary (conftest.py)
 
 
 def ids(batch: int = 2, tokens: int = 17, seed: int = 1) -> torch.Tensor:

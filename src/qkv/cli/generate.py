@@ -1,0 +1,129 @@
+"""`qkv generate`: continue a prompt with a decoder, streaming the text as it is made.
+
+The text goes to stdout as UTF-8, written only in complete characters even when a
+character spans several tokens; the speed goes to stderr at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+
+import torch
+from tokenizers import Tokenizer
+
+from qkv.errors import QkvError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "generate",
+        help="continue a prompt with a decoder (GPT-2, Llama, Qwen, a folder qkv train wrote)",
+        description="Load a decoder from a Hugging Face checkpoint folder (config.json, "
+        "model.safetensors, tokenizer.json) and continue the prompt, streaming the text to "
+        "stdout; tokens/s go to stderr.",
+    )
+    parser.add_argument("--model", metavar="DIR",
+                        help="checkpoint folder: GPT-2, Llama (Llama 3.x, SmolLM2, TinyLlama), "
+                        "Qwen2, Qwen3, or what `qkv train` writes")
+    parser.add_argument("--prompt", required=True, metavar="TEXT", help="the text to continue")
+    parser.add_argument("--max-new-tokens", type=int, default=128, metavar="N",
+                        help="how many tokens to add at most (default: %(default)s)")
+    parser.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                        help="0 picks the most likely token (greedy); higher samples more freely "
+                        "(default: %(default)s)")
+    parser.add_argument("--top-k", type=int, metavar="K", help="sample only among the K most likely tokens")
+    parser.add_argument("--top-p", type=float, metavar="P",
+                        help="sample only among the most likely tokens that make up probability P")
+    parser.add_argument("--seed", type=int, metavar="S", help="seed for sampling (default: a fresh random one)")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="recompute the whole sequence for every token instead of using the KV cache")
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32",
+                        help="weights and activations (default: %(default)s)")
+    parser.set_defaults(run=run)
+
+
+def text_chunks(tokenizer: Tokenizer, prompt_ids: list[int], new_ids: Iterable[int]) -> Iterator[str]:
+    """Decoded text for the new tokens, each chunk ending on a complete character.
+
+    Each step decodes a short window of tokens twice, without and with the newest ones;
+    the difference is new text unless it ends in U+FFFD, the mark of a character whose
+    remaining bytes are still to come, in which case it waits. The window starts inside
+    the prompt so spacing at the boundary is what decoding the whole sequence gives. At
+    the end whatever is held back is written as it decodes.
+    """
+    ids = list(prompt_ids)
+    prefix = max(0, len(ids) - 4)  # window start: a few tokens of context
+    read = len(ids)  # tokens already turned into text
+    for token in new_ids:
+        ids.append(token)
+        before = tokenizer.decode(ids[prefix:read], skip_special_tokens=True)
+        after = tokenizer.decode(ids[prefix:], skip_special_tokens=True)
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            yield after[len(before):]
+            prefix, read = read, len(ids)
+    if read < len(ids):
+        before = tokenizer.decode(ids[prefix:read], skip_special_tokens=True)
+        yield tokenizer.decode(ids[prefix:], skip_special_tokens=True)[len(before):]
+
+
+def _utf8_writer() -> Callable[[str], None]:
+    """Write and flush text to stdout as UTF-8, whatever the terminal's locale says."""
+    binary = getattr(sys.stdout, "buffer", None)
+
+    def emit(text: str) -> None:
+        if binary is None:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        else:
+            binary.write(text.encode("utf-8"))
+            binary.flush()
+
+    sys.stdout.flush()
+    return emit
+
+
+def run(args: argparse.Namespace) -> int:
+    from qkv.generation import stream
+    from qkv.models.checkpoint import load_pretrained
+
+    if args.model is None:
+        raise QkvError("give the model with --model DIR (a checkpoint folder)")
+    if args.max_new_tokens < 0:
+        raise QkvError(f"--max-new-tokens must be 0 or more, got {args.max_new_tokens}")
+    model, tokenizer = load_pretrained(args.model, dtype=DTYPES[args.dtype])
+    prompt_ids = tokenizer.encode(args.prompt).ids
+    if not prompt_ids:
+        raise QkvError("the prompt encodes to no tokens; give some text with --prompt")
+    input_ids = torch.tensor([prompt_ids])  # (1, T)
+    tokens = stream(
+        model, input_ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+        top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache,
+        eos_token_id=model.eos_token_ids or None,
+    )
+    emit = _utf8_writer()
+    emit(args.prompt)
+    count = 0
+    start = time.perf_counter()
+
+    def counted() -> Iterator[int]:
+        nonlocal count
+        for new in tokens:
+            count += 1
+            token = int(new[0])
+            if token in model.eos_token_ids:
+                return
+            yield token
+
+    for chunk in text_chunks(tokenizer, prompt_ids, counted()):
+        emit(chunk)
+    elapsed = time.perf_counter() - start
+    emit("\n")
+    rate = count / elapsed if elapsed > 0 else float("inf")
+    cache = "no cache" if args.no_cache else "KV cache"
+    print(f"{count} tokens in {elapsed:.2f} s: {rate:.1f} tokens/s ({args.dtype}, {cache})", file=sys.stderr)
+    return 0

@@ -1,0 +1,139 @@
+"""`qkv generate`: streamed text equals the library's generation, valid UTF-8, bad input
+gives one line and exit code 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+import qkv
+from qkv.cli.generate import text_chunks
+from qkv.cli.main import main
+from qkv.models.gpt2 import GPTConfig, GPTModel
+
+VOCAB = 288
+PROMPT = "naïve café"
+
+
+def byte_tokenizer() -> Tokenizer:
+    """Byte-level BPE with few merges: accented characters span two tokens."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    tok.train_from_iterator(["Your journey starts with one step. Every effort moves you."] * 4, trainer)
+    assert tok.get_vocab_size() == VOCAB
+    return tok
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    """A book GPT with large random weights, saved the way training saves it."""
+    torch.manual_seed(0)
+    model = GPTModel(GPTConfig(vocab_size=VOCAB, context_length=48, emb_dim=64, n_heads=4, n_layers=2))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(std=0.3)
+    path = tmp_path_factory.mktemp("gpt")
+    qkv.save_pretrained(model.eval(), byte_tokenizer(), path)
+    return path
+
+
+def run(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(["generate", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_streams_what_generate_makes(folder: Path, capsys) -> None:
+    code, out, err = run(capsys, "--model", str(folder), "--prompt", PROMPT, "--max-new-tokens", "25")
+    model, tokenizer = qkv.load_pretrained(folder)
+    prompt_ids = tokenizer.encode(PROMPT).ids
+    ids = qkv.generate(model, torch.tensor([prompt_ids]), 25)[0].tolist()
+    assert code == 0
+    assert out == tokenizer.decode(ids) + "\n"
+    assert "25 tokens in" in err and "tokens/s" in err
+
+
+def test_no_cache_and_bfloat16_run(folder: Path, capsys) -> None:
+    args = ["--model", str(folder), "--prompt", PROMPT, "--max-new-tokens", "10"]
+    _, cached, _ = run(capsys, *args)
+    code, uncached, err = run(capsys, *args, "--no-cache")
+    assert code == 0 and uncached == cached and "no cache" in err
+    code, _, err = run(capsys, *args, "--dtype", "bfloat16")
+    assert code == 0 and "bfloat16" in err
+
+
+def test_sampling_repeats_with_a_seed(folder: Path, capsys) -> None:
+    args = ["--model", str(folder), "--prompt", PROMPT, "--max-new-tokens", "20",
+            "--temperature", "1.0", "--top-k", "40", "--top-p", "0.9"]
+    first = run(capsys, *args, "--seed", "5")[1]
+    again = run(capsys, *args, "--seed", "5")[1]
+    other = run(capsys, *args, "--seed", "6")[1]
+    assert first == again and first != other
+
+
+def test_text_chunks_hold_back_partial_characters() -> None:
+    tokenizer = byte_tokenizer()
+    text = " ünïcödé ✓ déjà vu"
+    ids = tokenizer.encode(text).ids
+    assert len(ids) > len(text)  # several characters span more than one token
+    chunks = list(text_chunks(tokenizer, tokenizer.encode("Your").ids, ids))
+    assert all("\ufffd" not in c for c in chunks)
+    assert "".join(chunks) == text
+
+
+# ---- bad input: one line on stderr, exit code 2 -------------------------------------------
+
+
+def assert_one_line_error(code: int, err: str, message: str) -> None:
+    assert code == 2
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert message in err
+
+
+def test_missing_folder(tmp_path: Path, capsys) -> None:
+    code, out, err = run(capsys, "--model", str(tmp_path / "none"), "--prompt", "x")
+    assert_one_line_error(code, err, "does not exist")
+    assert out == ""
+
+
+def test_unknown_architecture(folder: Path, tmp_path: Path, capsys) -> None:
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for f in folder.iterdir():
+        (copy / f.name).write_bytes(f.read_bytes())
+    config = json.loads((copy / "config.json").read_text())
+    config.update(model_type="rwkv", architectures=["RwkvForCausalLM"])
+    (copy / "config.json").write_text(json.dumps(config))
+    code, _, err = run(capsys, "--model", str(copy), "--prompt", "x")
+    assert_one_line_error(code, err, "unknown architecture ['RwkvForCausalLM']")
+
+
+def test_corrupt_weights(folder: Path, tmp_path: Path, capsys) -> None:
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for f in folder.iterdir():
+        (copy / f.name).write_bytes(f.read_bytes())
+    (copy / "model.safetensors").write_bytes(b"\x00" * 40)
+    code, _, err = run(capsys, "--model", str(copy), "--prompt", "x")
+    assert_one_line_error(code, err, "model.safetensors is truncated or corrupt")
+
+
+def test_prompt_longer_than_context(folder: Path, capsys) -> None:
+    code, out, err = run(capsys, "--model", str(folder), "--prompt", "step " * 60)
+    assert_one_line_error(code, err, "more than the model's context length (48)")
+    assert out == ""
+
+
+def test_too_many_new_tokens_and_negative_count(folder: Path, capsys) -> None:
+    code, _, err = run(capsys, "--model", str(folder), "--prompt", PROMPT, "--max-new-tokens", "100")
+    assert_one_line_error(code, err, "exceed the model's context length (48)")
+    code, _, err = run(capsys, "--model", str(folder), "--prompt", PROMPT, "--max-new-tokens", "-3")
+    assert_one_line_error(code, err, "--max-new-tokens must be 0 or more")
