@@ -131,3 +131,23 @@ def test_a_script_in_the_prompt_stays_text(browser, tmp_path):
     assert evil in page.locator("#heat-row span").all_inner_texts()
     assert requests == [target.as_uri()] and errors == []
     page.close()
+
+
+def test_generation_steps_show_the_cache_growing(browser, tmp_path):
+    from qkv.trace.generation import trace_generation
+
+    torch.manual_seed(4)
+    model = GPTModel(GPTConfig(vocab_size=12, context_length=16, emb_dim=16, n_heads=2, n_layers=1)).eval()
+    prompt = torch.tensor([[1, 2, 3, 4]])
+    steps = trace_generation(model, prompt, 3, layer=0, head=1)
+    tokens = [f"t{i}" for i in [1, 2, 3, 4] + [s.token_id for s in steps]]
+    recorded = trace(model, prompt, tokens=tokens[:4])
+    target = write_page(build_page(recorded, title="kv", subtitle="s", layer=0, head=1, query=3,
+                                   generation=steps), tmp_path / "kv.html")
+    page, requests, errors = _open(browser, target)
+    rows = page.locator("#kv-steps tr")
+    assert rows.count() == 4  # header + one row per generated token
+    assert [rows.nth(i).locator("td:nth-child(3)").inner_text() for i in (1, 2, 3)] == ["4 + 1", "5 + 1", "6 + 1"]
+    assert [rows.nth(i).locator("td:nth-child(4) span").count() for i in (1, 2, 3)] == [5, 6, 7]
+    assert requests == [target.as_uri()] and errors == []
+    page.close()

@@ -55,13 +55,16 @@ def load_model(name: str) -> LoadedModel:
     return LoadedModel(name, model.eval(), tokenizer, encoder=False)
 
 
-def _display(tokenizer: Tokenizer, ids: list[int], raw: list[str]) -> list[str]:
-    """Readable token texts: byte-level pieces ("Ġstep") decoded one by one ("␣step")."""
+def _display(tokenizer: Tokenizer, ids: list[int]) -> list[str]:
+    """Readable token texts: byte-level pieces ("Ġstep") decoded one by one ("␣step"),
+    line breaks and tabs shown as ↵ and →."""
     shown = []
-    for token_id, piece in zip(ids, raw):
+    for token_id in ids:
         text = tokenizer.decode([token_id], skip_special_tokens=False)
-        text = text if text.strip() else piece
-        shown.append(text.replace(" ", "␣") if text.startswith(" ") else text)
+        if not text:
+            text = tokenizer.id_to_token(token_id) or f"#{token_id}"
+        text = text.replace("\n", "↵").replace("\t", "→").replace("\r", "")
+        shown.append("␣" + text[1:] if text.startswith(" ") else text)
     return shown
 
 
@@ -139,7 +142,7 @@ def run_model(args: argparse.Namespace) -> int:
     context_length = int(getattr(loaded.model, "context_length", len(ids)))
     if len(ids) > context_length:
         raise QkvError(f"the text has {len(ids)} tokens, more than the model's {context_length}; shorten it")
-    tokens = _display(loaded.tokenizer, ids, list(encoding.tokens))
+    tokens = _display(loaded.tokenizer, ids)
     modules = attention_modules(loaded.model)
     _check_range(args.layer, len(modules), "--layer", loaded.name, "attention layers")
     layer = 0 if args.layer is None else args.layer
@@ -168,7 +171,7 @@ def run_model(args: argparse.Namespace) -> int:
 
         generation = trace_generation(loaded.model, input_ids, args.generate, layer=layer, head=head)
         new_ids = [step.token_id for step in generation]
-        tokens = tokens + _display(loaded.tokenizer, new_ids, [str(i) for i in new_ids])
+        tokens = tokens + _display(loaded.tokenizer, new_ids)
         recorded.tokens = tokens[:t]
 
     row = query_row(focus, recorded.tokens, head, query)
