@@ -13,7 +13,7 @@ from qkv.models.gpt2 import GPTConfig, GPTModel
 from qkv.trace import trace
 from qkv.trace.book_example import book_trace
 from qkv.trace.html import build_page, write_page
-from qkv.trace.png import head_grid, heatmap, keys_plane, layer_figures, write_pngs
+from qkv.trace.png import head_grid, heatmap, keys_plane, layer_figures, render_pngs, write_pngs
 from qkv.walkthrough import BOOK_TOKENS, run_walkthrough
 
 
@@ -71,7 +71,7 @@ def test_head_grid_draws_every_recorded_head():
 
 def test_pngs_are_written_into_the_folder(tmp_path):
     recorded = book_trace()
-    written = write_pngs(layer_figures(recorded.layers[0], recorded.tokens, 0, 1), tmp_path / "figs")
+    written = write_pngs(render_pngs(layer_figures(recorded.layers[0], recorded.tokens, 0, 1)), tmp_path / "figs")
     assert sorted(p.name for p in written) == ["heatmap.png", "keys_plane.png", "scores.png"]
     for path in written:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -101,15 +101,19 @@ def _write_outputs(args: argparse.Namespace, recorded: Trace, layer: int, head: 
                    subtitle: str, book: bool, console: Console) -> None:
     from qkv.trace import png
 
+    if args.png is None and args.html is None:
+        return
     focus = recorded.layer(layer)
+    images = png.render_pngs(png.layer_figures(focus, recorded.tokens, head, query))
     if args.png is not None:
-        written = png.write_pngs(png.layer_figures(focus, recorded.tokens, head, query), args.png)
+        written = png.write_pngs(images, args.png)
         console.print("wrote " + ", ".join(str(p) for p in written), highlight=False)
     if args.html is not None:
         from qkv.trace.html import build_page, write_page
 
         page = build_page(recorded, title=title, subtitle=subtitle, layer=layer, head=head,
-                          query=query, analysis=analysis, generation=generation, book=book)
+                          query=query, analysis=analysis, generation=generation, book=book,
+                          images=images)
         console.print(f"wrote {write_page(page, args.html)}", highlight=False)
 
 

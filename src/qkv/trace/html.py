@@ -25,7 +25,7 @@ from jinja2 import Environment
 from qkv.errors import QkvError
 from qkv.trace.export import layer_summary, plain, query_row, token_at
 from qkv.trace.generation import CacheStep
-from qkv.trace.png import layer_figures, png_bytes, write_atomic
+from qkv.trace.png import layer_figures, render_pngs, write_atomic
 from qkv.trace.recorder import LayerTrace, Trace
 
 _SHOWN_DIMS = 8
@@ -42,15 +42,20 @@ def _safe_json(value: Any) -> str:
             .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
 
 
-def _explorer_rows(layer: LayerTrace, tokens: list[str] | None) -> dict[str, Any]:
+def _explorer_rows(layer: LayerTrace) -> dict[str, Any]:
     """For each recorded head and query: the per-key numbers the explorer shows."""
     rows: dict[str, Any] = {}
-    for head in layer.heads:
-        for query in layer.queries:
-            row = query_row(layer, tokens, head, query)
+    for slot, head in enumerate(layer.heads):
+        for row, query in enumerate(layer.queries):
             rows[f"{head}:{query}"] = {
-                key: row[key] for key in ("scores", "scaled_scores", "weights", "visible", "kv_head")
-            } | {"context": row["context"][:_SHOWN_DIMS], "context_dims": len(row["context"])}
+                "scores": plain(layer.scores[0, slot, row]),
+                "scaled_scores": plain(layer.scaled[0, slot, row]),
+                "weights": plain(layer.weights[0, slot, row]),
+                "visible": layer.mask[0, slot, row].tolist(),
+                "kv_head": layer.kv_heads[slot],
+                "context": plain(layer.context[0, slot, row, :_SHOWN_DIMS]),
+                "context_dims": layer.head_dim,
+            }
     return rows
 
 
@@ -286,23 +291,22 @@ def build_page(
     analysis: dict[str, Any] | None = None,
     generation: list[CacheStep] | None = None,
     book: bool = False,
+    images: dict[str, bytes] | None = None,
 ) -> str:
-    """The page's HTML text. `layer`, `head`, `query` (from 0, among the new tokens) pick the story."""
+    """The page's HTML text. `layer`, `head`, `query` (from 0, among the new tokens) pick the
+    story; `images` are the figures as PNG bytes, drawn here when not given."""
     tokens = trace.tokens or []
     focus_layer = trace.layer(layer)
     row = query_row(focus_layer, tokens, head, query)
     row["_q"] = query
-    figures = [
-        {"caption": caption, "uri": _data_uri(png_bytes(fig))}
-        for caption, fig in zip(
-            *_captioned(layer_figures(focus_layer, tokens, head, query))
-        )
-    ]
+    if images is None:
+        images = render_pngs(layer_figures(focus_layer, tokens, head, query))
+    figures = [{"caption": _CAPTIONS[stem], "uri": _data_uri(data)} for stem, data in images.items()]
     layers = []
     for recorded in trace.layers:
         summary = layer_summary(recorded)
         summary["query_indices"] = recorded.queries
-        summary["rows"] = _explorer_rows(recorded, tokens)
+        summary["rows"] = _explorer_rows(recorded)
         layers.append(summary)
     data = {
         "tokens": tokens,
@@ -344,10 +348,6 @@ _CAPTIONS = {
     "causal_mask": "The causal mask",
     "heads": "Every recorded head of this layer",
 }
-
-
-def _captioned(figures: dict) -> tuple[list[str], list]:
-    return [_CAPTIONS[name] for name in figures], list(figures.values())
 
 
 def write_page(html: str, path: str | Path) -> Path:

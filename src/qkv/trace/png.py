@@ -7,7 +7,7 @@
 - `mask_figure`: which keys each query may see (the causal mask);
 - `head_grid`: the heatmap of every recorded head of the layer.
 
-`write_pngs` saves them into a folder, each file written atomically.
+`render_pngs` draws them once; `write_pngs` saves them into a folder, each file atomically.
 
 Shape legend: t recorded queries, S keys.
 """
@@ -203,7 +203,12 @@ def write_atomic(path: Path, data: bytes) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def write_pngs(figures: dict[str, Figure], folder: str | Path) -> list[Path]:
+def render_pngs(figures: dict[str, Figure]) -> dict[str, bytes]:
+    """Each figure as PNG bytes (and closed), drawn once for the files and the page alike."""
+    return {stem: png_bytes(fig) for stem, fig in figures.items()}
+
+
+def write_pngs(images: dict[str, bytes], folder: str | Path) -> list[Path]:
     out = Path(folder)
     if out.exists() and not out.is_dir():
         raise QkvError(f"--png {out}: exists and is not a folder")
@@ -212,8 +217,8 @@ def write_pngs(figures: dict[str, Figure], folder: str | Path) -> list[Path]:
     except OSError as error:
         raise QkvError(f"--png {out}: cannot create the folder ({error.strerror})") from None
     written = []
-    for stem, fig in figures.items():
+    for stem, data in images.items():
         path = out / f"{stem}.png"
-        write_atomic(path, png_bytes(fig))
+        write_atomic(path, data)
         written.append(path)
     return written
