@@ -71,7 +71,8 @@ def _batched(x: Tensor) -> tuple[Tensor, bool]:
 
 
 def _cached(module: nn.Module, k_new: Tensor, v_new: Tensor) -> tuple[Tensor, Tensor]:
-    """After the call, the module's KV cache (if any) holds every key; check its tail."""
+    """After the call, the module's KV cache (if any) holds every key, the new ones last
+    (the recorder checks that they equal the keys recomputed from the input)."""
     cache = getattr(module, "kv_cache", None)
     if cache is None:
         return k_new, v_new
@@ -81,7 +82,7 @@ def _cached(module: nn.Module, k_new: Tensor, v_new: Tensor) -> tuple[Tensor, Te
     return keys, values
 
 
-def _single_head_call(module: nn.Module, x: Tensor, wq: Tensor, wk: Tensor, wv: Tensor,
+def _single_head_call(x: Tensor, wq: Tensor, wk: Tensor, wv: Tensor,
                       bq: Tensor | None, bk: Tensor | None, bv: Tensor | None,
                       visible: Tensor | None, unbatched: bool) -> AttentionCall:
     def project(w: Tensor, b: Tensor | None) -> Tensor:
@@ -99,7 +100,7 @@ def _single_head_call(module: nn.Module, x: Tensor, wq: Tensor, wk: Tensor, wv: 
 
 def _self_attention_v1(module: SelfAttention_v1, args: tuple, kwargs: dict) -> AttentionCall:
     x, unbatched = _batched(args[0].detach())
-    return _single_head_call(module, x, module.W_query.detach(), module.W_key.detach(),
+    return _single_head_call(x, module.W_query.detach(), module.W_key.detach(),
                              module.W_value.detach(), None, None, None, None, unbatched)
 
 
@@ -107,7 +108,7 @@ def _self_attention_v2(module: SelfAttention_v2, args: tuple, kwargs: dict) -> A
     x, unbatched = _batched(args[0].detach())
     (wq, bq), (wk, bk), (wv, bv) = (_linear_parts(module.W_query), _linear_parts(module.W_key),
                                     _linear_parts(module.W_value))
-    return _single_head_call(module, x, wq, wk, wv, bq, bk, bv, None, unbatched)
+    return _single_head_call(x, wq, wk, wv, bq, bk, bv, None, unbatched)
 
 
 def _causal_attention(module: CausalAttention, args: tuple, kwargs: dict) -> AttentionCall:
@@ -116,7 +117,7 @@ def _causal_attention(module: CausalAttention, args: tuple, kwargs: dict) -> Att
     visible = ~module.mask.bool()[:t, :t]  # (T, T): the book stores 1 = hidden
     (wq, bq), (wk, bk), (wv, bv) = (_linear_parts(module.W_query), _linear_parts(module.W_key),
                                     _linear_parts(module.W_value))
-    return _single_head_call(module, x, wq, wk, wv, bq, bk, bv, visible, False)
+    return _single_head_call(x, wq, wk, wv, bq, bk, bv, visible, False)
 
 
 def _multi_head(module: nn.Module, x: Tensor, num_heads: int, mask: Tensor | None,

@@ -16,7 +16,6 @@ from __future__ import annotations
 from itertools import combinations
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from qkv.attention.rope import rotate_half
