@@ -15,7 +15,7 @@ from typing import NoReturn
 from qkv.errors import QkvError
 
 # Subcommand modules under qkv.cli, in the order `qkv --help` lists them.
-SUBCOMMANDS: tuple[str, ...] = ("explain", "train", "generate")
+SUBCOMMANDS: tuple[str, ...] = ("explain", "train", "generate", "chat", "perplexity", "bench")
 
 
 class OneLineErrorParser(argparse.ArgumentParser):

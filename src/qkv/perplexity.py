@@ -1,0 +1,79 @@
+"""Perplexity of a decoder on a text, with a sliding window (Hugging Face's strided method).
+
+A text longer than the window is scored in windows of `context_length` tokens that start
+`stride` tokens apart. Each window is one forward pass, but only the tokens it adds beyond
+the previous window are scored, so every token after the first is scored exactly once and
+sees up to context_length - stride tokens of history. perplexity = exp(total negative
+log-likelihood / tokens scored). stride = context_length gives disjoint windows (fast, less
+context per token); a smaller stride costs more passes and gives each token more context.
+
+Shape legend: N tokens of the text, T tokens of a window, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from qkv.errors import QkvError
+from qkv.models.decoder import CausalDecoder
+
+
+@dataclass(frozen=True)
+class Perplexity:
+    perplexity: float
+    nll: float  # mean negative log-likelihood per scored token, in nats
+    tokens: int  # tokens scored (every token but the first)
+    windows: int  # forward passes
+
+
+def windows(n: int, context_length: int, stride: int) -> Iterator[tuple[int, int, int]]:
+    """(begin, end, first scored position) of each window over n tokens."""
+    if context_length < 2:
+        raise QkvError(f"the context length must be at least 2 tokens, got {context_length}")
+    if not 1 <= stride <= context_length:
+        raise QkvError(f"the stride must be between 1 and the context length ({context_length}), got {stride}")
+    previous_end = 0
+    for begin in range(0, n, stride):
+        end = min(begin + context_length, n)
+        yield begin, end, max(previous_end, begin + 1)
+        previous_end = end
+        if end == n:
+            return
+
+
+def perplexity(
+    model: CausalDecoder,
+    ids: Tensor,
+    *,
+    context_length: int,
+    stride: int,
+    progress: Callable[[int], None] | None = None,
+) -> Perplexity:
+    """Sliding-window perplexity of `model` on the token ids (N,); `progress(k)` after each
+    window with the number of tokens it scored."""
+    if ids.dim() != 1 or ids.numel() < 2:
+        raise QkvError(f"perplexity needs at least 2 tokens of text, got {ids.numel()}")
+    if context_length > model.context_length:
+        raise QkvError(
+            f"--context-length {context_length} exceeds the model's context length ({model.context_length})"
+        )
+    total, scored, passes = 0.0, 0, 0
+    model.eval()
+    with torch.inference_mode():
+        for begin, end, first in windows(ids.numel(), context_length, stride):
+            window = ids[begin:end].unsqueeze(0)  # (1, T)
+            logits = model(window)[0, first - begin - 1 : end - begin - 1].float()  # (scored, V)
+            targets = ids[first:end]  # (scored,)
+            total += F.cross_entropy(logits, targets, reduction="sum").item()
+            scored += end - first
+            passes += 1
+            if progress is not None:
+                progress(end - first)
+    nll = total / scored
+    return Perplexity(perplexity=math.exp(nll), nll=nll, tokens=scored, windows=passes)
