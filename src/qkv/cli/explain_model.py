@@ -25,10 +25,10 @@ from qkv.trace.analysis import analyse
 from qkv.trace.export import layer_summary, query_row
 from qkv.trace.recorder import Trace, attention_modules, trace
 
-# Recording every query of every head costs heads × T × T × D numbers per layer: beyond
-# these many tokens only the chosen query (and layer) are recorded.
+# Recording every query of every head costs heads × T × T numbers per layer (and the page
+# embeds them): beyond these many tokens only the chosen query (or layer) is recorded.
 ALL_QUERIES_UP_TO = 128
-ALL_LAYERS_UP_TO = 64
+ALL_LAYERS_UP_TO = 32
 
 
 @dataclass

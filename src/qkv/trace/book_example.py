@@ -33,7 +33,6 @@ def book_trace(*, d_out: int = BOOK_D_OUT, seed: int = BOOK_SEED, causal: bool =
         W_query=first.W_query, W_key=first.W_key, W_value=first.W_value,
         b_query=None, b_key=None, b_value=None, q_unrotated=q, q=q, k_unrotated=keys,
         keys=keys, values=values,
-        products=q.unsqueeze(-2) * keys.unsqueeze(-3),  # (1, 1, T, T, D)
         scores=torch.stack([w.scores for w in walks])[None, None],  # (1, 1, T, T)
         scaled=torch.stack([w.scaled_scores for w in walks])[None, None],
         mask=torch.stack([w.visible for w in walks])[None, None],

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from jinja2 import Environment
+from torch import Tensor
 
 from qkv.errors import QkvError
 from qkv.trace.export import layer_summary, plain, query_row, token_at
@@ -42,18 +44,24 @@ def _safe_json(value: Any) -> str:
             .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
 
 
+def _rounded(t: Tensor) -> list[float | None]:
+    """The explorer shows 4 decimals: round once, from the recorded value, to keep the page
+    small (rounding twice could change the last digit shown)."""
+    return [round(v, 4) if math.isfinite(v) else None for v in t.float().tolist()]
+
+
 def _explorer_rows(layer: LayerTrace) -> dict[str, Any]:
     """For each recorded head and query: the per-key numbers the explorer shows."""
     rows: dict[str, Any] = {}
     for slot, head in enumerate(layer.heads):
         for row, query in enumerate(layer.queries):
             rows[f"{head}:{query}"] = {
-                "scores": plain(layer.scores[0, slot, row]),
-                "scaled_scores": plain(layer.scaled[0, slot, row]),
-                "weights": plain(layer.weights[0, slot, row]),
+                "scores": _rounded(layer.scores[0, slot, row]),
+                "scaled_scores": _rounded(layer.scaled[0, slot, row]),
+                "weights": _rounded(layer.weights[0, slot, row]),
                 "visible": layer.mask[0, slot, row].tolist(),
                 "kv_head": layer.kv_heads[slot],
-                "context": plain(layer.context[0, slot, row, :_SHOWN_DIMS]),
+                "context": _rounded(layer.context[0, slot, row, :_SHOWN_DIMS]),
                 "context_dims": layer.head_dim,
             }
     return rows

@@ -8,7 +8,8 @@ context. The trace is faithful by construction: the recorded context rows, merge
 the other heads' rows from the fused kernel, are passed through the module's output
 projection and must reproduce the module's real output, or `TraceMismatchError` is raised.
 
-Bounded: only the selected heads × queries × keys are recorded (plus O(T·C) per layer).
+Bounded: only the selected heads × queries × keys are recorded (plus O(T·C) per layer);
+q ⊙ k (D times larger) is recomputed from the recorded q and keys when asked.
 
 Shape legend: B batch, T new tokens, S key tokens (cache included), C input features,
 H query heads, H_kv key/value heads, D head size; h and t are the numbers of selected
@@ -64,7 +65,6 @@ class LayerTrace:
     k_unrotated: Tensor  # (B, h, T, D) the new keys before RoPE, per selected head
     keys: Tensor  # (B, h, S, D) every key each selected head compares with
     values: Tensor  # (B, h, S, D)
-    products: Tensor  # (B, h, t, S, D) q ⊙ k, one vector per key
     scores: Tensor  # (B, h, t, S) q · k
     scaled: Tensor  # (B, h, t, S) scores * scale, -inf where masked
     mask: Tensor  # (B, h, t, S) bool, True = may attend
@@ -74,6 +74,12 @@ class LayerTrace:
     output: Tensor  # (B, t, C_out) the module's output rows for the selected queries
     cos: Tensor | None = None  # (T, D) RoPE rotations of the new tokens
     sin: Tensor | None = None
+
+    @property
+    def products(self) -> Tensor:
+        """(B, h, t, S, D) q ⊙ k, one vector per key: the recorded q and keys multiplied,
+        computed when asked so a trace holds no D-times-larger tensor."""
+        return self.q.unsqueeze(-2) * self.keys.unsqueeze(-3)
 
     @property
     def num_keys(self) -> int:
@@ -217,7 +223,7 @@ def record_call(index: int, name: str, module: nn.Module, call: AttentionCall, r
         b_query=call.b_query, b_key=call.b_key, b_value=call.b_value,
         q_unrotated=call.q_unrotated[:, hs][:, :, qs], q=q,
         k_unrotated=call.k_unrotated[:, kvs], keys=keys, values=values,
-        products=products, scores=scores, scaled=scaled, mask=visible, weights=weights,
+        scores=scores, scaled=scaled, mask=visible, weights=weights,
         context=context, concat=concat[:, qs], output=output[:, qs], cos=call.cos, sin=call.sin,
     )
 
