@@ -258,7 +258,8 @@ def _story_steps(layer: LayerTrace, row: dict[str, Any], *, book: bool) -> list[
         {"name": "the query q", "shape": f"[{d}]",
          "meaning": f"Head {row['head']}'s query for x({row['query']['position']}) = "
          f"“{row['query']['token']}”" + (", rotated by RoPE for its position." if layer.rope else "."),
-         "value": _fmt(row["query_vector"])},
+         "value": (("before RoPE " + _fmt(row["query_unrotated"]) + "  →  after ") if layer.rope else "")
+         + _fmt(row["query_vector"])},
         {"name": "the keys k", "shape": f"[{layer.num_keys}, {d}]",
          "meaning": "One key per token the query may look at" + (
              f"; this head reads key/value head {row['kv_head']}, shared by query heads "

@@ -71,7 +71,11 @@ def render_layer(
         layer.num_kv_heads != layer.num_heads else "  ",
         ("query ", "bold"), (f"x({row['query']['position']}) = \"{row['query']['token']}\"", "bold magenta"),
     ))
-    console.print(f"query q = {_vector(row['query_vector'])}")
+    if layer.rope:
+        console.print(f"query q before RoPE = {_vector(row['query_unrotated'])}")
+        console.print(f"query q after RoPE  = {_vector(row['query_vector'])}")
+    else:
+        console.print(f"query q = {_vector(row['query_vector'])}")
     table = Table(box=box.SIMPLE, show_header=True, pad_edge=False)
     for name, justify in (("#", "right"), ("key token", "left"), ("q · k", "right"),
                           (f"× {layer.scale:.4f}", "right"), ("weight", "right"), ("", "left")):
