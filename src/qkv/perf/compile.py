@@ -1,0 +1,101 @@
+"""Optional `torch.compile` of a decoder's forward pass, with a clean fall back to eager.
+
+Compiling the forward pass fuses the small element-wise operations of each layer and,
+together with `DecodeLinear`/`Int8Linear`, turns each matrix-vector product of a decode
+step into one bandwidth-bound loop. It needs a working compiler tool chain (Inductor
+writes and builds C++), which not every machine has: the first call that fails to
+compile warns once and the model runs eagerly from then on, with identical results.
+
+Only decode steps (one new token) are compiled. The KV cache's length is a plain Python
+int that grows by one per token. Compiling with `dynamic=True` and letting Dynamo treat int attributes of modules as symbolic (a config
+switch scoped to each compiled call, not set globally) keeps one compiled graph for every
+cache length instead of one per token.
+
+Shape legend: B batch, T new tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from qkv.perf.linear import use_decode_linears
+
+
+def _describe(error: BaseException) -> str:
+    """One line: the outer error's type and the root cause's message (the useful part)."""
+    root = error
+    for _ in range(10):  # Dynamo wraps the compiler's error (inner_exception or __cause__)
+        inner = getattr(root, "inner_exception", None) or root.__cause__
+        if inner is None:
+            break
+        root = inner
+    lines = [line for line in str(root).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {type(root).__name__}: {lines[0] if lines else ''}"
+
+
+@dataclass
+class CompileState:
+    """What happened to a compiled model: whether it still runs compiled, and why not."""
+
+    backend: str
+    active: bool = True
+    error: str | None = None
+    calls: int = field(default=0)  # decode steps sent to the compiled path
+
+
+def compile_decoder(
+    model: nn.Module,
+    *,
+    backend: str | Callable[..., Any] = "inductor",
+    mode: str | None = None,
+    decode_linears: bool = True,
+) -> nn.Module:
+    """Compile the decode step of `model.forward` in place; fall back to eager (one
+    warning) if compiling fails.
+
+    Only one-token calls (decode steps, the bandwidth-bound part) run compiled; a prompt
+    (compute-bound, large matrix products that eager PyTorch already runs well) runs
+    eagerly, which keeps the compiled graph to one shape family and the compile short.
+
+    decode_linears: first swap `nn.Linear` for `DecodeLinear` (same parameters), whose
+    one-row product compiles to a fused multiply-and-reduce. `model.compile_state` tells
+    afterwards whether the compiled path is in use.
+    """
+    if decode_linears:
+        use_decode_linears(model)
+    eager = model.forward
+    compiled = torch.compile(eager, backend=backend, mode=mode, dynamic=True)
+    name = backend if isinstance(backend, str) else getattr(backend, "__name__", "custom")
+    state = CompileState(backend=name)
+
+    @functools.wraps(eager)
+    def forward(input_ids: Tensor, *args: Any, **kwargs: Any) -> Any:
+        if not state.active or input_ids.shape[-1] != 1:
+            return eager(input_ids, *args, **kwargs)
+        state.calls += 1
+        args = (input_ids, *args)
+        try:
+            with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True):
+                return compiled(*args, **kwargs)
+        except Exception as error:  # noqa: BLE001 - any compiler failure means "run eagerly"
+            # Bad input fails in eager mode too: that error is the user's, raise it as is.
+            result = eager(*args, **kwargs)
+            state.active = False
+            state.error = _describe(error)
+            warnings.warn(
+                f"torch.compile ({name}) failed, running eagerly instead: {state.error}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return result
+
+    model.forward = forward  # type: ignore[method-assign]
+    model.compile_state = state  # type: ignore[assignment]
+    return model

@@ -1,0 +1,61 @@
+"""`qkv bench --quick`: every section runs, the JSON has the promised shape, and every
+ratio is the one its measured medians give. No timing is asserted."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from qkv.cli.main import main
+
+pytest.importorskip("transformers")
+
+
+@pytest.mark.slow
+def test_quick_bench_writes_consistent_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out, png = tmp_path / "bench.json", tmp_path / "context.png"
+    code = main(["bench", "--quick", "--threads", "1", "--json", str(out), "--plot", str(png),
+                 "--only", "decode,roofline,prefill", "--only", "cache,attention,kv_bytes,plot"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["schema"] == "qkv-bench/1" and report["quick"] and report["repeats"] == 5
+    assert list(report["sections"]) == ["decode", "roofline", "prefill", "cache", "attention", "kv_bytes", "plot"]
+    for name, section in report["sections"].items():
+        assert f"### {name}" in printed
+        by_name = {m["name"]: m for m in section["measurements"]}
+        for m in section["measurements"]:
+            assert len(m["samples_s"]) >= 5
+            assert m["median_s"] == statistics.median(m["samples_s"])
+            assert m["rate"] == pytest.approx(m["work"] / m["median_s"], rel=1e-12)
+        for r in section["ratios"]:
+            of, over = by_name[r["of"]], by_name[r["over"]]
+            assert r["value"] == pytest.approx(of["rate"] / over["rate"], rel=1e-12)
+    decode = report["sections"]["decode"]
+    assert {r["over"] for r in decode["ratios"]} == {"transformers float32", "transformers bfloat16"}
+    assert decode["facts"]["qkv float32: greedy tokens equal to transformers"] == 1.0
+    assert report["sections"]["cache"]["facts"]["greedy tokens equal with and without cache"] is True
+    roof = report["sections"]["roofline"]["facts"]["qkv float32"]
+    assert roof["fraction of roofline"] == pytest.approx(
+        roof["decode-step tokens/s (prefill subtracted)"] / roof["roofline tokens/s"], rel=1e-2)
+    kv = report["sections"]["kv_bytes"]["facts"]
+    assert all(row["bytes per token"] == row["formula 2*layers*kv_heads*head_dim*4"] for row in kv.values())
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--repeats", "3"], "at least 5"),
+        (["--only", "decode,warp"], "unknown section warp"),
+        (["--json", "/nonexistent-folder/x.json"], "does not exist"),
+        (["--threads", "0"], "at least 1"),
+    ],
+)
+def test_bad_options_are_one_line_and_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1

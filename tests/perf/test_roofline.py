@@ -1,0 +1,86 @@
+"""Bytes per token, checked against sizes computed independently from the config, and
+the measuring helpers (bandwidth, alternating timer) against their definitions."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+import torch
+
+from qkv.attention.kv_cache import KVCache
+from qkv.models.gpt2 import GPTConfig, GPTModel
+from qkv.perf import (
+    alternate, kv_bytes_per_token, measure_read_bandwidth, quantize_int8, ratio,
+    roofline_tokens_per_s, token_bytes, weight_bytes_per_token,
+)
+
+CFG = GPTConfig(vocab_size=101, context_length=32, emb_dim=48, n_heads=4, n_layers=3, drop_rate=0.0, qkv_bias=True)
+
+
+def _linear_params(cfg: GPTConfig) -> int:
+    """Weights and biases of every matrix of one pass, from the architecture."""
+    c, bias = cfg.emb_dim, 1 if cfg.qkv_bias else 0
+    per_layer = 3 * (c * c + bias * c) + (c * c + c) + (c * 4 * c + 4 * c) + (4 * c * c + c)
+    norms = 2 * 2 * c
+    return cfg.n_layers * (per_layer + norms) + 2 * c + c * cfg.vocab_size  # final norm, head
+
+
+def test_weight_bytes_untied_tied_and_int8() -> None:
+    model = GPTModel(CFG)
+    one_row_each = 2 * CFG.emb_dim  # token and position embedding
+    assert weight_bytes_per_token(model) == 4 * (_linear_params(CFG) + one_row_each)
+    model.tie_weights()  # the head is the token table: counted once, as a matrix
+    assert weight_bytes_per_token(model) == 4 * (_linear_params(CFG) + CFG.emb_dim)
+    quantize_int8(model)
+    c, v = CFG.emb_dim, CFG.vocab_size
+    matrices = CFG.n_layers * (3 * c * c + c * c + 4 * c * c + 4 * c * c) + v * c
+    rows = CFG.n_layers * (3 * c + c + 4 * c + c) + v  # one float32 scale per output row
+    biases = CFG.n_layers * (3 * c + c + 4 * c + c)
+    norms = CFG.n_layers * 4 * c + 2 * c
+    embeddings = 2 * c
+    expected = matrices + 4 * (rows + biases + norms + embeddings)
+    assert weight_bytes_per_token(model) == expected
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kv_bytes_match_the_caches_own_size(dtype: torch.dtype) -> None:
+    model = GPTModel(CFG).to(dtype)
+    positions = 20
+    model.setup_cache(1, positions)
+    cache_bytes = sum(layer.kv_cache.nbytes for layer in model.attention_layers())
+    assert kv_bytes_per_token(model, positions) == cache_bytes
+    half = KVCache(1, CFG.n_heads, positions // 2, CFG.head_dim, dtype=dtype).nbytes * CFG.n_layers
+    assert token_bytes(model, positions // 2).kv_cache == half
+    model.remove_cache()
+    assert kv_bytes_per_token(model, positions) == 0
+
+
+def test_roofline_is_bandwidth_over_bytes() -> None:
+    assert roofline_tokens_per_s(500_000_000, 20.0) == pytest.approx(40.0)
+    with pytest.raises(ValueError):
+        roofline_tokens_per_s(0, 20.0)
+
+
+def test_bandwidth_reports_the_median_of_its_samples() -> None:
+    result = measure_read_bandwidth(8 * 2**20, repeats=5)
+    assert len(result.samples_gb_per_s) == 5 and result.nbytes == 8 * 2**20
+    assert result.gb_per_s == statistics.median(result.samples_gb_per_s) > 0
+    with pytest.raises(ValueError):
+        measure_read_bandwidth(1024)
+
+
+def test_alternate_rotates_contenders_and_ratios_come_from_medians() -> None:
+    calls: list[str] = []
+    contenders = {name: (lambda name=name: calls.append(name)) for name in "abc"}
+    timed = alternate(contenders, work={"a": 10, "b": 20, "c": 30}, unit="tokens", repeats=6, warmup=2)
+    assert calls[:6] == list("abcabc")  # warm-up, untimed
+    rounds = [calls[6 + 3 * i : 9 + 3 * i] for i in range(6)]
+    assert [r[0] for r in rounds] == list("abcabc")  # who goes first rotates
+    assert all(sorted(r) == list("abc") for r in rounds)
+    for name, m in timed.items():
+        assert len(m.samples_s) == 6
+        assert m.median_s == statistics.median(m.samples_s)
+        assert m.rate == m.work / m.median_s
+    r = ratio(timed["b"], timed["a"])
+    assert r.value == (20 / timed["b"].median_s) / (10 / timed["a"].median_s)
