@@ -110,10 +110,12 @@ def tiny_llama(tmp_path_factory):
     return folder, reference, tok
 
 
-def test_decoder_generate_shows_the_cache_growing(capsys, tiny_llama):
+def test_decoder_generate_shows_the_cache_growing(capsys, tiny_llama, tmp_path):
+    import html
+
     folder, reference, tok = tiny_llama
     data = _json(capsys, ["explain", "The cat sat", "--model", str(folder), "--layer", "1", "--head", "3",
-                          "--generate", "3", "--json"])
+                          "--generate", "3", "--json", "--html", str(tmp_path / "kv.html")])
     ids = tok.encode("The cat sat").ids
     t = len(ids)
     assert data["kv_head"] == 1 and data["query"]["position"] == t
@@ -125,9 +127,12 @@ def test_decoder_generate_shows_the_cache_growing(capsys, tiny_llama):
     with torch.no_grad():
         greedy = reference.generate(torch.tensor([ids]), max_new_tokens=3, do_sample=False)
         attentions = reference(greedy, output_attentions=True).attentions[1][0, 3]
+    page = (tmp_path / "kv.html").read_text(encoding="utf-8")
     for i, step in enumerate(steps):
         torch.testing.assert_close(torch.tensor(step["weights"]), attentions[t + i, : t + i + 1],
                                    atol=1e-5, rtol=1e-4)
+        assert step["token"] == tok.decode([int(greedy[0, t + i])]).replace(" ", "␣")
+        assert f'<td class="tok">{html.escape(step["token"])}</td><td>{t + i} + 1</td>' in page
 
 
 @pytest.mark.parametrize(

@@ -98,7 +98,8 @@ def _check_range(value: int | None, count: int, option: str, subject: str, noun:
 
 def _write_outputs(args: argparse.Namespace, recorded: Trace, layer: int, head: int, query: int,
                    analysis: dict[str, Any] | None, generation: list | None, *, title: str,
-                   subtitle: str, book: bool, console: Console) -> None:
+                   subtitle: str, book: bool, console: Console,
+                   generation_tokens: list[str] | None = None) -> None:
     from qkv.trace import png
 
     if args.png is None and args.html is None:
@@ -113,7 +114,7 @@ def _write_outputs(args: argparse.Namespace, recorded: Trace, layer: int, head: 
 
         page = build_page(recorded, title=title, subtitle=subtitle, layer=layer, head=head,
                           query=query, analysis=analysis, generation=generation, book=book,
-                          images=images)
+                          images=images, generation_tokens=generation_tokens)
         console.print(f"wrote {write_page(page, args.html)}", highlight=False)
 
 
@@ -209,6 +210,6 @@ def run_model(args: argparse.Namespace) -> int:
         args, recorded, layer, head, query, analysis, generation,
         title=f"Attention in {loaded.name}: “{text}”",
         subtitle=f"{len(modules)} attention layers; traced with forward hooks and checked against "
-        "the model's own output.", book=False, console=console,
+        "the model's own output.", book=False, console=console, generation_tokens=tokens,
     )
     return 0

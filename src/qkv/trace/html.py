@@ -301,9 +301,11 @@ def build_page(
     generation: list[CacheStep] | None = None,
     book: bool = False,
     images: dict[str, bytes] | None = None,
+    generation_tokens: list[str] | None = None,
 ) -> str:
     """The page's HTML text. `layer`, `head`, `query` (from 0, among the new tokens) pick the
-    story; `images` are the figures as PNG bytes, drawn here when not given."""
+    story; `images` are the figures as PNG bytes, drawn here when not given;
+    `generation_tokens` name the prompt and the generated tokens (default: the trace's)."""
     tokens = trace.tokens or []
     focus_layer = trace.layer(layer)
     row = query_row(focus_layer, tokens, head, query)
@@ -331,13 +333,14 @@ def build_page(
     ]
     steps_view = None
     if generation:
+        named = generation_tokens or tokens
         steps_view = []
         for step in generation:
-            weights = query_row(step.layer, tokens, head, 0)["weights"]
+            weights = query_row(step.layer, named, head, 0)["weights"]
             top = max(weights) or 1.0
             steps_view.append({
-                "token": token_at(tokens, step.position), "cached": step.cache_length,
-                "weights": [{"token": token_at(tokens, s), "weight": w, "alpha": w / top}
+                "token": token_at(named, step.position), "cached": step.cache_length,
+                "weights": [{"token": token_at(named, s), "weight": w, "alpha": w / top}
                             for s, w in enumerate(weights)],
             })
     env = Environment(autoescape=True)
