@@ -83,6 +83,9 @@ def test_existing_run_is_neither_overwritten_nor_resumed_from_a_corrupt_file(
     assert {"config.json", "model.safetensors", "tokenizer.json", "checkpoint.safetensors",
             "metrics.jsonl", "loss.png"} <= before.keys()
     assert main(["explain", "Every effort moves you", "--model", str(out)]) == 0  # a model folder
+    capsys.readouterr()
+    assert main(["generate", "--model", str(out), "--prompt", "Every effort", "--max-new-tokens", "4"]) == 0
+    assert capsys.readouterr().out.startswith("Every effort")
     fails(capsys, "--data", str(story), "--out", str(out), "--max-steps", "2", *FAST, match="--resume")
     fails(capsys, "--data", str(story), "--out", str(out), "--resume", "--lr", "0.5", *FAST,
           match="lr was")

@@ -10,6 +10,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+import torch
+
+from qkv.errors import QkvError
 from qkv.training import PRESETS, TrainSettings, saved_settings, train
 from qkv.training.presets import DEFAULT_PRESET
 from qkv.training.settings import DTYPES
@@ -37,21 +40,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--preset", choices=sorted(PRESETS),
         help=f"model size and training defaults (default: {DEFAULT_PRESET})",
     )
-    parser.add_argument("--context-length", type=int, help="window length in tokens (default: preset's)")
-    parser.add_argument("--stride", type=int, help="tokens between window starts (default: context length)")
-    parser.add_argument("--batch-size", type=int, help="windows per step per process (default: preset's)")
+    parser.add_argument("--context-length", type=int, metavar="N", help="window length in tokens (default: preset's)")
+    parser.add_argument("--stride", type=int, metavar="N", help="tokens between window starts (default: context length)")
+    parser.add_argument("--batch-size", type=int, metavar="N", help="windows per step per process (default: preset's)")
     length = parser.add_mutually_exclusive_group()
-    length.add_argument("--epochs", type=int, help="passes over the training windows (default: preset's)")
-    length.add_argument("--max-steps", type=int, help="optimizer steps to train (instead of --epochs)")
-    parser.add_argument("--lr", type=float, help="peak learning rate (default: preset's)")
-    parser.add_argument("--weight-decay", type=float, help="AdamW weight decay (default: preset's)")
-    parser.add_argument("--warmup-steps", type=int, help="linear warmup steps before cosine decay (default: preset's)")
-    parser.add_argument("--eval-every", type=int, help="steps between evaluations (default: preset's)")
-    parser.add_argument("--save-every", type=int, help="steps between checkpoints (default: preset's)")
-    parser.add_argument("--seed", type=int, help="seed for weights, data order and dropout (default: 123)")
-    parser.add_argument("--dropout", type=float, help="dropout rate (default: preset's)")
+    length.add_argument("--epochs", type=int, metavar="N", help="passes over the training windows (default: preset's)")
+    length.add_argument("--max-steps", type=int, metavar="N", help="optimizer steps to train (instead of --epochs)")
+    parser.add_argument("--lr", type=float, metavar="X", help="peak learning rate (default: preset's)")
+    parser.add_argument("--weight-decay", type=float, metavar="X", help="AdamW weight decay (default: preset's)")
+    parser.add_argument("--warmup-steps", type=int, metavar="N", help="linear warmup steps before cosine decay (default: preset's)")
+    parser.add_argument("--eval-every", type=int, metavar="N", help="steps between evaluations (default: preset's)")
+    parser.add_argument("--save-every", type=int, metavar="N", help="steps between checkpoints (default: preset's)")
+    parser.add_argument("--seed", type=int, metavar="N", help="seed for weights, data order and dropout (default: 123)")
+    parser.add_argument("--dropout", type=float, metavar="P", help="dropout rate (default: preset's)")
     parser.add_argument("--tokenizer", metavar="tokenizer.json", help="use this tokenizer instead of training a BPE")
     parser.add_argument("--dtype", choices=DTYPES, help="float32, or bfloat16 autocast (default: float32)")
+    parser.add_argument(
+        "--threads", type=int, metavar="N",
+        help="CPU threads for this process (default: torch's choice, one per core; on a busy "
+        "machine 1 is often much faster)",
+    )
     parser.add_argument("--resume", action="store_true", help="continue the run whose checkpoint is in --out")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (evaluations still print)")
     parser.set_defaults(run=run)
@@ -71,5 +79,9 @@ def settings_from_args(args: argparse.Namespace) -> TrainSettings:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.threads is not None:
+        if args.threads < 1:
+            raise QkvError(f"--threads must be at least 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
     train(settings_from_args(args), resume=args.resume, progress=not args.no_progress)
     return 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
+import secrets
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,8 +25,8 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 def atomic_write_with(path: str | Path, write: Callable[[str], object]) -> None:
     """Let `write(tmp_path)` produce the file, then move it into place."""
     target = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(fd)
+    tmp = str(target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"))
+    os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))  # the umask applies, as for open()
     try:
         write(tmp)
         with open(tmp, "rb+") as handle:

@@ -92,28 +92,33 @@ def save_checkpoint(
     atomic_write_bytes(path, blob)
 
 
-def load_checkpoint(path: str | Path) -> Checkpoint:
-    """Read a checkpoint; anything unreadable or incomplete is a QkvError naming the file."""
-    p = Path(path)
+def _read(p: Path, *, with_tensors: bool) -> tuple[dict[str, Any], TrainingState, dict[str, Tensor]]:
     if not p.is_file():
-        raise QkvError(
-            f"no training checkpoint at {p}; run without --resume to start a new run"
-        )
+        raise QkvError(f"no training checkpoint at {p}; run without --resume to start a new run")
     try:
         with safe_open(str(p), framework="pt", device="cpu") as handle:
             meta = json.loads((handle.metadata() or {})[_META_KEY])
-            tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+            tensors = {key: handle.get_tensor(key) for key in handle.keys()} if with_tensors else {}
         if meta.get("format") != FORMAT:
             raise ValueError(f"format {meta.get('format')!r}, expected {FORMAT!r}")
-        state = TrainingState(**meta["state"])
-    except QkvError:
-        raise
+        return meta, TrainingState(**meta["state"]), tensors
     except Exception as error:  # safetensors, JSON and key errors all mean a bad file
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise QkvError(
             f"checkpoint {p} is corrupt or not a qkv training checkpoint ({reason}); "
             "restore it or start a new run in another --out folder"
         ) from None
+
+
+def read_state(path: str | Path) -> TrainingState:
+    """Only the checkpoint's JSON part (cheap: no tensor is read)."""
+    return _read(Path(path), with_tensors=False)[1]
+
+
+def load_checkpoint(path: str | Path) -> Checkpoint:
+    """Read a checkpoint; anything unreadable or incomplete is a QkvError naming the file."""
+    p = Path(path)
+    meta, state, tensors = _read(p, with_tensors=True)
 
     model = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
     opt_state: dict[int, dict[str, Any]] = {}

@@ -53,6 +53,14 @@ class DistContext:
         dist.all_gather_object(out, obj)
         return out
 
+    def broadcast_object(self, obj: Any) -> Any:
+        """Rank 0's `obj` on every rank."""
+        if not self.distributed:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
     def barrier(self) -> None:
         if self.distributed:
             dist.barrier()

@@ -33,6 +33,7 @@ from qkv.training.checkpoint import (
     TrainingState,
     checkpoint_path,
     load_checkpoint,
+    read_state,
     restore_modules,
     save_checkpoint,
 )
@@ -93,8 +94,7 @@ def train(
 
 def saved_settings(out: str | Path) -> TrainSettings:
     """The settings stored in the checkpoint in `out` (for --resume)."""
-    path = checkpoint_path(out)
-    return TrainSettings.from_dict(load_checkpoint(path).state.settings)
+    return TrainSettings.from_dict(read_state(checkpoint_path(out)).settings)
 
 
 def prepare_out(out: Path, *, resume: bool) -> None:
@@ -140,6 +140,8 @@ class _Run:
         self.batches = BatchSchedule(
             len(self.train_windows), settings.batch_size, ctx.world_size, settings.seed
         )
+        if self.checkpoint is None and ctx.is_main:  # the input is usable: start writing
+            write_tokenizer(self.tokenizer, self.out / TOKENIZER_NAME)
         self.total_steps = settings.max_steps or settings.epochs * self.batches.steps_per_epoch
 
         preset = PRESETS[settings.preset].model
@@ -179,18 +181,12 @@ class _Run:
 
     def _tokenizer(self, train_text: str) -> Tokenizer:
         """The checkpoint's tokenizer, the given one, or a BPE that rank 0 trains and shares."""
-        path = self.out / TOKENIZER_NAME
         if self.checkpoint is not None:
-            return load_tokenizer(path)
+            return load_tokenizer(self.out / TOKENIZER_NAME)
         if self.settings.tokenizer is not None:
-            tokenizer = load_tokenizer(self.settings.tokenizer)
-            if self.ctx.is_main:
-                write_tokenizer(tokenizer, path)
-            return tokenizer
-        if self.ctx.is_main:
-            write_tokenizer(train_bpe(train_text, self.settings.vocab_size), path)
-        self.ctx.barrier()
-        return load_tokenizer(path)
+            return load_tokenizer(self.settings.tokenizer)
+        trained = train_bpe(train_text, self.settings.vocab_size).to_str() if self.ctx.is_main else None
+        return Tokenizer.from_str(self.ctx.broadcast_object(trained))
 
     def _restore(self, fingerprint: str) -> None:
         ckpt = self.checkpoint
@@ -342,7 +338,7 @@ class _Run:
         self.metrics.append(record)
         write(
             f"step {self.step:>6}  tokens {self.tokens_seen:>10,}  train loss {train_loss:.3f}  "
-            f"val loss {val_loss:.3f}  | {self.settings.sample_prompt}{sample!r}"
+            f"val loss {val_loss:.3f}  | " + (self.settings.sample_prompt + sample).replace("\n", "\\n")
         )
 
     def _save(self) -> None:

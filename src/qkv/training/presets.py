@@ -42,9 +42,9 @@ PRESETS: dict[str, TrainPreset] = {
         name="tiny",
         model=GPTConfig(
             vocab_size=512, context_length=64, emb_dim=96, n_heads=4, n_layers=3,
-            drop_rate=0.1, qkv_bias=False,
+            drop_rate=0.2, qkv_bias=False,
         ),
-        batch_size=8, epochs=12, lr=2e-3, weight_decay=0.1, warmup_steps=10,
+        batch_size=8, epochs=16, lr=2e-3, weight_decay=0.1, warmup_steps=10,
         eval_every=20, save_every=50, eval_windows=64,
     ),
     "small": TrainPreset(
