@@ -127,6 +127,13 @@ def test_decoder_generate_shows_the_cache_growing(capsys, tiny_llama, tmp_path):
     with torch.no_grad():
         greedy = reference.generate(torch.tensor([ids]), max_new_tokens=3, do_sample=False)
         attentions = reference(greedy, output_attentions=True).attentions[1][0, 3]
+    # Keys before and after RoPE: the rotated ones are transformers' cached keys, and the
+    # rotation keeps their lengths.
+    with torch.no_grad():
+        cached = reference(torch.tensor([ids]), use_cache=True).past_key_values.layers[1].keys[0, 1]
+    torch.testing.assert_close(torch.tensor(data["keys"]), cached, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(torch.tensor(data["keys_unrotated"]).norm(dim=-1), cached.norm(dim=-1),
+                               atol=1e-5, rtol=1e-4)
     page = (tmp_path / "kv.html").read_text(encoding="utf-8")
     for i, step in enumerate(steps):
         torch.testing.assert_close(torch.tensor(step["weights"]), attentions[t + i, : t + i + 1],

@@ -1,5 +1,5 @@
 """Tiny random-weight decoders (GPT-2, Llama with grouped-query attention and Llama-3 RoPE,
-Qwen3 with q/k-norm), built by transformers, saved with a tokenizer.json made by
+Qwen2 with q/k/v biases, Qwen3 with q/k-norm), built by transformers, saved with a tokenizer.json made by
 `tokenizers`, loaded back by qkv.load_pretrained: the trace is checked against
 transformers' eager attentions on the same weights."""
 
@@ -37,6 +37,8 @@ def _config(kind: str):
         rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
                 "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
         return tf.LlamaConfig(**common, rope_parameters=rope)
+    if kind == "qwen2":
+        return tf.Qwen2Config(**common)  # q/k/v biases
     if kind == "qwen3":
         return tf.Qwen3Config(**common, head_dim=16)
     raise ValueError(kind)
@@ -54,7 +56,7 @@ def tiny_decoder(tmp_path_factory: pytest.TempPathFactory):
             folder = tmp_path_factory.mktemp(f"tiny-{kind}")
             torch.manual_seed(11)
             model_class = {"gpt2": tf.GPT2LMHeadModel, "llama": tf.LlamaForCausalLM,
-                           "qwen3": tf.Qwen3ForCausalLM}[kind]
+                           "qwen2": tf.Qwen2ForCausalLM, "qwen3": tf.Qwen3ForCausalLM}[kind]
             model_class(_config(kind)).save_pretrained(folder)
             _tokenizer().save(str(folder / "tokenizer.json"))
             reference = model_class.from_pretrained(str(folder), attn_implementation="eager").eval()

@@ -20,7 +20,7 @@ def ids():
     return torch.randint(0, 96, (1, T))
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "llama", "qwen3"])
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "qwen2", "qwen3"])
 def test_trace_weights_match_transformers_eager_attentions(kind, tiny_decoder, ids):
     folder, reference = tiny_decoder(kind)
     model, _ = qkv.load_pretrained(folder)

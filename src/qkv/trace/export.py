@@ -41,6 +41,8 @@ def query_row(layer: LayerTrace, tokens: list[str] | None, head: int, query: int
         "query_vector": plain(layer.q[0, h, row]),
         "query_unrotated": plain(layer.q_unrotated[0, h, row]) if layer.rope else None,
         "keys": plain(layer.keys[0, h]),
+        # Before RoPE only the new tokens' keys exist (the cache keeps them rotated).
+        "keys_unrotated": plain(layer.k_unrotated[0, h]) if layer.rope else None,
         "key_tokens": [token_at(tokens, s) for s in range(layer.num_keys)],
         "values": plain(layer.values[0, h]),
         "products": plain(layer.products[0, h, row]),

@@ -264,7 +264,9 @@ def _story_steps(layer: LayerTrace, row: dict[str, Any], *, book: bool) -> list[
          "meaning": "One key per token the query may look at" + (
              f"; this head reads key/value head {row['kv_head']}, shared by query heads "
              f"{', '.join(map(str, layer.query_heads_of(row['kv_head'])))}." if layer.num_kv_heads != h else "."),
-         "value": "k(1) = " + _fmt(row["keys"][0])},
+         "value": (f"k({layer.cache_length + 1}) before RoPE " + _fmt(row["keys_unrotated"][0])
+                   + "  →  after " + _fmt(row["keys"][layer.cache_length])) if layer.rope
+         else "k(1) = " + _fmt(row["keys"][0])},
         {"name": "q ⊙ k, then q · k", "shape": f"[{layer.num_keys}]",
          "meaning": "Multiply query and key component by component, add up: one score per key.",
          "value": "q ⊙ k(1) = " + _fmt(row["products"][0]) + "  →  q · k = " + _fmt(row["scores"])},
