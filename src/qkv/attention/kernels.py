@@ -114,19 +114,27 @@ def explicit_attention(
     if q.dim() >= 4:  # dim -3 is heads only from (B, H, T, D) on; in (B, T, D) it is the batch
         k = repeat_kv(k, q.shape[-3])
         v = repeat_kv(v, q.shape[-3])
+    # scores is a fresh (..., T, S) tensor that autograd does not need back (the matmul
+    # keeps q and k), so scaling and masking work on it in place: no extra T x S copies.
     scores = q @ k.transpose(-2, -1)  # (..., T, S)
     if scale is None:
-        scores = scores / math.sqrt(k.shape[-1])  # the book's 1/sqrt(d_k)
+        scores.div_(math.sqrt(k.shape[-1]))  # the book's 1/sqrt(d_k)
     else:
-        scores = scores * scale
+        scores.mul_(scale)
     full_mask = _full_mask(q, k, mask, is_causal)
     if full_mask is not None:
-        scores = scores.masked_fill(~full_mask, -torch.inf)
+        hidden = ~full_mask
+        if torch.broadcast_shapes(hidden.shape, scores.shape) == scores.shape:
+            scores.masked_fill_(hidden, -torch.inf)
+        else:  # the mask adds batch dimensions: the result grows to its shape
+            scores = scores.masked_fill(hidden, -torch.inf)
     # Softmax in float32 at least: half-precision exponentials lose the small weights.
     weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)  # (..., T, S)
     if full_mask is not None:
         # A row with no visible key is all -inf, whose softmax is NaN: it attends to nothing.
-        weights = weights.masked_fill(~full_mask.any(dim=-1, keepdim=True), 0.0)
+        empty = ~full_mask.any(dim=-1, keepdim=True)  # (..., T, 1)
+        if bool(empty.any()):
+            weights = weights.masked_fill(empty, 0.0)
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p, training=True)
     return weights @ v, weights
