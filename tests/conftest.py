@@ -28,13 +28,33 @@ def smollm2_checkpoint(smollm2_file: Path):
 
 
 @pytest.fixture(scope="session")
-def hf_smollm2(smollm2_file: Path, tmp_path_factory: pytest.TempPathFactory):
-    """transformers' own GGUF loading of the same file: (model fp32, tokenizer), the reference."""
-    transformers = pytest.importorskip("transformers")
+def smollm2_model(smollm2_file: Path):
+    """qkv's model and tokenizer through the public loader: (model fp32, tokenizers.Tokenizer)."""
+    from qkv.models.gguf import load_gguf
+
+    model, tokenizer = load_gguf(smollm2_file, torch.float32)
+    return model.eval(), tokenizer
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2_folder(smollm2_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("smollm2-hf")
     (folder / smollm2_file.name).symlink_to(smollm2_file)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=smollm2_file.name)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2_tokenizer(smollm2_file: Path, hf_smollm2_folder: Path):
+    """transformers' own reading of the GGUF tokenizer (and chat template), the reference."""
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoTokenizer.from_pretrained(hf_smollm2_folder, gguf_file=smollm2_file.name)
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2_model(smollm2_file: Path, hf_smollm2_folder: Path):
+    """transformers' own GGUF loading of the same file (fp32), the reference model."""
+    transformers = pytest.importorskip("transformers")
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        folder, gguf_file=smollm2_file.name, dtype=torch.float32
+        hf_smollm2_folder, gguf_file=smollm2_file.name, dtype=torch.float32
     )
-    return model.eval(), tokenizer
+    return model.eval()

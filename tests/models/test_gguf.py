@@ -46,18 +46,12 @@ TEXTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def qkv_smollm2(smollm2_file: Path):
-    model, tokenizer = load_gguf(smollm2_file, torch.float32)
-    return model.eval(), tokenizer
-
-
 # ----------------------------------------------------------------------------- reader
 
 
 @smollm2
-def test_config_matches_transformers(smollm2_checkpoint, hf_smollm2) -> None:
-    hf = hf_smollm2[0].config
+def test_config_matches_transformers(smollm2_checkpoint, hf_smollm2_model) -> None:
+    hf = hf_smollm2_model.config
     cfg = smollm2_checkpoint.config
     for key in (
         "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -70,8 +64,8 @@ def test_config_matches_transformers(smollm2_checkpoint, hf_smollm2) -> None:
 
 
 @smollm2
-def test_tensors_equal_transformers_dequantized_and_unpermuted(smollm2_checkpoint, hf_smollm2) -> None:
-    reference = hf_smollm2[0].state_dict()
+def test_tensors_equal_transformers_dequantized_and_unpermuted(smollm2_checkpoint, hf_smollm2_model) -> None:
+    reference = hf_smollm2_model.state_dict()
     ours = smollm2_checkpoint.state_dict
     # The head is tied to the embedding: GGUF stores no output.weight.
     assert set(reference) - set(ours) == {"lm_head.weight"}
@@ -81,8 +75,8 @@ def test_tensors_equal_transformers_dequantized_and_unpermuted(smollm2_checkpoin
 
 
 @smollm2
-def test_tokenizer_ids_equal_transformers(smollm2_checkpoint, hf_smollm2) -> None:
-    tokenizer, reference = smollm2_checkpoint.tokenizer, hf_smollm2[1]
+def test_tokenizer_ids_equal_transformers(smollm2_checkpoint, hf_smollm2_tokenizer) -> None:
+    tokenizer, reference = smollm2_checkpoint.tokenizer, hf_smollm2_tokenizer
     story = (Path(__file__).parents[3] / "shared" / "data" / "the-verdict.txt")
     texts = TEXTS + ([story.read_text(encoding="utf-8")] if story.is_file() else [])
     for text in texts:
@@ -92,8 +86,8 @@ def test_tokenizer_ids_equal_transformers(smollm2_checkpoint, hf_smollm2) -> Non
 
 
 @smollm2
-def test_special_tokens_and_chat_template(smollm2_checkpoint, hf_smollm2) -> None:
-    reference = hf_smollm2[1]
+def test_special_tokens_and_chat_template(smollm2_checkpoint, hf_smollm2_tokenizer) -> None:
+    reference = hf_smollm2_tokenizer
     assert smollm2_checkpoint.bos_token == reference.bos_token == "<|im_start|>"
     assert smollm2_checkpoint.eos_token == reference.eos_token == "<|im_end|>"
     assert smollm2_checkpoint.chat_template == reference.chat_template
@@ -116,20 +110,20 @@ def test_permute_and_unpermute_are_inverse(heads: int, half: int, cols: int) -> 
 
 
 @smollm2
-def test_logits_match_transformers(qkv_smollm2, hf_smollm2) -> None:
-    model, tokenizer = qkv_smollm2
+def test_logits_match_transformers(smollm2_model, hf_smollm2_model) -> None:
+    model, tokenizer = smollm2_model
     for prompt in PROMPTS:
         ids = torch.tensor([tokenizer.encode(prompt).ids])
         with torch.inference_mode():
             ours = model(ids)
-            reference = hf_smollm2[0](ids).logits
+            reference = hf_smollm2_model(ids).logits
         torch.testing.assert_close(ours, reference, rtol=0, atol=1e-4)
 
 
 @smollm2
-def test_wrong_permutation_changes_the_model(smollm2_checkpoint, qkv_smollm2) -> None:
+def test_wrong_permutation_changes_the_model(smollm2_checkpoint, smollm2_model) -> None:
     """Loading q/k rows in GGUF's order (no unpermutation) gives another, worse model."""
-    model, tokenizer = qkv_smollm2
+    model, tokenizer = smollm2_model
     text = "The quick brown fox jumps over the lazy dog. It was a bright cold day in April."
     ids = torch.tensor([tokenizer.encode(text).ids])
     cfg = smollm2_checkpoint.config
@@ -157,15 +151,15 @@ def test_wrong_permutation_changes_the_model(smollm2_checkpoint, qkv_smollm2) ->
 
 @smollm2
 @pytest.mark.slow
-def test_greedy_generation_matches_transformers_with_and_without_cache(qkv_smollm2, hf_smollm2) -> None:
+def test_greedy_generation_matches_transformers_with_and_without_cache(smollm2_model, hf_smollm2_model) -> None:
     from qkv.generation import generate
 
-    model, tokenizer = qkv_smollm2
+    model, tokenizer = smollm2_model
     # A story opening: the model writes on past 40 tokens without an end token.
     ids = torch.tensor([tokenizer.encode("Once upon a time, in a small village by the sea,").ids])
     new = 40
     with torch.inference_mode():
-        reference = hf_smollm2[0].generate(ids, max_new_tokens=new, do_sample=False)
+        reference = hf_smollm2_model.generate(ids, max_new_tokens=new, do_sample=False)
     cached = generate(model, ids, new, use_cache=True)
     uncached = generate(model, ids, new, use_cache=False)
     assert reference.shape[1] == ids.shape[1] + new
