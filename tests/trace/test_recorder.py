@@ -175,3 +175,31 @@ def test_weights_are_distributions_over_visible_keys(t, heads, seed):
     torch.testing.assert_close(layer.weights.sum(-1), torch.ones(1, heads, t))
     assert torch.all(layer.weights[~layer.mask] == 0)
     assert torch.all(layer.weights >= 0)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    groups=st.sampled_from([(4, 4), (4, 2), (6, 1)]),
+    cached=st.integers(0, 5),
+    new=st.integers(1, 4),
+    seed=st.integers(0, 1000),
+)
+def test_cached_trace_equals_the_uncached_rows(groups, cached, new, seed):
+    """With a KV cache holding `cached` tokens, the trace of the `new` tokens records the same
+    keys, weights and contexts as the last rows of one pass over the whole sequence."""
+    num_heads, num_kv_heads = groups
+    torch.manual_seed(seed)
+    layer = GroupedQueryAttention(24, num_heads, num_kv_heads=num_kv_heads, head_dim=8).eval()
+    rope = RotaryEmbedding(8)
+    x = torch.randn(1, cached + new, 24)
+    cos, sin = rope(torch.arange(cached + new))
+    whole = trace(layer, x, cos=cos, sin=sin).layers[0]
+    layer.setup_cache(1, cached + new, dtype=torch.float32, device=torch.device("cpu"))
+    if cached:
+        with torch.no_grad():
+            layer(x[:, :cached], cos=cos[:cached], sin=sin[:cached])
+    step = trace(layer, x[:, cached:], cos=cos[cached:], sin=sin[cached:]).layers[0]
+    assert step.cache_length == cached and step.num_keys == cached + new
+    torch.testing.assert_close(step.weights, whole.weights[:, :, cached:])
+    torch.testing.assert_close(step.context, whole.context[:, :, cached:])
+    torch.testing.assert_close(step.keys, whole.keys)
