@@ -227,6 +227,32 @@ def test_state_dict_from_plain_code_loads_and_gives_same_outputs(ours_cls, plain
         torch.testing.assert_close(grads_ours[name].grad, param.grad, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("b,t,c,h", [(1, 1, 4, 2), (2, 6, 12, 3), (3, 10, 16, 4)])
+def test_multihead_attention_matches_torch_multihead_attention(b, t, c, h):
+    """nn.MultiheadAttention's in_proj/out_proj copied into W_query/W_key/W_value/out_proj;
+    the book's class is causal, so torch gets the causal mask."""
+    torch.manual_seed(t)
+    ref = nn.MultiheadAttention(c, h, bias=True, batch_first=True).eval()
+    ours = MultiHeadAttention(c, c, context_length=t + 2, dropout=0.0, num_heads=h, qkv_bias=True).eval()
+    wq, wk, wv = ref.in_proj_weight.chunk(3)
+    bq, bk, bv = ref.in_proj_bias.chunk(3)
+    with torch.no_grad():
+        for layer, w, bias in ((ours.W_query, wq, bq), (ours.W_key, wk, bk), (ours.W_value, wv, bv)):
+            layer.weight.copy_(w)
+            layer.bias.copy_(bias)
+        ours.out_proj.weight.copy_(ref.out_proj.weight)
+        ours.out_proj.bias.copy_(ref.out_proj.bias)
+    x = torch.randn(b, t, c)
+    hidden = torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)  # torch: True = hidden
+    with torch.no_grad():
+        expected, _ = ref(x, x, x, attn_mask=hidden, is_causal=True, need_weights=False)
+        torch.testing.assert_close(ours(x), expected, atol=1e-6, rtol=1e-5)
+        # Without the mask torch would differ (for more than one token): the test sees causality.
+        if t > 1:
+            unmasked, _ = ref(x, x, x, need_weights=False)
+            assert not torch.allclose(ours(x), unmasked, atol=1e-4)
+
+
 def test_unbatched_input_accepted_by_v1_and_v2():
     for cls in (SelfAttention_v1, SelfAttention_v2):
         torch.manual_seed(0)
