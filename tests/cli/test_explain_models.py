@@ -154,6 +154,7 @@ def test_decoder_generate_shows_the_cache_growing(capsys, tiny_llama, tmp_path):
         (["explain", TEXT, "--model", "minilm", "--query", "dog"], "neither a position nor one of the tokens"),
         (["explain", TEXT, "--model", "minilm", "--generate", "2"], "needs a decoder"),
         (["explain", TEXT], "TEXT needs --model"),
+        (["explain", TEXT, "--model", "minilm", "--generate", "0"], "--generate needs at least 1 token"),
         (["explain", "--layer", "1", "--html", "x.html"], "one layer and one head"),
     ],
 )

@@ -137,6 +137,8 @@ def run_book_figures(args: argparse.Namespace, query_position: int) -> None:
 
 def run_model(args: argparse.Namespace) -> int:
     text = args.text if args.text is not None else ""
+    if args.generate is not None and args.generate < 1:
+        raise QkvError(f"--generate needs at least 1 token, got {args.generate}")
     if not text.strip():
         raise QkvError("the text is empty: give some words to explain, e.g. qkv explain \"The cat sat\" --model minilm")
     loaded = load_model(args.model)
@@ -159,6 +161,11 @@ def run_model(args: argparse.Namespace) -> int:
     query = resolve_query(args.query, tokens, ordinary[-1] if ordinary else len(ids) - 1)
     if args.generate is not None and loaded.encoder:
         raise QkvError(f"--generate needs a decoder; {loaded.name} is an encoder (BERT)")
+    if args.generate is not None and not 1 <= args.generate <= context_length - len(ids):
+        raise QkvError(
+            f"--generate {args.generate}: give between 1 and {context_length - len(ids)} tokens "
+            f"(the model's context length is {context_length}, the text has {len(ids)} tokens)"
+        )
 
     t = len(ids)
     layers: list[int] | None = [layer]
@@ -176,8 +183,7 @@ def run_model(args: argparse.Namespace) -> int:
 
         generation = trace_generation(loaded.model, input_ids, args.generate, layer=layer, head=head)
         new_ids = [step.token_id for step in generation]
-        tokens = tokens + _display(loaded.tokenizer, new_ids)
-        recorded.tokens = tokens[:t]
+        tokens = tokens + _display(loaded.tokenizer, new_ids)  # the prompt's, then the new ones
 
     row = query_row(focus, recorded.tokens, head, query)
     console = Console(stderr=True, highlight=False) if args.json else Console(highlight=False)
