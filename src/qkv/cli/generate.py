@@ -36,9 +36,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--temperature", type=float, default=0.0, metavar="T",
                         help="0 picks the most likely token (greedy); higher samples more freely "
                         "(default: %(default)s)")
-    parser.add_argument("--top-k", type=int, metavar="K", help="sample only among the K most likely tokens")
+    parser.add_argument("--top-k", type=int, metavar="K", help="with --temperature > 0: sample only among the K most likely tokens")
     parser.add_argument("--top-p", type=float, metavar="P",
-                        help="sample only among the most likely tokens that make up probability P")
+                        help="with --temperature > 0: sample only among the most likely tokens that "
+                        "make up probability P")
     parser.add_argument("--seed", type=int, metavar="S", help="seed for sampling (default: a fresh random one)")
     parser.add_argument("--no-cache", action="store_true",
                         help="recompute the whole sequence for every token instead of using the KV cache")

@@ -142,7 +142,7 @@ def _read_safetensors(path: Path, names: list[str] | None = None) -> dict[str, T
             keys = list(f.keys()) if names is None else names
             absent = [k for k in keys if k not in f.keys()]
             if absent:
-                raise QkvError(f"{path} lacks {hf_keys._names(absent)}, which {INDEX} places there")
+                raise QkvError(f"{path} lacks {hf_keys.names_preview(absent)}, which {INDEX} places there")
             return {k: f.get_tensor(k) for k in keys}
     except QkvError:
         raise

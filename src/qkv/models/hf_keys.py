@@ -38,7 +38,7 @@ class KeyMap:
     to_model: Callable[[Tensor], dict[str, Tensor]]
 
 
-def _names(names: list[str], limit: int = 5) -> str:
+def names_preview(names: list[str], limit: int = 5) -> str:
     shown = ", ".join(names[:limit])
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
@@ -59,13 +59,13 @@ def load_mapped(
     expected = {m.hf_name: m for m in maps}
     missing = [k for k in expected if k not in tensors]
     if missing:
-        raise QkvError(f"{source}: missing weight(s) {_names(missing)}; the checkpoint is incomplete")
+        raise QkvError(f"{source}: missing weight(s) {names_preview(missing)}; the checkpoint is incomplete")
     unexpected = sorted(
         k for k in tensors if k not in expected and k not in tied_duplicates and not skip.fullmatch(k)
     )
     if unexpected:
         raise QkvError(
-            f"{source}: unexpected weight(s) {_names(unexpected)}; the checkpoint does not match its config.json"
+            f"{source}: unexpected weight(s) {names_preview(unexpected)}; the checkpoint does not match its config.json"
         )
     for name, original in tied_duplicates.items():
         if name in tensors and not torch.equal(tensors[name], tensors[original]):
