@@ -4,8 +4,10 @@ A text longer than the window is scored in windows of `context_length` tokens th
 `stride` tokens apart. Each window is one forward pass, but only the tokens it adds beyond
 the previous window are scored, so every token after the first is scored exactly once and
 sees up to context_length - stride tokens of history. perplexity = exp(total negative
-log-likelihood / tokens scored). stride = context_length gives disjoint windows (fast, less
-context per token); a smaller stride costs more passes and gives each token more context.
+log-likelihood / tokens scored). A stride close to context_length is fast (few passes, less
+context per token); a smaller one costs more passes and gives each token more context. The
+stride stays below context_length: windows overlap by at least one token, so the first new
+token of every window is predicted from something.
 
 Shape legend: N tokens of the text, T tokens of a window, V vocabulary.
 """
@@ -36,8 +38,11 @@ def windows(n: int, context_length: int, stride: int) -> Iterator[tuple[int, int
     """(begin, end, first scored position) of each window over n tokens."""
     if context_length < 2:
         raise QkvError(f"the context length must be at least 2 tokens, got {context_length}")
-    if not 1 <= stride <= context_length:
-        raise QkvError(f"the stride must be between 1 and the context length ({context_length}), got {stride}")
+    if not 1 <= stride < context_length:
+        # Windows must overlap by a token, or the first new token of each has no predecessor.
+        raise QkvError(
+            f"the stride must be between 1 and the context length - 1 ({context_length - 1}), got {stride}"
+        )
     previous_end = 0
     for begin in range(0, n, stride):
         end = min(begin + context_length, n)
