@@ -16,7 +16,7 @@ import contextlib
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -144,13 +144,7 @@ class _Run:
             write_tokenizer(self.tokenizer, self.out / TOKENIZER_NAME)
         self.total_steps = settings.max_steps or settings.epochs * self.batches.steps_per_epoch
 
-        preset = PRESETS[settings.preset].model
-        self.config = GPTConfig(
-            vocab_size=max(settings.vocab_size, self.tokenizer.get_vocab_size()),
-            context_length=length, emb_dim=preset.emb_dim, n_heads=preset.n_heads,
-            n_layers=preset.n_layers, drop_rate=settings.dropout, qkv_bias=preset.qkv_bias,
-            layer_norm_eps=preset.layer_norm_eps, attention_backend=preset.attention_backend,
-        )
+        self.config = model_config(settings, self.tokenizer.get_vocab_size())
         torch.manual_seed(settings.seed)
         self.model = GPTModel(self.config).to(ctx.device)
         self.optimizer = _adamw(self.model, settings)
@@ -170,6 +164,7 @@ class _Run:
         )
         if self.checkpoint is not None:
             self._restore(fingerprint)
+            self.checkpoint = None  # its tensors now live in the model and optimizer
         self.ddp: nn.Module = (
             DistributedDataParallel(
                 self.model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None
@@ -190,7 +185,8 @@ class _Run:
 
     def _restore(self, fingerprint: str) -> None:
         ckpt = self.checkpoint
-        assert ckpt is not None
+        if ckpt is None:
+            raise RuntimeError("_restore needs a loaded checkpoint")
         path = checkpoint_path(self.out)
         saved = TrainSettings.from_dict(ckpt.state.settings)
         changed = {
@@ -357,6 +353,16 @@ class _Run:
             checkpoint_path(self.out), state=state, model=self.model, optimizer=self.optimizer,
             scheduler=self.scheduler, rng_cpu=rng_cpu, rng_cuda=rng_cuda,
         )
+
+
+def model_config(settings: TrainSettings, tokenizer_vocab: int) -> GPTConfig:
+    """The preset's model with the run's window length and dropout, and a vocabulary
+    that is the preset's or, if larger, the tokenizer's."""
+    preset = PRESETS[settings.preset].model
+    return replace(
+        preset, vocab_size=max(settings.vocab_size, tokenizer_vocab),
+        context_length=settings.context_length, drop_rate=settings.dropout,
+    )
 
 
 def _adamw(model: nn.Module, settings: TrainSettings) -> torch.optim.AdamW:
