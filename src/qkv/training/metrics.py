@@ -51,7 +51,7 @@ class MetricsLog:
 
 def plot_losses(records: list[dict[str, Any]], path: str | Path, *, title: str = "") -> None:
     """Train and validation loss against tokens seen, with steps on a second axis."""
-    fig = Figure(figsize=(6.4, 4.0), dpi=120)
+    fig = Figure(figsize=(6.4, 4.2), dpi=120, layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     tokens = [r["tokens_seen"] for r in records]
@@ -61,12 +61,11 @@ def plot_losses(records: list[dict[str, Any]], path: str | Path, *, title: str =
     ax.set_ylabel("loss")
     ax.legend(loc="upper right")
     if title:
-        ax.set_title(title)
+        fig.suptitle(title)
     if len(records) >= 2 and tokens[-1] > 0:
         steps_per_token = records[-1]["step"] / tokens[-1]
         top = ax.secondary_xaxis(
             "top", functions=(lambda t: t * steps_per_token, lambda s: s / steps_per_token)
         )
         top.set_xlabel("steps")
-    fig.tight_layout()
     atomic_write_with(path, lambda tmp: fig.savefig(tmp, format="png"))
