@@ -16,10 +16,9 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
 from qkv.models.checkpoint import load_pretrained
-from qkv.models.gpt2 import GPT_CONFIG_124M, GPTConfig, GPTModel
+from qkv.models.gpt2 import GPTConfig, GPTModel
 from qkv.training import TrainSettings, train
 from qkv.training.checkpoint import load_checkpoint
-from qkv.training.loop import model_config
 from qkv.training.tokenizer import train_bpe
 
 FAST = dict(context_length=16, batch_size=4, eval_windows=8, dropout=0.1, warmup_steps=2)
@@ -124,16 +123,6 @@ def test_two_processes_match_one_with_the_same_global_batch(story_file: Path, tm
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=1e-5, msg=key)
     assert load_checkpoint(two / "checkpoint.safetensors").state.world_size == 2
-
-
-def test_presets_build_the_models_they_name() -> None:
-    book = TrainSettings.from_preset("book-124m", data="d", out="o")
-    assert model_config(book, 50257) == GPT_CONFIG_124M  # the book's config, unchanged
-    assert (book.lr, book.weight_decay, book.batch_size, book.epochs) == (4e-4, 0.1, 2, 10)  # chapter 5
-    tiny = TrainSettings.from_preset("tiny", data="d", out="o", context_length=32, dropout=0.0)
-    cfg = model_config(tiny, 300)
-    assert (cfg.context_length, cfg.drop_rate, cfg.vocab_size) == (32, 0.0, 512)
-    assert model_config(tiny, 50257).vocab_size == 50257  # grown to fit a larger tokenizer
 
 
 def test_a_given_tokenizer_is_used_and_kept(story_file: Path, tmp_path: Path, verdict_text: str) -> None:
