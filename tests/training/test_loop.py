@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
@@ -53,7 +54,6 @@ def test_training_lowers_the_loss_and_writes_its_files(story_file: Path, tmp_pat
 
 
 def test_output_folder_loads_in_qkv_and_transformers(story_file: Path, tmp_path: Path) -> None:
-    transformers = pytest.importorskip("transformers")
     out = tmp_path / "run"
     train(settings(story_file, out, max_steps=3), progress=False)
     model = trained_model(out)
@@ -133,3 +133,14 @@ def test_a_given_tokenizer_is_used_and_kept(story_file: Path, tmp_path: Path, ve
     kept = Tokenizer.from_file(str(out / "tokenizer.json"))
     assert kept.get_vocab() == Tokenizer.from_file(str(given)).get_vocab()
     assert trained_model(out).cfg.vocab_size == 700
+
+
+def test_bfloat16_autocast_trains_near_float32(story_file: Path, tmp_path: Path) -> None:
+    run = dict(max_steps=4, eval_every=4, dropout=0.0)
+    train(settings(story_file, tmp_path / "fp32", **run), progress=False)
+    train(settings(story_file, tmp_path / "bf16", dtype="bfloat16", **run), progress=False)
+    fp32, bf16 = losses(tmp_path / "fp32"), losses(tmp_path / "bf16")
+    torch.testing.assert_close(torch.tensor([r[2:] for r in bf16]), torch.tensor([r[2:] for r in fp32]),
+                               rtol=0, atol=0.05)
+    assert bf16 != fp32  # the matrix products really ran in bf16
+    assert trained_model(tmp_path / "bf16").tok_emb.weight.dtype == torch.float32  # fp32 master weights
