@@ -38,3 +38,9 @@ def test_without_warmup_starts_at_peak_and_ends_at_floor() -> None:
     assert ours[0] == pytest.approx(0.01)
     assert ours[10] > 0.001 and ours[11] == pytest.approx(0.001)  # the floor at step == total
     assert all(a >= b for a, b in zip(ours, ours[1:]))
+
+
+def test_ratio_one_is_a_constant_rate_after_warmup() -> None:
+    ours = lrs(lambda o: warmup_cosine(o, warmup_steps=3, total_steps=10, min_ratio=1.0), 10)
+    assert ours[:3] == pytest.approx([0.01 / 3, 0.02 / 3, 0.01])
+    assert ours[3:] == pytest.approx([0.01] * 7)

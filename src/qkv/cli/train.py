@@ -19,7 +19,7 @@ from qkv.training.settings import DTYPES
 
 # Options that map one-to-one onto TrainSettings fields (None = not given).
 _OVERRIDES = (
-    "context_length", "stride", "batch_size", "epochs", "max_steps", "lr", "weight_decay",
+    "context_length", "stride", "batch_size", "epochs", "max_steps", "lr", "min_lr_ratio", "weight_decay",
     "warmup_steps", "eval_every", "save_every", "seed", "tokenizer", "dtype", "dropout", "preset",
 )
 
@@ -47,6 +47,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     length.add_argument("--epochs", type=int, metavar="N", help="passes over the training windows (default: preset's)")
     length.add_argument("--max-steps", type=int, metavar="N", help="optimizer steps to train (instead of --epochs)")
     parser.add_argument("--lr", type=float, metavar="X", help="peak learning rate (default: preset's)")
+    parser.add_argument(
+        "--min-lr-ratio", type=float, metavar="X",
+        help="the cosine decay ends at --lr x X; 1 turns the decay off (default: 0.1)",
+    )
     parser.add_argument("--weight-decay", type=float, metavar="X", help="AdamW weight decay (default: preset's)")
     parser.add_argument("--warmup-steps", type=int, metavar="N", help="linear warmup steps before cosine decay (default: preset's)")
     parser.add_argument("--eval-every", type=int, metavar="N", help="steps between evaluations (default: preset's)")

@@ -65,6 +65,8 @@ class TrainSettings:
                 f"need --lr > 0, --weight-decay >= 0, --warmup-steps >= 0; got lr={self.lr}, "
                 f"weight_decay={self.weight_decay}, warmup_steps={self.warmup_steps}"
             )
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise QkvError(f"--min-lr-ratio must be in [0, 1], got {self.min_lr_ratio}")
         if not 0.0 <= self.dropout < 1.0:
             raise QkvError(f"--dropout must be in [0, 1), got {self.dropout}")
         if self.dtype not in DTYPES:
