@@ -63,7 +63,7 @@ def test_restored_training_continues_bitwise(tmp_path: Path) -> None:
     torch.set_rng_state(checkpoint.rng_cpu[0])
     assert checkpoint.state.step == 3 and checkpoint.state.settings == settings.to_dict()
     assert [step(fresh, fresh_opt, fresh_sched) for _ in range(3)] == expected
-    for (name, a), b in zip(model.state_dict().items(), fresh.state_dict().values()):
+    for (name, a), b in zip(model.state_dict().items(), fresh.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
     assert fresh_sched.get_last_lr() == scheduler.get_last_lr()
 

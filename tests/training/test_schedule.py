@@ -37,7 +37,7 @@ def test_without_warmup_starts_at_peak_and_ends_at_floor() -> None:
     ours = lrs(lambda o: warmup_cosine(o, warmup_steps=0, total_steps=11, min_ratio=0.1), 12)
     assert ours[0] == pytest.approx(0.01)
     assert ours[10] > 0.001 and ours[11] == pytest.approx(0.001)  # the floor at step == total
-    assert all(a >= b for a, b in zip(ours, ours[1:]))
+    assert all(a >= b for a, b in zip(ours, ours[1:], strict=False))
 
 
 def test_ratio_one_is_a_constant_rate_after_warmup() -> None:

@@ -41,7 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"model size and training defaults (default: {DEFAULT_PRESET})",
     )
     parser.add_argument("--context-length", type=int, metavar="N", help="window length in tokens (default: preset's)")
-    parser.add_argument("--stride", type=int, metavar="N", help="tokens between window starts (default: context length)")
+    parser.add_argument(
+        "--stride", type=int, metavar="N", help="tokens between window starts (default: context length)"
+    )
     parser.add_argument("--batch-size", type=int, metavar="N", help="windows per step per process (default: preset's)")
     length = parser.add_mutually_exclusive_group()
     length.add_argument("--epochs", type=int, metavar="N", help="passes over the training windows (default: preset's)")
@@ -52,7 +54,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="the cosine decay ends at --lr x X; 1 turns the decay off (default: 0.1)",
     )
     parser.add_argument("--weight-decay", type=float, metavar="X", help="AdamW weight decay (default: preset's)")
-    parser.add_argument("--warmup-steps", type=int, metavar="N", help="linear warmup steps before cosine decay (default: preset's)")
+    parser.add_argument(
+        "--warmup-steps", type=int, metavar="N",
+        help="linear warmup steps before cosine decay (default: preset's)",
+    )
     parser.add_argument("--eval-every", type=int, metavar="N", help="steps between evaluations (default: preset's)")
     parser.add_argument("--save-every", type=int, metavar="N", help="steps between checkpoints (default: preset's)")
     parser.add_argument("--seed", type=int, metavar="N", help="seed for weights, data order and dropout (default: 123)")
