@@ -262,3 +262,94 @@ def test_missing_path_and_empty_folder(tmp_path: Path) -> None:
     with pytest.raises(QkvError, match="no .gguf file"):
         read_gguf(tmp_path)
 
+
+
+# ----------------------------------------------------------------------------- a tiny complete file
+
+
+def write_llama_gguf(path: Path, hf_model, tokenizer) -> Path:
+    """What llama.cpp's converter writes for a Llama: metadata, tokenizer, and every tensor,
+    with the q/k rows of each head reordered into the interleaved RoPE layout."""
+    import json
+
+    cfg = hf_model.config
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+    spec = json.loads(tokenizer.to_str())["model"]
+    tokens = sorted(spec["vocab"], key=spec["vocab"].get)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in spec["merges"]])
+    writer.add_token_types([1] * len(tokens))
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+    layer = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
+             "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    for name, tensor in hf_model.state_dict().items():
+        w = tensor.detach().float()
+        if name.startswith("model.layers."):
+            _, _, i, rest = name.split(".", 3)
+            module = rest.rsplit(".", 1)[0]
+            if module == "self_attn.q_proj":
+                w = permute_rows(w, cfg.num_attention_heads)
+            elif module == "self_attn.k_proj":
+                w = permute_rows(w, cfg.num_key_value_heads)
+            gguf_name = f"blk.{i}.{layer[module]}.weight"
+        else:
+            gguf_name = names[name]
+        writer.add_tensor(gguf_name, w.numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_tiny_untied_llama_through_load_pretrained(tmp_path: Path) -> None:
+    """An untied head (output.weight), grouped-query heads and a .gguf path given to
+    qkv.load_pretrained: logits equal the transformers model the file was written from, and
+    transformers reading the same file back (its own q/k un-permutation) agrees."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    import qkv
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(
+        TEXTS * 3, trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                       show_progress=False),
+    )
+    config = transformers.LlamaConfig(
+        vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
+        rope_theta=5000.0, initializer_range=0.2, tie_word_embeddings=False,
+        bos_token_id=None, eos_token_id=None,
+    )
+    torch.manual_seed(0)
+    source = transformers.LlamaForCausalLM(config).eval()
+    path = write_llama_gguf(tmp_path / "tiny.gguf", source, tok)
+
+    model, tokenizer = qkv.load_pretrained(path)
+    assert not model.cfg.tie_word_embeddings
+    ids = torch.tensor([tokenizer.encode(TEXTS[3]).ids])
+    assert ids.tolist() == [tok.encode(TEXTS[3]).ids]
+    reread = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="tiny.gguf", dtype=torch.float32)
+    with torch.inference_mode():
+        ours = model(ids)
+        torch.testing.assert_close(ours, source(ids).logits, rtol=0, atol=1e-5)
+        torch.testing.assert_close(ours, reread.eval()(ids).logits, rtol=0, atol=1e-5)
+    # A folder holding the file (and no config.json) loads the same way.
+    folder_model, _ = qkv.load_pretrained(tmp_path, dtype=torch.bfloat16)
+    assert next(folder_model.parameters()).dtype == torch.bfloat16
