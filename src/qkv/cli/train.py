@@ -8,6 +8,7 @@ change.
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 import torch
@@ -92,5 +93,10 @@ def run(args: argparse.Namespace) -> int:
         if args.threads < 1:
             raise QkvError(f"--threads must be at least 1, got {args.threads}")
         torch.set_num_threads(args.threads)
-    train(settings_from_args(args), resume=args.resume, progress=not args.no_progress)
+    try:
+        train(settings_from_args(args), resume=args.resume, progress=not args.no_progress)
+    except QkvError:
+        if int(os.environ.get("RANK", "0")) != 0:  # under torchrun only rank 0 reports
+            return 2
+        raise
     return 0
