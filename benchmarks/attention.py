@@ -4,7 +4,8 @@ Contenders, forward pass only, eval mode, no grad, causal self-attention:
 - kernels on already projected q, k, v of shape (B, H, T, D): raw
   `torch.nn.functional.scaled_dot_product_attention`, `qkv.attention.fused_attention`,
   `qkv.attention.explicit_attention`; once with `is_causal` only and once with a causal +
-  key-padding mask (raw SDPA gets the combined mask prebuilt, qkv builds it per call);
+  key-padding mask (raw SDPA gets the combined mask prebuilt, and once builds it per call
+  as qkv must);
 - modules on x of shape (B, T, C): `torch.nn.MultiheadAttention`, the book's
   `MultiHeadAttention` as it is (explicit path), `GroupedQueryAttention` (fused, explicit);
 - the causal kernels alone from 512 to 4096 tokens.
@@ -96,6 +97,9 @@ def build_group(group: str, size: Size, seed: int = 0) -> dict[str, Callable[[],
         pad = padding_mask(real)  # (B, 1, 1, S)
         return {
             REFERENCE: lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=combined),
+            "raw SDPA, mask built per call": lambda: F.scaled_dot_product_attention(
+                q, k, v, attn_mask=causal_mask(size.tokens) & pad
+            ),
             "qkv fused": lambda: fused_attention(q, k, v, mask=pad, is_causal=True),
             "qkv explicit": lambda: explicit_attention(q, k, v, mask=pad, is_causal=True)[0],
         }

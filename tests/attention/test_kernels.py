@@ -193,6 +193,14 @@ def test_bad_inputs_raise_value_errors():
         attention(q, q, torch.randn(2, 3, 5, 8))
     with pytest.raises(ValueError, match=r"query heads \(3\).*key/value heads \(k: 2"):
         attention(q, torch.randn(2, 2, 4, 8), torch.randn(2, 2, 4, 8))
+    for backend in BACKENDS:  # causal queries are the last keys: there must be enough keys
+        with pytest.raises(ValueError, match="5 queries and 3 keys"):
+            attention(torch.randn(5, 8), torch.randn(3, 8), torch.randn(3, 8), is_causal=True, backend=backend)
+        with pytest.raises(ValueError, match="5 queries and 3 keys"):
+            attention(
+                torch.randn(5, 8), torch.randn(3, 8), torch.randn(3, 8),
+                mask=torch.ones(3, dtype=torch.bool), is_causal=True, backend=backend,
+            )
     with pytest.raises(ValueError, match="same number of dimensions"):
         attention(q, q[0], q[0])
     with pytest.raises(ValueError, match="'flash'.*explicit, fused"):

@@ -18,6 +18,7 @@ tokens, D head size (queries/keys), D_v head size of values.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -78,7 +79,8 @@ def _full_mask(q: Tensor, k: Tensor, mask: Tensor | None, is_causal: bool) -> Te
     if not is_causal or q.shape[-2] == 1:
         # One query aligned with the last key sees every key: causality hides nothing.
         return mask
-    causal = causal_mask(q.shape[-2], k.shape[-2], device=q.device)  # (T, S)
+    offset = _causal_offset(q.shape[-2], k.shape[-2])
+    causal = causal_mask(q.shape[-2], k.shape[-2], offset=offset, device=q.device)  # (T, S)
     return causal if mask is None else mask & causal
 
 
@@ -167,50 +169,54 @@ def fused_attention(
                 q, k, v, is_causal=causal, scale=scale, dropout_p=dropout_p, **extra
             )
         # Queries after cached keys: query p sees keys 0..p, so no row is ever empty.
-        sees_past = causal_mask(num_queries, num_keys, device=q.device)  # (T, S)
+        offset = _causal_offset(num_queries, num_keys)
+        sees_past = causal_mask(num_queries, num_keys, offset=offset, device=q.device)  # (T, S)
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=sees_past, scale=scale, dropout_p=dropout_p, **extra
         )
     if mask.dtype != torch.bool:
         raise ValueError(f"attention masks must be boolean (True = may attend), got {mask.dtype}")
-    if causal:
-        allowed = causal_mask(num_queries, num_keys, device=q.device)  # (T, S)
-        # One pass builds the additive (..., T, S) mask SDPA wants from the two small ones;
-        # a boolean mask would be AND'ed, then converted to the same floats inside SDPA.
-        attn_mask: Tensor = _additive(allowed, q.dtype) + _additive(mask, q.dtype)
-        visible = _causal_rows_with_a_key(mask, allowed)  # (..., T, 1)
-    else:
-        attn_mask = mask
-        visible = mask.any(dim=-1, keepdim=True)  # (..., T or 1, 1)
+    if not causal:
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, scale=scale, dropout_p=dropout_p, **extra
+        )
+        return _zero_empty_rows(out, lambda: mask.any(dim=-1, keepdim=True))  # (..., T or 1, 1)
+    offset = _causal_offset(num_queries, num_keys)  # query i sits at absolute position offset + i
+    # SDPA takes one mask. Build it additive, in one pass over (..., T, S) from the two small
+    # ones: a boolean AND would cost that pass too, then SDPA's own conversion to floats.
+    hidden_future = torch.full(
+        (num_queries, num_keys), -torch.inf, dtype=q.dtype, device=q.device
+    ).triu_(offset + 1)  # (T, S): -inf where key j > offset + i, else 0
+    key_bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, -torch.inf)
     out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=attn_mask, scale=scale, dropout_p=dropout_p, **extra
+        q, k, v, attn_mask=hidden_future + key_bias, scale=scale, dropout_p=dropout_p, **extra
     )
-    if not bool(visible.all()):
-        # A query with no visible key attends to nothing (some SDPA versions give NaN there).
-        out = out.masked_fill(~visible, 0.0)
-    return out
-
-
-def _additive(allowed: Tensor, dtype: torch.dtype) -> Tensor:
-    """Boolean mask -> 0 where allowed, -inf where hidden, in the queries' dtype."""
-    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
-        ~allowed, -torch.inf
-    )
-
-
-def _causal_rows_with_a_key(mask: Tensor, allowed: Tensor) -> Tensor:
-    """(..., T, 1): whether query row i of `mask & allowed` (allowed causal) keeps any key.
-
-    Without materialising the (..., T, S) combination when `mask` only masks keys
-    (T dimension 1, e.g. padding): causal row i sees keys 0..offset + i, so it keeps a key
-    iff a prefix of the key mask does, and prefixes are one cumulative sum over S.
-    """
-    num_queries, num_keys = allowed.shape
     if mask.dim() >= 2 and mask.shape[-2] == 1 and mask.shape[-1] == num_keys:
+        # A key-only mask (padding): causal row i sees keys 0..offset + i, so it keeps a key
+        # iff that prefix of the key mask does. Row 0's prefix is the shortest: if every
+        # row 0 keeps a key, no row is empty, found with one tiny reduction.
+        if bool(mask[..., : offset + 1].any(dim=-1).all()):
+            return out
         has_key_so_far = mask.cumsum(dim=-1) > 0  # (..., 1, S)
-        offset = num_keys - num_queries  # query i sits at absolute position offset + i
-        return has_key_so_far[..., offset:].transpose(-2, -1)  # (..., T, 1)
-    return (mask & allowed).any(dim=-1, keepdim=True)  # (..., T, 1)
+        return out.masked_fill(~has_key_so_far[..., offset:].transpose(-2, -1), 0.0)  # (..., T, 1)
+    allowed = causal_mask(num_queries, num_keys, offset=offset, device=q.device)  # (T, S)
+    return _zero_empty_rows(out, lambda: (mask & allowed).any(dim=-1, keepdim=True))
+
+
+def _causal_offset(num_queries: int, num_keys: int) -> int:
+    """Where the first query sits when the T queries are the last of the S keys."""
+    if num_queries > num_keys:
+        raise ValueError(
+            f"causal attention aligns the queries with the last keys, so it needs at least as "
+            f"many keys as queries; got {num_queries} queries and {num_keys} keys"
+        )
+    return num_keys - num_queries
+
+
+def _zero_empty_rows(out: Tensor, visible: Callable[[], Tensor]) -> Tensor:
+    """Zero the context of queries with no visible key (some SDPA versions give NaN there)."""
+    rows = visible()  # (..., T, 1)
+    return out if bool(rows.all()) else out.masked_fill(~rows, 0.0)
 
 
 def attention(
