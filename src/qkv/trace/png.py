@@ -121,8 +121,9 @@ def _draw_heatmap(ax, layer: LayerTrace, tokens: list[str] | None, head: int, *,
 
 def heatmap(layer: LayerTrace, tokens: list[str] | None, head: int) -> Figure:
     queries, keys = _labels(layer, tokens)
-    size = min(12.0, 3.0 + 0.35 * max(len(keys), len(queries)))
-    fig, ax = plt.subplots(figsize=(size + 1.5, size))
+    width = min(14.0, 3.0 + 0.35 * len(keys))
+    height = min(12.0, 2.5 + 0.35 * len(queries))  # one recorded query: one short row
+    fig, ax = plt.subplots(figsize=(width + 1.5, height))
     _draw_heatmap(ax, layer, tokens, head, labels=True)
     weights = layer.weights[0, layer.head_slot(head)]
     if weights.numel() <= 144:
@@ -139,8 +140,9 @@ def heatmap(layer: LayerTrace, tokens: list[str] | None, head: int) -> Figure:
 
 def mask_figure(layer: LayerTrace, tokens: list[str] | None) -> Figure:
     queries, keys = _labels(layer, tokens)
-    size = min(10.0, 2.5 + 0.3 * max(len(keys), len(queries)))
-    fig, ax = plt.subplots(figsize=(size + 1, size))
+    width = min(12.0, 2.5 + 0.3 * len(keys))
+    height = min(10.0, 2.5 + 0.3 * len(queries))
+    fig, ax = plt.subplots(figsize=(width + 1, height))
     visible = layer.mask[0, 0].float().numpy()  # (t, S)
     ax.imshow(visible, cmap="Greys_r", vmin=0, vmax=1, aspect="auto")
     _ticks(ax, keys, "x")
