@@ -151,3 +151,22 @@ def test_generation_steps_show_the_cache_growing(browser, tmp_path):
     assert [rows.nth(i).locator("td:nth-child(4) span").count() for i in (1, 2, 3)] == [5, 6, 7]
     assert requests == [target.as_uri()] and errors == []
     page.close()
+
+
+def test_the_weight_matrix_picks_queries_and_explains_cells(browser, tmp_path):
+    recorded = book_trace(causal=True)
+    target = write_page(build_page(recorded, title="book", subtitle="s", layer=0, head=0, query=1, book=True),
+                        tmp_path / "matrix.html")
+    page, requests, errors = _open(browser, target)
+    assert page.locator("#matrix tr.qrow").count() == 6
+    assert page.locator("#matrix th.ktok").all_inner_texts() == list(BOOK_TOKENS)
+    page.click("#matrix tr.qrow[data-query='5']")  # x(6), "step"
+    step = run_walkthrough(query_position=6, causal=True)
+    assert _weights_column(page) == [f"{w:.4f}" for w in step.weights.tolist()]
+    assert page.locator("#matrix tr.active th").inner_text() == "step"
+    page.hover("#matrix tr.qrow[data-query='2'] td[data-key='1']")  # "starts" looking at "journey"
+    starts = run_walkthrough(query_position=3, causal=True)
+    assert page.inner_text("#detail") == (
+        f"query “starts”, key 2 “journey”: q · k = {starts.scores[1]:.4f}, weight = {starts.weights[1]:.4f}")
+    assert requests == [target.as_uri()] and errors == []
+    page.close()

@@ -96,6 +96,9 @@ td.tok, th.tok { text-align: left; }
 img { max-width: 100%; }
 .step { margin: .4rem 0 1rem 0; }
 .controls label { margin-right: 1rem; }
+#matrix td.cell { width: 1.6rem; height: 1.1rem; padding: 0; border: 1px solid #fff; }
+#matrix tr.qrow { cursor: pointer; } #matrix tr.active th { color: #c2185b; }
+#matrix th.ktok { writing-mode: vertical-rl; transform: rotate(180deg); font-weight: normal; font-size: .8rem; }
 </style>
 </head>
 <body>
@@ -132,6 +135,9 @@ img { max-width: 100%; }
 <p class="heat" id="heat-row"></p>
 <table id="explorer"><thead><tr><th>#</th><th class="tok">key token</th><th>q · k</th><th>scaled</th><th>weight</th><th class="tok"></th></tr></thead><tbody></tbody></table>
 <p>context = weights @ values = <code id="context-out"></code></p>
+<p>Every recorded query of this head (rows) against the keys (columns); click a row to pick
+that query, hover a cell for its numbers (colour: weight relative to the row's largest; dark: masked).</p>
+<table id="matrix"></table>
 
 {% if analysis %}
 <h2>What the learned weights do (layer {{ focus.layer }})</h2>
@@ -232,6 +238,33 @@ depends only on the distance between them (largest spread at equal distance:
     });
     el("context-out").textContent = "[" + row.context.map(fmt).join(", ") +
       (row.context_dims > row.context.length ? ", \u2026 (" + row.context_dims + " in all)" : "") + "]";
+    renderMatrix();
+  }
+  function renderMatrix() {
+    var l = layer(), table = el("matrix"); clear(table);
+    var head = document.createElement("tr"); head.appendChild(document.createElement("th"));
+    var keys = l.rows[state.head + ":" + l.query_indices[0]].weights.length;
+    for (var s = 0; s < keys; s++) {
+      var th = document.createElement("th"); th.className = "ktok"; th.textContent = token(s); head.appendChild(th);
+    }
+    table.appendChild(head);
+    l.query_indices.forEach(function (q) {
+      var r = l.rows[state.head + ":" + q], top = Math.max.apply(null, r.weights.concat([1e-12]));
+      var tr = document.createElement("tr"); tr.className = "qrow" + (q === state.query ? " active" : "");
+      tr.dataset.query = String(q);
+      var th = document.createElement("th"); th.className = "tok"; th.textContent = token(l.cache_length + q); tr.appendChild(th);
+      r.weights.forEach(function (w, s) {
+        var td = document.createElement("td"); td.className = "cell"; td.dataset.key = String(s);
+        td.style.background = r.visible[s] ? "rgba(239,108,0," + (w / top).toFixed(3) + ")" : "#333";
+        td.addEventListener("mouseenter", function () {
+          el("detail").textContent = "query \u201c" + token(l.cache_length + q) + "\u201d, key " + (s + 1) + " \u201c" +
+            token(s) + "\u201d: q \u00b7 k = " + (r.visible[s] ? fmt(r.scores[s]) : "masked") + ", weight = " + w.toFixed(4);
+        });
+        tr.appendChild(td);
+      });
+      tr.addEventListener("click", function () { state.query = q; fillControls(); render(); });
+      table.appendChild(tr);
+    });
   }
   el("layer-select").addEventListener("change", function (e) { state.layer = Number(e.target.value); fillControls(); render(); });
   el("head-select").addEventListener("change", function (e) { state.head = Number(e.target.value); render(); });
