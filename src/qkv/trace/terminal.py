@@ -64,7 +64,8 @@ def render_layer(
     row = query_row(layer, tokens, head, query)
     console.print(Text.assemble(
         (title + "  " if title else "", "bold green"),
-        (f"layer {layer.index}", "bold"), f" ({layer.kind}, {layer.num_heads} heads",
+        (f"layer {layer.index}", "bold"),
+        f" ({layer.name or layer.kind}, {layer.num_heads} head{'s' if layer.num_heads != 1 else ''}",
         f", {layer.num_kv_heads} key/value heads" if layer.num_kv_heads != layer.num_heads else "",
         ", causal" if layer.causal else ", bidirectional", ", RoPE" if layer.rope else "", ")  ",
         (f"head {head}", "bold"), f" (reads key/value head {row['kv_head']})  " if layer.rope or
