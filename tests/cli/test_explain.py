@@ -57,7 +57,9 @@ def test_options_change_the_computation(capsys: pytest.CaptureFixture[str]) -> N
 @pytest.mark.parametrize(
     "args, fragment",
     [(["--query", "0"], "between 1 and 6"), (["--query", "7"], "between 1 and 6"),
-     (["--d-out", "0"], "--d-out"), (["--query", "two"], "invalid int")],
+     (["--d-out", "0"], "--d-out"), (["--query", "two"], "neither a position nor one of the tokens"),
+     (["--query", "3", "--d-out", "nine"], "invalid int"),
+     (["some text", "--model", "minilm", "--seed", "5"], "--seed")],
 )
 def test_bad_options_give_one_line_and_exit_code_2(args: list[str], fragment: str) -> None:
     result = run_cli("explain", *args)

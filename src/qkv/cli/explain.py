@@ -60,6 +60,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.model is not None:
+        book_only = [flag for flag, changed in (("--d-out", args.d_out != BOOK_D_OUT),
+                     ("--seed", args.seed != BOOK_SEED), ("--causal", args.causal)) if changed]
+        if book_only:
+            raise QkvError(f"{', '.join(book_only)} shape the book's example only; a --model brings "
+                           "its own weights and masking: drop them or drop --model")
         from qkv.cli.explain_model import run_model
 
         return run_model(args)
