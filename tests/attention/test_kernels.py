@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qkv.attention import attention, explicit_attention, fused_attention, padding_mask
+from qkv.attention import attention, explicit_attention, padding_mask
 
 BACKENDS = ("explicit", "fused")
 RANKS = (2, 3, 4)  # (T, D), (B, T, D), (B, H, T, D)
