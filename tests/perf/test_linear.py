@@ -107,5 +107,24 @@ def test_decode_linears_keep_outputs_and_ties() -> None:
         before = model(ids)
     use_decode_linears(model)
     assert isinstance(model.out_head, DecodeLinear) and model.weights_tied
+    assert model.out_head.weight.t().is_contiguous()  # column-major, the tied table too
     with torch.inference_mode():
-        assert torch.equal(model(ids), before)
+        torch.testing.assert_close(model(ids), before, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(model(ids[:, :1]), before[:, :1], rtol=1e-5, atol=1e-5)
+
+
+def test_float32_matvec_copy_for_bfloat16_layers() -> None:
+    torch.manual_seed(5)
+    linear = nn.Linear(64, 32).to(torch.bfloat16)
+    reference = F.linear  # the bfloat16 layer's own product, computed in float64
+    decode = DecodeLinear.from_linear(linear, matvec_dtype=torch.float32)
+    assert decode.matvec_weight.dtype == torch.float32
+    assert torch.equal(decode.matvec_weight, linear.weight.float())  # bf16 -> f32 is exact
+    x = torch.randn(1, 1, 64, dtype=torch.bfloat16)
+    exact = reference(x.double(), linear.weight.double(), linear.bias.double())
+    out = decode(x)
+    assert out.dtype == torch.bfloat16
+    # float32 accumulation, then one rounding to bfloat16 (relative 2^-8)
+    torch.testing.assert_close(out.double(), exact, rtol=2**-8, atol=1e-6)
+    rows = torch.randn(3, 64, dtype=torch.bfloat16)  # prompts use the bfloat16 weight
+    assert torch.equal(decode(rows), linear(rows))

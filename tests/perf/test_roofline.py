@@ -12,7 +12,7 @@ from qkv.attention.kv_cache import KVCache
 from qkv.models.gpt2 import GPTConfig, GPTModel
 from qkv.perf import (
     alternate, kv_bytes_per_token, measure_read_bandwidth, quantize_int8, ratio,
-    roofline_tokens_per_s, token_bytes, weight_bytes_per_token,
+    roofline_tokens_per_s, token_bytes, use_decode_linears, weight_bytes_per_token,
 )
 
 CFG = GPTConfig(vocab_size=101, context_length=32, emb_dim=48, n_heads=4, n_layers=3, drop_rate=0.0, qkv_bias=True)
@@ -41,6 +41,15 @@ def test_weight_bytes_untied_tied_and_int8() -> None:
     embeddings = 2 * c
     expected = matrices + 4 * (rows + biases + norms + embeddings)
     assert weight_bytes_per_token(model) == expected
+
+
+def test_float32_matvec_copies_count_instead_of_half_weights() -> None:
+    model = GPTModel(CFG).to(torch.bfloat16)
+    half = weight_bytes_per_token(model)
+    use_decode_linears(model, matvec_dtype=torch.float32)
+    c, v = CFG.emb_dim, CFG.vocab_size
+    matrices = CFG.n_layers * 12 * c * c + v * c  # now read as float32: 2 more bytes each
+    assert weight_bytes_per_token(model) == half + 2 * matrices
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -117,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(args.threads)
     opts = Options(sizes=QUICK if args.quick else FULL, repeats=args.repeats, compile=args.compile,
-                   quantize=args.quantize, plot_path=plot_path)
+                   quantize=args.quantize, plot_path=plot_path,
+                   progress=lambda message: print(f"... {message}", file=sys.stderr, flush=True))
     report: dict[str, Any] = {
         "schema": "qkv-bench/1",
         "command": "qkv bench " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else []),
@@ -126,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         "machine": machine(), "sections": {},
     }
     start = time.perf_counter()
-    for section in run_sections(names, opts, progress=lambda s: print(f"... {s}", file=sys.stderr, flush=True)):
+    for section in run_sections(names, opts):
         data = section.to_dict()
         report["sections"][section.name] = data
         print(render(section.name, data), flush=True)

@@ -28,7 +28,6 @@ Shape legend: B batch (1 here), T prompt tokens, N new tokens, L context length.
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 import os
 import platform
@@ -49,7 +48,7 @@ from qkv.models.checkpoint import load_pretrained
 from qkv.models.decoder import CausalDecoder
 from qkv.perf.bandwidth import Bandwidth, measure_read_bandwidth
 from qkv.perf.compile import compile_decoder
-from qkv.perf.linear import quantize_int8
+from qkv.perf.linear import quantize_int8, use_decode_linears
 from qkv.perf.roofline import roofline_tokens_per_s, token_bytes
 from qkv.perf.timing import Measurement, Ratio, alternate, ratio
 
@@ -105,6 +104,7 @@ class Options:
     compile: bool = False
     quantize: str | None = None
     plot_path: Path | None = None
+    progress: Callable[[str], None] = lambda message: None
 
 
 # ----------------------------------------------------------------------------- models
@@ -155,6 +155,32 @@ def load_qkv(folder: Path, dtype: torch.dtype, *, quantize: str | None = None,
     return model
 
 
+def qkv_variants(folder: Path, dtype_name: str, opts: Options) -> dict[str, CausalDecoder]:
+    """The qkv contenders of one dtype, by name.
+
+    float32: as loaded, and with decode linears (column-major weights). bfloat16: with
+    decode linears keeping a float32 copy for eager one-row products (as loaded, eager
+    bfloat16 matrix-vector products are too slow to time here). --quantize int8 adds
+    weight-only int8; --compile adds compiled decode steps (bfloat16 weights read as
+    they are, 2 bytes each).
+    """
+    dtype = DTYPES[dtype_name]
+    variants: dict[str, CausalDecoder] = {}
+    if dtype == torch.float32:
+        variants["qkv float32 (as loaded)"] = load_qkv(folder, dtype)
+        variants["qkv float32"] = use_decode_linears(load_qkv(folder, dtype))
+    else:
+        variants[f"qkv {dtype_name}"] = use_decode_linears(load_qkv(folder, dtype), matvec_dtype=torch.float32)
+    if opts.quantize == "int8":
+        variants[f"qkv int8 ({dtype_name} activations)"] = load_qkv(folder, dtype, quantize="int8")
+    if opts.compile:
+        variants[f"qkv {dtype_name} compiled"] = load_qkv(folder, dtype, compiled=True)
+        if opts.quantize == "int8":
+            variants[f"qkv int8 ({dtype_name} activations) compiled"] = load_qkv(
+                folder, dtype, quantize="int8", compiled=True)
+    return variants  # type: ignore[return-value]
+
+
 def hf_generate(model: nn.Module, ids: Tensor, new_tokens: int) -> Tensor:
     with torch.inference_mode():
         return model.generate(
@@ -202,14 +228,10 @@ def decode_section(folder: Path, opts: Options) -> DecodeRun:
     prefill_s: dict[str, float] = {}
     for dtype_name, dtype in DTYPES.items():
         hf = load_hf(folder, dtype)
-        variants = {f"qkv {dtype_name}": load_qkv(folder, dtype)}
-        if opts.quantize == "int8":
-            variants[f"qkv int8 ({dtype_name} activations)"] = load_qkv(folder, dtype, quantize="int8")
-        if opts.compile:
-            for name, model in list(variants.items()):
-                variants[f"{name} compiled"] = compile_decoder(copy.deepcopy(model))
+        variants = qkv_variants(folder, dtype_name, opts)
         reference = hf_generate(hf, ids, s.new_tokens)
         for name, model in variants.items():
+            opts.progress(f"checking {name}")
             if "compiled" in name:
                 warm = _timed(lambda m=model: qkv_generate(m, ids, s.new_tokens))
                 section.facts[f"{name}: first call (compiles), s"] = warm
@@ -220,6 +242,7 @@ def decode_section(folder: Path, opts: Options) -> DecodeRun:
             section.facts[f"{name}: greedy tokens equal to transformers"] = round(same, 4)
         contenders: dict[str, Callable[[], object]] = {f"transformers {dtype_name}": lambda: hf_generate(hf, ids, s.new_tokens)}
         contenders.update({name: (lambda m=model: qkv_generate(m, ids, s.new_tokens)) for name, model in variants.items()})
+        opts.progress(f"timing {', '.join(contenders)}")
         timed = alternate(contenders, work=s.new_tokens, unit="tokens", repeats=opts.repeats)
         section.measurements.extend(timed.values())
         base = timed[f"transformers {dtype_name}"]
@@ -541,9 +564,9 @@ def machine() -> dict[str, Any]:
     return info
 
 
-def run_sections(names: list[str], opts: Options, progress: Callable[[str], None] = lambda _: None) -> Iterator[Section]:
+def run_sections(names: list[str], opts: Options) -> Iterator[Section]:
     """Run the named sections in order; yields each as soon as it is measured."""
-    s = opts.sizes
+    s, progress = opts.sizes, opts.progress
     needs_checkpoint = {"decode", "roofline", "prefill", "quality", "plot"} & set(names)
     with tempfile.TemporaryDirectory(prefix="qkv-bench-") as tmp:
         folder = Path(tmp)

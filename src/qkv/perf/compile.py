@@ -69,7 +69,8 @@ def compile_decoder(
     afterwards whether the compiled path is in use.
     """
     if decode_linears:
-        use_decode_linears(model)
+        half = next(model.parameters()).dtype in (torch.bfloat16, torch.float16)
+        use_decode_linears(model, matvec_dtype=torch.float32 if half else None)
     eager = model.forward
     compiled = torch.compile(eager, backend=backend, mode=mode, dynamic=True)
     name = backend if isinstance(backend, str) else getattr(backend, "__name__", "custom")

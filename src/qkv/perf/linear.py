@@ -5,11 +5,10 @@ weight they read. PyTorch's eager CPU paths for bfloat16 (and for int8 weights) 
 below memory bandwidth, so two replacements for `nn.Linear` are offered, both as model
 transformations that the model and generation code need not know about:
 
-- `DecodeLinear` (same parameters, shared, so tied weights stay tied): under
-  `torch.compile`, a one-row input is written as multiply-and-reduce in float32, which
-  Inductor turns into one fused loop that reads each weight once in its own dtype
-  (bfloat16: 2 bytes) and accumulates in float32. In eager mode it is exactly
-  `F.linear` (the multiply-and-reduce would materialise a weight-sized temporary).
+- `DecodeLinear` (same parameters, shared, so tied weights stay tied): the weight is
+  stored column-major, the layout PyTorch's CPU matrix-vector product reads fastest;
+  optionally a float32 copy serves half-precision one-row products. Its results equal
+  `nn.Linear`'s up to float rounding.
 - `Int8Linear` (weight-only int8): per-output-channel symmetric quantization,
   q = round(w / s), s = max|w_row| / 127, so |w - q s| <= s / 2 for every weight. Under
   `torch.compile` a one-row input takes the same multiply-and-reduce path (1 byte per
@@ -47,24 +46,49 @@ def _matvec(weight: Tensor, x: Tensor) -> Tensor:
     return (weight.float() * x.reshape(1, -1).float()).sum(dim=-1)  # (N,)
 
 
+def column_major(weight: Tensor) -> Tensor:
+    """The same (N, K) values stored column-major: `.t()` is a contiguous (K, N) tensor."""
+    return weight.t().contiguous().t()
+
+
 class DecodeLinear(nn.Linear):
-    """`nn.Linear` whose one-row product compiles to a bandwidth-bound fused loop."""
+    """`nn.Linear` with its weight stored for one-row products.
+
+    - The (N, K) weight is stored column-major (its transpose is contiguous, the layout
+      GPT-2's Conv1D checkpoints use): `F.linear` then runs `x @ W_t` on a contiguous
+      (K, N) matrix, which PyTorch's float32 CPU path does markedly faster for one row
+      than the row-major product (measured by `qkv bench`, decode section).
+    - `matvec_dtype=torch.float32` on a bfloat16/float16 layer keeps a float32 copy of
+      the weight for eager one-row products (PyTorch's eager half-precision
+      matrix-vector path is many times slower than float32 on CPUs); prompts still use
+      the half-precision weight.
+    (A float32 multiply-and-reduce over the bfloat16 weight under torch.compile was
+    measured too: slower than the float32 copy on these CPUs, so it is not used.)
+    """
+
+    matvec_weight: Tensor | None
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear) -> "DecodeLinear":
+    def from_linear(cls, linear: nn.Linear, *, matvec_dtype: torch.dtype | None = None) -> "DecodeLinear":
         new = cls.__new__(cls)
         nn.Module.__init__(new)
         new.in_features, new.out_features = linear.in_features, linear.out_features
-        new.weight = linear.weight  # shared Parameter: ties and optimisers keep working
+        weight = linear.weight
+        with torch.no_grad():
+            weight.data = column_major(weight.data)  # in place: tied modules see it too
+        new.weight = weight  # the same Parameter: ties and optimisers keep working
         new.bias = linear.bias
+        copy = None
+        if matvec_dtype is not None and matvec_dtype != weight.dtype:
+            copy = column_major(weight.detach().to(matvec_dtype))
+        new.register_buffer("matvec_weight", copy, persistent=False)
         return new
 
     def forward(self, x: Tensor) -> Tensor:
-        if _is_compiling() and _one_row(x):
-            y = _matvec(self.weight, x)  # (N,)
-            if self.bias is not None:
-                y = y + self.bias.float()
-            return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        if self.matvec_weight is not None and _one_row(x):
+            w = self.matvec_weight
+            bias = None if self.bias is None else self.bias.to(w.dtype)
+            return F.linear(x.to(w.dtype), w, bias).to(x.dtype)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -158,7 +182,11 @@ def quantize_int8(model: nn.Module) -> nn.Module:
     return model
 
 
-def use_decode_linears(model: nn.Module) -> nn.Module:
-    """Swap every `nn.Linear` for a `DecodeLinear` sharing its parameters, in place."""
-    _replace_linears(model, (nn.Linear,), DecodeLinear.from_linear)
+def use_decode_linears(model: nn.Module, *, matvec_dtype: torch.dtype | None = None) -> nn.Module:
+    """Swap every `nn.Linear` for a `DecodeLinear` sharing its parameters, in place.
+
+    matvec_dtype: see `DecodeLinear`; torch.float32 speeds up eager bfloat16 decoding at
+    the cost of a float32 copy of every weight.
+    """
+    _replace_linears(model, (nn.Linear,), lambda linear: DecodeLinear.from_linear(linear, matvec_dtype=matvec_dtype))
     return model
