@@ -23,6 +23,7 @@ def test_quick_bench_writes_consistent_json(tmp_path: Path, capsys: pytest.Captu
     printed = capsys.readouterr().out
     report = json.loads(out.read_text())
     assert report["schema"] == "qkv-bench/1" and report["quick"] and report["repeats"] == 5
+    assert report["complete"] is True
     assert list(report["sections"]) == ["decode", "roofline", "prefill", "cache", "attention", "kv_bytes", "plot"]
     for name, section in report["sections"].items():
         assert f"### {name}" in printed

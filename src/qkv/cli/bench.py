@@ -131,8 +131,11 @@ def run(args: argparse.Namespace) -> int:
         data = section.to_dict()
         report["sections"][section.name] = data
         print(render(section.name, data), flush=True)
+        if json_path is not None:  # after every section: a late failure keeps the rest
+            _write_json(json_path, {**report, "complete": False})
     report["seconds"] = round(time.perf_counter() - start, 1)
     report["machine"]["load average at the end"] = [round(x, 2) for x in os.getloadavg()]
+    report["complete"] = True
     if json_path is not None:
         _write_json(json_path, report)
         print(f"wrote {json_path}", file=sys.stderr)
