@@ -28,12 +28,14 @@ def smollm2_checkpoint(smollm2_file: Path):
 
 
 @pytest.fixture(scope="session")
-def smollm2_model(smollm2_file: Path):
-    """qkv's model and tokenizer through the public loader: (model fp32, tokenizers.Tokenizer)."""
-    from qkv.models.gguf import load_gguf
+def smollm2_model(smollm2_checkpoint):
+    """(qkv model fp32, tokenizers.Tokenizer), built as load_gguf builds it, from the tensors
+    already read (load_gguf itself is tested on a tiny file, saving a second read here)."""
+    from qkv.models.checkpoint import build_from_hf
 
-    model, tokenizer = load_gguf(smollm2_file, torch.float32)
-    return model.eval(), tokenizer
+    ck = smollm2_checkpoint
+    model = build_from_hf(ck.config, ck.state_dict, torch.float32, source=str(ck.path))
+    return model.eval(), ck.tokenizer
 
 
 @pytest.fixture(scope="session")
