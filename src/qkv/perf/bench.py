@@ -159,9 +159,8 @@ def load_qkv(folder: Path, dtype: torch.dtype, *, quantize: str | None = None,
 def qkv_variants(folder: Path, dtype_name: str, opts: Options) -> dict[str, CausalDecoder]:
     """The qkv contenders of one dtype, by name.
 
-    float32: as loaded, and with decode linears (column-major weights). bfloat16: with
-    decode linears keeping a float32 copy for eager one-row products (as loaded, eager
-    bfloat16 matrix-vector products are too slow to time here). --quantize int8 adds
+    float32: as loaded, and with decode linears (column-major weights). bfloat16: decode
+    linears, and decode linears keeping a float32 copy for one-row products. --quantize int8 adds
     weight-only int8; --compile adds compiled decode steps (bfloat16 weights read as
     they are, 2 bytes each).
     """
@@ -171,7 +170,9 @@ def qkv_variants(folder: Path, dtype_name: str, opts: Options) -> dict[str, Caus
         variants["qkv float32 (as loaded)"] = load_qkv(folder, dtype)
         variants["qkv float32"] = use_decode_linears(load_qkv(folder, dtype))
     else:
-        variants[f"qkv {dtype_name}"] = use_decode_linears(load_qkv(folder, dtype), matvec_dtype=torch.float32)
+        variants[f"qkv {dtype_name}"] = use_decode_linears(load_qkv(folder, dtype))
+        variants[f"qkv {dtype_name} (float32 matvec copy)"] = use_decode_linears(
+            load_qkv(folder, dtype), matvec_dtype=torch.float32)
     if opts.quantize == "int8":
         variants[f"qkv int8 ({dtype_name} activations)"] = load_qkv(folder, dtype, quantize="int8")
     if opts.compile:

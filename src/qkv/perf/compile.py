@@ -69,8 +69,7 @@ def compile_decoder(
     afterwards whether the compiled path is in use.
     """
     if decode_linears:
-        half = next(model.parameters()).dtype in (torch.bfloat16, torch.float16)
-        use_decode_linears(model, matvec_dtype=torch.float32 if half else None)
+        use_decode_linears(model)
     eager = model.forward
     compiled = torch.compile(eager, backend=backend, mode=mode, dynamic=True)
     name = backend if isinstance(backend, str) else getattr(backend, "__name__", "custom")

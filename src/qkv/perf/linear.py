@@ -59,9 +59,9 @@ class DecodeLinear(nn.Linear):
       (K, N) matrix, which PyTorch's float32 CPU path does markedly faster for one row
       than the row-major product (measured by `qkv bench`, decode section).
     - `matvec_dtype=torch.float32` on a bfloat16/float16 layer keeps a float32 copy of
-      the weight for eager one-row products (PyTorch's eager half-precision
-      matrix-vector path is many times slower than float32 on CPUs); prompts still use
-      the half-precision weight.
+      the weight for one-row products, for CPUs whose half-precision matrix-vector path
+      is slow (twice the bytes, but float32 kernels); prompts still use the
+      half-precision weight. `qkv bench` times both.
     (A float32 multiply-and-reduce over the bfloat16 weight under torch.compile was
     measured too: slower than the float32 copy on these CPUs, so it is not used.)
     """
