@@ -24,8 +24,8 @@ def ids(batch: int = 2, tokens: int = 17, seed: int = 1) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("tied", [True, False])
-def test_gpt2_logits_match_transformers(tiny_checkpoint, tied: bool) -> None:
-    folder, reference = tiny_checkpoint("gpt2", tie_word_embeddings=tied)
+def test_gpt2_logits_match_transformers(shared_checkpoint, tied: bool) -> None:
+    folder, reference = shared_checkpoint("gpt2", tie_word_embeddings=tied)
     model, tokenizer = qkv.load_pretrained(folder)
     assert isinstance(model, GPTModel) and model.weights_tied == tied
     assert tokenizer.decode(tokenizer.encode("Your journey").ids) == "Your journey"
@@ -63,8 +63,8 @@ def test_book_model_saves_a_folder_transformers_loads(tmp_path: Path, tokenizer,
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
-def test_llama_family_round_trip_loads_in_transformers(tiny_checkpoint, hf_class, tmp_path: Path, kind: str) -> None:
-    folder, reference = tiny_checkpoint(kind)
+def test_llama_family_round_trip_loads_in_transformers(shared_checkpoint, hf_class, tmp_path: Path, kind: str) -> None:
+    folder, reference = shared_checkpoint(kind)
     model, tokenizer = load_pretrained(folder)
     save_pretrained(model, tokenizer, tmp_path / "again")
     again = hf_class(kind).from_pretrained(tmp_path / "again").eval()
@@ -98,8 +98,8 @@ def test_bfloat16_load(tiny_checkpoint) -> None:
     assert model(ids()).dtype == torch.bfloat16
 
 
-def test_build_from_hf_takes_a_config_dict_and_tensors(tiny_checkpoint) -> None:
-    folder, reference = tiny_checkpoint("llama")
+def test_build_from_hf_takes_a_config_dict_and_tensors(shared_checkpoint) -> None:
+    folder, reference = shared_checkpoint("llama")
     config = json.loads((folder / "config.json").read_text())
     model = build_from_hf(config, load_file(folder / "model.safetensors"), torch.float32)
     with torch.no_grad():
