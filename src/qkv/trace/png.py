@@ -18,18 +18,23 @@ import io
 import os
 from pathlib import Path
 
-import matplotlib
+from typing import Any
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.figure import Figure
 
-from qkv.errors import QkvError  # noqa: E402
-from qkv.trace.export import query_row, token_at  # noqa: E402
-from qkv.trace.recorder import LayerTrace  # noqa: E402
+from qkv.errors import QkvError
+from qkv.trace.export import query_row, token_at
+from qkv.trace.recorder import LayerTrace
 
 _MAX_LABELS = 40  # beyond this many tokens, tick labels are thinned
 
+
+
+def _new_figure(nrows: int = 1, ncols: int = 1, **kwargs: Any) -> tuple[Figure, Any]:
+    """A figure with axes, made without pyplot: no global backend switch, nothing to close."""
+    squeeze = kwargs.pop("squeeze", True)
+    fig = Figure(figsize=kwargs.pop("figsize", None))
+    return fig, fig.subplots(nrows, ncols, squeeze=squeeze, **kwargs)
 
 def _labels(layer: LayerTrace, tokens: list[str] | None) -> tuple[list[str], list[str]]:
     keys = [token_at(tokens, s) for s in range(layer.num_keys)]
@@ -51,7 +56,7 @@ def keys_plane(layer: LayerTrace, tokens: list[str] | None, head: int, query: in
         raise QkvError(f"the keys can be drawn as arrows in a plane only when they are 2-d (d_out = 2), "
                        f"not {layer.head_dim}-d")
     row = query_row(layer, tokens, head, query)
-    fig, ax = plt.subplots(figsize=(8, 6))
+    fig, ax = _new_figure(figsize=(8, 6))
     xs = [k[0] for k in row["keys"]] + [row["query_vector"][0], 0.0]
     ys = [k[1] for k in row["keys"]] + [row["query_vector"][1], 0.0]
     # Labels in a column right of the arrows, ordered like the arrow tips, so none overlap.
@@ -85,7 +90,7 @@ def keys_plane(layer: LayerTrace, tokens: list[str] | None, head: int, query: in
 def score_bars(layer: LayerTrace, tokens: list[str] | None, head: int, query: int) -> Figure:
     row = query_row(layer, tokens, head, query)
     names = row["key_tokens"]
-    fig, axes = plt.subplots(1, 3, figsize=(max(9, 0.5 * len(names) * 3), 3.6))
+    fig, axes = _new_figure(1, 3, figsize=(max(9, 0.5 * len(names) * 3), 3.6))
     panels = (("scores q · k", row["scores"], "tab:blue"),
               (f"scaled: × 1/sqrt(d_k) = {row['scale']:.4f}", row["scaled_scores"], "tab:purple"),
               ("weights: softmax (sum 1)", row["weights"], "tab:orange"))
@@ -123,7 +128,7 @@ def heatmap(layer: LayerTrace, tokens: list[str] | None, head: int) -> Figure:
     queries, keys = _labels(layer, tokens)
     width = min(14.0, 3.0 + 0.35 * len(keys))
     height = min(12.0, 2.5 + 0.35 * len(queries))  # one recorded query: one short row
-    fig, ax = plt.subplots(figsize=(width + 1.5, height))
+    fig, ax = _new_figure(figsize=(width + 1.5, height))
     _draw_heatmap(ax, layer, tokens, head, labels=True)
     weights = layer.weights[0, layer.head_slot(head)]
     if weights.numel() <= 144:
@@ -142,7 +147,7 @@ def mask_figure(layer: LayerTrace, tokens: list[str] | None) -> Figure:
     queries, keys = _labels(layer, tokens)
     width = min(12.0, 2.5 + 0.3 * len(keys))
     height = min(10.0, 2.5 + 0.3 * len(queries))
-    fig, ax = plt.subplots(figsize=(width + 1, height))
+    fig, ax = _new_figure(figsize=(width + 1, height))
     visible = layer.mask[0, 0].float().numpy()  # (t, S)
     ax.imshow(visible, cmap="Greys_r", vmin=0, vmax=1, aspect="auto")
     _ticks(ax, keys, "x")
@@ -159,7 +164,7 @@ def head_grid(layer: LayerTrace, tokens: list[str] | None) -> Figure:
     n = len(layer.heads)
     cols = min(4, n)
     rows = (n + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.2 * rows), squeeze=False)
+    fig, axes = _new_figure(rows, cols, figsize=(3.2 * cols, 3.2 * rows), squeeze=False)
     for slot, head in enumerate(layer.heads):
         ax = axes[slot // cols][slot % cols]
         _draw_heatmap(ax, layer, tokens, head, labels=False)
@@ -191,7 +196,6 @@ def layer_figures(layer: LayerTrace, tokens: list[str] | None, head: int, query:
 def png_bytes(fig: Figure, dpi: int = 100) -> bytes:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=dpi)
-    plt.close(fig)
     return buffer.getvalue()
 
 

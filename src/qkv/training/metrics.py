@@ -12,9 +12,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-
 from qkv.training.atomic import atomic_write_text, atomic_write_with
 
 METRICS_NAME = "metrics.jsonl"
@@ -51,6 +48,10 @@ class MetricsLog:
 
 def plot_losses(records: list[dict[str, Any]], path: str | Path, *, title: str = "") -> None:
     """Train and validation loss against tokens seen, with steps on a second axis."""
+    # Imported here: matplotlib is only needed at the end of a run, not to start the CLI.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(6.4, 4.2), dpi=120, layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
