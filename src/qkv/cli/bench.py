@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from qkv.atomic import atomic_write_text
 from qkv.errors import QkvError
 
 SECTION_HELP = "decode, roofline, prefill, cache, attention, kv_bytes, quality, plot"
@@ -72,9 +73,7 @@ def _check_output(path: str | None, what: str) -> Path | None:
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(data, indent=2) + "\n")
 
 
 def _fmt(value: Any) -> str:

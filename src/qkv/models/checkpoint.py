@@ -25,6 +25,7 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer
 from torch import Tensor
 
+from qkv.atomic import atomic_write_with
 from qkv.errors import QkvError
 from qkv.models import hf_keys
 from qkv.models.decoder import CausalDecoder
@@ -232,12 +233,7 @@ def _hf_config_and_tensors(model: CausalDecoder) -> tuple[dict[str, Any], dict[s
 
 def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
     """Write to a temporary file in the same folder, then rename over `path`."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic_write_with(path, lambda tmp: write(Path(tmp)))
 
 
 def save_pretrained(model: CausalDecoder, tokenizer: Tokenizer, path: str | os.PathLike[str]) -> Path:

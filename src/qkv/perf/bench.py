@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkv.attention import GroupedQueryAttention, explicit_attention, fused_attention
+from qkv.atomic import atomic_write_with
 from qkv.errors import QkvError
 from qkv.generation import decode_one, generate, prefill
 from qkv.models.checkpoint import load_pretrained
@@ -533,10 +534,8 @@ def _save_plot(path: Path, lengths: list[int], series: dict[str, list[float]]) -
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    atomic_write_with(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
     plt.close(fig)
-    os.replace(tmp, path)
 
 
 # ----------------------------------------------------------------------------- driver

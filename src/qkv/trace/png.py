@@ -15,13 +15,13 @@ Shape legend: t recorded queries, S keys.
 from __future__ import annotations
 
 import io
-import os
 from pathlib import Path
 
 from typing import Any
 
 from matplotlib.figure import Figure
 
+from qkv.atomic import atomic_write_bytes
 from qkv.errors import QkvError
 from qkv.trace.export import query_row, token_at
 from qkv.trace.recorder import LayerTrace
@@ -200,13 +200,8 @@ def png_bytes(fig: Figure, dpi: int = 100) -> bytes:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Temp file in the same folder, then os.replace: a reader never sees half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    """A reader never sees half a file (see qkv.atomic)."""
+    atomic_write_bytes(path, data)
 
 
 def render_pngs(figures: dict[str, Figure]) -> dict[str, bytes]:

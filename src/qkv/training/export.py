@@ -13,7 +13,7 @@ from tokenizers import Tokenizer
 
 from qkv.models.checkpoint import TOKENIZER, save_pretrained
 from qkv.models.gpt2 import GPTModel
-from qkv.training.atomic import atomic_write_with
+from qkv.atomic import atomic_write_with
 from qkv.training.tokenizer import END_OF_TEXT
 
 TOKENIZER_NAME = TOKENIZER

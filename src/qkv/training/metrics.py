@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from qkv.training.atomic import atomic_write_text, atomic_write_with
+from qkv.atomic import atomic_write_text, atomic_write_with
 
 METRICS_NAME = "metrics.jsonl"
 PLOT_NAME = "loss.png"
