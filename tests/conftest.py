@@ -8,8 +8,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import os
+
 import pytest
 import torch
+from hypothesis import settings
+
+# In CI the property tests draw the same examples on every run, so a red build can be
+# reproduced and a green one is not luck; locally they keep exploring new examples.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 
 @pytest.fixture(scope="session")
