@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from qkv.cli.generate import DTYPES
-from qkv.errors import QkvError
+from qkv.text_file import read_text_file
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -37,17 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _read_text(path: Path) -> str:
-    if not path.is_file():
-        raise QkvError(f"data file {path} does not exist")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as error:
-        raise QkvError(f"{path} is not UTF-8 text ({error.reason} at byte {error.start})") from None
-    except OSError as error:
-        raise QkvError(f"cannot read {path}: {error.strerror}") from None
-    if not text.strip():
-        raise QkvError(f"{path} holds no text to score")
-    return text
+    return read_text_file(path, when_empty="holds no text to score")
 
 
 def run(args: argparse.Namespace) -> int:

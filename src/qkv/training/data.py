@@ -23,25 +23,13 @@ import torch
 from torch import Tensor
 
 from qkv.errors import QkvError
+from qkv.text_file import read_text_file
 
 TRAIN_RATIO = 0.90  # the book's split
 
 
 def read_text(path: str | Path) -> str:
-    p = Path(path)
-    if not p.exists():
-        raise QkvError(f"data file {p} does not exist; give --data a UTF-8 text file")
-    if not p.is_file():
-        raise QkvError(f"data path {p} is not a file; give --data a UTF-8 text file")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as error:
-        raise QkvError(f"data file {p} is not UTF-8 text (byte {error.start}); convert it first") from None
-    except OSError as error:
-        raise QkvError(f"cannot read data file {p}: {error.strerror}") from None
-    if not text.strip():
-        raise QkvError(f"data file {p} is empty; give --data a file with some text")
-    return text
+    return read_text_file(path, when_empty="is empty; give --data a file with some text")
 
 
 def text_fingerprint(text: str) -> str:
