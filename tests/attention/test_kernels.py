@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qkv.attention import attention, explicit_attention, padding_mask
+from qkv.attention import attention, explicit_attention, one_query_attention, padding_mask
 
 BACKENDS = ("explicit", "fused")
 RANKS = (2, 3, 4)  # (T, D), (B, T, D), (B, H, T, D)
@@ -205,3 +205,61 @@ def test_bad_inputs_raise_value_errors():
         attention(q, q[0], q[0])
     with pytest.raises(ValueError, match="'flash'.*explicit, fused"):
         attention(q, q, q, backend="flash")  # type: ignore[arg-type]
+
+
+@FAST
+@given(
+    lead=st.sampled_from([(), (2,), (1, 3), (2, 4)]),
+    keys=st.integers(1, 40),
+    d=st.sampled_from([1, 8, 64]),
+    kv_divisor=st.sampled_from([1, 2]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    seed=st.integers(0, 2**16),
+)
+def test_one_query_attention_matches_sdpa(lead, keys, d, kv_divisor, dtype, seed) -> None:
+    """The decode-step form (two reductions, used under torch.compile) against SDPA,
+    grouped-query included for (B, H, 1, D)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(*lead, 1, d, generator=gen).to(dtype)
+    kv_lead = lead
+    if len(lead) == 2 and lead[1] % kv_divisor == 0:
+        kv_lead = (lead[0], lead[1] // kv_divisor)
+    k = torch.randn(*kv_lead, keys, d, generator=gen).to(dtype)
+    v = torch.randn(*kv_lead, keys, d, generator=gen).to(dtype)
+    out = one_query_attention(q, k, v)
+    if kv_lead != lead:
+        k = k.repeat_interleave(lead[1] // kv_lead[1], dim=-3)
+        v = v.repeat_interleave(lead[1] // kv_lead[1], dim=-3)
+    expected = F.scaled_dot_product_attention(q.double(), k.double(), v.double())
+    assert out.dtype == dtype and out.shape == q.shape
+    tol = TOLERANCES[dtype] if dtype != torch.float32 else dict(atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.double(), expected, **tol)
+
+
+def test_fused_backend_uses_one_query_form_under_compile_with_the_same_result() -> None:
+    """`attention` switches to the reduction form only while compiling; eager and compiled
+    (Dynamo's eager backend: no C++ compiler needed) agree."""
+    gen = torch.Generator().manual_seed(11)
+    q = torch.randn(2, 4, 1, 16, generator=gen)
+    k, v = torch.randn(2, 2, 9, 16, generator=gen), torch.randn(2, 2, 9, 16, generator=gen)
+    calls: list[int] = []
+    original = one_query_attention
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    import qkv.attention.kernels as kernels
+
+    def run(q, k, v):
+        return attention(q, k, v, is_causal=True)
+
+    try:
+        kernels.one_query_attention = spy
+        torch._dynamo.reset()
+        compiled = torch.compile(run, backend="eager", fullgraph=True)(q, k, v)
+        eager = run(q, k, v)
+    finally:
+        kernels.one_query_attention = original
+    assert calls == [1]  # traced once while compiling, never called eagerly
+    torch.testing.assert_close(compiled, eager, atol=1e-6, rtol=1e-6)

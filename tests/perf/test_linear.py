@@ -113,6 +113,21 @@ def test_decode_linears_keep_outputs_and_ties() -> None:
         torch.testing.assert_close(model(ids[:, :1]), before[:, :1], rtol=1e-5, atol=1e-5)
 
 
+def test_row_layout_for_compiling_undoes_the_column_layout() -> None:
+    model = _tiny_gpt(tied=True)
+    ids = torch.randint(0, 97, (1, 10), generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        before = model(ids)
+    use_decode_linears(model)  # column-major first, then back to the checkpoint's layout
+    use_decode_linears(model, layout="row")
+    assert isinstance(model.out_head, DecodeLinear) and model.weights_tied
+    assert all(m.weight.is_contiguous() for m in model.modules() if isinstance(m, DecodeLinear))
+    with torch.inference_mode():
+        torch.testing.assert_close(model(ids), before, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="layout"):
+        DecodeLinear.from_linear(nn.Linear(3, 2), layout="diagonal")
+
+
 def test_float32_matvec_copy_for_bfloat16_layers() -> None:
     torch.manual_seed(5)
     linear = nn.Linear(64, 32).to(torch.bfloat16)

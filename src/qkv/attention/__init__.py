@@ -4,7 +4,9 @@ It knows nothing of models, tracing or the CLI.
 """
 
 from qkv.attention.grouped_query import GroupedQueryAttention
-from qkv.attention.kernels import BACKENDS, attention, explicit_attention, fused_attention, repeat_kv
+from qkv.attention.kernels import (
+    BACKENDS, attention, explicit_attention, fused_attention, one_query_attention, repeat_kv,
+)
 from qkv.attention.kv_cache import KVCache
 from qkv.attention.masks import causal_mask, combine_masks, padding_mask
 from qkv.attention.rmsnorm import RMSNorm
@@ -24,6 +26,7 @@ __all__ = [
     "explicit_attention",
     "fused_attention",
     "inverse_frequencies",
+    "one_query_attention",
     "padding_mask",
     "repeat_kv",
     "rotate_half",

@@ -5,10 +5,14 @@ weight they read. PyTorch's eager CPU paths for bfloat16 (and for int8 weights) 
 below memory bandwidth, so two replacements for `nn.Linear` are offered, both as model
 transformations that the model and generation code need not know about:
 
-- `DecodeLinear` (same parameters, shared, so tied weights stay tied): the weight is
-  stored column-major, the layout PyTorch's CPU matrix-vector product reads fastest;
-  optionally a float32 copy serves half-precision one-row products. Its results equal
-  `nn.Linear`'s up to float rounding.
+- `DecodeLinear` (same parameters, shared, so tied weights stay tied). Eagerly, the
+  weight is stored column-major, the layout PyTorch's CPU matrix-vector product reads
+  fastest (optionally with a float32 copy for half-precision one-row products). Under
+  torch.compile it keeps the row-major layout and writes the one-row product as a
+  multiply-and-reduce, which Inductor turns into one vectorised loop over the weight
+  rows at close to memory bandwidth, in float32 or reading bfloat16 as it is (an
+  external matrix call is slower at one row). Results equal `nn.Linear`'s up to float
+  rounding.
 - `Int8Linear` (weight-only int8): per-output-channel symmetric quantization,
   q = round(w / s), s = max|w_row| / 127, so |w - q s| <= s / 2 for every weight. Under
   `torch.compile` a one-row input takes the same multiply-and-reduce path (1 byte per
@@ -24,6 +28,7 @@ Shape legend: N output features, K input features, M rows of activations (batch 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +36,9 @@ from torch import Tensor, nn
 
 _INT8PACK = getattr(torch.ops.aten, "_weight_int8pack_mm", None)
 _INT8PACK_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+Layout = Literal["column", "row"]
+LAYOUTS: tuple[str, ...] = ("column", "row")
 
 
 def _is_compiling() -> bool:
@@ -69,13 +77,20 @@ class DecodeLinear(nn.Linear):
     matvec_weight: Tensor | None
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, *, matvec_dtype: torch.dtype | None = None) -> "DecodeLinear":
+    def from_linear(
+        cls, linear: nn.Linear, *, matvec_dtype: torch.dtype | None = None, layout: Layout = "column"
+    ) -> "DecodeLinear":
+        """layout "column" suits eager decoding, "row" (the checkpoint's) compiled decoding.
+        A `DecodeLinear` given here is laid out again (its float32 copy is dropped unless
+        asked for again)."""
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
         new = cls.__new__(cls)
         nn.Module.__init__(new)
         new.in_features, new.out_features = linear.in_features, linear.out_features
         weight = linear.weight
-        with torch.no_grad():
-            weight.data = column_major(weight.data)  # in place: tied modules see it too
+        with torch.no_grad():  # in place: tied modules see the new layout too
+            weight.data = column_major(weight.data) if layout == "column" else weight.data.contiguous()
         new.weight = weight  # the same Parameter: ties and optimisers keep working
         new.bias = linear.bias
         copy = None
@@ -85,6 +100,11 @@ class DecodeLinear(nn.Linear):
         return new
 
     def forward(self, x: Tensor) -> Tensor:
+        if _is_compiling() and self.matvec_weight is None and _one_row(x):
+            y = _matvec(self.weight, x)  # (N,) float32
+            if self.bias is not None:
+                y = y + self.bias.float()
+            return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         if self.matvec_weight is not None and _one_row(x):
             w = self.matvec_weight
             bias = None if self.bias is None else self.bias.to(w.dtype)
@@ -182,11 +202,19 @@ def quantize_int8(model: nn.Module) -> nn.Module:
     return model
 
 
-def use_decode_linears(model: nn.Module, *, matvec_dtype: torch.dtype | None = None) -> nn.Module:
-    """Swap every `nn.Linear` for a `DecodeLinear` sharing its parameters, in place.
+def use_decode_linears(
+    model: nn.Module, *, matvec_dtype: torch.dtype | None = None, layout: Layout = "column"
+) -> nn.Module:
+    """Swap every `nn.Linear` (and re-lay every `DecodeLinear`) for a `DecodeLinear`
+    sharing its parameters, in place.
 
-    matvec_dtype: see `DecodeLinear`; torch.float32 speeds up eager bfloat16 decoding at
-    the cost of a float32 copy of every weight.
+    layout: "column" for eager decoding, "row" for compiled decoding (see `DecodeLinear`).
+    matvec_dtype: see `DecodeLinear`; a float32 copy of every weight for eager bfloat16
+    one-row products (measured slower than the bfloat16 weight on AVX-512 CPUs; kept for
+    CPUs whose half-precision matrix-vector path is slow).
     """
-    _replace_linears(model, (nn.Linear,), lambda linear: DecodeLinear.from_linear(linear, matvec_dtype=matvec_dtype))
+    _replace_linears(
+        model, (nn.Linear, DecodeLinear),
+        lambda linear: DecodeLinear.from_linear(linear, matvec_dtype=matvec_dtype, layout=layout),
+    )
     return model
