@@ -70,6 +70,23 @@ def test_no_cache_and_bfloat16_run(folder: Path, capsys) -> None:
     assert code == 0 and "bfloat16" in err
 
 
+@pytest.mark.slow
+def test_compile_and_int8_flags(folder: Path, capsys) -> None:
+    """--compile (Inductor) gives the eager text; --quantize int8 runs and says so."""
+    args = ["--model", str(folder), "--prompt", PROMPT, "--max-new-tokens", "12"]
+    _, eager, _ = run(capsys, *args)
+    torch._dynamo.reset()
+    code, compiled, err = run(capsys, *args, "--compile")
+    assert code == 0 and compiled == eager
+    assert "compiled in" in err and "(float32, compiled, KV cache)" in err
+    code, quantized, err = run(capsys, *args, "--quantize", "int8")
+    assert code == 0 and quantized.startswith(PROMPT) and "(float32, int8, KV cache)" in err
+    with pytest.raises(SystemExit) as exit_:
+        main(["generate", *args, "--quantize", "int4"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "int4" in err and len(err.strip().splitlines()) == 1
+
+
 def test_sampling_repeats_with_a_seed(folder: Path, capsys) -> None:
     args = ["--model", str(folder), "--prompt", PROMPT, "--max-new-tokens", "20",
             "--temperature", "1.0", "--top-k", "40", "--top-p", "0.9"]

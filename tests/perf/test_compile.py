@@ -52,11 +52,12 @@ def test_compiled_decoder_matches_eager_without_a_graph_per_token() -> None:
     compile_decoder(model, backend="eager")
     torch._dynamo.utils.counters.clear()
     longer = generate(model, PROMPT, 20)
-    # 19 decode steps over 19 cache lengths, one graph for all of them.
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    # 19 decode steps over 19 cache lengths and 2 layers: one graph for the layers, one
+    # for the output head, not one per token or per layer.
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
     assert model.compile_state.active and model.compile_state.calls == 19
     first = generate(model, PROMPT, 6)  # a shorter generation: the same rounded capacity
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
     assert torch.equal(first, generate(reference, PROMPT, 6))
     assert torch.equal(longer, generate(reference, PROMPT, 20))
     with torch.inference_mode():
@@ -112,7 +113,7 @@ def test_inductor_compiled_decoding_matches_eager(family: str) -> None:
     torch._dynamo.utils.counters.clear()
     tokens, short = generate(model, PROMPT, 24), generate(model, PROMPT, 9)
     assert model.compile_state.active, model.compile_state.error
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2  # the layers' and the head's
     if dtype == torch.float32:  # bfloat16 rounds differently (float32 accumulation): near-ties may flip
         assert torch.equal(tokens, generate(reference, PROMPT, 24))
         assert torch.equal(short, generate(reference, PROMPT, 9))
@@ -128,3 +129,13 @@ def test_inductor_compiled_decoding_matches_eager(family: str) -> None:
     model.remove_cache()
     reference.remove_cache()
     torch.testing.assert_close(ours.float(), theirs.float(), **tol)
+
+
+def test_whole_model_compilation_is_one_graph_with_the_same_tokens() -> None:
+    torch._dynamo.reset()
+    model, reference = _pair()
+    compile_decoder(model, backend="eager", whole_model=True)
+    torch._dynamo.utils.counters.clear()
+    assert torch.equal(generate(model, PROMPT, 15), generate(reference, PROMPT, 15))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    assert model.compile_state.calls == 14

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from qkv.cli.speed import add_speed_arguments, apply_speed_options
 from qkv.cli.generate import DTYPES, _utf8_writer, text_chunks
 from qkv.errors import QkvError
 
@@ -48,6 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="tokens the KV cache holds for the whole conversation (default: %(default)s)")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32",
                         help="weights and activations (default: %(default)s)")
+    add_speed_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -88,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
     _validate(args)
     interactive = sys.stdin.isatty()
     chat = load_chat_model(args.model, dtype=DTYPES[args.dtype])
+    apply_speed_options(chat.model, args)
     session = ChatSession(chat, system=args.system, max_context=args.max_context, seed=args.seed)
     sampling = Sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
     emit = _utf8_writer()

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 from tokenizers import Tokenizer
 
+from qkv.cli.speed import add_speed_arguments, apply_speed_options
 from qkv.errors import QkvError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -49,6 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="recompute the whole sequence for every token instead of using the KV cache")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32",
                         help="weights and activations (default: %(default)s)")
+    add_speed_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -112,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
     if not prompt_ids:
         raise QkvError("the prompt encodes to no tokens; give some text with --prompt")
     input_ids = torch.tensor([prompt_ids])  # (1, T)
+    speed = apply_speed_options(model, args)
     tokens = stream(
         model, input_ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache,
@@ -137,6 +140,6 @@ def run(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - start
     emit("\n")
     rate = count / elapsed if elapsed > 0 else float("inf")
-    cache = "no cache" if args.no_cache else "KV cache"
-    print(f"{count} tokens in {elapsed:.2f} s: {rate:.1f} tokens/s ({args.dtype}, {cache})", file=sys.stderr)
+    setup = ", ".join(filter(None, [args.dtype, speed, "no cache" if args.no_cache else "KV cache"]))
+    print(f"{count} tokens in {elapsed:.2f} s: {rate:.1f} tokens/s ({setup})", file=sys.stderr)
     return 0

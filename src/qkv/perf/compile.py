@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from qkv.perf.linear import use_decode_linears
+from qkv.perf.linear import Int8Linear, use_decode_linears
 
 # See the module docstring: keep norm outputs as buffers instead of recomputing them per row.
 INDUCTOR_OPTIONS: dict[str, Any] = {"realize_opcount_threshold": 0, "realize_reads_threshold": 1}
@@ -76,6 +76,28 @@ class CompileState:
     active: bool = True
     error: str | None = None
     calls: int = field(default=0)  # decode steps sent to the compiled path
+    decoding: bool = False  # set while a decode step runs, so the compiled regions engage
+
+
+def repeated_blocks(model: nn.Module) -> nn.ModuleList | None:
+    """The model's stack of identical layers: the longest ModuleList of one module type."""
+    best: nn.ModuleList | None = None
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and len(module) > (len(best) if best is not None else 1):
+            if len({type(child) for child in module}) == 1:
+                best = module
+    return best
+
+
+def _regions(model: nn.Module, whole_model: bool) -> list[nn.Module]:
+    """What to compile: the whole model, or each repeated layer plus every linear layer
+    outside them (the output head), which then share one compiled graph per kind."""
+    blocks = None if whole_model else repeated_blocks(model)
+    if blocks is None:
+        return [model]
+    inside = {id(m) for block in blocks for m in block.modules()}
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear | Int8Linear) and id(m) not in inside]
+    return [*blocks, *linears]
 
 
 def compile_decoder(
@@ -84,13 +106,20 @@ def compile_decoder(
     backend: str | Callable[..., Any] = "inductor",
     mode: str | None = None,
     decode_linears: bool = True,
+    whole_model: bool = False,
 ) -> nn.Module:
-    """Compile the decode step of `model.forward` in place; fall back to eager (one
-    warning) if compiling fails.
+    """Compile the decode steps of `model` in place; fall back to eager (one warning) if
+    compiling fails.
 
     Only one-token calls (decode steps, the bandwidth-bound part) run compiled; a prompt
     (compute-bound, large matrix products that eager PyTorch already runs well) runs
-    eagerly, which keeps the compiled graph to one shape family and the compile short.
+    eagerly, which keeps the compiled graphs to one shape family and the compile short.
+
+    By default each repeated layer is compiled on its own ("regional" compilation): every
+    layer reuses one compiled graph, so compiling takes the time of one layer whatever the
+    depth (SmolLM2's 30 layers compiled whole took 10 minutes on 2 cores), and the output
+    head gets its own graph. `whole_model=True` compiles the forward pass as one graph
+    instead (fusion across layers, a compile that grows with the depth).
 
     decode_linears: first swap `nn.Linear` for row-major `DecodeLinear` (same parameters),
     whose one-row product compiles to a fused multiply-and-reduce. `model.compile_state`
@@ -99,33 +128,54 @@ def compile_decoder(
     """
     if decode_linears:
         use_decode_linears(model, layout="row")
-    eager = model.forward
     # torch.compile takes a mode or options, not both; a chosen mode wins.
     options = dict(INDUCTOR_OPTIONS) if backend == "inductor" and mode is None else None
-    compiled = torch.compile(eager, backend=backend, mode=mode, dynamic=True, options=options)
     name = backend if isinstance(backend, str) else getattr(backend, "__name__", "custom")
     state = CompileState(backend=name)
 
-    @functools.wraps(eager)
+    def fail(error: BaseException) -> None:
+        state.active = False
+        state.error = _describe(error)
+        warnings.warn(f"torch.compile ({name}) failed, running eagerly instead: {state.error}",
+                      RuntimeWarning, stacklevel=4)
+
+    def compile_region(region: nn.Module) -> None:
+        eager = region.forward
+        compiled = torch.compile(eager, backend=backend, mode=mode, dynamic=True, options=options)
+
+        @functools.wraps(eager)
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if not (state.active and state.decoding):
+                return eager(*args, **kwargs)
+            try:
+                return compiled(*args, **kwargs)
+            except Exception as error:  # noqa: BLE001 - any compiler failure means "run eagerly"
+                # Bad input fails in eager mode too: that error is the user's, raise it as is.
+                result = eager(*args, **kwargs)
+                fail(error)
+                return result
+
+        region.forward = forward  # type: ignore[method-assign]
+
+    regions = _regions(model, whole_model)
+    for region in regions[1 if regions[0] is model else 0:]:
+        compile_region(region)
+    model_forward = model.forward
+    if regions[0] is model:
+        compile_region(model)
+        model_forward = model.forward
+
+    @functools.wraps(model_forward)
     def forward(input_ids: Tensor, *args: Any, **kwargs: Any) -> Any:
-        if not state.active or input_ids.shape[-1] != 1:
-            return eager(input_ids, *args, **kwargs)
-        state.calls += 1
-        args = (input_ids, *args)
+        decoding = state.active and input_ids.shape[-1] == 1
+        if decoding:
+            state.calls += 1
+        state.decoding = decoding
         try:
             with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True):
-                return compiled(*args, **kwargs)
-        except Exception as error:  # noqa: BLE001 - any compiler failure means "run eagerly"
-            # Bad input fails in eager mode too: that error is the user's, raise it as is.
-            result = eager(*args, **kwargs)
-            state.active = False
-            state.error = _describe(error)
-            warnings.warn(
-                f"torch.compile ({name}) failed, running eagerly instead: {state.error}",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-            return result
+                return model_forward(input_ids, *args, **kwargs)
+        finally:
+            state.decoding = False
 
     setup_cache = model.setup_cache
 
