@@ -49,8 +49,8 @@ from qkv.generation import decode_one, generate, prefill
 from qkv.models.checkpoint import load_pretrained
 from qkv.models.decoder import CausalDecoder
 from qkv.perf.bandwidth import Bandwidth, measure_read_bandwidth
-from qkv.perf.compile import compile_decoder
-from qkv.perf.linear import quantize_int8, use_decode_linears
+from qkv.perf.linear import quantize_int8
+from qkv.perf.prepare import prepare_for_decoding
 from qkv.perf.roofline import roofline_tokens_per_s, token_bytes
 from qkv.perf.timing import Measurement, Ratio, alternate, ratio
 
@@ -148,40 +148,36 @@ def load_hf(folder: Path, dtype: torch.dtype) -> nn.Module:
 
 
 def load_qkv(folder: Path, dtype: torch.dtype, *, quantize: str | None = None,
-             compiled: bool = False) -> CausalDecoder:
+             compiled: bool = False, as_loaded: bool = False) -> CausalDecoder:
+    """qkv's model as `qkv generate` prepares it (`prepare_for_decoding`), or as loaded."""
     model, _ = load_pretrained(folder, dtype)
-    if quantize == "int8":
-        quantize_int8(model)
-    if compiled:
-        compile_decoder(model)
-    return model
+    if as_loaded:
+        return model
+    return prepare_for_decoding(model, compile=compiled, quantize=quantize)
 
 
 def qkv_variants(folder: Path, dtype_name: str, opts: Options) -> dict[str, CausalDecoder]:
     """The qkv contenders of one dtype, by name.
 
-    float32: as loaded, and with decode linears (column-major weights). bfloat16: decode
-    linears, and decode linears keeping a float32 copy for one-row products. --quantize int8 adds
-    weight-only int8; --compile adds compiled decode steps (bfloat16 weights read as
-    they are, 2 bytes each).
+    "qkv <dtype>" is what `qkv generate` runs (column-major decode linears); float32 also
+    runs the weights as loaded, to show what the layout is worth. --compile adds the
+    compiled decode steps, --quantize int8 weight-only int8 linears with bfloat16
+    activations (eager and, with --compile, compiled). Int8 with float32 activations is
+    left out: its eager prompt pass is slow (`_weight_int8pack_mm` at many rows).
     """
     dtype = DTYPES[dtype_name]
     variants: dict[str, CausalDecoder] = {}
     if dtype == torch.float32:
-        variants["qkv float32 (as loaded)"] = load_qkv(folder, dtype)
-        variants["qkv float32"] = use_decode_linears(load_qkv(folder, dtype))
-    else:
-        variants[f"qkv {dtype_name}"] = use_decode_linears(load_qkv(folder, dtype))
-        variants[f"qkv {dtype_name} (float32 matvec copy)"] = use_decode_linears(
-            load_qkv(folder, dtype), matvec_dtype=torch.float32)
-    if opts.quantize == "int8":
-        variants[f"qkv int8 ({dtype_name} activations)"] = load_qkv(folder, dtype, quantize="int8")
+        variants["qkv float32 (as loaded)"] = load_qkv(folder, dtype, as_loaded=True)
+    variants[f"qkv {dtype_name}"] = load_qkv(folder, dtype)
     if opts.compile:
         variants[f"qkv {dtype_name} compiled"] = load_qkv(folder, dtype, compiled=True)
-        if opts.quantize == "int8":
-            variants[f"qkv int8 ({dtype_name} activations) compiled"] = load_qkv(
+    if opts.quantize == "int8" and dtype == torch.bfloat16:
+        variants["qkv int8 (bfloat16 activations)"] = load_qkv(folder, dtype, quantize="int8")
+        if opts.compile:
+            variants["qkv int8 (bfloat16 activations) compiled"] = load_qkv(
                 folder, dtype, quantize="int8", compiled=True)
-    return variants  # type: ignore[return-value]
+    return variants
 
 
 def hf_generate(model: nn.Module, ids: Tensor, new_tokens: int) -> Tensor:
@@ -473,7 +469,7 @@ def plot_section(folder: Path, opts: Options) -> Section:
     """tokens/s of one more token at context length L, with the cache and without."""
     s = opts.sizes
     section = Section("plot")
-    model = use_decode_linears(load_qkv(folder, torch.float32))
+    model = load_qkv(folder, torch.float32)
     ids = torch.randint(1, s.vocab, (1, max(s.plot_lengths) + 1), generator=torch.Generator().manual_seed(6))
     steps = 4  # decode steps per timed call; L + steps must fit the context
     series: dict[str, list[float]] = {"with cache": [], "without cache": []}
