@@ -3,7 +3,10 @@
     .venv/bin/python benchmarks/smollm2.py [--new-tokens 128] [--repeats 3] [--threads 2]
 
 Every contender runs in its own fresh interpreter, so its resident memory is its own:
-  qkv           qkv.load_pretrained("smollm2"): the GGUF dequantized to float32 / bfloat16
+  qkv           qkv.load_pretrained("smollm2"): the GGUF dequantized to float32 / bfloat16,
+                prepared as `qkv generate` prepares it (qkv.perf.prepare_for_decoding);
+                qkv-compiled adds --compile, qkv-int8-compiled --quantize int8 too (bfloat16
+                activations); the untimed warm-up run includes the compilation
   transformers  AutoModelForCausalLM.from_pretrained(folder, gguf_file=...), which
                 dequantizes the same file to bit-identical tensors (tests/models/test_gguf.py)
   llama.cpp     llama-cpp-python on the original Q4_1 file (optional: skipped with a message
@@ -30,7 +33,7 @@ import time
 from pathlib import Path
 
 PROMPT = "Write a short story about a robot who learns to paint."
-CONTENDERS = ("qkv", "transformers", "llama.cpp")
+CONTENDERS = ("qkv", "qkv-compiled", "qkv-int8-compiled", "transformers", "llama.cpp")
 DTYPES = ("float32", "bfloat16")
 
 
@@ -62,10 +65,13 @@ def worker(contender: str, dtype_name: str, ids: list[int], new: int, repeats: i
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype_name]
     prompt = torch.tensor([ids])  # (1, T)
 
-    if contender == "qkv":
+    if contender.startswith("qkv"):
         import qkv
+        from qkv.perf import prepare_for_decoding
 
         model, _ = qkv.load_pretrained("smollm2", dtype=dtype)
+        prepare_for_decoding(model, compile="compiled" in contender,
+                             quantize="int8" if "int8" in contender else None)
 
         def run() -> list[int]:
             return qkv.generate(model, prompt, new)[0, len(ids):].tolist()
@@ -155,7 +161,8 @@ def main() -> None:
     import importlib.util
 
     ids = chat_prompt_ids()
-    runs = [(c, d) for d in DTYPES for c in ("qkv", "transformers")]
+    runs = [(c, d) for d in DTYPES for c in ("qkv", "qkv-compiled", "transformers")]
+    runs.append(("qkv-int8-compiled", "bfloat16"))
     if importlib.util.find_spec("llama_cpp") is None:
         print("llama.cpp: skipped (llama-cpp-python is not installed; see benchmarks/RESULTS.md for "
               "the build flags that work on these machines)", file=sys.stderr)

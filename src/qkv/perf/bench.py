@@ -49,6 +49,7 @@ from qkv.generation import decode_one, generate, prefill
 from qkv.models.checkpoint import load_pretrained
 from qkv.models.decoder import CausalDecoder
 from qkv.perf.bandwidth import Bandwidth, measure_read_bandwidth
+from qkv.perf.compile import compile_decoder
 from qkv.perf.linear import quantize_int8
 from qkv.perf.prepare import prepare_for_decoding
 from qkv.perf.roofline import roofline_tokens_per_s, token_bytes
@@ -161,7 +162,9 @@ def qkv_variants(folder: Path, dtype_name: str, opts: Options) -> dict[str, Caus
 
     "qkv <dtype>" is what `qkv generate` runs (column-major decode linears); float32 also
     runs the weights as loaded, to show what the layout is worth. --compile adds the
-    compiled decode steps, --quantize int8 weight-only int8 linears with bfloat16
+    compiled decode steps (layer by layer, as `qkv generate --compile` does; for float32
+    also the whole forward pass as one graph: fewer calls per token, a compile time that
+    grows with the depth), --quantize int8 weight-only int8 linears with bfloat16
     activations (eager and, with --compile, compiled). Int8 with float32 activations is
     left out: its eager prompt pass is slow (`_weight_int8pack_mm` at many rows).
     """
@@ -172,6 +175,9 @@ def qkv_variants(folder: Path, dtype_name: str, opts: Options) -> dict[str, Caus
     variants[f"qkv {dtype_name}"] = load_qkv(folder, dtype)
     if opts.compile:
         variants[f"qkv {dtype_name} compiled"] = load_qkv(folder, dtype, compiled=True)
+        if dtype == torch.float32:
+            whole, _ = load_pretrained(folder, dtype)
+            variants["qkv float32 compiled (whole model)"] = compile_decoder(whole, whole_model=True)
     if opts.quantize == "int8" and dtype == torch.bfloat16:
         variants["qkv int8 (bfloat16 activations)"] = load_qkv(folder, dtype, quantize="int8")
         if opts.compile:
