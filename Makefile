@@ -34,6 +34,7 @@ test: install-dev
 	$(BIN)/python -m pytest -q -n 2
 
 bench: install-dev
+	$(BIN)/qkv bench --compile --quantize int8 --json benchmarks/perf.json --plot benchmarks/decode_context.png
 	$(BIN)/python benchmarks/attention.py
 
 clean:
