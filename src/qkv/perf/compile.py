@@ -43,7 +43,7 @@ from qkv.perf.linear import Int8Linear, use_decode_linears
 # See the module docstring: keep norm outputs as buffers instead of recomputing them per row.
 INDUCTOR_OPTIONS: dict[str, Any] = {"realize_opcount_threshold": 0, "realize_reads_threshold": 1}
 # Dynamo specialises on the cache buffers' shapes (module buffers are static even with
-# dynamic=True), so each capacity is a compilation (about a minute at 124M on 2 cores).
+# dynamic=True), so each capacity is a compilation of its own (seconds to minutes).
 # Every generation of up to 2048 positions shares one; longer ones go by powers of two.
 # The unused tail costs memory only: attention reads the filled part.
 SMALLEST_CAPACITY = 2048
@@ -157,13 +157,9 @@ def compile_decoder(
 
         region.forward = forward  # type: ignore[method-assign]
 
-    regions = _regions(model, whole_model)
-    for region in regions[1 if regions[0] is model else 0:]:
+    for region in _regions(model, whole_model):
         compile_region(region)
-    model_forward = model.forward
-    if regions[0] is model:
-        compile_region(model)
-        model_forward = model.forward
+    model_forward = model.forward  # the compiled region itself when the whole model is one
 
     @functools.wraps(model_forward)
     def forward(input_ids: Tensor, *args: Any, **kwargs: Any) -> Any:
