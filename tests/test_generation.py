@@ -88,19 +88,22 @@ def test_padded_batch_logits_equal_alone() -> None:
     torch.testing.assert_close(batch[0, -4:], alone[0], rtol=0, atol=1e-5)
 
 
-def test_decode_steps_get_no_mask_without_padding() -> None:
-    """Without padding each decode step is one token, default positions and no mask."""
+def test_decode_steps_have_static_shapes_and_tensor_positions() -> None:
+    """Each decode step is one token with its position as a (1,) tensor and no mask: the
+    same shapes at every length (what one compiled graph for every length needs)."""
     model = llama()
-    calls: list[tuple[int, object, object]] = []
+    calls: list[tuple[int, list[int], tuple[int, ...], object]] = []
 
     def record(module, args, kwargs):
-        calls.append((args[0].shape[1], kwargs.get("positions"), kwargs.get("mask")))
+        pos = kwargs.get("positions")
+        calls.append((args[0].shape[1], pos.tolist(), tuple(pos.shape), kwargs.get("mask")))
 
     handle = model.register_forward_pre_hook(record, with_kwargs=True)
     qkv.generate(model, prompts(5)[0][None], 6)
     handle.remove()
-    assert calls[0][0] == 5 and len(calls) == 6
-    assert all(t == 1 and pos is None and mask is None for t, pos, mask in calls[1:])
+    assert calls[0][:2] == (5, [0, 1, 2, 3, 4]) and len(calls) == 6
+    assert [c[1] for c in calls[1:]] == [[5], [6], [7], [8], [9]]
+    assert all(t == 1 and shape == (1,) and mask is None for t, _, shape, mask in calls[1:])
 
 
 def test_generate_restores_the_model() -> None:

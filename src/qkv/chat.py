@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from qkv.errors import QkvError
-from qkv.generation import decode_one, prefill, sample
+from qkv.generation import DecodeSession, Sampling as Choice, cache_capacity, continue_from
 from qkv.models.decoder import CausalDecoder
 
 Message = dict[str, str]
@@ -146,7 +146,9 @@ class ChatSession:
     """A multi-turn conversation whose history stays in the model's KV cache.
 
     `send(text)` yields the reply's token ids as they are made; when the caller stops
-    early (or the reply ends) the reply so far becomes the assistant's message.
+    early (or the reply ends) the reply so far becomes the assistant's message. The cache
+    lives in one `DecodeSession`, sized to the conversation (rounded up) and enlarged,
+    by prefilling the conversation again, when a turn needs more room.
     """
 
     def __init__(
@@ -160,13 +162,8 @@ class ChatSession:
         self.chat = chat
         self.system = system
         self.capacity = min(max_context or chat.model.context_length, chat.model.context_length)
-        self.generator = torch.Generator()
-        if seed is None:
-            self.generator.seed()
-        else:
-            self.generator.manual_seed(seed)
-        chat.model.eval()
-        chat.model.setup_cache(1, self.capacity)
+        self.generator = Choice(seed=seed).generator()
+        self.session: DecodeSession | None = None
         self.messages: list[Message] = []
         self.cached_ids: list[int] = []  # tokens whose keys/values are in the cache, in order
         self.last_prefill = 0  # how many tokens the latest turn ran through prefill
@@ -176,10 +173,13 @@ class ChatSession:
         """Forget the conversation (the system message stays)."""
         self.messages = [] if self.system is None else [{"role": "system", "content": self.system}]
         self.cached_ids = []
-        self.chat.model.reset_cache()
+        if self.session is not None:
+            self.session.reset()
 
     def close(self) -> None:
-        self.chat.model.remove_cache()
+        if self.session is not None:
+            self.session.close()
+            self.session = None
 
     @property
     def cached_text(self) -> str:
@@ -192,14 +192,25 @@ class ChatSession:
         if self.cached_ids and rendered.startswith(cached):
             return encode(rendered[len(cached):], add_special_tokens=False).ids
         self.cached_ids = []  # the template rewrote earlier text: start over
-        self.chat.model.reset_cache()
         return encode(rendered, add_special_tokens=False).ids
+
+    def _session_for(self, needed: int) -> DecodeSession:
+        """The open session, with room for `needed` positions (a larger one, holding
+        nothing yet, when the current one is too small)."""
+        if self.session is not None and self.session.capacity >= needed:
+            return self.session
+        self.close()
+        self.cached_ids = []
+        capacity = cache_capacity(needed, self.capacity)
+        self.session = DecodeSession(self.chat.model, capacity=capacity).__enter__()
+        return self.session
 
     def send(self, text: str, sampling: Sampling = Sampling()) -> Iterator[int]:
         """Add the user's message, prefill its new tokens now, and return an iterator over
         the reply's token ids (made as it is consumed)."""
         if sampling.max_new_tokens < 1:
             raise QkvError(f"max_new_tokens must be at least 1, got {sampling.max_new_tokens}")
+        choice = Choice(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
         messages = [*self.messages, {"role": "user", "content": text}]
         rendered = self.chat.template.render(messages, add_generation_prompt=True)
         new_ids = self._new_ids(rendered)
@@ -209,30 +220,32 @@ class ChatSession:
                 f"the conversation needs {needed} tokens ({len(self.cached_ids)} cached, {len(new_ids)} new, "
                 f"{sampling.max_new_tokens} for the reply) but the context holds {self.capacity}; /reset to start over"
             )
+        session = self._session_for(needed)
+        if not self.cached_ids:  # a new or enlarged cache: the whole conversation goes in
+            new_ids = self.chat.tokenizer.encode(rendered, add_special_tokens=False).ids
+        session.truncate(len(self.cached_ids))
         self.messages = messages
-        logits = prefill(self.chat.model, torch.tensor([new_ids]))  # (1, V)
+        logits = session.prefill(torch.tensor([new_ids]))  # (1, V)
         self.cached_ids.extend(new_ids)
         self.last_prefill = len(new_ids)
-        return self._reply(logits, sampling)
+        return self._reply(session, logits, sampling, choice)
 
-    def _reply(self, logits: torch.Tensor, sampling: Sampling) -> Iterator[int]:
+    def _reply(self, session: DecodeSession, logits: torch.Tensor, sampling: Sampling,
+               choice: Choice) -> Iterator[int]:
         reply: list[int] = []
+        steps = continue_from(session, logits, sampling.max_new_tokens, sampling=choice,
+                              stop=tuple(self.chat.stop_ids), generator=self.generator)
         try:
-            for step in range(sampling.max_new_tokens):
-                token = int(
-                    sample(
-                        logits, temperature=sampling.temperature, top_k=sampling.top_k,
-                        top_p=sampling.top_p, generator=self.generator,
-                    )[0]
-                )
+            for new in steps:
+                token = int(new[0])
+                if reply:
+                    self.cached_ids.append(reply[-1])  # decoded into the cache to make this one
                 if token in self.chat.stop_ids:
                     break
                 reply.append(token)
                 yield token
-                if step + 1 < sampling.max_new_tokens:
-                    logits = decode_one(self.chat.model, torch.tensor([[token]]))  # (1, V)
-                    self.cached_ids.append(token)
         finally:
+            steps.close()
             content = self.chat.tokenizer.decode(reply, skip_special_tokens=False)
             self.messages.append({"role": "assistant", "content": content})
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import qkv
-from qkv.generation import decode_one, prefill
+from qkv.generation import DecodeSession
 
 CASES = {
     "gpt2": ("gpt2", {}),
@@ -60,11 +60,10 @@ def test_cached_logits_equal_uncached_at_every_step(pair) -> None:
     with torch.no_grad():
         full = model(sequence)  # (2, 6 + N, V)
         hf_full = reference(sequence).logits
-    model.setup_cache(2, sequence.shape[1])
-    steps = [prefill(model, sequence[:, :6])]
-    for i in range(6, sequence.shape[1] - 1):
-        steps.append(decode_one(model, sequence[:, i : i + 1]))
-    model.remove_cache()
+    with DecodeSession(model, batch_size=2, capacity=sequence.shape[1]) as session:
+        steps = [session.prefill(sequence[:, :6])]
+        for i in range(6, sequence.shape[1] - 1):
+            steps.append(session.decode(sequence[:, i]))
     cached = torch.stack(steps, dim=1)  # (2, N, V): logits predicting tokens 6 .. 6+N-1
     torch.testing.assert_close(cached, full[:, 5:-1], rtol=0, atol=1e-4)
     torch.testing.assert_close(cached, hf_full[:, 5:-1], rtol=0, atol=1e-4)

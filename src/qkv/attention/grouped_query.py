@@ -4,7 +4,8 @@ Options are constructor arguments, not branches threaded through callers: the nu
 key/value heads (1 = multi-query, = num_heads = multi-head, in between = grouped-query),
 a head size independent of the embedding size, q/k/v bias (Qwen2), per-head RMSNorm of
 queries and keys (Qwen3), and the kernel backend. RoPE cos/sin arrive from the model; the
-KV cache is a submodule attached by the model when generating.
+KV cache is a submodule attached by the model when generating (any `KVCache` kind: the
+layer only calls `update` and uses the mask the cache derives from the positions).
 
 Modules are named like the Hugging Face checkpoints they load (q_proj, k_proj, v_proj,
 o_proj, q_norm, k_norm), so loading is a near-identity key map.
@@ -19,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from qkv.attention.kernels import BACKENDS, Backend, attention
-from qkv.attention.kv_cache import KVCache
+from qkv.attention.kv_cache import CacheKind, CacheSpec, KVCache, StaticKVCache
 from qkv.attention.rmsnorm import RMSNorm
 from qkv.attention.rope import apply_rope
 
@@ -74,11 +75,19 @@ class GroupedQueryAttention(nn.Module):
         return list(range(kv_head * group, (kv_head + 1) * group))
 
     def setup_cache(
-        self, batch_size: int, max_seq_len: int, *, dtype: torch.dtype, device: torch.device
+        self,
+        batch_size: int,
+        capacity: int,
+        *,
+        dtype: torch.dtype,
+        device: torch.device,
+        kind: CacheKind = StaticKVCache,
+        layer_index: int = 0,
     ) -> KVCache:
-        self.kv_cache = KVCache(
-            batch_size, self.num_kv_heads, max_seq_len, self.head_dim, dtype=dtype, device=device
-        )
+        """Attach a cache of `kind` sized for this layer (see qkv.attention.kv_cache)."""
+        spec = CacheSpec(batch_size, self.num_kv_heads, capacity, self.head_dim, self.head_dim,
+                         dtype, torch.device(device), layer_index)
+        self.kv_cache = kind(spec)
         return self.kv_cache
 
     def forward(
@@ -89,8 +98,13 @@ class GroupedQueryAttention(nn.Module):
         sin: Tensor | None = None,
         mask: Tensor | None = None,
         is_causal: bool = True,
+        positions: Tensor | None = None,
     ) -> Tensor:
-        """x: (B, T, C). mask: boolean, broadcastable to (B, H, T, S), True = may attend."""
+        """x: (B, T, C). mask: boolean, broadcastable to (B, H, T, S), True = may attend.
+
+        positions (T,) or (B, T): where the new tokens sit; needed with a KV cache, whose
+        own mask (derived from them) then replaces causality.
+        """
         if x.dim() != 3 or x.shape[-1] != self.emb_dim:
             raise ValueError(
                 f"attention input must be (batch, tokens, {self.emb_dim}), got {tuple(x.shape)}"
@@ -106,7 +120,11 @@ class GroupedQueryAttention(nn.Module):
             q = apply_rope(q, cos, sin)
             k = apply_rope(k, cos, sin)
         if self.kv_cache is not None:
-            k, v = self.kv_cache.update(k, v)  # (B, H_kv, S, D)
+            if positions is None:
+                raise ValueError("an attention layer with a KV cache needs the positions of its tokens")
+            k, v, visible = self.kv_cache.update(k, v, positions)  # (B, H_kv, S, D), (B, 1, T, S)
+            mask = visible if mask is None else mask & visible
+            is_causal = False
         context = attention(
             q,
             k,

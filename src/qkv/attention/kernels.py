@@ -219,24 +219,39 @@ def _zero_empty_rows(out: Tensor, visible: Callable[[], Tensor]) -> Tensor:
     return out if bool(rows.all()) else out.masked_fill(~rows, 0.0)
 
 
-def one_query_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float | None = None) -> Tensor:
+def one_query_attention(
+    q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None, scale: float | None = None
+) -> Tensor:
     """Attention of a single query (a decode step) written as two reductions.
 
-    Used by `attention(backend="fused")` under torch.compile only: Inductor turns
-    `sum(q * k)` and `sum(weights * v)` into loops fused with the softmax and with the
-    neighbouring layers, where an external SDPA call costs more in overhead (about 0.1 ms
-    per layer on a 2-core CPU) than the work itself at decode sizes. A single query aligned
-    with the last key sees every key, so no mask is involved. Accumulates in float32.
-    (..., 1, D) queries -> (..., 1, D_v) context.
+    `attention` uses it for every one-query call without dropout, eager or compiled, so
+    both run the same math. Compiled, Inductor turns `sum(q * k)` and `sum(weights * v)`
+    into loops fused with the softmax and the neighbouring layers, where an external SDPA
+    call costs more in overhead (about 0.1 ms per layer on a 2-core CPU) than the work at
+    decode sizes. Grouped-query heads are broadcast, never copied. Accumulates in float32.
+    A query with no visible key gets zeros.
+    (..., H, 1, D) queries, (..., H_kv, S, D) keys -> (..., H, 1, D_v) context;
+    mask broadcastable to (..., H, 1, S).
     """
     _check_shapes(q, k, v)
-    if q.dim() >= 4:
-        k = repeat_kv(k, q.shape[-3])
-        v = repeat_kv(v, q.shape[-3])
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    grouped = q.dim() >= 4 and k.shape[-3] != q.shape[-3]
+    if grouped:
+        h, h_kv = q.shape[-3], k.shape[-3]
+        q = q.unflatten(-3, (h_kv, h // h_kv))  # (..., H_kv, G, 1, D)
+        k, v = k.unsqueeze(-3), v.unsqueeze(-3)  # (..., H_kv, 1, S, D)
+        if mask is not None and mask.dim() >= 3:
+            mask = mask.unsqueeze(-3) if mask.shape[-3] == 1 else mask.unflatten(-3, (h_kv, h // h_kv))
     scores = (q.float() * k.float()).sum(dim=-1) * scale  # (..., S): one score per key
+    if mask is not None:
+        visible = mask.squeeze(-2) if mask.dim() >= 2 else mask  # (..., S)
+        scores = scores.masked_fill(~visible, -torch.inf)
     weights = torch.softmax(scores, dim=-1)  # (..., S)
+    if mask is not None:
+        weights = weights.nan_to_num(0.0)  # all keys hidden: softmax of -inf is NaN; attend to none
     context = (weights.unsqueeze(-1) * v.float()).sum(dim=-2, keepdim=True)  # (..., 1, D_v)
+    if grouped:
+        context = context.flatten(-4, -3)  # (..., H, 1, D_v)
     return context.to(q.dtype)
 
 
@@ -257,8 +272,9 @@ def attention(
             q, k, v, mask=mask, is_causal=is_causal, scale=scale, dropout_p=dropout_p
         )[0]
     if backend == "fused":
-        if q.shape[-2] == 1 and mask is None and dropout_p == 0.0 and torch.compiler.is_compiling():
-            return one_query_attention(q, k, v, scale=scale)
+        if q.shape[-2] == 1 and dropout_p == 0.0:
+            # One query aligned with the last key: causality hides nothing but the mask.
+            return one_query_attention(q, k, v, mask=mask, scale=scale)
         return fused_attention(
             q, k, v, mask=mask, is_causal=is_causal, scale=scale, dropout_p=dropout_p
         )

@@ -1,95 +1,208 @@
-"""The key-value cache: keys and values of earlier tokens, kept for reuse while generating.
+"""KV caches: the keys and values of earlier tokens, kept for reuse while generating.
 
-Preallocated (B, H_kv, S_max, D) buffers written in place at the current position, so a
-decode step allocates nothing and each new token costs one row of attention instead of a
-recomputation of the whole prefix. The buffers are not persistent: they never end up in a
-checkpoint.
+The interface attention layers call is `KVCache.update`:
 
-Shape legend: B batch, H_kv key/value heads, T new tokens, S_max capacity, D head size.
+    keys, values, visible = cache.update(k (B, H_kv, T, D), v (B, H_kv, T, D_v), positions)
+
+`positions` are the absolute positions of the T new tokens, (T,) shared by every row or
+(B, T) per row, carried as tensors. The cache writes the new entries, and answers with what
+attention must read and a boolean mask `visible` (B or 1, 1, T, S) derived from the
+positions (True = the query may attend to that key). Causality lives in that mask, so a
+layer with a cache calls the kernel with `is_causal=False`.
+
+Shapes are static: the buffers are preallocated at a fixed capacity and written in place,
+the answer always has S = capacity keys, and the mask hides what is not (yet) there. A
+decode step therefore has the same shapes at every length, which is what lets a compiled
+step be one graph for every length up to the capacity. Nothing in `update` reads a tensor
+back into Python.
+
+Other kinds of cache (quantized keys, attention sinks with a window, one slot per request)
+subclass `KVCache`; the models never look inside one. A model builds its caches through
+`CausalDecoder.setup_cache(..., kind=...)`, which calls `kind(spec)` once per layer.
+
+Shape legend: B batch, H_kv key/value heads, T new tokens, S keys read (the capacity),
+D head size of keys, D_v of values.
 """
 
 from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 
-class KVCache(nn.Module):
-    k_cache: Tensor
-    v_cache: Tensor
+@dataclass(frozen=True)
+class CacheSpec:
+    """What one attention layer needs cached: everything a cache kind is built from."""
 
-    def __init__(
-        self,
-        batch_size: int,
-        num_kv_heads: int,
-        max_seq_len: int,
-        head_dim: int,
-        *,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str | None = None,
-        value_dim: int | None = None,
-    ) -> None:
-        super().__init__()
-        if min(batch_size, num_kv_heads, max_seq_len, head_dim) < 1:
+    batch_size: int
+    num_kv_heads: int
+    capacity: int
+    head_dim: int
+    value_dim: int
+    dtype: torch.dtype
+    device: torch.device
+    layer_index: int = 0
+
+    def __post_init__(self) -> None:
+        sizes = {
+            "batch_size": self.batch_size, "num_kv_heads": self.num_kv_heads,
+            "capacity": self.capacity, "head_dim": self.head_dim, "value_dim": self.value_dim,
+        }
+        bad = {name: size for name, size in sizes.items() if not isinstance(size, int) or size < 1}
+        if bad:
             raise ValueError(
-                f"KVCache sizes must be positive, got batch_size={batch_size}, "
-                f"num_kv_heads={num_kv_heads}, max_seq_len={max_seq_len}, head_dim={head_dim}"
+                "KV cache sizes must be positive integers, got "
+                + ", ".join(f"{name}={size!r}" for name, size in bad.items())
             )
-        value_dim = head_dim if value_dim is None else value_dim
-        shape_k = (batch_size, num_kv_heads, max_seq_len, head_dim)
-        shape_v = (batch_size, num_kv_heads, max_seq_len, value_dim)
-        self.register_buffer("k_cache", torch.zeros(shape_k, dtype=dtype, device=device), persistent=False)
-        self.register_buffer("v_cache", torch.zeros(shape_v, dtype=dtype, device=device), persistent=False)
-        self.length = 0
+
+
+class KVCache(nn.Module, ABC):
+    """The interface: `update` (write, then read what attention needs), `reset`, and what
+    the cache reports about itself (`length`, `capacity`, `batch_size`, `nbytes`)."""
+
+    def __init__(self, spec: CacheSpec) -> None:
+        super().__init__()
+        self.spec = spec
+
+    @abstractmethod
+    def update(self, k: Tensor, v: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Write new keys/values at `positions`; return (keys, values, visible)."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Forget every cached token (buffers are kept and overwritten later)."""
+
+    def truncate(self, length: int) -> None:
+        """Keep only positions < length (a chat whose new prompt diverges from what is
+        cached rewinds to the common prefix). Kinds that cannot rewind say so."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be rewound; reset it instead")
+
+    @abstractmethod
+    def contents(self) -> tuple[Tensor, Tensor]:
+        """The cached keys and values in position order, (B, H_kv, length, D): for tracing
+        and inspection, not for the hot path (it may read tensors back into Python)."""
+
+    @property
+    @abstractmethod
+    def length(self) -> int:
+        """How many positions are held (the longest row). Reads a tensor: not for hot paths."""
+
+    @property
+    @abstractmethod
+    def nbytes(self) -> int:
+        """Memory held by the cache's tensors, in bytes."""
 
     @property
     def capacity(self) -> int:
-        return self.k_cache.shape[2]
+        return self.spec.capacity
 
     @property
     def batch_size(self) -> int:
-        return self.k_cache.shape[0]
+        return self.spec.batch_size
+
+    def check_input(self, k: Tensor, v: Tensor, positions: Tensor) -> None:
+        """Shapes only (no tensor is read): a wrong call fails with a line naming it."""
+        s = self.spec
+        t = k.shape[2] if k.dim() == 4 else -1
+        if (
+            k.dim() != 4 or v.dim() != 4
+            or (k.shape[0], k.shape[1], k.shape[3]) != (s.batch_size, s.num_kv_heads, s.head_dim)
+            or (v.shape[0], v.shape[1], v.shape[2], v.shape[3]) != (s.batch_size, s.num_kv_heads, t, s.value_dim)
+        ):
+            raise ValueError(
+                f"this KV cache holds batch {s.batch_size} x {s.num_kv_heads} heads of size "
+                f"{s.head_dim} (values {s.value_dim}), got keys of shape {tuple(k.shape)} and "
+                f"values of shape {tuple(v.shape)}"
+            )
+        if positions.dtype not in (torch.int64, torch.int32) or positions.shape not in (
+            (t,), (s.batch_size, t)
+        ):
+            raise ValueError(
+                f"positions must be integers of shape ({t},) or ({s.batch_size}, {t}), got "
+                f"{positions.dtype} of shape {tuple(positions.shape)}"
+            )
+
+
+CacheKind = Callable[[CacheSpec], KVCache]
+
+
+def visible_keys(key_positions: Tensor, positions: Tensor) -> Tensor:
+    """The causal mask derived from positions: a query at position p sees the keys at
+    positions <= p. key_positions (S,) or (B, S); positions (T,) or (B, T).
+    -> (B or 1, 1, T, S) booleans."""
+    if positions.dim() == 1:
+        positions = positions[None]  # (1, T)
+    if key_positions.dim() == 1:
+        key_positions = key_positions[None]  # (1, S)
+    return (key_positions[:, None, None, :] <= positions[:, None, :, None])  # (B, 1, T, S)
+
+
+class StaticKVCache(KVCache):
+    """Preallocated (B, H_kv, capacity, D) buffers; position p is written at slot p.
+
+    A decode step allocates nothing but the mask, and each new token costs one row of
+    attention instead of a recomputation of the prefix. Slots beyond a query's position
+    are hidden by the mask, so stale entries (from a rewind, or a padded prompt row
+    shorter than the others) are never read: the next write at that position replaces them.
+    The buffers are not persistent: they never end up in a checkpoint.
+    """
+
+    k_cache: Tensor
+    v_cache: Tensor
+    lengths: Tensor
+    slots: Tensor
+
+    def __init__(self, spec: CacheSpec) -> None:
+        super().__init__(spec)
+        s = spec
+        kw = {"dtype": s.dtype, "device": s.device}
+        self.register_buffer("k_cache", torch.zeros(s.batch_size, s.num_kv_heads, s.capacity, s.head_dim, **kw),
+                             persistent=False)
+        self.register_buffer("v_cache", torch.zeros(s.batch_size, s.num_kv_heads, s.capacity, s.value_dim, **kw),
+                             persistent=False)
+        # Per row: one past the furthest position written (what `length` reports).
+        self.register_buffer("lengths", torch.zeros(s.batch_size, dtype=torch.long, device=s.device),
+                             persistent=False)
+        self.register_buffer("slots", torch.arange(s.capacity, device=s.device), persistent=False)  # (S,)
+
+    def update(self, k: Tensor, v: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        self.check_input(k, v, positions)
+        if positions.dim() == 1:  # every row writes the same slots
+            self.k_cache.index_copy_(2, positions, k.to(self.k_cache.dtype))
+            self.v_cache.index_copy_(2, positions, v.to(self.v_cache.dtype))
+            furthest = (positions.max() + 1).expand(self.spec.batch_size)  # (B,)
+        else:  # each row at its own positions
+            rows = torch.arange(self.spec.batch_size, device=positions.device)[:, None]  # (B, 1)
+            self.k_cache[rows, :, positions] = k.transpose(1, 2).to(self.k_cache.dtype)  # (B, T, H_kv, D)
+            self.v_cache[rows, :, positions] = v.transpose(1, 2).to(self.v_cache.dtype)
+            furthest = positions.max(dim=1).values + 1  # (B,)
+        self.lengths.copy_(torch.maximum(self.lengths, furthest))
+        return self.k_cache, self.v_cache, visible_keys(self.slots, positions)
+
+    def reset(self) -> None:
+        self.lengths.zero_()
+
+    def truncate(self, length: int) -> None:
+        self.lengths.clamp_(max=length)
+
+    def contents(self) -> tuple[Tensor, Tensor]:
+        end = self.length
+        return self.k_cache[:, :, :end], self.v_cache[:, :, :end]
+
+    @property
+    def length(self) -> int:
+        return int(self.lengths.max())
 
     @property
     def nbytes(self) -> int:
-        """Memory held by the two buffers, in bytes."""
         return self.k_cache.numel() * self.k_cache.element_size() + (
             self.v_cache.numel() * self.v_cache.element_size()
         )
 
-    def reset(self) -> None:
-        """Forget every cached token (the buffers are kept and overwritten later)."""
-        self.length = 0
-
-    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Write (B, H_kv, T, D) new keys/values at the current position.
-
-        Returns views of every cached key and value so far: (B, H_kv, S, D), S = old + T.
-        """
-        b, h, _, d = self.k_cache.shape
-        d_v = self.v_cache.shape[3]
-        if (
-            k.dim() != 4
-            or v.dim() != 4
-            or (k.shape[0], k.shape[1], k.shape[3]) != (b, h, d)
-            or (v.shape[0], v.shape[1], v.shape[2], v.shape[3]) != (b, h, k.shape[2], d_v)
-        ):
-            raise ValueError(
-                f"KVCache holds batch {b} x {h} heads of size {d} (values {d_v}), "
-                f"got keys of shape {tuple(k.shape)} and values of shape {tuple(v.shape)}"
-            )
-        start, new = self.length, k.shape[2]
-        end = start + new
-        if end > self.capacity:
-            raise ValueError(
-                f"KVCache is full: it holds {self.capacity} tokens, {start} are cached and "
-                f"{new} more were written; make a larger cache or shorten the sequence"
-            )
-        self.k_cache[:, :, start:end] = k
-        self.v_cache[:, :, start:end] = v
-        self.length = end
-        return self.k_cache[:, :, :end], self.v_cache[:, :, :end]
-
     def extra_repr(self) -> str:
-        b, h, s, d = self.k_cache.shape
-        return f"batch={b}, kv_heads={h}, capacity={s}, head_dim={d}, length={self.length}"
+        s = self.spec
+        return f"batch={s.batch_size}, kv_heads={s.num_kv_heads}, capacity={s.capacity}, head_dim={s.head_dim}"

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from qkv.cli.speed import add_speed_arguments, apply_speed_options
-from qkv.cli.generate import DTYPES, _utf8_writer, text_chunks
+from qkv.cli.generate import _utf8_writer, text_chunks
 from qkv.errors import QkvError
 
 COMMANDS = "/reset starts over, /exit (or Ctrl-D) ends"
@@ -47,8 +47,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, metavar="S", help="seed for sampling (default: a fresh random one)")
     parser.add_argument("--max-context", type=int, default=2048, metavar="N",
                         help="tokens the KV cache holds for the whole conversation (default: %(default)s)")
-    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32",
-                        help="weights and activations (default: %(default)s)")
     add_speed_arguments(parser)
     parser.set_defaults(run=run)
 
@@ -86,10 +84,11 @@ def _messages(interactive: bool):
 
 def run(args: argparse.Namespace) -> int:
     from qkv.chat import ChatSession, Sampling, load_chat_model
+    from qkv.perf.prepare import load_dtype
 
     _validate(args)
     interactive = sys.stdin.isatty()
-    chat = load_chat_model(args.model, dtype=DTYPES[args.dtype])
+    chat = load_chat_model(args.model, dtype=load_dtype(args.dtype))
     apply_speed_options(chat.model, args)
     session = ChatSession(chat, system=args.system, max_context=args.max_context, seed=args.seed)
     sampling = Sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p)

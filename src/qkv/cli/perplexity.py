@@ -10,9 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
-from qkv.cli.generate import DTYPES
+from qkv.precision import PRECISIONS
 from qkv.text_file import read_text_file
 
 
@@ -31,8 +29,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="tokens per window (default: %(default)s; at most the model's context)")
     parser.add_argument("--stride", type=int, metavar="S",
                         help="tokens between window starts (default: half the context length)")
-    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32",
-                        help="weights and activations (default: %(default)s)")
+    parser.add_argument("--dtype", choices=PRECISIONS, default="float32",
+                        help="the weights to score, prepared as `qkv generate` prepares them: "
+                        "float32 (exact), bfloat16, int8 or int4 (default: %(default)s); compare "
+                        "them to see what a precision costs")
     parser.set_defaults(run=run)
 
 
@@ -41,15 +41,16 @@ def _read_text(path: Path) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
     from tqdm import tqdm
 
-    from qkv.models.checkpoint import load_pretrained
+    from qkv.perf.prepare import load_for_generation
     from qkv.perplexity import perplexity, windows
 
     stride = args.stride if args.stride is not None else max(1, args.context_length // 2)
     text = _read_text(Path(args.data))
     list(windows(2, args.context_length, stride))  # bad sizes are reported before loading
-    model, tokenizer = load_pretrained(args.model, dtype=DTYPES[args.dtype])
+    model, tokenizer, _ = load_for_generation(args.model, precision=args.dtype, compile=False)
     ids = torch.tensor(tokenizer.encode(text).ids)  # (N,)
     with tqdm(total=max(ids.numel() - 1, 0), unit="tok", desc="scoring", file=sys.stderr,
               disable=None, leave=False) as bar:

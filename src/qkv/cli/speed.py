@@ -1,34 +1,50 @@
-"""`--compile` and `--quantize`, shared by `qkv generate` and `qkv chat`."""
+"""Decoding options shared by `qkv generate`, `qkv chat` and `qkv perplexity`: the
+precision (`--dtype`) and `--no-compile`. Importing this module imports no torch."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
-from qkv.models.decoder import CausalDecoder
-from qkv.perf.prepare import QUANTIZATIONS, prepare_for_decoding, warm_up
+from qkv.precision import DEFAULT_PRECISION, PRECISIONS
+
+if TYPE_CHECKING:
+    from qkv.models.decoder import CausalDecoder
+    from qkv.perf.prepare import DecodeSetup
+
+
+def add_precision_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dtype", choices=PRECISIONS, default=DEFAULT_PRECISION,
+        help="weights for decoding: float32 (exact: the checkpoint's numbers), bfloat16, int8 "
+        "(weight-only, one scale per row) or int4 (weight-only, groups of 32). The default, "
+        f"{DEFAULT_PRECISION}, is the fastest whose perplexity stays within 1%% of bfloat16's "
+        "(benchmarks/RESULTS.md)",
+    )
 
 
 def add_speed_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--compile", action="store_true",
-                        help="compile the decode step with torch.compile (Inductor, needs a C++ compiler): "
-                        "about 2x faster decoding on CPU after a one-off compile of 10-20 s; "
-                        "falls back to eager decoding, with a warning, where compiling fails")
-    parser.add_argument("--quantize", choices=QUANTIZATIONS, metavar="{int8}",
-                        help="int8: weight-only int8 linear layers, a quarter of float32's bytes per token "
-                        "(quality cost on SmolLM2: +0.1%% perplexity, see benchmarks/RESULTS.md)")
+    add_precision_argument(parser)
+    parser.add_argument(
+        "--no-compile", action="store_true",
+        help="decode eagerly instead of compiling each layer with torch.compile (compiling is "
+        "on by default wherever a C++ compiler works: a one-off 10-20 s, then seconds, kept in "
+        "Inductor's on-disk cache)",
+    )
 
 
-def apply_speed_options(model: CausalDecoder, args: argparse.Namespace) -> str:
-    """Prepare the model as asked (compiling before the first token); a short label of the choice."""
-    prepare_for_decoding(model, compile=args.compile, quantize=args.quantize)
-    if args.compile:
-        print("compiling the decode step (once, 10-20 s on 2 cores)....", file=sys.stderr, flush=True)
+def apply_speed_options(model: CausalDecoder, args: argparse.Namespace) -> DecodeSetup:
+    """Prepare the model as asked and compile its decode step before the first token,
+    saying so once on stderr (with the time it took, apart from tokens/s)."""
+    from qkv.generation import warm_up
+    from qkv.perf.prepare import prepare_for_decoding
+
+    setup = prepare_for_decoding(model, precision=args.dtype, compile=not args.no_compile)
+    if setup.compile is not None and not setup.compile.compiled:
+        print(f"decoding eagerly: {setup.compile.reason} (--no-compile hides this line)",
+              file=sys.stderr, flush=True)
+    elif setup.compiled:
         seconds = warm_up(model)
-        state = getattr(model, "compile_state", None)
-        mode = "compiled" if state is not None and state.active else "eager (compiling failed)"
-        print(f"{mode} in {seconds:.0f} s", file=sys.stderr, flush=True)
-    parts = [args.quantize] if args.quantize else []
-    if args.compile:
-        parts.append("compiled")
-    return ", ".join(parts)
+        print(f"compiled the decode step in {seconds:.1f} s", file=sys.stderr, flush=True)
+    return setup

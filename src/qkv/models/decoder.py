@@ -2,15 +2,19 @@
 know which family they drive.
 
     model(input_ids (B, T), *, positions=None, mask=None) -> logits (B, T, V)
-    model.setup_cache(batch_size, max_seq_len, *, dtype=None, device=None)
+    model.setup_cache(batch_size, capacity, *, dtype=None, device=None, kind=StaticKVCache)
     model.reset_cache(); model.remove_cache(); model.cache_length(); model.context_length
 
-`positions` (T,) or (B, T) are absolute token positions; by default cache_length() +
-arange(T). `mask` is either a (B, S) key padding mask (True/1 = real token, S = cached +
-new tokens) or a boolean mask broadcastable to (B, 1, T, S). Causality is always applied
-by the kernel, so a plain batch needs no mask at all.
+`positions` (T,) or (B, T) are absolute token positions, tensors; by default they follow
+what the caches hold (or start at 0 without caches). With caches attached, each attention
+layer writes its keys/values at those positions and attends through the mask its cache
+derives from them; without, causality is applied by the kernel. `mask` is an extra
+boolean mask broadcastable to (B, 1, T, S) or a (B, S) key padding mask (True/1 = real
+token), for whole-sequence calls on left-padded batches.
 
-Every attention layer keeps its KV cache as a submodule named `kv_cache`.
+Every attention layer keeps its KV cache as a submodule named `kv_cache`; which kind of
+cache is the caller's choice (`kind`), the models never look inside one. Code that owns a
+cache's lifetime is `qkv.generation.DecodeSession`.
 
 Shape legend: B batch, T new tokens, S key tokens (cache included), V vocabulary.
 """
@@ -23,7 +27,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor, nn
 
-from qkv.attention.kv_cache import KVCache
+from qkv.attention.kv_cache import CacheKind, KVCache, StaticKVCache
 
 
 def key_mask(mask: Tensor | None) -> Tensor | None:
@@ -58,22 +62,24 @@ class CausalDecoder(nn.Module, metaclass=ABCMeta):
     def setup_cache(
         self,
         batch_size: int,
-        max_seq_len: int,
+        capacity: int,
         *,
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
+        kind: CacheKind = StaticKVCache,
     ) -> None:
-        """Attach an empty (B, H_kv, max_seq_len, D) KV cache to every attention layer."""
-        if max_seq_len > self.context_length:
+        """Attach an empty KV cache of `kind` holding `capacity` positions to every
+        attention layer (dtype and device default to the model's)."""
+        if capacity > self.context_length:
             raise ValueError(
-                f"a cache of {max_seq_len} tokens exceeds the model's context length "
+                f"a cache of {capacity} tokens exceeds the model's context length "
                 f"({self.context_length})"
             )
         reference = next(self.parameters())
         dtype = reference.dtype if dtype is None else dtype
         device = reference.device if device is None else torch.device(device)
-        for layer in self.attention_layers():
-            layer.setup_cache(batch_size, max_seq_len, dtype=dtype, device=device)
+        for index, layer in enumerate(self.attention_layers()):
+            layer.setup_cache(batch_size, capacity, dtype=dtype, device=device, kind=kind, layer_index=index)
 
     def caches(self) -> list[KVCache]:
         return [layer.kv_cache for layer in self.attention_layers() if layer.kv_cache is not None]
@@ -89,7 +95,7 @@ class CausalDecoder(nn.Module, metaclass=ABCMeta):
             layer.kv_cache = None
 
     def cache_length(self) -> int:
-        """How many tokens the attached caches hold (0 without caches)."""
+        """How many positions the attached caches hold (0 without caches)."""
         caches = self.caches()
         return caches[0].length if caches else 0
 
@@ -97,12 +103,27 @@ class CausalDecoder(nn.Module, metaclass=ABCMeta):
         """Bytes held by all attached KV caches."""
         return sum(cache.nbytes for cache in self.caches())
 
-    def default_positions(self, input_ids: Tensor) -> Tensor:
-        """(T,) positions following the cached tokens; checks the context length."""
-        start, t = self.cache_length(), input_ids.shape[1]
-        if start + t > self.context_length:
+    def positions_for(self, input_ids: Tensor, positions: Tensor | None) -> Tensor:
+        """The positions of the new tokens, (T,) or (B, T): the given ones, or those that
+        follow the cached tokens. Checks them against the context length and the caches'
+        capacity (one small read of a tensor per call, outside any compiled region)."""
+        t = input_ids.shape[1]
+        caches = self.caches()
+        if positions is None:
+            if caches:
+                start = caches[0].length
+                positions = torch.arange(start, start + t, device=input_ids.device)  # (T,)
+            else:
+                positions = torch.arange(t, device=input_ids.device)  # (T,)
+        if positions.shape[-1] != t or positions.dim() not in (1, 2):
             raise ValueError(
-                f"{start + t} tokens exceed the model's context length ({self.context_length}); "
-                "shorten the input"
+                f"positions must have shape ({t},) or (batch, {t}), got {tuple(positions.shape)}"
             )
-        return torch.arange(start, start + t, device=input_ids.device)  # (T,)
+        furthest = int(positions.max()) + 1 if positions.numel() else 0
+        limit = min([self.context_length] + [cache.capacity for cache in caches[:1]])
+        if furthest > limit:
+            what = "context length" if limit == self.context_length else "KV cache's capacity"
+            raise ValueError(
+                f"{furthest} tokens exceed the model's {what} ({limit}); shorten the input"
+            )
+        return positions

@@ -1,11 +1,14 @@
 """The book's GPT model (chapter 4), which is GPT-2's architecture.
 
-Names follow the book (tok_emb, pos_emb, trf_blocks, att.W_query/W_key/W_value/out_proj,
-ff, norm1, norm2, final_norm, out_head) and so does the config (vocab_size,
-context_length, emb_dim, n_heads, n_layers, drop_rate, qkv_bias), so a reader of the book
-recognises every part. Unlike the book's MultiHeadAttention, the attention here keeps no
-(context_length x context_length) mask buffer: causality is passed to the kernel, and a
-KV cache can be attached for generation.
+Names follow the book (tok_emb, pos_emb, trf_blocks, att, ff, norm1, norm2, final_norm,
+out_head) and so does the config (vocab_size, context_length, emb_dim, n_heads, n_layers,
+drop_rate, qkv_bias), so a reader of the book recognises every part. The attention `att`
+is the shared `GroupedQueryAttention` with as many key/value heads as query heads (the
+book's multi-head attention): its projections are q_proj, k_proj, v_proj and o_proj, the
+book's W_query, W_key, W_value and out_proj (GPT-2's fused c_attn is split at load time,
+qkv.models.hf_keys). Unlike the book's MultiHeadAttention it keeps no (context_length x
+context_length) mask buffer: causality is passed to the kernel, and a KV cache can be
+attached for generation.
 
 Shape legend: B batch, T new tokens, S key tokens (cache included), C embedding (emb_dim),
 H heads, D head size, V vocabulary.
@@ -20,8 +23,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from qkv.attention.kernels import BACKENDS, Backend, attention
-from qkv.attention.kv_cache import KVCache
+from qkv.attention.grouped_query import GroupedQueryAttention
+from qkv.attention.kernels import BACKENDS, Backend
 from qkv.models.decoder import CausalDecoder, key_mask
 
 
@@ -158,62 +161,22 @@ class FeedForward(nn.Module):
         return self.layers(x)
 
 
-class GPTAttention(nn.Module):
-    """Causal multi-head attention with the book's names, a kernel backend and a KV cache."""
-
-    def __init__(self, cfg: GPTConfig) -> None:
-        super().__init__()
-        self.num_heads = cfg.n_heads
-        self.head_dim = cfg.head_dim
-        self.d_out = cfg.emb_dim
-        self.dropout = cfg.drop_rate
-        self.backend: Backend = cfg.attention_backend
-        self.W_query = nn.Linear(cfg.emb_dim, cfg.emb_dim, bias=cfg.qkv_bias)
-        self.W_key = nn.Linear(cfg.emb_dim, cfg.emb_dim, bias=cfg.qkv_bias)
-        self.W_value = nn.Linear(cfg.emb_dim, cfg.emb_dim, bias=cfg.qkv_bias)
-        self.out_proj = nn.Linear(cfg.emb_dim, cfg.emb_dim)
-        self.kv_cache: KVCache | None = None
-
-    def setup_cache(
-        self, batch_size: int, max_seq_len: int, *, dtype: torch.dtype, device: torch.device
-    ) -> KVCache:
-        self.kv_cache = KVCache(
-            batch_size, self.num_heads, max_seq_len, self.head_dim, dtype=dtype, device=device
-        )
-        return self.kv_cache
-
-    def forward(self, x: Tensor, *, mask: Tensor | None = None) -> Tensor:
-        b, t, _ = x.shape
-
-        def split_heads(y: Tensor) -> Tensor:
-            return y.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
-
-        q = split_heads(self.W_query(x))
-        k = split_heads(self.W_key(x))
-        v = split_heads(self.W_value(x))
-        if self.kv_cache is not None:
-            k, v = self.kv_cache.update(k, v)  # (B, H, S, D)
-        context = attention(
-            q, k, v, mask=mask, is_causal=True,
-            dropout_p=self.dropout if self.training else 0.0, backend=self.backend,
-        )  # (B, H, T, D)
-        context = context.transpose(1, 2).reshape(b, t, self.d_out)  # (B, T, C)
-        return self.out_proj(context)
-
-
 class TransformerBlock(nn.Module):
     """Section 4.5: pre-norm attention and feed-forward, each with a shortcut."""
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
-        self.att = GPTAttention(cfg)
+        self.att = GroupedQueryAttention(
+            cfg.emb_dim, cfg.n_heads, qkv_bias=cfg.qkv_bias, out_bias=True,
+            dropout=cfg.drop_rate, backend=cfg.attention_backend,
+        )
         self.ff = FeedForward(cfg)
         self.norm1 = LayerNorm(cfg.emb_dim, cfg.layer_norm_eps)
         self.norm2 = LayerNorm(cfg.emb_dim, cfg.layer_norm_eps)
         self.drop_shortcut = nn.Dropout(cfg.drop_rate)
 
-    def forward(self, x: Tensor, *, mask: Tensor | None = None) -> Tensor:
-        x = x + self.drop_shortcut(self.att(self.norm1(x), mask=mask))
+    def forward(self, x: Tensor, *, mask: Tensor | None, positions: Tensor) -> Tensor:
+        x = x + self.drop_shortcut(self.att(self.norm1(x), mask=mask, positions=positions))
         return x + self.drop_shortcut(self.ff(self.norm2(x)))
 
 
@@ -241,7 +204,7 @@ class GPTModel(CausalDecoder):
     def context_length(self) -> int:
         return self.cfg.context_length
 
-    def attention_layers(self) -> Iterator[GPTAttention]:
+    def attention_layers(self) -> Iterator[GroupedQueryAttention]:
         return (block.att for block in self.trf_blocks)
 
     def tie_weights(self) -> None:
@@ -257,10 +220,9 @@ class GPTModel(CausalDecoder):
     ) -> Tensor:
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, tokens), got shape {tuple(input_ids.shape)}")
-        if positions is None:
-            positions = self.default_positions(input_ids)  # (T,)
+        positions = self.positions_for(input_ids, positions)  # (T,) or (B, T)
         mask = key_mask(mask)
         x = self.drop_emb(self.tok_emb(input_ids) + self.pos_emb(positions))  # (B, T, C)
         for block in self.trf_blocks:
-            x = block(x, mask=mask)
+            x = block(x, mask=mask, positions=positions)
         return self.out_head(self.final_norm(x))  # (B, T, V)

@@ -8,7 +8,8 @@ skipped by an explicit pattern, never by a catch-all.
 
 GPT-2 stores its linear layers as Conv1D, (in, out), the transpose of nn.Linear's
 (out, in), and fuses queries, keys and values into one c_attn of (C, 3C): the map splits
-it into the book's W_query, W_key, W_value. The Llama family's names are qkv's own, so its
+it into the shared attention layer's q_proj, k_proj, v_proj (the book's W_query, W_key,
+W_value). The Llama family's names are qkv's own, so its
 map is the identity.
 
 Shape legend: C embedding, V vocabulary, P positions (context length), F feed-forward size.
@@ -114,8 +115,8 @@ def gpt2_key_maps(model: GPTModel) -> list[KeyMap]:
             KeyMap(hf + "attn.c_attn.weight", (c, 3 * c), _split_qkv(qkv + "att.", "weight", c)),
             KeyMap(hf + "attn.c_attn.bias", (3 * c,),
                    _split_qkv(qkv + "att.", "bias", c) if cfg.qkv_bias else _zero_bias(hf + "attn.c_attn.bias")),
-            KeyMap(hf + "attn.c_proj.weight", (c, c), _transposed(qkv + "att.out_proj.weight")),
-            KeyMap(hf + "attn.c_proj.bias", (c,), _same(qkv + "att.out_proj.bias")),
+            KeyMap(hf + "attn.c_proj.weight", (c, c), _transposed(qkv + "att.o_proj.weight")),
+            KeyMap(hf + "attn.c_proj.bias", (c,), _same(qkv + "att.o_proj.bias")),
             KeyMap(hf + "mlp.c_fc.weight", (c, f), _transposed(qkv + "ff.layers.0.weight")),
             KeyMap(hf + "mlp.c_fc.bias", (f,), _same(qkv + "ff.layers.0.bias")),
             KeyMap(hf + "mlp.c_proj.weight", (f, c), _transposed(qkv + "ff.layers.2.weight")),
@@ -125,13 +126,13 @@ def gpt2_key_maps(model: GPTModel) -> list[KeyMap]:
 
 
 def _split_qkv(prefix: str, kind: str, c: int) -> Callable[[Tensor], dict[str, Tensor]]:
-    """Conv1D c_attn (C, 3C) weight or (3C,) bias -> W_query, W_key, W_value (Linear layout)."""
+    """Conv1D c_attn (C, 3C) weight or (3C,) bias -> q_proj, k_proj, v_proj (Linear layout)."""
 
     def convert(t: Tensor) -> dict[str, Tensor]:
         q, k, v = t.split(c, dim=-1)  # each (C, C) or (C,)
         if kind == "weight":
             q, k, v = q.t(), k.t(), v.t()  # (C_out, C_in)
-        return {f"{prefix}W_query.{kind}": q, f"{prefix}W_key.{kind}": k, f"{prefix}W_value.{kind}": v}
+        return {f"{prefix}q_proj.{kind}": q, f"{prefix}k_proj.{kind}": k, f"{prefix}v_proj.{kind}": v}
 
     return convert
 
@@ -160,9 +161,9 @@ def gpt2_to_hf(model: GPTModel) -> dict[str, Tensor]:
     for i in range(cfg.n_layers):
         hf, qkv = f"transformer.h.{i}.", f"trf_blocks.{i}."
         att = qkv + "att."
-        weights = [sd[f"{att}W_{n}.weight"].t() for n in ("query", "key", "value")]  # each (C, C)
+        weights = [sd[f"{att}{n}_proj.weight"].t() for n in ("q", "k", "v")]  # each (C, C)
         if cfg.qkv_bias:
-            bias = torch.cat([sd[f"{att}W_{n}.bias"] for n in ("query", "key", "value")])  # (3C,)
+            bias = torch.cat([sd[f"{att}{n}_proj.bias"] for n in ("q", "k", "v")])  # (3C,)
         else:
             bias = torch.zeros(3 * cfg.emb_dim, dtype=weights[0].dtype, device=weights[0].device)
         out.update({
@@ -172,8 +173,8 @@ def gpt2_to_hf(model: GPTModel) -> dict[str, Tensor]:
             hf + "ln_2.bias": sd[qkv + "norm2.shift"],
             hf + "attn.c_attn.weight": torch.cat(weights, dim=1),  # (C, 3C)
             hf + "attn.c_attn.bias": bias,
-            hf + "attn.c_proj.weight": sd[att + "out_proj.weight"].t(),
-            hf + "attn.c_proj.bias": sd[att + "out_proj.bias"],
+            hf + "attn.c_proj.weight": sd[att + "o_proj.weight"].t(),
+            hf + "attn.c_proj.bias": sd[att + "o_proj.bias"],
             hf + "mlp.c_fc.weight": sd[qkv + "ff.layers.0.weight"].t(),
             hf + "mlp.c_fc.bias": sd[qkv + "ff.layers.0.bias"],
             hf + "mlp.c_proj.weight": sd[qkv + "ff.layers.2.weight"].t(),

@@ -60,8 +60,10 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = SwiGLU(cfg)
 
-    def forward(self, x: Tensor, *, cos: Tensor, sin: Tensor, mask: Tensor | None) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos=cos, sin=sin, mask=mask)
+    def forward(
+        self, x: Tensor, *, cos: Tensor, sin: Tensor, mask: Tensor | None, positions: Tensor
+    ) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos=cos, sin=sin, mask=mask, positions=positions)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -103,11 +105,10 @@ class LlamaForCausalLM(CausalDecoder):
     ) -> Tensor:
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, tokens), got shape {tuple(input_ids.shape)}")
-        if positions is None:
-            positions = self.default_positions(input_ids)  # (T,)
+        positions = self.positions_for(input_ids, positions)  # (T,) or (B, T)
         mask = key_mask(mask)
         x = self.model.embed_tokens(input_ids)  # (B, T, C)
         cos, sin = self.model.rotary_emb(positions, dtype=x.dtype)  # (T, D) or (B, T, D)
         for layer in self.model.layers:
-            x = layer(x, cos=cos, sin=sin, mask=mask)
+            x = layer(x, cos=cos, sin=sin, mask=mask, positions=positions)
         return self.lm_head(self.model.norm(x))  # (B, T, V)

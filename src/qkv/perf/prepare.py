@@ -1,65 +1,100 @@
-"""One switch for the decode speed-ups, shared by `qkv generate`, `qkv chat` and `qkv bench`.
+"""One switch for decoding speed, shared by `qkv generate`, `qkv chat`, `qkv perplexity`,
+`qkv bench` and the Python API:
 
-    prepare_for_decoding(model, *, compile=False, quantize=None) -> the same model, changed in place
+    setup = prepare_for_decoding(model, precision="int8", compile=True)   # in place
+    model, tokenizer, setup = load_for_generation("smollm2")             # load + prepare
 
-- default: `DecodeLinear` with column-major weights, the layout PyTorch's eager CPU
-  matrix-vector product reads fastest (GPT-2-124M shape, 2 cores: 1.18x transformers'
-  decode speed in float32, against 0.92x for the weights as loaded);
-- compile=True: `compile_decoder` (row-major multiply-and-reduce linears, Inductor):
-  about twice as fast again after a compile of 10-20 s (one layer, reused by all of
-  them); falls back to eager, with one warning, where no C++ compiler works;
-- quantize="int8": weight-only `Int8Linear` layers, a quarter of float32's bytes per
-  token; the quality cost is measured by `qkv bench --quantize int8`.
+Precisions (the weights; activations stay float32 except for "bfloat16"):
+- "float32": the exact path, the checkpoint's numbers;
+- "bfloat16": weights and activations in bfloat16;
+- "int8": weight-only int8, one scale per output row (`qkv.perf.quantize`);
+- "int4": weight-only int4, asymmetric groups of 32 inputs.
 
-All of them give the model's own tokens up to float rounding (tests/perf).
+DEFAULT_PRECISION (qkv.precision) is the fastest of them whose perplexity on the-verdict
+stays within 1% of bfloat16's (measured by `qkv bench`; benchmarks/RESULTS.md).
 
-`warm_up(model)` runs the compilation before a timed or interactive generation, so that
-the first token a user waits for, or a tokens/s figure, does not include it.
+compile=True compiles each repeated layer once (`qkv.perf.compile`); where compiling is not
+possible the model stays eager and the report says why. `qkv.generation.warm_up` runs the
+compilation before a timed or interactive generation, so the first token a user waits
+for, or a tokens/s figure, does not include it.
 """
 
 from __future__ import annotations
 
-import time
+import os
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from qkv.errors import QkvError
 from qkv.models.decoder import CausalDecoder
-from qkv.perf.compile import compile_decoder
-from qkv.perf.linear import quantize_int8, use_decode_linears
+from qkv.perf.compile import Backend, CompileReport, compile_decoder
+from qkv.perf.quantize import quantize
+from qkv.precision import DEFAULT_PRECISION, PRECISIONS, QUANTIZED
 
-QUANTIZATIONS: tuple[str, ...] = ("int8",)
+
+
+def load_dtype(precision: str) -> torch.dtype:
+    """The dtype to load weights in for `precision` (quantized ones start from float32)."""
+    check_precision(precision)
+    return torch.bfloat16 if precision == "bfloat16" else torch.float32
+
+
+def check_precision(precision: str) -> None:
+    if precision not in PRECISIONS:
+        raise QkvError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+
+
+@dataclass(frozen=True)
+class DecodeSetup:
+    """How a model was prepared: its precision and what compiling did."""
+
+    precision: str
+    compile: CompileReport | None
+
+    @property
+    def compiled(self) -> bool:
+        return self.compile is not None and self.compile.compiled
+
+    def describe(self) -> str:
+        parts = [self.precision]
+        if self.compile is not None:
+            parts.append("compiled" if self.compile.compiled else "eager")
+        return ", ".join(parts)
 
 
 def prepare_for_decoding(
-    model: CausalDecoder, *, compile: bool = False, quantize: str | None = None
-) -> CausalDecoder:
-    """Apply the chosen speed-ups to `model` in place (see the module docstring)."""
-    if quantize is not None and quantize not in QUANTIZATIONS:
-        raise QkvError(f"unknown quantization {quantize!r}; choose one of {', '.join(QUANTIZATIONS)}")
-    if quantize == "int8":
-        quantize_int8(model)
-    if compile:
-        compile_decoder(model)
-    elif quantize is None:
-        use_decode_linears(model)
-    return model
-
-
-def warm_up(model: CausalDecoder, *, batch_size: int = 1, max_seq_len: int = 8) -> float:
-    """Run two decode steps on a throw-away cache (compiling them, if the model is
-    compiled, for caches of up to `max_seq_len` positions). Returns the seconds taken."""
-    device = next(model.parameters()).device
-    start = time.perf_counter()
-    was_training = model.training
+    model: CausalDecoder,
+    *,
+    precision: str = DEFAULT_PRECISION,
+    compile: bool = True,
+    backend: Backend = "inductor",
+) -> DecodeSetup:
+    """Bring `model` to `precision` and compile it, in place (see the module docstring)."""
+    check_precision(precision)
     model.eval()
-    model.setup_cache(batch_size, max(2, max_seq_len))
-    try:
-        with torch.inference_mode():
-            token = torch.zeros(batch_size, 1, dtype=torch.long, device=device)
-            model(token)
-            model(token)
-    finally:
-        model.remove_cache()
-        model.train(was_training)
-    return time.perf_counter() - start
+    if precision == "bfloat16":
+        model.to(torch.bfloat16)
+    else:
+        model.float()
+        if precision in QUANTIZED:
+            quantize(model, precision)
+    report = compile_decoder(model, backend=backend) if compile else None
+    return DecodeSetup(precision=precision, compile=report)
+
+
+def load_for_generation(
+    source: str | os.PathLike[str],
+    *,
+    precision: str = DEFAULT_PRECISION,
+    compile: bool = True,
+) -> tuple[CausalDecoder, Any, DecodeSetup]:
+    """Load a decoder (a checkpoint folder, a .gguf file or 'smollm2') ready for fast
+    decoding: (model, tokenizer, setup). `precision="float32", compile=False` gives the
+    model exactly as `qkv.load_pretrained` does."""
+    from qkv.models.checkpoint import load_pretrained
+
+    model, tokenizer = load_pretrained(source, dtype=load_dtype(precision))
+    setup = prepare_for_decoding(model, precision=precision, compile=compile)
+    return model, tokenizer, setup

@@ -25,7 +25,6 @@ from qkv.attention.grouped_query import GroupedQueryAttention
 from qkv.attention.masks import causal_mask, combine_masks
 from qkv.attention.rope import apply_rope
 from qkv.book import CausalAttention, MultiHeadAttention, SelfAttention_v1, SelfAttention_v2
-from qkv.models.gpt2 import GPTAttention
 
 
 @dataclass
@@ -76,10 +75,8 @@ def _cached(module: nn.Module, k_new: Tensor, v_new: Tensor) -> tuple[Tensor, Te
     cache = getattr(module, "kv_cache", None)
     if cache is None:
         return k_new, v_new
-    end = cache.length
-    keys = cache.k_cache[:, :, :end].detach().clone()  # (B, H_kv, S, D)
-    values = cache.v_cache[:, :, :end].detach().clone()
-    return keys, values
+    keys, values = cache.contents()  # (B, H_kv, S, D)
+    return keys.detach().clone(), values.detach().clone()
 
 
 def _single_head_call(x: Tensor, wq: Tensor, wk: Tensor, wv: Tensor,
@@ -120,35 +117,22 @@ def _causal_attention(module: CausalAttention, args: tuple, kwargs: dict) -> Att
     return _single_head_call(x, wq, wk, wv, bq, bk, bv, visible, False)
 
 
-def _multi_head(module: nn.Module, x: Tensor, num_heads: int, mask: Tensor | None,
-                book_mask: bool) -> AttentionCall:
-    """The book's MultiHeadAttention and the GPT model's attention: same names, same flow."""
+def _book_multi_head(module: MultiHeadAttention, args: tuple, kwargs: dict) -> AttentionCall:
+    """The book's MultiHeadAttention: W_query, W_key, W_value, out_proj and its mask buffer."""
+    x = args[0].detach()
     (wq, bq), (wk, bk), (wv, bv) = (_linear_parts(module.W_query), _linear_parts(module.W_key),
                                     _linear_parts(module.W_value))
-    q = _heads(module.W_query(x), num_heads)  # (B, H, T, D)
-    k_new = _heads(module.W_key(x), num_heads)
-    v_new = _heads(module.W_value(x), num_heads)
-    keys, values = _cached(module, k_new, v_new)
-    t, s = x.shape[1], keys.shape[2]
-    if book_mask:
-        full = ~module.mask.bool()[:t, :t]  # (T, T)
-    else:
-        full = combine_masks(mask, causal_mask(t, s, device=x.device))
+    q = _heads(module.W_query(x), module.num_heads)  # (B, H, T, D)
+    k = _heads(module.W_key(x), module.num_heads)
+    v = _heads(module.W_value(x), module.num_heads)
+    t = x.shape[1]
+    visible = ~module.mask.bool()[:t, :t]  # (T, T): the book stores 1 = hidden
     return AttentionCall(
         x=x, W_query=wq, W_key=wk, W_value=wv, b_query=bq, b_key=bk, b_value=bv,
-        q_unrotated=q, q=q, k_unrotated=k_new, k_new=k_new, keys=keys, values=values,
-        mask=full, scale=1.0 / math.sqrt(q.shape[-1]), causal=True, out_proj=module.out_proj,
+        q_unrotated=q, q=q, k_unrotated=k, k_new=k, keys=k, values=v,
+        mask=visible, scale=1.0 / math.sqrt(q.shape[-1]), causal=True, out_proj=module.out_proj,
         cos=None, sin=None, unbatched=False,
     )
-
-
-def _book_multi_head(module: MultiHeadAttention, args: tuple, kwargs: dict) -> AttentionCall:
-    return _multi_head(module, args[0].detach(), module.num_heads, None, book_mask=True)
-
-
-def _gpt_attention(module: GPTAttention, args: tuple, kwargs: dict) -> AttentionCall:
-    return _multi_head(module, args[0].detach(), module.num_heads, kwargs.get("mask"),
-                       book_mask=False)
 
 
 def _grouped_query(module: GroupedQueryAttention, args: tuple, kwargs: dict) -> AttentionCall:
@@ -186,7 +170,6 @@ ADAPTERS: tuple[tuple[type[nn.Module], Adapter], ...] = (
     (SelfAttention_v2, _self_attention_v2),
     (CausalAttention, _causal_attention),
     (MultiHeadAttention, _book_multi_head),
-    (GPTAttention, _gpt_attention),
     (GroupedQueryAttention, _grouped_query),
 )
 

@@ -18,7 +18,8 @@ heads and queries.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -228,6 +229,53 @@ def record_call(index: int, name: str, module: nn.Module, call: AttentionCall, r
     )
 
 
+def _checked_modules(module_or_model: nn.Module, layer: Selection, head: Selection) -> list[tuple[int, str, nn.Module]]:
+    modules = attention_modules(module_or_model)
+    chosen = []
+    for i in _select(layer, len(modules), "layer"):
+        name, module = modules[i]
+        _select(head, num_heads(module)[0], "head")
+        if module.training and dropout_p(module) > 0:
+            raise QkvError(
+                f"layer {i} ({name or type(module).__name__}) is in training mode with dropout; "
+                "call .eval() on the model before tracing"
+            )
+        chosen.append((i, name, module))
+    return chosen
+
+
+@contextlib.contextmanager
+def recording(
+    module_or_model: nn.Module,
+    *,
+    layer: Selection = None,
+    head: Selection = None,
+    query: Selection = None,
+) -> Iterator[dict[int, list[LayerTrace]]]:
+    """Record the selected steps of every call the selected attention layers get while the
+    `with` block runs (a whole generation, say): {layer index: [one LayerTrace per call]}.
+    Each record is checked against the module's real output, as in `trace`."""
+    chosen = _checked_modules(module_or_model, layer, head)
+    records: dict[int, list[LayerTrace]] = {i: [] for i, _, _ in chosen}
+    handles = []
+
+    def make_hook(index: int, name: str):
+        def hook(module: nn.Module, args: tuple, kwargs: dict, output: Tensor) -> None:
+            with torch.no_grad():
+                call = explain_call(module, args, kwargs)
+                records[index].append(record_call(index, name, module, call, output, head, query))
+
+        return hook
+
+    try:
+        for i, name, module in chosen:
+            handles.append(module.register_forward_hook(make_hook(i, name), with_kwargs=True))
+        yield records
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def trace(
     module_or_model: nn.Module,
     inputs: Any,
@@ -245,39 +293,13 @@ def trace(
     None selects all. Raises QkvError for a selection out of range, TraceMismatchError if
     the recorded steps do not reproduce what the module computed.
     """
-    modules = attention_modules(module_or_model)
-    chosen = _select(layer, len(modules), "layer")
-    for i in chosen:
-        name, module = modules[i]
-        _select(head, num_heads(module)[0], "head")
-        if module.training and dropout_p(module) > 0:
-            raise QkvError(
-                f"layer {i} ({name or type(module).__name__}) is in training mode with dropout; "
-                "call .eval() on the model before tracing"
-            )
-    records: dict[int, LayerTrace] = {}
-    handles = []
-
-    def make_hook(index: int, name: str):
-        def hook(module: nn.Module, args: tuple, kwargs: dict, output: Tensor) -> None:
-            if index in records:
-                raise QkvError(f"layer {index} ({name}) was called twice in one traced forward")
-            call = explain_call(module, args, kwargs)
-            records[index] = record_call(index, name, module, call, output, head, query)
-
-        return hook
-
-    try:
-        for i in chosen:
-            name, module = modules[i]
-            handles.append(module.register_forward_hook(make_hook(i, name), with_kwargs=True))
-        with torch.no_grad():
-            output = module_or_model(inputs, **forward_kwargs)
-    finally:
-        for handle in handles:
-            handle.remove()
-    missing = [i for i in chosen if i not in records]
+    with recording(module_or_model, layer=layer, head=head, query=query) as records, torch.no_grad():
+        output = module_or_model(inputs, **forward_kwargs)
+    missing = [i for i, calls in records.items() if not calls]
     if missing:
         raise QkvError(f"layers {missing} were not called by this forward; nothing to record")
-    return Trace(layers=[records[i] for i in chosen], output=output,
+    twice = [i for i, calls in records.items() if len(calls) > 1]
+    if twice:
+        raise QkvError(f"layer {twice[0]} was called twice in one traced forward")
+    return Trace(layers=[calls[0] for calls in records.values()], output=output,
                  tokens=None if tokens is None else list(tokens))

@@ -1,0 +1,205 @@
+"""The decode loop every command shares: prefill, decode steps, sampling, stopping, streaming.
+
+    stream(model, input_ids (B, T), max_new_tokens, *, ...) -> iterator of (B,) new tokens
+    generate(model, input_ids (B, T), max_new_tokens, *, ...) -> ids (B, T + N)
+    continue_from(session, logits (B, V), max_new_tokens, *, sampling, stop) -> iterator of (B,)
+
+`continue_from` is the loop itself (sample, stop, decode the choice, repeat) over an open
+`DecodeSession`; `stream` opens a session for one batch of prompts and runs it, and `qkv
+chat` runs it turn after turn on one long-lived session.
+
+Batches of prompts of different lengths arrive left-padded, with `attention_mask` (B, T)
+1 for real tokens and 0 for padding (transformers' convention). The loop moves each row's
+padding to its end: every row then starts at position 0 and the cache's position mask
+keeps each row to its own tokens, so each row produces the same tokens as alone, with no
+padding mask at all.
+
+Without the cache (`use_cache=False`) every step re-runs the whole sequence: the
+reference the cache must reproduce.
+
+Shape legend: B batch, T prompt tokens, N new tokens, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch import Tensor
+
+from qkv.errors import QkvError
+from qkv.generation.sampling import Sampling, choose
+from qkv.generation.session import DecodeSession
+from qkv.models.decoder import CausalDecoder
+
+
+def _validate(model: CausalDecoder, input_ids: Tensor, max_new_tokens: int,
+              attention_mask: Tensor | None) -> None:
+    if input_ids.dim() != 2 or input_ids.shape[1] < 1 or input_ids.dtype not in (torch.int64, torch.int32):
+        raise QkvError(
+            f"input_ids must be a non-empty (batch, tokens) integer tensor, got {input_ids.dtype} "
+            f"of shape {tuple(input_ids.shape)}"
+        )
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise QkvError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
+    t, context = input_ids.shape[1], model.context_length
+    if t > context:
+        raise QkvError(f"the prompt has {t} tokens, more than the model's context length ({context}); shorten it")
+    if t + max_new_tokens > context:
+        raise QkvError(
+            f"{t} prompt tokens + {max_new_tokens} new tokens exceed the model's context length "
+            f"({context}); ask for at most {context - t} new tokens"
+        )
+    if attention_mask is not None:
+        if attention_mask.shape != input_ids.shape:
+            raise QkvError(
+                f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, "
+                f"got {tuple(attention_mask.shape)}"
+            )
+        real = attention_mask.bool()
+        if not bool(real[:, -1].all()) or bool((real[:, 1:] < real[:, :-1]).any()):
+            raise QkvError("attention_mask must describe left padding: zeros first, then ones, in every row")
+
+
+def stop_tokens(eos_token_id: int | Sequence[int] | None) -> tuple[int, ...]:
+    if eos_token_id is None:
+        return ()
+    return (eos_token_id,) if isinstance(eos_token_id, int) else tuple(eos_token_id)
+
+
+def continue_from(
+    session: DecodeSession,
+    logits: Tensor,
+    max_new_tokens: int,
+    *,
+    sampling: Sampling = Sampling(),
+    stop: Sequence[int] = (),
+    generator: torch.Generator | None = None,
+) -> Iterator[Tensor]:
+    """From the logits (B, V) of each row's last token, yield up to `max_new_tokens` new
+    tokens (B,), decoding each one into the session's cache before asking for the next.
+
+    A row that produces a `stop` token keeps yielding it; the loop ends when every row has
+    (the stop token itself is yielded and is in the cache only if another step follows).
+    """
+    if generator is None and not sampling.greedy:
+        generator = sampling.generator(logits.device)
+    stop_ids = torch.tensor(list(stop), dtype=torch.long, device=logits.device)
+    finished = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
+    for step in range(max_new_tokens):
+        new = choose(logits, sampling, generator)  # (B,)
+        if stop:
+            new = torch.where(finished, stop_ids[0], new)
+            finished |= torch.isin(new, stop_ids)
+        yield new
+        if (stop and bool(finished.all())) or step + 1 == max_new_tokens:
+            return
+        logits = session.decode(new)  # (B, V)
+
+
+def _right_aligned(input_ids: Tensor, attention_mask: Tensor | None) -> tuple[Tensor, list[int]]:
+    """Left-padded rows -> the same tokens first, padding last; and each row's length."""
+    if attention_mask is None:
+        return input_ids.long(), [input_ids.shape[1]] * input_ids.shape[0]
+    real = attention_mask.bool()
+    lengths = real.sum(dim=1).tolist()
+    pad = input_ids.shape[1] - real.sum(dim=1)  # (B,)
+    columns = (torch.arange(input_ids.shape[1], device=input_ids.device)[None] + pad[:, None]) % input_ids.shape[1]
+    return input_ids.long().gather(1, columns), lengths  # (B, T)
+
+
+def stream(
+    model: CausalDecoder,
+    input_ids: Tensor,
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    use_cache: bool = True,
+    eos_token_id: int | Sequence[int] | None = None,
+    attention_mask: Tensor | None = None,
+) -> Iterator[Tensor]:
+    """Yield the new tokens (B,) one step at a time; see `generate` for the arguments.
+
+    Arguments are checked at the call, before the first token is asked for. The model is
+    put in eval mode and given caches for the duration (a `DecodeSession`), then restored.
+    """
+    _validate(model, input_ids, max_new_tokens, attention_mask)
+    sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    ids, lengths = _right_aligned(input_ids.to(next(model.parameters()).device), attention_mask)
+    if max_new_tokens == 0:
+        return iter(())
+    if not use_cache:
+        return _uncached(model, ids, lengths, max_new_tokens, sampling, stop_tokens(eos_token_id))
+    return _cached(model, ids, lengths, max_new_tokens, sampling, stop_tokens(eos_token_id))
+
+
+def _cached(model: CausalDecoder, ids: Tensor, lengths: list[int], max_new_tokens: int,
+            sampling: Sampling, stop: tuple[int, ...]) -> Iterator[Tensor]:
+    capacity = ids.shape[1] + max_new_tokens
+    with DecodeSession(model, batch_size=ids.shape[0], capacity=capacity) as session:
+        logits = session.prefill(ids, lengths=lengths)
+        yield from continue_from(session, logits, max_new_tokens, sampling=sampling, stop=stop)
+
+
+def _uncached(model: CausalDecoder, ids: Tensor, lengths: list[int], max_new_tokens: int,
+              sampling: Sampling, stop: tuple[int, ...]) -> Iterator[Tensor]:
+    """Every step runs each row's whole sequence again (rows stay padded at the end)."""
+    b = ids.shape[0]
+    tokens = torch.zeros(b, ids.shape[1] + max_new_tokens, dtype=torch.long, device=ids.device)
+    tokens[:, : ids.shape[1]] = ids
+    ends = torch.tensor(lengths, device=ids.device)  # (B,) each row's length so far
+    rows = torch.arange(b, device=ids.device)
+    generator = None if sampling.greedy else sampling.generator(ids.device)
+    stop_ids = torch.tensor(list(stop), dtype=torch.long, device=ids.device)
+    finished = torch.zeros(b, dtype=torch.bool, device=ids.device)
+    was_training = model.training
+    model.eval()
+    try:
+        for _ in range(max_new_tokens):
+            with torch.inference_mode():
+                logits = model(tokens[:, : int(ends.max())])[rows, ends - 1]  # (B, V)
+            new = choose(logits, sampling, generator)
+            if stop:
+                new = torch.where(finished, stop_ids[0], new)
+                finished |= torch.isin(new, stop_ids)
+            tokens[rows, ends] = new
+            ends += 1
+            yield new
+            if stop and bool(finished.all()):
+                return
+    finally:
+        model.train(was_training)
+
+
+def generate(
+    model: CausalDecoder,
+    input_ids: Tensor,
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    use_cache: bool = True,
+    eos_token_id: int | Sequence[int] | None = None,
+    attention_mask: Tensor | None = None,
+) -> Tensor:
+    """The prompt ids (B, T) followed by up to max_new_tokens new ones: (B, T + N).
+
+    temperature 0 is greedy; otherwise tokens are drawn (after top_k / top_p filtering)
+    from a generator seeded with `seed`. Generation stops early once every row has
+    produced one of `eos_token_id`; finished rows are filled with the (first) end token.
+    `attention_mask` (B, T) marks real tokens (1) and left padding (0).
+    """
+    new = list(
+        stream(
+            model, input_ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+            seed=seed, use_cache=use_cache, eos_token_id=eos_token_id, attention_mask=attention_mask,
+        )
+    )
+    if not new:
+        return input_ids.clone()
+    return torch.cat([input_ids.long(), torch.stack(new, dim=1).to(input_ids.device)], dim=1)  # (B, T + N)

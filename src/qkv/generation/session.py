@@ -1,0 +1,191 @@
+"""A decode session: the one owner of a model's KV caches while it generates.
+
+    with DecodeSession(model, batch_size=B, capacity=S) as session:
+        logits = session.prefill(ids (B, T), lengths=None)   # (B, V), the caches filled
+        logits = session.decode(tokens (B,))                  # (B, V), one position each
+
+The session attaches the caches when it is entered and removes them when it is left
+(restoring the model's training mode), so nothing else touches them. It carries the
+positions as tensors: a prefill writes positions [n, n + T) of every row; a decode step
+writes each row's next position. Rows may have different lengths (a batch of prompts laid
+out with their padding at the end, `lengths` giving the real ones): positions are then
+(B, 1) per row, and each row's cache mask hides what lies beyond its own position.
+A decode step has the same shapes at every length, so a compiled model runs it with one
+graph for the cache's whole capacity.
+
+Prompts (compute-bound, large products) run eagerly even on a compiled model, through
+`torch.compiler.set_stance("force_eager")` where PyTorch has it; only the decode steps
+run compiled, which keeps the compiled graphs to one shape family.
+
+Shape legend: B batch, T prompt tokens, S cache capacity, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from types import TracebackType
+
+import torch
+from torch import Tensor
+
+from qkv.attention.kv_cache import CacheKind, StaticKVCache
+from qkv.errors import QkvError
+from qkv.models.decoder import CausalDecoder
+
+# Capacities are rounded up to these steps so that generations of similar lengths share
+# buffers of one shape (and a compiled model its graphs); attention reads every slot of
+# the capacity (masked), so the rounding is kept small for short generations.
+SMALLEST_CAPACITY = 256
+
+
+def cache_capacity(tokens: int, context_length: int) -> int:
+    """The capacity a session allocates for `tokens` positions: the next power of two, at
+    least SMALLEST_CAPACITY, capped at the context length."""
+    if tokens > context_length:
+        raise QkvError(f"{tokens} tokens exceed the model's context length ({context_length})")
+    rounded = max(SMALLEST_CAPACITY, 1 << max(0, tokens - 1).bit_length())
+    return min(rounded, context_length)
+
+
+def _eager_prompts() -> contextlib.AbstractContextManager[object]:
+    set_stance = getattr(torch.compiler, "set_stance", None)
+    return set_stance("force_eager") if set_stance is not None else contextlib.nullcontext()
+
+
+class DecodeSession:
+    """Owns `model`'s caches for the duration of a `with` block (see the module docstring).
+
+    capacity: positions each row can hold (default: the model's context length, rounded
+    as `cache_capacity` rounds); kind: the cache kind (qkv.attention.kv_cache).
+    """
+
+    def __init__(
+        self,
+        model: CausalDecoder,
+        *,
+        batch_size: int = 1,
+        capacity: int | None = None,
+        kind: CacheKind = StaticKVCache,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        if batch_size < 1:
+            raise QkvError(f"batch_size must be at least 1, got {batch_size}")
+        self.model = model
+        self.batch_size = batch_size
+        self.capacity = cache_capacity(capacity or model.context_length, model.context_length)
+        self.kind = kind
+        self.dtype = dtype
+        self.device = next(model.parameters()).device
+        self.lengths = [0] * batch_size  # positions held per row (Python ints: no reads back)
+        self._next: Tensor | None = None  # (B, 1) or (1,): the positions of the next decode step
+        self._was_training = model.training
+        self._open = False
+
+    # -- lifetime --------------------------------------------------------------------
+    def __enter__(self) -> DecodeSession:
+        self._was_training = self.model.training
+        self.model.eval()
+        self.model.setup_cache(self.batch_size, self.capacity, dtype=self.dtype, device=self.device,
+                               kind=self.kind)
+        self._open = True
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._open:
+            self.model.remove_cache()
+            self.model.train(self._was_training)
+            self._open = False
+
+    def reset(self) -> None:
+        """Forget every row's tokens; the buffers stay for the next prompt."""
+        self._check_open()
+        self.model.reset_cache()
+        self.lengths = [0] * self.batch_size
+        self._next = None
+
+    def truncate(self, length: int) -> None:
+        """Keep each row's first `length` positions (a chat rewinds to a common prefix)."""
+        self._check_open()
+        for cache in self.model.caches():
+            cache.truncate(length)
+        self.lengths = [min(n, length) for n in self.lengths]
+        self._next = None
+
+    # -- steps -----------------------------------------------------------------------
+    def room(self) -> int:
+        """How many more positions the longest row can take."""
+        return self.capacity - max(self.lengths)
+
+    def prefill(self, ids: Tensor, *, lengths: list[int] | None = None) -> Tensor:
+        """Run (B, T) prompt tokens after what each row holds; returns each row's logits
+        for the token after its last real one, (B, V). `lengths` (default: T for every
+        row) says how many of a row's T tokens are real; the rest is padding whose cache
+        entries are never attended to and are overwritten by that row's next tokens."""
+        self._check_open()
+        b, t = ids.shape
+        if b != self.batch_size or t < 1:
+            raise QkvError(f"this session decodes {self.batch_size} row(s); got prompt ids of shape {tuple(ids.shape)}")
+        lengths = [t] * b if lengths is None else list(lengths)
+        if len(lengths) != b or not all(1 <= n <= t for n in lengths):
+            raise QkvError(f"lengths must give 1..{t} real tokens for each of the {b} rows, got {lengths}")
+        start = self.lengths[0]
+        if any(n != start for n in self.lengths):
+            raise QkvError("a prompt can follow only rows of equal length; reset the session first")
+        self._need(start + t)
+        positions = torch.arange(start, start + t, device=self.device)  # (T,)
+        with torch.inference_mode(), _eager_prompts():
+            logits = self.model(ids.to(self.device), positions=positions)  # (B, T, V)
+        self.lengths = [start + n for n in lengths]
+        last = torch.tensor([n - 1 for n in lengths], device=self.device)  # (B,)
+        self._next = self._positions()
+        return logits[torch.arange(b, device=self.device), last]  # (B, V)
+
+    def decode(self, tokens: Tensor) -> Tensor:
+        """One step: each row's newest token (B,) at its next position -> logits (B, V)."""
+        self._check_open()
+        if tokens.shape != (self.batch_size,):
+            raise QkvError(f"decode takes one token per row, shape ({self.batch_size},); got {tuple(tokens.shape)}")
+        self._need(max(self.lengths) + 1)
+        if self._next is None:
+            self._next = self._positions()
+        with torch.inference_mode():
+            logits = self.model(tokens.to(self.device)[:, None], positions=self._next)  # (B, 1, V)
+        self._next.add_(1)  # in place: the next step reuses the same tensor
+        self.lengths = [n + 1 for n in self.lengths]
+        return logits[:, -1]  # (B, V)
+
+    # -- helpers ---------------------------------------------------------------------
+    def _positions(self) -> Tensor:
+        """The next decode step's positions: (1,) shared by every row, or (B, 1)."""
+        if all(n == self.lengths[0] for n in self.lengths):
+            return torch.tensor([self.lengths[0]], device=self.device)  # (1,)
+        return torch.tensor(self.lengths, device=self.device)[:, None]  # (B, 1)
+
+    def _need(self, positions: int) -> None:
+        if positions > self.capacity:
+            raise QkvError(
+                f"{positions} tokens exceed this session's KV cache ({self.capacity} positions); "
+                "start a session with a larger capacity"
+            )
+
+    def _check_open(self) -> None:
+        if not self._open:
+            raise QkvError("the decode session is not open: use it inside `with DecodeSession(...)`")
+
+
+def warm_up(model: CausalDecoder, *, capacity: int = SMALLEST_CAPACITY) -> float:
+    """Run a prompt and two decode steps on a throw-away session, so that a compiled
+    model compiles its decode step (for sessions of `capacity`) before anyone waits on a
+    token. Returns the seconds it took."""
+    start = time.perf_counter()
+    token = torch.zeros(1, dtype=torch.long, device=next(model.parameters()).device)
+    with DecodeSession(model, capacity=min(capacity, model.context_length)) as session:
+        session.prefill(token[None])
+        session.decode(token)
+        session.decode(token)
+    return time.perf_counter() - start

@@ -1,0 +1,101 @@
+"""Weight-only int8 and int4 layers: error bounds from their definitions, the kernels against
+the dequantized weights, whole models quantized in place, and the quality cost on the real
+SmolLM2 (perplexity within the issue's bounds of bfloat16)."""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from qkv.models.gpt2 import GPTConfig, GPTModel
+from qkv.perf import Int4Linear, Int8Linear, quantize, quantize_groups, quantize_rows
+from qkv.perplexity import perplexity
+
+VERDICT = Path(__file__).resolve().parents[3] / "shared" / "data" / "the-verdict.txt"
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 24), k=st.integers(1, 40), seed=st.integers(0, 2**16), scale=st.floats(1e-3, 1e3))
+def test_int8_rows_are_within_half_a_step(n, k, seed, scale) -> None:
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * scale
+    q, s = quantize_rows(w)
+    assert q.dtype == torch.int8 and int(q.abs().max()) <= 127
+    assert bool(((w - q.float() * s[:, None]).abs() <= s[:, None] / 2 * (1 + 1e-5)).all())
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 16), groups=st.integers(1, 4), seed=st.integers(0, 2**16))
+def test_int4_groups_are_within_half_a_step(n, groups, seed) -> None:
+    g = 32
+    w = torch.randn(n, groups * g, generator=torch.Generator().manual_seed(seed))
+    q, scales, zeros = quantize_groups(w, g)
+    assert int(q.min()) >= 0 and int(q.max()) <= 15
+    deq = ((q.float().reshape(n, groups, g) - 8) * scales[..., None] + zeros[..., None]).reshape(n, -1)
+    step = scales.repeat_interleave(g, dim=1)  # (N, K)
+    assert bool(((w - deq).abs() <= step / 2 * (1 + 1e-4) + 1e-6).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kind", [Int8Linear, Int4Linear])
+def test_kernels_compute_the_dequantized_product(kind, dtype) -> None:
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 48)
+    layer = kind.from_linear(linear)
+    x = torch.randn(5, 3, 64).to(dtype)
+    expected = F.linear(x.float(), layer.dequantized(torch.float32), linear.bias.detach())
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=0.1, rtol=0.05)
+    torch.testing.assert_close(layer(x).float(), expected, **tol)
+    # and the dequantized weight is the float one, within the quantization step
+    assert (layer.dequantized() - linear.weight.detach()).abs().max() < 0.05
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_quantize_replaces_every_linear_and_keeps_the_embedding(kind) -> None:
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=96, context_length=32, emb_dim=64, n_heads=4, n_layers=2, drop_rate=0.0)
+    model = GPTModel(cfg).eval()
+    model.tie_weights()
+    ids = torch.randint(0, 96, (2, 9))
+    with torch.no_grad():
+        before = model(ids)
+        quantize(model, kind)
+        after = model(ids)
+    assert not any(type(m) is nn.Linear for m in model.modules())
+    assert isinstance(model.tok_emb, nn.Embedding)  # one row per token: kept in float
+    assert isinstance(model.out_head, Int8Linear if kind == "int8" else Int4Linear)
+    relative = ((after - before).abs().max() / before.abs().max()).item()
+    assert relative < (0.02 if kind == "int8" else 0.2)
+
+
+def test_unknown_quantization_is_refused() -> None:
+    with pytest.raises(ValueError, match="int8, int4"):
+        quantize(nn.Linear(4, 4), "int3")
+
+
+@pytest.mark.xdist_group("smollm2")
+def test_smollm2_perplexity_cost_within_the_bounds(smollm2_model) -> None:
+    """The issue's quality bounds on real weights (a 384-token excerpt of the book's text,
+    the README's full measurement is in benchmarks/RESULTS.md): int8 within 1% and int4
+    within 3% of bfloat16's perplexity."""
+    model, tokenizer = smollm2_model
+    text = VERDICT.read_text(encoding="utf-8")
+    ids = torch.tensor(tokenizer.encode(text).ids[:384])
+    scores = {}
+    for kind in ("bfloat16", "int8", "int4"):
+        candidate = copy.deepcopy(model)
+        if kind == "bfloat16":
+            candidate.to(torch.bfloat16)
+        else:
+            quantize(candidate, kind)
+        scores[kind] = perplexity(candidate, ids, context_length=384, stride=383).perplexity
+    assert math.isfinite(scores["bfloat16"])
+    assert scores["int8"] / scores["bfloat16"] < 1.01, scores
+    assert scores["int4"] / scores["bfloat16"] < 1.03, scores
