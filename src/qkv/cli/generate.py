@@ -11,19 +11,29 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 
-import torch
-from tokenizers import Tokenizer
+from typing import TYPE_CHECKING
 
 from qkv.cli.speed import add_speed_arguments, apply_speed_options
 from qkv.errors import QkvError
+from qkv.threads import add_threads_argument, apply_threads
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+if TYPE_CHECKING:  # torch and tokenizers load when a command runs, not for --help
+    import torch
+    from tokenizers import Tokenizer
+
+DTYPE_NAMES: tuple[str, ...] = ("float32", "bfloat16")
+
+
+def torch_dtype(name: str) -> "torch.dtype":
+    """The torch dtype of a --dtype choice."""
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "generate",
-        help="continue a prompt with a decoder (GPT-2, Llama, Qwen, a folder qkv train wrote)",
         description="Load a decoder from a Hugging Face checkpoint folder (config.json, "
         "model.safetensors, tokenizer.json) and continue the prompt, streaming the text to "
         "stdout; tokens/s go to stderr.",
@@ -48,13 +58,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, metavar="S", help="seed for sampling (default: a fresh random one)")
     parser.add_argument("--no-cache", action="store_true",
                         help="recompute the whole sequence for every token instead of using the KV cache")
-    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32",
+    parser.add_argument("--dtype", choices=DTYPE_NAMES, default="float32",
                         help="weights and activations (default: %(default)s)")
     add_speed_arguments(parser)
+    add_threads_argument(parser)
     parser.set_defaults(run=run)
 
 
-def text_chunks(tokenizer: Tokenizer, prompt_ids: list[int], new_ids: Iterable[int]) -> Iterator[str]:
+def text_chunks(tokenizer: "Tokenizer", prompt_ids: list[int], new_ids: Iterable[int]) -> Iterator[str]:
     """Decoded text for the new tokens, each chunk ending on a complete character.
 
     Each step decodes a short window of tokens twice, without and with the newest ones;
@@ -95,20 +106,23 @@ def _utf8_writer() -> Callable[[str], None]:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
     from qkv.generation import stream
     from qkv.models.checkpoint import load_pretrained
 
     if args.max_new_tokens < 0:
         raise QkvError(f"--max-new-tokens must be 0 or more, got {args.max_new_tokens}")
+    threads = apply_threads(args.threads)
     if args.chat:
         from qkv.chat import load_chat_model
 
-        chat = load_chat_model(args.model, dtype=DTYPES[args.dtype])
+        chat = load_chat_model(args.model, dtype=torch_dtype(args.dtype))
         model, tokenizer, stop_ids = chat.model, chat.tokenizer, tuple(sorted(chat.stop_ids))
         text = chat.template.render([{"role": "user", "content": args.prompt}], add_generation_prompt=True)
         prompt_ids = tokenizer.encode(text, add_special_tokens=False).ids
     else:
-        model, tokenizer = load_pretrained(args.model, dtype=DTYPES[args.dtype])
+        model, tokenizer = load_pretrained(args.model, dtype=torch_dtype(args.dtype))
         stop_ids = model.eos_token_ids
         prompt_ids = tokenizer.encode(args.prompt).ids
     if not prompt_ids:
@@ -140,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - start
     emit("\n")
     rate = count / elapsed if elapsed > 0 else float("inf")
-    setup = ", ".join(filter(None, [args.dtype, speed, "no cache" if args.no_cache else "KV cache"]))
+    setup = ", ".join(filter(None, [args.dtype, speed, "no cache" if args.no_cache else "KV cache",
+                                    f"{threads} thread{'s' if threads != 1 else ''}"]))
     print(f"{count} tokens in {elapsed:.2f} s: {rate:.1f} tokens/s ({setup})", file=sys.stderr)
     return 0
