@@ -67,3 +67,37 @@ def test_bad_options_give_one_line_and_exit_code_2(args: list[str], fragment: st
     assert fragment in result.stderr
     assert "Traceback" not in result.stderr
     assert result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [(["--layer", "99"], "--layer 99 is out of range: the book's example has 1 attention layer"),
+     (["--layer", "-1"], "--layer -1 is out of range"),
+     (["--head", "99"], "--head 99 is out of range: the book's example has 1 head"),
+     (["--head", "1", "--json"], "--head 1 is out of range"),
+     (["--threads", "0"], "--threads must be at least 1")],
+)
+def test_flags_the_books_example_cannot_honour_are_rejected(args: list[str], fragment: str) -> None:
+    result = run_cli("explain", *args)
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr
+    assert fragment in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_layer_and_head_zero_are_the_books_example(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", "--json", "--layer", "0", "--head", "0"]) == 0
+    assert json.loads(capsys.readouterr().out)["context"] == pytest.approx([0.3061, 0.8210], abs=5e-5)
+
+
+def test_book_only_flags_with_a_model_are_named_in_a_sentence(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", "text", "--model", "minilm", "--causal", "--seed", "5"]) == 2
+    err = capsys.readouterr().err
+    assert ("--seed and --causal apply to the book's example only, since a --model brings its own "
+            "weights and masking; drop them or drop --model") in err
+
+
+def test_a_missing_model_folder_reads_as_in_generate(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = str(tmp_path / "no-such-folder")
+    assert main(["explain", "text", "--model", missing]) == 2
+    explain_error = capsys.readouterr().err.split("error: ", 1)[1]
+    assert main(["generate", "--model", missing, "--prompt", "text"]) == 2
+    assert capsys.readouterr().err.split("error: ", 1)[1] == explain_error

@@ -145,7 +145,7 @@ def test_decoder_generate_shows_the_cache_growing(capsys, tiny_llama, tmp_path):
 @pytest.mark.parametrize(
     "argv, fragment",
     [
-        (["explain", "hello", "--model", "no-such-model"], "unknown model 'no-such-model'"),
+        (["explain", "hello", "--model", "no-such-model"], "model folder no-such-model does not exist"),
         (["explain", TEXT, "--model", "minilm", "--layer", "6"], "--layer 6 is out of range"),
         (["explain", TEXT, "--model", "minilm", "--head", "12"], "--head 12 is out of range"),
         (["explain", "", "--model", "minilm"], "the text is empty"),
@@ -155,7 +155,7 @@ def test_decoder_generate_shows_the_cache_growing(capsys, tiny_llama, tmp_path):
         (["explain", TEXT, "--model", "minilm", "--generate", "2"], "needs a decoder"),
         (["explain", TEXT], "TEXT needs --model"),
         (["explain", TEXT, "--model", "minilm", "--generate", "0"], "--generate needs at least 1 token"),
-        (["explain", "--layer", "1", "--html", "x.html"], "one layer and one head"),
+        (["explain", "--layer", "1", "--html", "x.html"], "--layer 1 is out of range: the book's example"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(argv, fragment, capsys, tmp_path, monkeypatch):
