@@ -1,18 +1,26 @@
 """`qkv explain` on the book's example: the numbers a reader sees, JSON, bad options."""
 
 import json
+import os
+import re
 import subprocess
 import sys
 
 import pytest
 
 from qkv.cli.main import main
+from qkv.walkthrough import run_walkthrough
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "qkv", *args], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "qkv", *args], capture_output=True, text=True, timeout=120,
+        env=None if env is None else {**os.environ, **env},
     )
+
+
+def _vector(values: list[float]) -> str:
+    return "[" + ", ".join("-inf" if v == float("-inf") else f"{v:.4f}" for v in values) + "]"
 
 
 def test_default_prints_the_books_steps_and_context() -> None:
@@ -101,3 +109,22 @@ def test_a_missing_model_folder_reads_as_in_generate(tmp_path, capsys: pytest.Ca
     explain_error = capsys.readouterr().err.split("error: ", 1)[1]
     assert main(["generate", "--model", missing, "--prompt", "text"]) == 2
     assert capsys.readouterr().err.split("error: ", 1)[1] == explain_error
+
+
+@pytest.mark.parametrize("env", [{}, {"FORCE_COLOR": "1", "COLUMNS": "80", "TERM": "xterm-256color"}],
+                         ids=["pipe", "80-column terminal"])
+def test_steps_print_their_numbers_and_rows_stay_whole_at_80_columns(env: dict[str, str]) -> None:
+    result = run_cli("explain", "--causal", "--query", "4", env=env)
+    assert result.returncode == 0, result.stderr
+    out = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout)
+    lines = out.splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 80
+    walk = run_walkthrough(query_position=4, causal=True)
+    assert f"  scores = {_vector(walk.scores.tolist())}" in lines  # step 5
+    assert f"  scaled = {_vector(walk.scaled_scores.tolist())}" in lines  # step 6
+    start = next(i for i, line in enumerate(lines) if line.startswith("7. "))
+    end = next(i for i, line in enumerate(lines) if line.startswith("8. "))
+    table = lines[start:end]
+    for token, score, weight in zip(walk.tokens, walk.scores.tolist(), walk.weights.tolist()):
+        row = [l for l in table if l.strip().startswith(token + " ") and f"{weight:.4f}" in l]
+        assert len(row) == 1 and f"{score:.4f}" in row[0] and "…" not in row[0], (token, table[:12])

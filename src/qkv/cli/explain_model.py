@@ -107,14 +107,16 @@ def _write_outputs(args: argparse.Namespace, recorded: Trace, layer: int, head: 
     images = png.render_pngs(png.layer_figures(focus, recorded.tokens, head, query))
     if args.png is not None:
         written = png.write_pngs(images, args.png)
-        console.print("wrote " + ", ".join(str(p) for p in written), highlight=False)
+        # soft_wrap: a path is never broken across lines, however narrow the terminal
+        console.print(f"wrote {len(written)} figures into {args.png}: "
+                      + ", ".join(p.name for p in written), highlight=False, soft_wrap=True)
     if args.html is not None:
         from qkv.trace.html import build_page, write_page
 
         page = build_page(recorded, title=title, subtitle=subtitle, layer=layer, head=head,
                           query=query, analysis=analysis, generation=generation, book=book,
                           images=images, generation_tokens=generation_tokens)
-        console.print(f"wrote {write_page(page, args.html)}", highlight=False)
+        console.print(f"wrote {write_page(page, args.html)}", highlight=False, soft_wrap=True)
 
 
 def run_book_figures(args: argparse.Namespace, query_position: int) -> None:

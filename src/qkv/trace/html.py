@@ -25,6 +25,7 @@ from jinja2 import Environment
 from torch import Tensor
 
 from qkv.errors import QkvError
+from qkv.trace.analysis import ALIKE
 from qkv.trace.export import layer_summary, plain, query_row, token_at
 from qkv.trace.generation import CacheStep
 from qkv.trace.png import layer_figures, render_pngs, write_atomic
@@ -144,12 +145,13 @@ that query, hover a cell for its numbers (colour: weight relative to the row's l
 
 {% if analysis %}
 <h2>What the learned weights do (layer {{ focus.layer }})</h2>
-<p>Weight on the first token, per head (an “attention sink” parks weight there):</p>
+<p>Weight on the first token “{{ key_tokens[0] }}”, per head, averaged over the {{ analysis.sink_queries }}
+recorded queries that see more than it (an “attention sink” parks weight there; the story above is one query):</p>
 <table id="sink-table"><tr><th>head</th>{% for h, v in analysis.sink_share.items() %}<td>{{ h }}</td>{% endfor %}</tr>
-<tr><th>weight on token 1</th>{% for h, v in analysis.sink_share.items() %}<td class="num">{{ "%.3f"|format(v) }}</td>{% endfor %}</tr></table>
+<tr><th>mean weight on token 1</th>{% for h, v in analysis.sink_share.items() %}<td class="num">{{ "%.3f"|format(v) }}</td>{% endfor %}</tr></table>
 {% if grouped %}
-<p>Grouped-query attention: the query heads that share each key/value head, and how alike they attend
-(1 = identical weights, 0 = disjoint), within the group and across groups:</p>
+<p>Grouped-query attention: the query heads that share each key/value head, and how alike they attend.
+<span id="alike-note">{{ alike }}</span></p>
 <table id="kv-groups"><tr><th>kv head</th><th class="tok">query heads</th><th>alike within</th><th>alike across</th></tr>
 {% for g in analysis.kv_groups %}<tr><td>{{ g.kv_head }}</td><td class="tok">{{ g.query_heads|join(", ") }}</td>
 <td class="num">{{ "-" if g.within_group_similarity is none else "%.3f"|format(g.within_group_similarity) }}</td>
@@ -426,7 +428,7 @@ def build_page(
         steps=_story_steps(focus_layer, row, tokens, book=book), focus_keys=focus_keys, figures=figures,
         analysis=analysis, grouped=focus_layer.num_kv_heads != focus_layer.num_heads,
         key_tokens=[token_at(tokens, s) for s in range(focus_layer.num_keys)],
-        generation=steps_view, data_json=_safe_json(data),
+        generation=steps_view, data_json=_safe_json(data), alike=ALIKE,
     )
 
 
