@@ -64,7 +64,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--tokenizer", metavar="tokenizer.json", help="use this tokenizer instead of training a BPE")
     parser.add_argument("--dtype", choices=DTYPES, help="float32, or bfloat16 autocast (default: float32)")
     add_threads_argument(parser)
-    parser.add_argument("--resume", action="store_true", help="continue the run whose checkpoint is in --out")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run whose checkpoint is in --out; with a larger --epochs or "
+                        "--max-steps, extend it: the learning rate decays on from where it is to the "
+                        "same floor at the new end (a finished run trains its added steps at the floor)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (evaluations still print)")
     parser.set_defaults(run=run)
 
