@@ -123,6 +123,23 @@ def test_cli_prints_the_perplexity_transformers_computes(tiny, tmp_path: Path, c
     assert f"on {ids.shape[1] - 1} tokens" in out
 
 
+@pytest.mark.parametrize("options, window, stride", [([], 128, 64), (["--stride", "100"], 128, 100)])
+def test_cli_defaults_to_the_models_context(tiny, tmp_path: Path, capsys, options, window, stride) -> None:
+    """A model with a 128-token context is scored in 128-token windows (the default caps at
+    1024), stride half of that unless given; the number is transformers' on those windows."""
+    folder, hf_model = tiny
+    data = tmp_path / "text.txt"
+    data.write_text(TEXT * 3, encoding="utf-8")
+    code = main(["perplexity", "--model", str(folder), "--data", str(data), *options])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert f"windows of {window} tokens, stride {stride}" in out
+    ids = torch.tensor([Tokenizer.from_file(str(folder / "tokenizer.json")).encode(TEXT * 3).ids])
+    assert ids.shape[1] > window  # more than one window
+    printed = float(re.search(r"perplexity ([0-9.]+)", out).group(1))
+    assert printed == pytest.approx(hf_strided_perplexity(hf_model, ids, window, stride), abs=1e-3)
+
+
 @pytest.mark.parametrize(
     "make, options, message",
     [

@@ -18,6 +18,13 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":  # the installed package's metadata: one source, pyproject.toml
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version("qkv")
+        except PackageNotFoundError:
+            return "unknown (not installed)"
     if name in _LAZY:
         import importlib
 
@@ -26,4 +33,3 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["QkvError", *_LAZY]
-__version__ = "0.1.0"

@@ -2,8 +2,9 @@
 
 A text longer than the window is scored in windows of `context_length` tokens that start
 `stride` tokens apart. Each window is one forward pass, but only the tokens it adds beyond
-the previous window are scored, so every token after the first is scored exactly once and
-sees up to context_length - stride tokens of history. perplexity = exp(total negative
+the previous window are scored, so every token after the first is scored exactly once; after
+the first window each scored token sees at least context_length - stride tokens of history
+(and at most context_length - 1; inside the first window, whatever precedes it). perplexity = exp(total negative
 log-likelihood / tokens scored). A stride close to context_length is fast (few passes, less
 context per token); a smaller one costs more passes and gives each token more context. The
 stride stays below context_length: windows overlap by at least one token, so the first new

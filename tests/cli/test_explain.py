@@ -1,18 +1,26 @@
 """`qkv explain` on the book's example: the numbers a reader sees, JSON, bad options."""
 
 import json
+import os
+import re
 import subprocess
 import sys
 
 import pytest
 
 from qkv.cli.main import main
+from qkv.walkthrough import run_walkthrough
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "qkv", *args], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "qkv", *args], capture_output=True, text=True, timeout=120,
+        env=None if env is None else {**os.environ, **env},
     )
+
+
+def _vector(values: list[float]) -> str:
+    return "[" + ", ".join("-inf" if v == float("-inf") else f"{v:.4f}" for v in values) + "]"
 
 
 def test_default_prints_the_books_steps_and_context() -> None:
@@ -67,3 +75,56 @@ def test_bad_options_give_one_line_and_exit_code_2(args: list[str], fragment: st
     assert fragment in result.stderr
     assert "Traceback" not in result.stderr
     assert result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [(["--layer", "99"], "--layer 99 is out of range: the book's example has 1 attention layer"),
+     (["--layer", "-1"], "--layer -1 is out of range"),
+     (["--head", "99"], "--head 99 is out of range: the book's example has 1 head"),
+     (["--head", "1", "--json"], "--head 1 is out of range"),
+     (["--threads", "0"], "--threads must be at least 1")],
+)
+def test_flags_the_books_example_cannot_honour_are_rejected(args: list[str], fragment: str) -> None:
+    result = run_cli("explain", *args)
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr
+    assert fragment in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_layer_and_head_zero_are_the_books_example(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", "--json", "--layer", "0", "--head", "0"]) == 0
+    assert json.loads(capsys.readouterr().out)["context"] == pytest.approx([0.3061, 0.8210], abs=5e-5)
+
+
+def test_book_only_flags_with_a_model_are_named_in_a_sentence(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", "text", "--model", "minilm", "--causal", "--seed", "5"]) == 2
+    err = capsys.readouterr().err
+    assert ("--seed and --causal apply to the book's example only, since a --model brings its own "
+            "weights and masking; drop them or drop --model") in err
+
+
+def test_a_missing_model_folder_reads_as_in_generate(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = str(tmp_path / "no-such-folder")
+    assert main(["explain", "text", "--model", missing]) == 2
+    explain_error = capsys.readouterr().err.split("error: ", 1)[1]
+    assert main(["generate", "--model", missing, "--prompt", "text"]) == 2
+    assert capsys.readouterr().err.split("error: ", 1)[1] == explain_error
+
+
+@pytest.mark.parametrize("env", [{}, {"FORCE_COLOR": "1", "COLUMNS": "80", "TERM": "xterm-256color"}],
+                         ids=["pipe", "80-column terminal"])
+def test_steps_print_their_numbers_and_rows_stay_whole_at_80_columns(env: dict[str, str]) -> None:
+    result = run_cli("explain", "--causal", "--query", "4", env=env)
+    assert result.returncode == 0, result.stderr
+    out = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout)
+    lines = out.splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 80
+    walk = run_walkthrough(query_position=4, causal=True)
+    assert f"  scores = {_vector(walk.scores.tolist())}" in lines  # step 5
+    assert f"  scaled = {_vector(walk.scaled_scores.tolist())}" in lines  # step 6
+    start = next(i for i, line in enumerate(lines) if line.startswith("7. "))
+    end = next(i for i, line in enumerate(lines) if line.startswith("8. "))
+    table = lines[start:end]
+    for token, score, weight in zip(walk.tokens, walk.scores.tolist(), walk.weights.tolist()):
+        row = [l for l in table if l.strip().startswith(token + " ") and f"{weight:.4f}" in l]
+        assert len(row) == 1 and f"{score:.4f}" in row[0] and "…" not in row[0], (token, table[:12])

@@ -70,6 +70,25 @@ def test_terminal_tables_show_tokens_and_weights(capsys, hf_bert):
         assert any(token in line and f"{weight:.4f}" in line for line in shown.splitlines())
 
 
+def test_piped_output_keeps_the_heat_strip_and_says_what_the_sink_numbers_average(capsys, tmp_path, hf_bert):
+    model, tokenizer = hf_bert
+    figures = tmp_path / ("a-folder-name-long-enough-to-need-more-than-one-line-at-eighty-columns-" * 2)
+    assert main(["explain", TEXT, "--model", "minilm", "--layer", "2", "--head", "5", "--query", "it",
+                 "--png", str(figures)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    with torch.no_grad():
+        weights = model(**tokenizer(TEXT, return_tensors="pt"), output_attentions=True).attentions[2][0]
+    start = next(i for i, line in enumerate(lines) if line.startswith("weights:"))
+    end = next(i for i, line in enumerate(lines) if line.startswith("context ="))
+    strip = " ".join(lines[start:end])  # wrapped between tokens, not inside them
+    assert f"[CLS] {float(weights[5, 8, 0]):.2f}" in strip and f"tired {float(weights[5, 8, 10]):.2f}" in strip
+    sink = next(i for i, line in enumerate(lines) if line.startswith("weight on the first token"))
+    said = " ".join(lines[sink:sink + 3])
+    assert 'first token "[CLS]", per head, averaged over 12 queries' in said
+    assert f"5:{float(weights[5, :, 0].mean()):.2f}" in said  # the mean over every query
+    assert f"wrote 3 figures into {figures}: scores.png, heatmap.png, heads.png" in lines
+
+
 def test_png_and_html_for_a_model(tmp_path, capsys):
     assert main(["explain", "A <script>alert(1)</script> test", "--model", "minilm", "--png",
                  str(tmp_path / "figs"), "--html", str(tmp_path / "page.html")]) == 0
@@ -145,7 +164,7 @@ def test_decoder_generate_shows_the_cache_growing(capsys, tiny_llama, tmp_path):
 @pytest.mark.parametrize(
     "argv, fragment",
     [
-        (["explain", "hello", "--model", "no-such-model"], "unknown model 'no-such-model'"),
+        (["explain", "hello", "--model", "no-such-model"], "model folder no-such-model does not exist"),
         (["explain", TEXT, "--model", "minilm", "--layer", "6"], "--layer 6 is out of range"),
         (["explain", TEXT, "--model", "minilm", "--head", "12"], "--head 12 is out of range"),
         (["explain", "", "--model", "minilm"], "the text is empty"),
@@ -155,7 +174,7 @@ def test_decoder_generate_shows_the_cache_growing(capsys, tiny_llama, tmp_path):
         (["explain", TEXT, "--model", "minilm", "--generate", "2"], "needs a decoder"),
         (["explain", TEXT], "TEXT needs --model"),
         (["explain", TEXT, "--model", "minilm", "--generate", "0"], "--generate needs at least 1 token"),
-        (["explain", "--layer", "1", "--html", "x.html"], "one layer and one head"),
+        (["explain", "--layer", "1", "--html", "x.html"], "--layer 1 is out of range: the book's example"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(argv, fragment, capsys, tmp_path, monkeypatch):

@@ -78,9 +78,9 @@ def test_compile_and_int8_flags(folder: Path, capsys) -> None:
     torch._dynamo.reset()
     code, compiled, err = run(capsys, *args, "--compile")
     assert code == 0 and compiled == eager
-    assert "compiled in" in err and "(float32, compiled, KV cache)" in err
+    assert "compiled in" in err and "(float32, compiled, KV cache, " in err
     code, quantized, err = run(capsys, *args, "--quantize", "int8")
-    assert code == 0 and quantized.startswith(PROMPT) and "(float32, int8, KV cache)" in err
+    assert code == 0 and quantized.startswith(PROMPT) and "(float32, int8, KV cache, " in err
     with pytest.raises(SystemExit) as exit_:
         main(["generate", *args, "--quantize", "int4"])
     err = capsys.readouterr().err
@@ -154,3 +154,10 @@ def test_too_many_new_tokens_and_negative_count(folder: Path, capsys) -> None:
     assert_one_line_error(code, err, "exceed the model's context length (48)")
     code, _, err = run(capsys, "--model", str(folder), "--prompt", PROMPT, "--max-new-tokens", "-3")
     assert_one_line_error(code, err, "--max-new-tokens must be 0 or more")
+
+
+def test_threads_are_set_and_reported(folder: Path, capsys) -> None:
+    code, text, err = run(capsys, "--model", str(folder), "--prompt", PROMPT, "--max-new-tokens", "3",
+                          "--threads", "1")
+    assert code == 0 and text.startswith(PROMPT)
+    assert err.rstrip().endswith("KV cache, 1 thread)") and torch.get_num_threads() == 1

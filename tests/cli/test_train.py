@@ -52,10 +52,13 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 def test_bad_data_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     empty = tmp_path / "empty.txt"
     empty.write_text("")
-    fails(capsys, "--data", str(empty), "--out", str(tmp_path / "a"), *FAST, match="is empty")
+    fails(capsys, "--data", str(empty), "--out", str(tmp_path / "a" / "run"), *FAST, match="is empty")
+    assert not (tmp_path / "a").exists()  # no empty folder left behind, nor its new parent
     short = tmp_path / "short.txt"
     short.write_text("A few words only.")
-    fails(capsys, "--data", str(short), "--out", str(tmp_path / "b"), *FAST, match="fewer than one window")
+    (tmp_path / "b").mkdir()
+    fails(capsys, "--data", str(short), "--out", str(tmp_path / "b" / "run"), *FAST, match="fewer than one window")
+    assert list((tmp_path / "b").iterdir()) == []  # the folder that was there stays
     fails(capsys, "--data", str(tmp_path / "nope.txt"), "--out", str(tmp_path / "c"), *FAST, match="does not exist")
 
 
@@ -122,3 +125,31 @@ def test_sigint_keeps_the_last_checkpoint_and_resume_finishes(story: Path, tmp_p
     assert main(["train", "--data", str(story), "--out", str(out), "--resume",
                  "--max-steps", str(step + 2), *FAST]) == 0
     assert load_checkpoint(checkpoint).state.step == step + 2
+
+
+def test_a_finished_run_resumed_says_it_is_complete(story: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(story), "--out", str(out), "--max-steps", "2", *FAST]) == 0
+    before = snapshot(out)
+    capsys.readouterr()
+    assert main(["train", "--data", str(story), "--out", str(out), "--resume", *FAST]) == 0
+    said = capsys.readouterr().out
+    assert "already complete: 2 of 2 steps" in said and "nothing to train" in said
+    assert "--max-steps" in said and "validation loss" not in said
+    assert snapshot(out) == before
+    fails(capsys, "--data", str(story), "--out", str(out), "--resume", "--max-steps", "1", *FAST,
+          match="already trained 2 steps, more than the 1")
+    assert snapshot(out) == before
+
+
+def test_the_progress_bar_stays_out_of_a_pipe(story: Path, tmp_path: Path) -> None:
+    fast = [a for a in FAST if a != "--no-progress"]
+    result = subprocess.run(
+        [sys.executable, "-m", "qkv", "train", "--data", str(story), "--out", str(tmp_path / "run"),
+         "--max-steps", "3", "--threads", "1", *fast],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "\r" not in result.stderr and "\r" not in result.stdout
+    assert "step      3" in result.stdout

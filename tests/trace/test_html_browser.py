@@ -170,3 +170,63 @@ def test_the_weight_matrix_picks_queries_and_explains_cells(browser, tmp_path):
         f"query “starts”, key 2 “journey”: q · k = {starts.scores[1]:.4f}, weight = {starts.weights[1]:.4f}")
     assert requests == [target.as_uri()] and errors == []
     page.close()
+
+
+def _vec(values) -> str:
+    return "[" + ", ".join("-inf" if v == float("-inf") else f"{v:.4f}" for v in values) + "]"
+
+
+def _step_rows(page, number: int) -> list[tuple[str, str]]:
+    cells = page.locator(f"#step-{number} table.values tr")
+    return [(cells.nth(i).locator("th").inner_text(), cells.nth(i).locator("td").inner_text())
+            for i in range(cells.count())]
+
+
+def test_every_story_step_shows_all_of_its_values(browser, tmp_path):
+    """As the terminal and --json do: every token's input, every row of the three
+    projections, every key, every product, the scores, weights, values and the context."""
+    recorded = book_trace()
+    target = write_page(build_page(recorded, title="book", subtitle="s", layer=0, head=0, query=1, book=True),
+                        tmp_path / "steps.html")
+    page, requests, errors = _open(browser, target)
+    w = run_walkthrough(query_position=2)
+    tokens = list(BOOK_TOKENS)
+    assert _step_rows(page, 1) == [(t, _vec(x)) for t, x in zip(tokens, w.inputs.tolist())]
+    assert _step_rows(page, 2) == [
+        (f"{name} row {i + 1}", _vec(r))
+        for name, m in (("W_query", w.W_query), ("W_key", w.W_key), ("W_value", w.W_value))
+        for i, r in enumerate(m.tolist())
+    ]
+    assert _step_rows(page, 3) == [("q(2)", _vec(w.query.tolist()))]
+    assert _step_rows(page, 4) == [(f"k({s + 1}) {t}", _vec(k)) for s, (t, k) in enumerate(zip(tokens, w.keys.tolist()))]
+    products = (w.keys * w.query).tolist()
+    assert _step_rows(page, 5) == [(f"q ⊙ k({s + 1}) {t}", _vec(p)) for s, (t, p) in enumerate(zip(tokens, products))] + [
+        ("q · k", _vec(w.scores.tolist()))]
+    assert _step_rows(page, 6) == [("q · k / sqrt(2)", _vec(w.scaled_scores.tolist()))]
+    assert _step_rows(page, 7) == [("softmax", _vec(w.weights.tolist()))]
+    assert _step_rows(page, 8)[-1] == ("context", "[0.3061, 0.8210]")  # the book's printed context
+    assert _step_rows(page, 8)[:-1] == [(f"v({s + 1}) {t}", _vec(v)) for s, (t, v) in enumerate(zip(tokens, w.values.tolist()))]
+    assert page.locator("#step-9").count() == 0  # one head, no output projection
+    assert requests == [target.as_uri()] and errors == []
+    page.close()
+
+
+def test_a_model_pages_steps_show_every_token_and_shorten_long_vectors_saying_so(browser, tmp_path):
+    torch.manual_seed(2)
+    model = GPTModel(GPTConfig(vocab_size=40, context_length=16, emb_dim=16, n_heads=4, n_layers=1)).eval()
+    tokens = ["The", "cat", "sat", "on", "the", "mat"]
+    recorded = trace(model, torch.tensor([[3, 4, 5, 6, 3, 7]]), tokens=tokens)
+    target = write_page(build_page(recorded, title="gpt", subtitle="s", layer=0, head=2, query=4),
+                        tmp_path / "gpt.html")
+    page, requests, errors = _open(browser, target)
+    layer = recorded.layers[0]
+    inputs = _step_rows(page, 1)
+    assert [label for label, _ in inputs] == tokens
+    assert inputs[0][1] == _vec(layer.x[0, 0, :8].tolist())[:-1] + ", … (16 in all)]"
+    projections = _step_rows(page, 2)
+    assert len(projections) == 3 * (8 + 1) and projections[8] == ("…", "8 more rows (16 in all)")
+    assert [label for label, _ in _step_rows(page, 4)] == [f"k({s + 1}) {t}" for s, t in enumerate(tokens)]
+    assert _step_rows(page, 4)[1][1] == _vec(layer.keys[0, 2, 1].tolist())
+    assert _step_rows(page, 9) == [("output", _vec(layer.output[0, 4, :8].tolist())[:-1] + ", … (16 in all)]")]
+    assert requests == [target.as_uri()] and errors == []
+    page.close()

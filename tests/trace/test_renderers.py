@@ -42,6 +42,30 @@ def test_keys_plane_labels_each_key_with_its_dot_product():
         keys_plane(book_trace(d_out=3).layers[0], recorded.tokens, 0, 1)
 
 
+@pytest.mark.parametrize("seed, d_out_scale", [(123, 1.0), (5, 1.0), (7, 40.0)])
+def test_keys_plane_has_equal_scales_so_angles_are_true(seed: int, d_out_scale: float):
+    """After drawing, one data unit is as many pixels across as up, and every arrow stays
+    inside the plot, whatever the data's shape (keys stretched 40x along one axis too)."""
+    recorded = book_trace(seed=seed)
+    layer = recorded.layers[0]
+    layer.keys[..., 0] *= d_out_scale
+    fig = keys_plane(layer, recorded.tokens, 0, 1)
+    render_pngs({"keys_plane": fig})  # draws the figure at its final size
+    ax = fig.axes[0]
+    origin, right, up = ax.transData.transform([(0.0, 0.0), (1.0, 0.0), (0.0, 1.0)])
+    across, upward = right[0] - origin[0], up[1] - origin[1]
+    assert across == pytest.approx(upward, rel=1e-3)
+    (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+    for x, y in [*layer.keys[0, 0].tolist(), layer.q[0, 0, 1].tolist(), (0.0, 0.0)]:
+        assert x0 < x < x1 and y0 < y < y1
+
+
+def test_keys_plane_marks_masked_keys():
+    recorded = book_trace(causal=True)
+    texts = [t.get_text() for t in keys_plane(recorded.layers[0], recorded.tokens, 0, 1).axes[0].texts]
+    assert "k(3) starts: masked, not scored" in texts and "k(1) Your: q·k = 1.2705" in texts
+
+
 def test_heatmap_axes_and_labels_and_mask():
     recorded = book_trace(causal=True)
     layer = recorded.layers[0]

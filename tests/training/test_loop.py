@@ -150,3 +150,49 @@ def test_bfloat16_autocast_trains_near_float32(story_file: Path, tmp_path: Path)
                                rtol=0, atol=0.05)
     assert bf16 != fp32  # the matrix products really ran in bf16
     assert trained_model(tmp_path / "bf16").tok_emb.weight.dtype == torch.float32  # fp32 master weights
+
+
+def lrs(out: Path) -> list[tuple[int, float]]:
+    return [(r["step"], r["lr"]) for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())]
+
+
+def test_extending_a_finished_run_trains_on_at_the_floor_and_resumes_exactly(story_file: Path, tmp_path: Path) -> None:
+    run = dict(warmup_steps=2, eval_every=1, save_every=2, dropout=0.0)
+    whole, broken = tmp_path / "whole", tmp_path / "broken"
+    for out in (whole, broken):
+        train(settings(story_file, out, max_steps=6, **run), progress=False)
+    floor = settings(story_file, whole).lr * settings(story_file, whole).min_lr_ratio
+    assert lrs(whole)[-1] == (6, pytest.approx(floor))
+    train(settings(story_file, whole, max_steps=10, **run), resume=True, progress=False)
+    rates = [lr for _, lr in lrs(whole)]
+    assert [step for step, _ in lrs(whole)] == list(range(11))
+    assert rates[6:] == pytest.approx([floor] * 5)  # no jump back up: a constant tail at the floor
+    assert all(a >= b for a, b in zip(rates[2:], rates[3:]))
+
+    def ctrl_c_at_step_9(step: int) -> None:
+        if step == 9:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(settings(story_file, broken, max_steps=10, **run), resume=True, on_step=ctrl_c_at_step_9,
+              progress=False)
+    train(settings(story_file, broken, max_steps=10, **run), resume=True, progress=False)
+    assert losses(broken) == losses(whole) and lrs(broken) == lrs(whole)
+
+
+def test_extending_an_unfinished_run_decays_from_where_it_is(story_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+
+    def stop_at_4(step: int) -> None:
+        if step == 4:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(settings(story_file, out, max_steps=8, eval_every=1, save_every=4), on_step=stop_at_4,
+              progress=False)
+    reached = dict(lrs(out))[4]
+    train(settings(story_file, out, max_steps=12, eval_every=1, save_every=4), resume=True, progress=False)
+    rates = dict(lrs(out))
+    assert rates[4] == reached  # evaluated again after the resume, same rate
+    assert rates[5] < reached and rates[12] == pytest.approx(settings(story_file, out).lr * 0.1)
+    assert all(rates[s] >= rates[s + 1] for s in range(4, 12))

@@ -26,7 +26,6 @@ SECTION_HELP = "decode, roofline, prefill, cache, attention, kv_bytes, quality, 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "bench",
-        help="measure decode, prefill, cache and attention speed against transformers",
         description="Measure qkv against transformers on the same random GPT-2-124M-shaped "
         "checkpoint: decode tokens/s (float32, bfloat16), the memory-bandwidth roofline, "
         "prefill, cache vs no cache, attention kernels, KV-cache bytes (MHA vs GQA), and "

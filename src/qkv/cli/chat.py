@@ -18,6 +18,7 @@ from typing import Any
 from qkv.cli.speed import add_speed_arguments, apply_speed_options
 from qkv.cli.generate import _utf8_writer, text_chunks
 from qkv.errors import QkvError
+from qkv.threads import add_threads_argument, apply_threads
 
 COMMANDS = "/reset starts over, /exit (or Ctrl-D) ends"
 
@@ -25,7 +26,6 @@ COMMANDS = "/reset starts over, /exit (or Ctrl-D) ends"
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "chat",
-        help="talk with an instruction model (default: SmolLM2-135M-Instruct, offline)",
         description="An interactive conversation with an instruction model, using the chat "
         "template it ships with. The history stays in the KV cache between turns. Piped "
         f"standard input: one message per line. {COMMANDS}.",
@@ -48,6 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-context", type=int, default=2048, metavar="N",
                         help="tokens the KV cache holds for the whole conversation (default: %(default)s)")
     add_speed_arguments(parser)
+    add_threads_argument(parser)
     parser.set_defaults(run=run)
 
 
@@ -87,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
     from qkv.perf.prepare import load_dtype
 
     _validate(args)
+    threads = apply_threads(args.threads)
     interactive = sys.stdin.isatty()
     chat = load_chat_model(args.model, dtype=load_dtype(args.dtype))
     apply_speed_options(chat.model, args)
@@ -94,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
     sampling = Sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
     emit = _utf8_writer()
     if interactive:
-        print(f"qkv chat with {args.model} ({COMMANDS})", file=sys.stderr)
+        print(f"qkv chat with {args.model}, {threads} thread{'s' if threads != 1 else ''} ({COMMANDS})",
+              file=sys.stderr)
     try:
         for line in _messages(interactive):
             text = line.strip()

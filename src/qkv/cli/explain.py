@@ -13,13 +13,13 @@ import sys
 from rich.console import Console
 
 from qkv.errors import QkvError
+from qkv.threads import add_threads_argument, apply_threads
 from qkv.walkthrough import BOOK_D_OUT, BOOK_QUERY_POSITION, BOOK_SEED, BOOK_TOKENS, run_walkthrough
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "explain",
-        help="step through attention for one query, with real numbers",
         description="Step through scaled dot-product attention for one query token: keys = "
         "inputs @ W_key, one score per key, scaling by 1/sqrt(d_k), softmax weights, and the "
         "context vector. Default: the book's example \"Your journey starts with one step\" with "
@@ -55,7 +55,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="apply the causal mask: the query sees only itself and earlier tokens")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object with every step instead of the tables")
+    add_threads_argument(parser)
     parser.set_defaults(run=run)
+
+
+def _and(flags: list[str]) -> str:
+    return flags[0] if len(flags) == 1 else ", ".join(flags[:-1]) + " and " + flags[-1]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,8 +68,11 @@ def run(args: argparse.Namespace) -> int:
         book_only = [flag for flag, changed in (("--d-out", args.d_out != BOOK_D_OUT),
                      ("--seed", args.seed != BOOK_SEED), ("--causal", args.causal)) if changed]
         if book_only:
-            raise QkvError(f"{', '.join(book_only)} shape the book's example only; a --model brings "
-                           "its own weights and masking: drop them or drop --model")
+            verb = "applies" if len(book_only) == 1 else "apply"
+            raise QkvError(f"{_and(book_only)} {verb} to the book's example only, since a --model "
+                           "brings its own weights and masking; drop "
+                           f"{'it' if len(book_only) == 1 else 'them'} or drop --model")
+        apply_threads(args.threads)
         from qkv.cli.explain_model import run_model
 
         return run_model(args)
@@ -75,7 +83,12 @@ def run(args: argparse.Namespace) -> int:
         raise QkvError("--generate needs a decoder model: give --model")
     if args.d_out < 1:
         raise QkvError(f"--d-out must be at least 1, got {args.d_out}")
-    from qkv.cli.explain_model import resolve_query
+    from qkv.cli.explain_model import check_range, resolve_query
+
+    # The book's example is one attention layer with one head: 0 is the only valid choice.
+    check_range(args.layer, 1, "--layer", "the book's example", "attention layer")
+    check_range(args.head, 1, "--head", "the book's example", "head")
+    apply_threads(args.threads)
 
     query_position = resolve_query(args.query, list(BOOK_TOKENS), BOOK_QUERY_POSITION - 1) + 1
     if args.png is not None or args.html is not None:

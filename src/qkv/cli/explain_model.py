@@ -12,7 +12,6 @@ import argparse
 import json
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -47,10 +46,7 @@ def load_model(name: str) -> LoadedModel:
         return LoadedModel("minilm", model, tokenizer, encoder=True)
     from qkv.models import checkpoint
 
-    known = {n.lower() for n in getattr(checkpoint, "GGUF_NAMES", ())}
-    if not Path(name).expanduser().exists() and name.lower() not in known:
-        names = ", ".join(sorted({"minilm", *known}))
-        raise QkvError(f"unknown model {name!r}: give one of {names} or a checkpoint folder")
+    # A missing folder or file is reported by the loader, in the words `qkv generate` uses.
     model, tokenizer = checkpoint.load_pretrained(name)
     return LoadedModel(name, model.eval(), tokenizer, encoder=False)
 
@@ -66,6 +62,10 @@ def _display(tokenizer: Tokenizer, ids: list[int]) -> list[str]:
         text = text.replace("\n", "↵").replace("\t", "→").replace("\r", "")
         shown.append("␣" + text[1:] if text.startswith(" ") else text)
     return shown
+
+
+def _plural(count: int, noun: str) -> str:
+    return noun if count == 1 else noun + "s"
 
 
 def resolve_query(query: str | None, tokens: list[str], default: int) -> int:
@@ -88,12 +88,11 @@ def resolve_query(query: str | None, tokens: list[str], default: int) -> int:
     raise QkvError(f"--query {query!r} is neither a position nor one of the tokens ({listed})")
 
 
-def _check_range(value: int | None, count: int, option: str, subject: str, noun: str) -> None:
+def check_range(value: int | None, count: int, option: str, subject: str, noun: str) -> None:
+    """`value` (None: not given) must index one of `count` things, counted from 0."""
     if value is not None and not 0 <= value < count:
-        raise QkvError(
-            f"{option} {value} is out of range: {subject} has {count} {noun} "
-            f"(0..{count - 1}, counted from 0)"
-        )
+        valid = "0 is the only choice" if count == 1 else f"0..{count - 1}, counted from 0"
+        raise QkvError(f"{option} {value} is out of range: {subject} has {count} {noun} ({valid})")
 
 
 def _write_outputs(args: argparse.Namespace, recorded: Trace, layer: int, head: int, query: int,
@@ -108,22 +107,22 @@ def _write_outputs(args: argparse.Namespace, recorded: Trace, layer: int, head: 
     images = png.render_pngs(png.layer_figures(focus, recorded.tokens, head, query))
     if args.png is not None:
         written = png.write_pngs(images, args.png)
-        console.print("wrote " + ", ".join(str(p) for p in written), highlight=False)
+        # soft_wrap: a path is never broken across lines, however narrow the terminal
+        console.print(f"wrote {len(written)} figures into {args.png}: "
+                      + ", ".join(p.name for p in written), highlight=False, soft_wrap=True)
     if args.html is not None:
         from qkv.trace.html import build_page, write_page
 
         page = build_page(recorded, title=title, subtitle=subtitle, layer=layer, head=head,
                           query=query, analysis=analysis, generation=generation, book=book,
                           images=images, generation_tokens=generation_tokens)
-        console.print(f"wrote {write_page(page, args.html)}", highlight=False)
+        console.print(f"wrote {write_page(page, args.html)}", highlight=False, soft_wrap=True)
 
 
 def run_book_figures(args: argparse.Namespace, query_position: int) -> None:
     """--png / --html for the book's example (its numbers come from qkv.walkthrough)."""
     from qkv.trace.book_example import book_trace
 
-    if args.layer not in (None, 0) or args.head not in (None, 0):
-        raise QkvError("the book's example has one layer and one head: --layer 0 --head 0")
     recorded = book_trace(d_out=args.d_out, seed=args.seed, causal=args.causal)
     console = Console(stderr=True, highlight=False) if args.json else Console(highlight=False)
     _write_outputs(
@@ -151,10 +150,10 @@ def run_model(args: argparse.Namespace) -> int:
         raise QkvError(f"the text has {len(ids)} tokens, more than the model's {context_length}; shorten it")
     tokens = _display(loaded.tokenizer, ids)
     modules = attention_modules(loaded.model)
-    _check_range(args.layer, len(modules), "--layer", loaded.name, "attention layers")
+    check_range(args.layer, len(modules), "--layer", loaded.name, _plural(len(modules), "attention layer"))
     layer = 0 if args.layer is None else args.layer
     num_heads = int(getattr(modules[layer][1], "num_heads", 1))
-    _check_range(args.head, num_heads, "--head", f"layer {layer}", "heads")
+    check_range(args.head, num_heads, "--head", f"layer {layer}", _plural(num_heads, "head"))
     head = 0 if args.head is None else args.head
     special = list(getattr(encoding, "special_tokens_mask", [0] * len(ids)))
     ordinary = [i for i, s in enumerate(special) if not s]

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from qkv.cli.speed import add_speed_arguments, apply_speed_options
 from qkv.errors import QkvError
+from qkv.threads import add_threads_argument, apply_threads
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "generate",
-        help="continue a prompt with a decoder (GPT-2, Llama, Qwen, a folder qkv train wrote)",
         description="Load a decoder from a Hugging Face checkpoint folder (config.json, "
         "model.safetensors, tokenizer.json) and continue the prompt, streaming the text to "
         "stdout; tokens/s go to stderr.",
@@ -49,10 +49,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-cache", action="store_true",
                         help="recompute the whole sequence for every token instead of using the KV cache")
     add_speed_arguments(parser)
+    add_threads_argument(parser)
     parser.set_defaults(run=run)
 
 
-def text_chunks(tokenizer: Tokenizer, prompt_ids: list[int], new_ids: Iterable[int]) -> Iterator[str]:
+def text_chunks(tokenizer: "Tokenizer", prompt_ids: list[int], new_ids: Iterable[int]) -> Iterator[str]:
     """Decoded text for the new tokens, each chunk ending on a complete character.
 
     Each step decodes a short window of tokens twice, without and with the newest ones;
@@ -101,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_new_tokens < 0:
         raise QkvError(f"--max-new-tokens must be 0 or more, got {args.max_new_tokens}")
+    threads = apply_threads(args.threads)
     if args.chat:
         from qkv.chat import load_chat_model
 
@@ -141,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - start
     emit("\n")
     rate = count / elapsed if elapsed > 0 else float("inf")
-    setup = ", ".join([speed.describe(), "no cache" if args.no_cache else "KV cache"])
+    setup = ", ".join([speed.describe(), "no cache" if args.no_cache else "KV cache",
+                       f"{threads} thread{'s' if threads != 1 else ''}"])
     print(f"{count} tokens in {elapsed:.2f} s: {rate:.1f} tokens/s ({setup})", file=sys.stderr)
     return 0

@@ -2,6 +2,8 @@
 
 Each subcommand module defines `register(subparsers)`, which adds its parser with its
 defaults (defaults live in that one parser, nowhere else) and sets `run=<function(args) -> int>`.
+Only the module of the command being run is imported (they bring torch), so `qkv --help`
+and `qkv --version` answer at once; the one-line summaries `qkv --help` lists live here.
 A `QkvError` (bad input the user can fix) becomes one line on stderr and exit code 2.
 """
 
@@ -12,10 +14,18 @@ import importlib
 import sys
 from typing import NoReturn
 
+import qkv
 from qkv.errors import QkvError
 
-# Subcommand modules under qkv.cli, in the order `qkv --help` lists them.
-SUBCOMMANDS: tuple[str, ...] = ("explain", "train", "generate", "chat", "perplexity", "bench")
+# Subcommand modules under qkv.cli, in the order `qkv --help` lists them, with their summaries.
+SUBCOMMANDS: dict[str, str] = {
+    "explain": "step through attention for one query, with real numbers",
+    "train": "train the book's GPT on a text file (resumable, torchrun-ready)",
+    "generate": "continue a prompt with a decoder (GPT-2, Llama, Qwen, a folder qkv train wrote)",
+    "chat": "talk with an instruction model (default: SmolLM2-135M-Instruct, offline)",
+    "perplexity": "perplexity of a decoder on a text file (sliding window)",
+    "bench": "measure decode, prefill, cache and attention speed against transformers",
+}
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -25,20 +35,32 @@ class OneLineErrorParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _command(argv: list[str]) -> str | None:
+    """The subcommand named in argv: its first word that is not an option (qkv's own
+    options, -h and --version, take no value)."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only `command`'s module is imported and adds its options (None: none)."""
     parser = OneLineErrorParser(
         prog="qkv",
         description="Attention from the key up: see the book's walkthrough, run and trace "
         "real decoders, train the book's GPT, measure speed.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {qkv.__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in SUBCOMMANDS:
-        importlib.import_module(f"qkv.cli.{name}").register(subparsers)
+    for name, summary in SUBCOMMANDS.items():
+        if name == command:
+            importlib.import_module(f"qkv.cli.{name}").register(subparsers)
+        else:
+            subparsers.add_parser(name, help=summary, add_help=False)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(_command(argv))
     args = parser.parse_args(argv)
     if getattr(args, "run", None) is None:
         parser.print_help()

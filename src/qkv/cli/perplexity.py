@@ -1,38 +1,44 @@
 """`qkv perplexity`: how well a model predicts a text (lower is better), sliding window.
 
 Used to measure quality claims on real weights: quantization, dtypes, cache changes.
-The result goes to stdout; a progress bar over the scored tokens goes to stderr.
+The result goes to stdout; a progress bar over the scored tokens goes to stderr when it is
+a terminal.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from qkv.precision import PRECISIONS
 from qkv.text_file import read_text_file
+from qkv.threads import add_threads_argument, apply_threads
+
+# The default window: the model's context, but no longer than this many tokens.
+DEFAULT_CONTEXT_CAP = 1024
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "perplexity",
-        help="perplexity of a decoder on a text file (sliding window)",
         description="Score a UTF-8 text file with a decoder: windows of --context-length tokens "
         "start --stride tokens apart and each scores only the tokens it adds, so every token "
-        "is predicted once with up to context-length - stride tokens of history.",
+        "is predicted once; after the first window each has at least context-length - stride "
+        "tokens of history (and at most context-length - 1).",
     )
     parser.add_argument("--model", default="smollm2", metavar="M",
                         help="'smollm2', a .gguf file, or a checkpoint folder (default: %(default)s)")
     parser.add_argument("--data", required=True, metavar="FILE", help="UTF-8 text file to score")
-    parser.add_argument("--context-length", type=int, default=1024, metavar="N",
-                        help="tokens per window (default: %(default)s; at most the model's context)")
+    parser.add_argument("--context-length", type=int, metavar="N",
+                        help="tokens per window (default: the model's context length, at most "
+                        f"{DEFAULT_CONTEXT_CAP})")
     parser.add_argument("--stride", type=int, metavar="S",
                         help="tokens between window starts (default: half the context length)")
     parser.add_argument("--dtype", choices=PRECISIONS, default="float32",
                         help="the weights to score, prepared as `qkv generate` prepares them: "
                         "float32 (exact), bfloat16, int8 or int4 (default: %(default)s); compare "
                         "them to see what a precision costs")
+    add_threads_argument(parser)
     parser.set_defaults(run=run)
 
 
@@ -42,21 +48,26 @@ def _read_text(path: Path) -> str:
 
 def run(args: argparse.Namespace) -> int:
     import torch
-    from tqdm import tqdm
 
     from qkv.perf.prepare import load_for_generation
     from qkv.perplexity import perplexity, windows
+    from qkv.progress import progress_bar
 
-    stride = args.stride if args.stride is not None else max(1, args.context_length // 2)
+    threads = apply_threads(args.threads)
     text = _read_text(Path(args.data))
-    list(windows(2, args.context_length, stride))  # bad sizes are reported before loading
+    if args.context_length is not None:  # bad sizes are reported before loading
+        early_stride = args.stride if args.stride is not None else max(1, args.context_length // 2)
+        list(windows(2, args.context_length, early_stride))
     model, tokenizer, _ = load_for_generation(args.model, precision=args.dtype, compile=False)
+    context_length = args.context_length or min(model.context_length, DEFAULT_CONTEXT_CAP)
+    stride = args.stride if args.stride is not None else max(1, context_length // 2)
+    list(windows(2, context_length, stride))
     ids = torch.tensor(tokenizer.encode(text).ids)  # (N,)
-    with tqdm(total=max(ids.numel() - 1, 0), unit="tok", desc="scoring", file=sys.stderr,
-              disable=None, leave=False) as bar:
-        result = perplexity(model, ids, context_length=args.context_length, stride=stride, progress=bar.update)
+    with progress_bar(total=max(ids.numel() - 1, 0), unit="tok", desc="scoring", leave=False) as bar:
+        result = perplexity(model, ids, context_length=context_length, stride=stride, progress=bar.update)
     print(
         f"perplexity {result.perplexity:.3f} (mean NLL {result.nll:.4f} nats) on {result.tokens} tokens "
-        f"of {args.data}, {result.windows} windows of {args.context_length} tokens, stride {stride}, {args.dtype}"
+        f"of {args.data}, {result.windows} windows of {context_length} tokens, stride {stride}, "
+        f"{args.dtype}, {threads} thread{'s' if threads != 1 else ''}"
     )
     return 0

@@ -11,12 +11,11 @@ import argparse
 import os
 from typing import Any
 
-import torch
-
 from qkv.errors import QkvError
 from qkv.training import PRESETS, TrainSettings, saved_settings, train
 from qkv.training.presets import DEFAULT_PRESET
 from qkv.training.settings import DTYPES
+from qkv.threads import add_threads_argument, apply_threads
 
 # Options that map one-to-one onto TrainSettings fields (None = not given).
 _OVERRIDES = (
@@ -28,7 +27,6 @@ _OVERRIDES = (
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "train",
-        help="train the book's GPT on a text file (resumable, torchrun-ready)",
         description="Train the book's GPT (chapter 5) on a text file: byte-level BPE, sliding "
         "windows with a 90/10 split, AdamW with warmup and cosine decay, evaluations with a "
         "sample, metrics.jsonl, loss.png and atomic checkpoints. OUT becomes a model folder "
@@ -65,12 +63,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--dropout", type=float, metavar="P", help="dropout rate (default: preset's)")
     parser.add_argument("--tokenizer", metavar="tokenizer.json", help="use this tokenizer instead of training a BPE")
     parser.add_argument("--dtype", choices=DTYPES, help="float32, or bfloat16 autocast (default: float32)")
-    parser.add_argument(
-        "--threads", type=int, metavar="N",
-        help="CPU threads for this process (default: torch's choice, one per core; on a busy "
-        "machine 1 is often much faster)",
-    )
-    parser.add_argument("--resume", action="store_true", help="continue the run whose checkpoint is in --out")
+    add_threads_argument(parser)
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run whose checkpoint is in --out; with a larger --epochs or "
+                        "--max-steps, extend it: the learning rate decays on from where it is to the "
+                        "same floor at the new end (a finished run trains its added steps at the floor)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (evaluations still print)")
     parser.set_defaults(run=run)
 
@@ -89,10 +86,8 @@ def settings_from_args(args: argparse.Namespace) -> TrainSettings:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.threads is not None:
-        if args.threads < 1:
-            raise QkvError(f"--threads must be at least 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
+    # Under torchrun the processes on this machine share its idle cores.
+    apply_threads(args.threads, processes=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     try:
         train(settings_from_args(args), resume=args.resume, progress=not args.no_progress)
     except QkvError:

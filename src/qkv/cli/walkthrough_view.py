@@ -43,14 +43,12 @@ def render_walkthrough(w: Walkthrough, console: Console) -> None:
     tokens = w.tokens
     q = w.query_position - 1
     d_out = w.keys.shape[1]
-    title = Text.assemble(
-        ("Attention, one query at a time: ", "bold"),
-        (f'"{" ".join(tokens)}"', "bold green"),
-        f" — query x({w.query_position}) = ",
-        (f'"{w.query_token}"', "bold magenta"),
+    console.print(Text.assemble(("Attention, one query at a time: ", "bold"),
+                                (f'"{" ".join(tokens)}"', "bold green")))
+    console.print(Text.assemble(
+        f"query x({w.query_position}) = ", (f'"{w.query_token}"', "bold magenta"),
         f", d_in = {w.inputs.shape[1]}, d_out = {d_out}" + (", causal" if w.causal else ""),
-    )
-    console.print(title)
+    ))
 
     _step(console, 1, "inputs", _shape(w.inputs), "Each token's embedding: one row per token.")
     table = Table(box=box.SIMPLE, show_header=True)
@@ -77,22 +75,24 @@ def render_walkthrough(w: Walkthrough, console: Console) -> None:
     _step(console, 4, f'query = x({w.query_position}) @ W_query', _shape(w.query),
           f'What "{w.query_token}" is looking for: {_vector(w.query)}')
     _step(console, 5, "scores = keys @ query", _shape(w.scores),
-          "One dot product per key: how well each key matches the query.")
+          "One dot product per key (in token order): how well each key matches the query.")
+    console.print(f"  scores = {_vector(w.scores)}")
     _step(console, 6, f"scaled = scores / sqrt({d_out})", _shape(w.scaled_scores),
           f"Dividing by sqrt(d_k) = {math.sqrt(d_out):.4f} keeps softmax from saturating as d_k grows."
           + (" Keys after the query are masked with -inf." if w.causal else ""))
+    console.print(f"  scaled = {_vector(w.scaled_scores)}")
     _step(console, 7, "weights = softmax(scaled)", _shape(w.weights),
           f"Non-negative and summing to {float(w.weights.sum()):.4f}: the share of attention each key gets.")
     table = Table(box=box.SIMPLE, show_header=True)
-    for column, justify in (("token", "left"), ("key", "right"), ("score", "right"),
-                            ("scaled", "right"), ("weight", "right"), ("", "left")):
-        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for column, justify in (("token", "left"), ("score", "right"), ("scaled", "right"),
+                            ("weight", "right"), ("", "left")):
+        table.add_column(column, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for i, token in enumerate(tokens):
         marker = Text(token, style="bold magenta" if i == q else "")
         if w.causal and not bool(w.visible[i]):
             marker.append(" (hidden)", style="dim")
         table.add_row(
-            marker, _vector(w.keys[i]), _num(float(w.scores[i])), _num(float(w.scaled_scores[i])),
+            marker, _num(float(w.scores[i])), _num(float(w.scaled_scores[i])),
             _num(float(w.weights[i])), _heat(float(w.weights[i])),
         )
     console.print(table)

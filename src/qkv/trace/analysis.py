@@ -22,16 +22,26 @@ from qkv.attention.rope import rotate_half
 from qkv.trace.recorder import LayerTrace
 
 
+# What kv_groups' similarities mean, in the words the terminal and the HTML page show.
+ALIKE = ("alike: how similarly two heads spread their weights, 1 - the total variation distance "
+         "between their weight rows, averaged over the queries (1: identical, 0: never the same "
+         "keys). within: pairs of query heads that share the key/value head; across: pairs that "
+         "do not (one number for the whole layer).")
+
+
 def _absolute(layer: LayerTrace, query: int) -> int:
     return layer.cache_length + query
 
 
+def _sink_rows(layer: LayerTrace) -> list[int]:
+    """The recorded queries that can see more than key 0 (all, if none can)."""
+    rows = [i for i, q in enumerate(layer.queries) if int(layer.mask[0, 0, i].sum()) > 1]
+    return rows or list(range(len(layer.queries)))
+
+
 def sink_share(layer: LayerTrace) -> dict[int, float]:
     """head -> mean weight on key 0, over the recorded queries that can see more than key 0."""
-    rows = [i for i, q in enumerate(layer.queries) if int(layer.mask[0, 0, i].sum()) > 1]
-    if not rows:
-        rows = list(range(len(layer.queries)))
-    weights = layer.weights[0][:, rows, 0]  # (h, t')
+    weights = layer.weights[0][:, _sink_rows(layer), 0]  # (h, t')
     return {head: float(weights[i].mean()) for i, head in enumerate(layer.heads)}
 
 
@@ -123,6 +133,7 @@ def analyse(layer: LayerTrace, head: int, query: int) -> dict[str, Any]:
     """Every analysis that applies to the layer, for --json and the HTML page."""
     result: dict[str, Any] = {
         "sink_share": {str(h): v for h, v in sink_share(layer).items()},
+        "sink_queries": len(_sink_rows(layer)),  # how many queries sink_share averages over
         "kv_groups": kv_groups(layer),
         "key_norms": key_norms(layer),
     }

@@ -25,6 +25,7 @@ from jinja2 import Environment
 from torch import Tensor
 
 from qkv.errors import QkvError
+from qkv.trace.analysis import ALIKE
 from qkv.trace.export import layer_summary, plain, query_row, token_at
 from qkv.trace.generation import CacheStep
 from qkv.trace.png import layer_figures, render_pngs, write_atomic
@@ -95,6 +96,8 @@ td.tok, th.tok { text-align: left; }
 .heat span { display: inline-block; padding: .15rem .4rem; margin: .1rem; border-radius: .25rem; }
 img { max-width: 100%; }
 .step { margin: .4rem 0 1rem 0; }
+table.values th { font-weight: normal; color: #556; padding-right: 1rem; }
+table.values td, table.values th { border-bottom: none; padding-top: 0; padding-bottom: 0; }
 .controls label { margin-right: 1rem; }
 #matrix td.cell { width: 1.6rem; height: 1.1rem; padding: 0; border: 1px solid #fff; }
 #matrix tr.qrow { cursor: pointer; } #matrix tr.active th { color: #c2185b; }
@@ -108,8 +111,9 @@ img { max-width: 100%; }
 
 <h2>The story, step by step: layer {{ focus.layer }}, head {{ focus.head }}, query x({{ focus.query.position }}) = “{{ focus.query.token }}”</h2>
 {% for step in steps %}
-<div class="step"><b>{{ loop.index }}. {{ step.name }}</b> <span class="num">{{ step.shape }}</span><br>
-{{ step.meaning }}{% if step.value %}<br><code>{{ step.value }}</code>{% endif %}</div>
+<div class="step" id="step-{{ loop.index }}"><b>{{ loop.index }}. {{ step.name }}</b> <span class="num">{{ step.shape }}</span><br>
+{{ step.meaning }}
+<table class="values">{% for r in step.rows %}<tr><th class="tok">{{ r.label }}</th><td class="num tok">{{ r.value }}</td></tr>{% endfor %}</table></div>
 {% endfor %}
 <table id="story-table">
 <tr><th>#</th><th class="tok">key token</th><th>q · k</th><th>scaled</th><th>weight</th></tr>
@@ -141,12 +145,13 @@ that query, hover a cell for its numbers (colour: weight relative to the row's l
 
 {% if analysis %}
 <h2>What the learned weights do (layer {{ focus.layer }})</h2>
-<p>Weight on the first token, per head (an “attention sink” parks weight there):</p>
+<p>Weight on the first token “{{ key_tokens[0] }}”, per head, averaged over the {{ analysis.sink_queries }}
+recorded queries that see more than it (an “attention sink” parks weight there; the story above is one query):</p>
 <table id="sink-table"><tr><th>head</th>{% for h, v in analysis.sink_share.items() %}<td>{{ h }}</td>{% endfor %}</tr>
-<tr><th>weight on token 1</th>{% for h, v in analysis.sink_share.items() %}<td class="num">{{ "%.3f"|format(v) }}</td>{% endfor %}</tr></table>
+<tr><th>mean weight on token 1</th>{% for h, v in analysis.sink_share.items() %}<td class="num">{{ "%.3f"|format(v) }}</td>{% endfor %}</tr></table>
 {% if grouped %}
-<p>Grouped-query attention: the query heads that share each key/value head, and how alike they attend
-(1 = identical weights, 0 = disjoint), within the group and across groups:</p>
+<p>Grouped-query attention: the query heads that share each key/value head, and how alike they attend.
+<span id="alike-note">{{ alike }}</span></p>
 <table id="kv-groups"><tr><th>kv head</th><th class="tok">query heads</th><th>alike within</th><th>alike across</th></tr>
 {% for g in analysis.kv_groups %}<tr><td>{{ g.kv_head }}</td><td class="tok">{{ g.query_heads|join(", ") }}</td>
 <td class="num">{{ "-" if g.within_group_similarity is none else "%.3f"|format(g.within_group_similarity) }}</td>
@@ -277,41 +282,80 @@ depends only on the distance between them (largest spread at equal distance:
 """
 
 
-def _story_steps(layer: LayerTrace, row: dict[str, Any], *, book: bool) -> list[dict[str, str]]:
+_SHOWN_ROWS = 64  # a step's table shows at most this many rows (one per token, or matrix row)
+
+
+def _vector_rows(labels: list[str], rows: list[list[float | None]],
+                 limit: int = _SHOWN_ROWS) -> list[dict[str, str]]:
+    """One row per vector, labelled; vectors longer than _SHOWN_DIMS show their first entries
+    and their length, tables longer than `limit` end with a row that says how many more."""
+    shown = [{"label": label, "value": _fmt(row)} for label, row in zip(labels[:limit], rows)]
+    if len(rows) > limit:
+        shown.append({"label": "…", "value": f"{len(rows) - limit} more rows ({len(rows)} in all)"})
+    return shown
+
+
+def _one(label: str, values: list[float | None]) -> list[dict[str, str]]:
+    return [{"label": label, "value": _fmt(values)}]
+
+
+def _matrix_rows(name: str, matrix: Tensor) -> list[dict[str, str]]:
+    """A projection (C, H*D), one row per input dimension: in full for the book's 3 x 2,
+    its corner (as many rows as columns shown) for a real model's."""
+    rows = plain(matrix[:_SHOWN_ROWS])
+    labels = [f"{name} row {i + 1}" for i in range(matrix.shape[0])]
+    return _vector_rows(labels, rows + [[]] * (matrix.shape[0] - len(rows)), limit=_SHOWN_DIMS)
+
+
+def _story_steps(layer: LayerTrace, row: dict[str, Any], tokens: list[str], *, book: bool) -> list[dict[str, Any]]:
+    """The steps for one (head, query), each with every value it has: one row per token,
+    per matrix row or per vector (long vectors and tables shortened, saying so)."""
     c = layer.x.shape[-1]
     h, d = layer.num_heads, layer.head_dim
-    steps = [
+    key_labels = [f"k({s + 1}) {token_at(tokens, s)}" for s in range(layer.num_keys)]
+    input_labels = [token_at(tokens, layer.cache_length + i) for i in range(layer.x.shape[1])]
+    keys_rows = _vector_rows(key_labels, row["keys"])
+    if layer.rope:
+        new_keys = [f"k({layer.cache_length + i + 1}) {token_at(tokens, layer.cache_length + i)} before RoPE"
+                    for i in range(len(row["keys_unrotated"]))]
+        keys_rows = _vector_rows(new_keys, row["keys_unrotated"]) + keys_rows
+    weights_rows = []
+    for name, matrix in (("W_query", layer.W_query), ("W_key", layer.W_key), ("W_value", layer.W_value)):
+        weights_rows += _matrix_rows(name, matrix)
+    steps: list[dict[str, Any]] = [
         {"name": "inputs x", "shape": f"[{layer.x.shape[1]}, {c}]",
          "meaning": "One vector per token: the layer's input.",
-         "value": _fmt(plain(layer.x[0, row["_q"]]))},
+         "rows": _vector_rows(input_labels, plain(layer.x[0]))},
         {"name": "W_query, W_key, W_value", "shape": f"[{c}, {h * d}] each" if not book else f"[{c}, {d}] each",
          "meaning": "Trainable projections: queries = x @ W_query, keys = x @ W_key, values = x @ W_value."
-         + (" Drawn with torch.rand after torch.manual_seed, as the book does." if book else ""),
-         "value": "W_key = " + str(plain(layer.W_key)) if book else ""},
+         + (" Drawn with torch.rand after torch.manual_seed, as the book does." if book else
+            " (all heads side by side, one row per input dimension)."),
+         "rows": weights_rows},
         {"name": "the query q", "shape": f"[{d}]",
          "meaning": f"Head {row['head']}'s query for x({row['query']['position']}) = "
          f"“{row['query']['token']}”" + (", rotated by RoPE for its position." if layer.rope else "."),
-         "value": (("before RoPE " + _fmt(row["query_unrotated"]) + "  →  after ") if layer.rope else "")
-         + _fmt(row["query_vector"])},
+         "rows": (_one("before RoPE", row["query_unrotated"]) + _one("after RoPE", row["query_vector"]))
+         if layer.rope else _one(f"q({row['query']['position']})", row["query_vector"])},
         {"name": "the keys k", "shape": f"[{layer.num_keys}, {d}]",
          "meaning": "One key per token the query may look at" + (
              f"; this head reads key/value head {row['kv_head']}, shared by query heads "
-             f"{', '.join(map(str, layer.query_heads_of(row['kv_head'])))}." if layer.num_kv_heads != h else "."),
-         "value": (f"k({layer.cache_length + 1}) before RoPE " + _fmt(row["keys_unrotated"][0])
-                   + "  →  after " + _fmt(row["keys"][layer.cache_length])) if layer.rope
-         else "k(1) = " + _fmt(row["keys"][0])},
-        {"name": "q ⊙ k, then q · k", "shape": f"[{layer.num_keys}]",
+             f"{', '.join(map(str, layer.query_heads_of(row['kv_head'])))}." if layer.num_kv_heads != h else ".")
+         + (" Before RoPE only the new tokens' keys exist; the cache keeps them rotated." if layer.rope else ""),
+         "rows": keys_rows},
+        {"name": "q ⊙ k, then q · k", "shape": f"[{layer.num_keys}, {d}] → [{layer.num_keys}]",
          "meaning": "Multiply query and key component by component, add up: one score per key.",
-         "value": "q ⊙ k(1) = " + _fmt(row["products"][0]) + "  →  q · k = " + _fmt(row["scores"])},
+         "rows": _vector_rows([f"q ⊙ k({s + 1}) {token_at(tokens, s)}" for s in range(layer.num_keys)],
+                              row["products"]) + _one("q · k", row["scores"])},
         {"name": "scaled scores", "shape": f"[{layer.num_keys}]",
          "meaning": f"Divide by sqrt(d_k) = sqrt({d}) so the softmax does not saturate"
          + ("; keys the query may not see (the mask) get -inf." if layer.causal or not all(row["visible"]) else "."),
-         "value": _fmt(row["scaled_scores"])},
+         "rows": _one(f"q · k / sqrt({d})", row["scaled_scores"])},
         {"name": "attention weights", "shape": f"[{layer.num_keys}]",
-         "meaning": "Softmax: positive, summing to 1.", "value": _fmt(row["weights"])},
+         "meaning": "Softmax: positive, summing to 1.", "rows": _one("softmax", row["weights"])},
         {"name": "context vector", "shape": f"[{d}]",
          "meaning": "The weights mix the value vectors: context = weights @ values.",
-         "value": _fmt(row["context"])},
+         "rows": _vector_rows([f"v({s + 1}) {token_at(tokens, s)}" for s in range(layer.num_keys)], row["values"])
+         + _one("context", row["context"])},
     ]
     if h > 1 or layer.kind not in ("book example", "SelfAttention_v1", "SelfAttention_v2", "CausalAttention"):
         steps.append({
@@ -319,7 +363,7 @@ def _story_steps(layer: LayerTrace, row: dict[str, Any], *, book: bool) -> list[
             "shape": f"[{layer.concat.shape[-1]}] → [{layer.output.shape[-1]}]",
             "meaning": f"The {h} heads' contexts are concatenated and projected back; the trace "
             "checked that this reproduces the module's real output.",
-            "value": _fmt(plain(layer.output[0, layer.query_slot(row['_q'])])),
+            "rows": _one("output", plain(layer.output[0, layer.query_slot(row['_q'])])),
         })
     return steps
 
@@ -381,10 +425,10 @@ def build_page(
     env = Environment(autoescape=True)
     return env.from_string(_TEMPLATE).render(
         title=title, subtitle=subtitle, tokens=tokens, focus=row,
-        steps=_story_steps(focus_layer, row, book=book), focus_keys=focus_keys, figures=figures,
+        steps=_story_steps(focus_layer, row, tokens, book=book), focus_keys=focus_keys, figures=figures,
         analysis=analysis, grouped=focus_layer.num_kv_heads != focus_layer.num_heads,
         key_tokens=[token_at(tokens, s) for s in range(focus_layer.num_keys)],
-        generation=steps_view, data_json=_safe_json(data),
+        generation=steps_view, data_json=_safe_json(data), alike=ALIKE,
     )
 
 

@@ -52,39 +52,62 @@ def _ticks(ax, labels: list[str], axis: str) -> None:
 
 
 def keys_plane(layer: LayerTrace, tokens: list[str] | None, head: int, query: int) -> Figure:
+    """The keys and the query as arrows from the origin, on axes with equal scales (one unit
+    is as long across as up), so the angles between them, which decide the dot products,
+    are drawn true. Labels sit in a column right of the plot, ordered like the arrow tips."""
     if layer.head_dim != 2:
         raise QkvError(f"the keys can be drawn as arrows in a plane only when they are 2-d (d_out = 2), "
                        f"not {layer.head_dim}-d")
     row = query_row(layer, tokens, head, query)
-    fig, ax = _new_figure(figsize=(8, 6))
     xs = [k[0] for k in row["keys"]] + [row["query_vector"][0], 0.0]
     ys = [k[1] for k in row["keys"]] + [row["query_vector"][1], 0.0]
-    # Labels in a column right of the arrows, ordered like the arrow tips, so none overlap.
-    span_y = max(ys) - min(ys) or 1.0
-    label_x = max(xs) + 0.25 * (max(xs) - min(xs) or 1.0)
-    order = sorted(range(len(row["keys"])), key=lambda s: row["keys"][s][1])
-    for rank, s in enumerate(order):
-        key, token, score = row["keys"][s], row["key_tokens"][s], row["scores"][s]
-        ax.annotate("", xy=(key[0], key[1]), xytext=(0, 0),
-                    arrowprops={"arrowstyle": "->", "color": "tab:blue", "lw": 1.5})
-        label_y = min(ys) + span_y * (rank + 0.5) / len(order)
-        text = f"k({s + 1}) {token}: q·k = {score:.4f}" if score is not None else f"k({s + 1}) {token}: masked"
-        ax.annotate(text, xy=(key[0], key[1]), xytext=(label_x, label_y), fontsize=8, color="tab:blue",
-                    va="center", arrowprops={"arrowstyle": "-", "color": "tab:blue", "lw": 0.4, "alpha": 0.5})
+    pad = 0.12 * max(max(xs) - min(xs), max(ys) - min(ys), 1e-6)
+    x_range = _widened((min(xs) - pad, max(xs) + pad), 0.0)
+    y_range = _widened((min(ys) - pad, max(ys) + pad), 0.0)
+    # One data unit is the same length across and up: the plot's box takes the data's
+    # shape, between 3 and 8 inches a side; a range too narrow for that is widened.
+    per_inch = max((x_range[1] - x_range[0]) / 8.0, (y_range[1] - y_range[0]) / 8.0,
+                   min(x_range[1] - x_range[0], y_range[1] - y_range[0]) / 3.0,
+                   max(x_range[1] - x_range[0], y_range[1] - y_range[0]) / 5.0)
+    x_range = _widened(x_range, 3.0 * per_inch)
+    y_range = _widened(y_range, 3.0 * per_inch)
+    plot_w, plot_h = (x_range[1] - x_range[0]) / per_inch, (y_range[1] - y_range[0]) / per_inch
+    left, bottom, top, labels = 0.8, 0.6, 0.8, 2.6  # inches around the plot
+    width, height = left + plot_w + labels, bottom + plot_h + top
+    fig = Figure(figsize=(width, height))
+    ax = fig.add_axes((left / width, bottom / height, plot_w / width, plot_h / height))
+    ax.set_xlim(*x_range)
+    ax.set_ylim(*y_range)
+    ax.set_aspect("equal", adjustable="box")  # already so by construction; kept if resized
     qv = row["query_vector"]
-    ax.annotate("", xy=(qv[0], qv[1]), xytext=(0, 0),
-                arrowprops={"arrowstyle": "->", "color": "tab:red", "lw": 2.5})
-    ax.text(qv[0], qv[1], f" query q({row['query']['position']}) {row['query']['token']}",
-            fontsize=9, color="tab:red", fontweight="bold")
-    pad = 0.15 * max(max(xs) - min(xs), max(ys) - min(ys), 1e-6)
-    ax.set_xlim(min(xs) - pad, label_x + 1.6 * (max(xs) - min(xs) or 1.0))
-    ax.set_ylim(min(ys) - pad, max(ys) + pad)
+    arrows = [(key, "tab:blue" if visible else "tab:gray", 1.5,
+               f"k({s + 1}) {token}: q·k = {score:.4f}" if visible and score is not None
+               else f"k({s + 1}) {token}: masked, not scored")
+              for s, (key, token, score, visible)
+              in enumerate(zip(row["keys"], row["key_tokens"], row["scores"], row["visible"]))]
+    arrows.append((qv, "tab:red", 2.5, f"query q({row['query']['position']}) {row['query']['token']}"))
+    # Labels in a column right of the plot, in the order of the arrow tips, so none overlap.
+    order = sorted(range(len(arrows)), key=lambda i: arrows[i][0][1])
+    for rank, i in enumerate(order):
+        (x, y), colour, width, text = arrows[i]
+        ax.annotate("", xy=(x, y), xytext=(0, 0), arrowprops={"arrowstyle": "->", "color": colour, "lw": width})
+        ax.annotate(text, xy=(x, y), xytext=(1.04, (rank + 0.5) / len(order)), textcoords="axes fraction",
+                    fontsize=8, color=colour, va="center", annotation_clip=False,
+                    fontweight="bold" if colour == "tab:red" else "normal",
+                    arrowprops={"arrowstyle": "-", "color": colour, "lw": 0.4, "alpha": 0.5})
     ax.grid(alpha=0.3)
     ax.set_xlabel("dimension 1")
     ax.set_ylabel("dimension 2")
-    ax.set_title("keys and the query in the plane; each key labelled with q · k")
-    fig.tight_layout()
+    ax.set_title("keys and the query in the plane (equal scales);\neach key labelled with q · k",
+                 fontsize=11, loc="left")
     return fig
+
+
+def _widened(span: tuple[float, float], at_least: float) -> tuple[float, float]:
+    """`span` widened about its middle to at least `at_least`."""
+    low, high = span
+    grow = max(0.0, at_least - (high - low)) / 2
+    return low - grow, high + grow
 
 
 def score_bars(layer: LayerTrace, tokens: list[str] | None, head: int, query: int) -> Figure:

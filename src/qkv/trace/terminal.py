@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from qkv.trace.analysis import ALIKE
 from qkv.trace.export import query_row, token_at
 from qkv.trace.generation import CacheStep
 from qkv.trace.recorder import LayerTrace
@@ -37,13 +38,31 @@ def _heat_style(weight: float) -> str:
     return f"black on rgb({red},{green},{blue})" if w > 0.5 else f"white on rgb({red},{green},{blue})"
 
 
-def heat_row(tokens: list[str], weights: list[float]) -> Text:
-    """One cell per key, coloured by its weight, the token written inside."""
+def heat_row(tokens: list[str], weights: list[float], *, colour: bool = True) -> Text:
+    """One cell per key, coloured by its weight, the token written inside. Without colour
+    (a pipe, a file, NO_COLOR) each token carries its weight in digits instead."""
     text = Text()
     for token, weight in zip(tokens, weights):
-        text.append(f" {token} ", style=_heat_style(weight / max(max(weights), 1e-12)))
-        text.append(" ")
+        if colour:
+            text.append(f" {token} ", style=_heat_style(weight / max(max(weights), 1e-12)))
+            text.append(" ")
+        else:
+            text.append(f"{token} {weight:.2f}  ")
     return text
+
+
+_SHADES = " ░▒▓█"
+
+
+def shade_strip(weights: list[float]) -> str:
+    """One character per key, darker for more weight (relative to the largest): a heat
+    strip that survives a pipe or a file."""
+    top = max(max(weights), 1e-12)
+    return "".join(_SHADES[min(len(_SHADES) - 1, round(w / top * (len(_SHADES) - 1)))] for w in weights)
+
+
+def _has_colour(console: Console) -> bool:
+    return console.color_system is not None and not console.no_color
 
 
 def _bar(weight: float, width: int = 16) -> str:
@@ -67,7 +86,9 @@ def render_layer(
         (f"layer {layer.index}", "bold"),
         f" ({layer.name or layer.kind}, {layer.num_heads} head{'s' if layer.num_heads != 1 else ''}",
         f", {layer.num_kv_heads} key/value heads" if layer.num_kv_heads != layer.num_heads else "",
-        ", causal" if layer.causal else ", bidirectional", ", RoPE" if layer.rope else "", ")  ",
+        ", causal" if layer.causal else ", bidirectional", ", RoPE" if layer.rope else "", ")",
+    ))
+    console.print(Text.assemble(
         (f"head {head}", "bold"), f" (reads key/value head {row['kv_head']})  " if layer.rope or
         layer.num_kv_heads != layer.num_heads else "  ",
         ("query ", "bold"), (f"x({row['query']['position']}) = \"{row['query']['token']}\"", "bold magenta"),
@@ -80,7 +101,7 @@ def render_layer(
     table = Table(box=box.SIMPLE, show_header=True, pad_edge=False)
     for name, justify in (("#", "right"), ("key token", "left"), ("q · k", "right"),
                           (f"× {layer.scale:.4f}", "right"), ("weight", "right"), ("", "left")):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+        table.add_column(name, justify=justify, no_wrap=name != "key token")  # type: ignore[arg-type]
     for s, token in enumerate(row["key_tokens"]):
         weight = row["weights"][s]
         visible = row["visible"][s]
@@ -90,13 +111,15 @@ def render_layer(
             Text(_bar(weight), style=_heat_style(weight).split(" on ")[1] if visible else "dim"),
         )
     console.print(table)
-    console.print(Text("weights: ", style="bold"), heat_row(row["key_tokens"], row["weights"]))
+    console.print(Text("weights: ", style="bold"),
+                  heat_row(row["key_tokens"], row["weights"], colour=_has_colour(console)))
     console.print(f"context = weights @ values = {_vector(row['context'])}")
     if analysis:
-        render_analysis(console, layer, analysis)
+        render_analysis(console, layer, analysis, first_token=row["key_tokens"][0])
 
 
-def render_analysis(console: Console, layer: LayerTrace, analysis: dict[str, Any]) -> None:
+def render_analysis(console: Console, layer: LayerTrace, analysis: dict[str, Any], *,
+                    first_token: str = "") -> None:
     if layer.num_kv_heads != layer.num_heads:
         table = Table(title="grouped-query attention: who shares each key/value head",
                       box=box.SIMPLE, title_justify="left")
@@ -110,9 +133,13 @@ def render_analysis(console: Console, layer: LayerTrace, analysis: dict[str, Any
                           "-" if within is None else f"{within:.3f}",
                           "-" if across is None else f"{across:.3f}")
         console.print(table)
+        console.print(Text(ALIKE, style="dim"))
     sinks = analysis["sink_share"]
-    console.print(Text("weight on the first token, per head: ", style="bold"), Text(
-        "  ".join(f"{h}:{v:.2f}" for h, v in sinks.items())))
+    queries = analysis["sink_queries"]
+    console.print(Text(f"weight on the first token \"{first_token}\", per head, averaged over {queries} "
+                       f"quer{'y' if queries == 1 else 'ies'} (the table above is one query): ",
+                       style="bold"),
+                  Text("  ".join(f"{h}:{v:.2f}" for h, v in sinks.items())))
     norms = analysis["key_norms"]
     console.print(Text("key length by position: ", style="bold"),
                   Text("  ".join(f"{i + 1}:{v:.2f}" for i, v in enumerate(norms[:24]))))
@@ -132,7 +159,7 @@ def render_generation(console: Console, steps: list[CacheStep], tokens: list[str
     table.add_column("step", justify="right")
     table.add_column("query token")
     table.add_column("cached keys", justify="right")
-    table.add_column("most weight on")
+    table.add_column("most weight on", no_wrap=True)
     table.add_column("weights over the cache")
     for i, step in enumerate(steps):
         row = query_row(step.layer, tokens, head, 0)
@@ -141,6 +168,7 @@ def render_generation(console: Console, steps: list[CacheStep], tokens: list[str
         table.add_row(
             str(i + 1), token_at(tokens, step.position), f"{step.cache_length} + 1",
             ", ".join(f"{token_at(tokens, s)} {weights[s]:.2f}" for s in top),
-            heat_row([str(s + 1) for s in range(len(weights))], weights),
+            heat_row([str(s + 1) for s in range(len(weights))], weights) if _has_colour(console)
+            else "|" + shade_strip(weights) + "|",
         )
     console.print(table)

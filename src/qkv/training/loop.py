@@ -25,10 +25,10 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
-from tqdm import tqdm
 
 from qkv.errors import QkvError
 from qkv.models.gpt2 import GPTConfig, GPTModel
+from qkv.progress import progress_bar
 from qkv.training.checkpoint import (
     TrainingState,
     checkpoint_path,
@@ -118,13 +118,41 @@ def prepare_out(out: Path, *, resume: bool) -> None:
             raise QkvError(f"{out} already holds a model ({', '.join(taken)}); choose another --out")
 
 
+def _missing_folders(folder: Path) -> list[Path]:
+    """`folder` and its parents that do not exist yet, innermost first."""
+    missing = []
+    for path in (folder, *folder.parents):
+        if path.exists():
+            break
+        missing.append(path)
+    return missing
+
+
+def _remove_if_empty(folders: list[Path]) -> None:
+    """Remove the folders a failed start created, innermost first, unless something is inside."""
+    for folder in folders:
+        try:
+            folder.rmdir()  # fails, as it should, when anything is inside
+        except OSError:
+            return
+
+
 class _Run:
     def __init__(self, settings: TrainSettings, ctx: DistContext, *, resume: bool, progress: bool) -> None:
         self.ctx = ctx
         self.settings = settings
         self.out = Path(settings.out)
         self.progress = progress
+        created = _missing_folders(self.out.absolute())
         prepare_out(self.out, resume=resume)
+        try:
+            self._prepare(resume)
+        except BaseException:
+            _remove_if_empty(created)  # bad input found before anything was written
+            raise
+
+    def _prepare(self, resume: bool) -> None:
+        settings, ctx = self.settings, self.ctx
         self.checkpoint = load_checkpoint(checkpoint_path(self.out)) if resume else None
 
         text = read_text(settings.data)
@@ -209,9 +237,15 @@ class _Run:
             )
         if ckpt.state.model_config != self.config.to_dict():
             raise QkvError(f"checkpoint {path} holds a different model shape than these settings make")
+        done = ckpt.state.step
+        if done > self.total_steps:
+            raise QkvError(
+                f"{self.out} has already trained {done} steps, more than the {self.total_steps} "
+                f"{_length(self.settings)} asks for; give a larger one to extend the run"
+            )
         restore_modules(ckpt, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, path=path)
-        # A changed --max-steps/--epochs moves the end of the cosine decay.
-        self.scheduler.lr_lambdas[0].total_steps = self.total_steps
+        # A changed --max-steps/--epochs: the rest of the decay starts from the current rate.
+        self.scheduler.lr_lambdas[0].replan(done, self.total_steps)
         torch.set_rng_state(ckpt.rng_cpu[self.ctx.rank])
         cuda_state = ckpt.rng_cuda[self.ctx.rank]
         if cuda_state is not None and self.ctx.device.type == "cuda":
@@ -226,11 +260,20 @@ class _Run:
     def fit(self, on_step: Callable[[int], None] | None) -> TrainResult:
         s, ctx = self.settings, self.ctx
         start = time.perf_counter()
+        if self.step >= self.total_steps:
+            if ctx.is_main:
+                print(
+                    f"{self.out} is already complete: {self.step} of {self.total_steps} steps "
+                    f"({_length(s)}), nothing to train. To train longer, resume with a larger "
+                    "--epochs or --max-steps; the added steps continue from the current learning rate "
+                    "(see qkv train --help)."
+                )
+            return TrainResult(self.out, self.step, self.tokens_seen, self.metrics.read() if ctx.is_main else [], 0.0)
         if self.step == 0:
             self._evaluate()
-        bar = tqdm(
+        bar = progress_bar(
             total=self.total_steps, initial=self.step, desc="train", unit="step",
-            disable=not (ctx.is_main and self.progress), file=sys.stderr, dynamic_ncols=True,
+            enabled=ctx.is_main and self.progress,
         )
         train_seconds, run_tokens = 0.0, 0
         permutation_epoch, permutation = -1, torch.empty(0)
@@ -353,6 +396,11 @@ class _Run:
             checkpoint_path(self.out), state=state, model=self.model, optimizer=self.optimizer,
             scheduler=self.scheduler, rng_cpu=rng_cpu, rng_cuda=rng_cuda,
         )
+
+
+def _length(settings: TrainSettings) -> str:
+    """The run's length as the user set it: "--epochs 16" or "--max-steps 300"."""
+    return f"--max-steps {settings.max_steps}" if settings.max_steps else f"--epochs {settings.epochs}"
 
 
 def model_config(settings: TrainSettings, tokenizer_vocab: int) -> GPTConfig:
