@@ -4,7 +4,9 @@ Options are constructor arguments, not branches threaded through callers: the nu
 key/value heads (1 = multi-query, = num_heads = multi-head, in between = grouped-query),
 a head size independent of the embedding size, q/k/v bias (Qwen2), per-head RMSNorm of
 queries and keys (Qwen3), and the kernel backend. RoPE cos/sin arrive from the model; the
-KV cache is a submodule attached by the model when generating.
+KV cache is a submodule attached by the model when generating. Likewise `ring`: a
+`qkv.attention.ring.Ring` attached by `qkv.models.context_parallel` while a model runs
+context-parallel makes the layer attend its shard of the sequence through ring attention.
 
 Modules are named like the Hugging Face checkpoints they load (q_proj, k_proj, v_proj,
 o_proj, q_norm, k_norm), so loading is a near-identity key map.
@@ -20,6 +22,7 @@ from torch import Tensor, nn
 
 from qkv.attention.kernels import BACKENDS, Backend, attention
 from qkv.attention.kv_cache import KVCache
+from qkv.attention.ring import Ring
 from qkv.attention.rmsnorm import RMSNorm
 from qkv.attention.rope import apply_rope
 
@@ -67,6 +70,7 @@ class GroupedQueryAttention(nn.Module):
         self.q_norm: nn.Module = RMSNorm(head_dim, norm_eps) if qk_norm else nn.Identity()
         self.k_norm: nn.Module = RMSNorm(head_dim, norm_eps) if qk_norm else nn.Identity()
         self.kv_cache: KVCache | None = None
+        self.ring: Ring | None = None  # set only while the model runs context-parallel
 
     def query_heads_of(self, kv_head: int) -> list[int]:
         """The query heads that share key/value head `kv_head`."""
@@ -107,7 +111,8 @@ class GroupedQueryAttention(nn.Module):
             k = apply_rope(k, cos, sin)
         if self.kv_cache is not None:
             k, v = self.kv_cache.update(k, v)  # (B, H_kv, S, D)
-        context = attention(
+        kernel = attention if self.ring is None else self.ring.attend  # the ring: every rank's keys
+        context = kernel(
             q,
             k,
             v,

@@ -186,8 +186,11 @@ class Ring:
         is_causal: bool = False,
         scale: float | None = None,
         dropout_p: float = 0.0,
+        backend: str = "fused",
     ) -> Tensor:
-        """The attention layers' entry point: rejects what a ring cannot do, then rings."""
+        """The attention layers' entry point, with `qkv.attention.attention`'s signature so a
+        layer calls either one the same way: rejects what a ring cannot do, then rings.
+        `backend` picks nothing here; the ring's blocks run on `self.kernel`."""
         if mask is not None:
             raise ValueError("ring attention takes no mask (padding masks are not sharded); pass mask=None")
         if dropout_p > 0.0:

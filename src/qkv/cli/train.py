@@ -70,6 +70,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="CPU threads for this process (default: torch's choice, one per core; on a busy "
         "machine 1 is often much faster)",
     )
+    parser.add_argument(
+        "--context-parallel", action="store_true",
+        help="under torchrun, shard every window over the processes (ring attention) instead of "
+        "splitting the batch: the global batch is --batch-size; needs --dropout 0",
+    )
     parser.add_argument("--resume", action="store_true", help="continue the run whose checkpoint is in --out")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (evaluations still print)")
     parser.set_defaults(run=run)
@@ -77,6 +82,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def settings_from_args(args: argparse.Namespace) -> TrainSettings:
     given: dict[str, Any] = {k: getattr(args, k) for k in _OVERRIDES if getattr(args, k) is not None}
+    if args.context_parallel:
+        given["context_parallel"] = True
     if not args.resume:
         preset = given.pop("preset", DEFAULT_PRESET)
         return TrainSettings.from_preset(preset, data=args.data, out=args.out, **given)

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from qkv.attention.kernels import BACKENDS, Backend, attention
 from qkv.attention.kv_cache import KVCache
+from qkv.attention.ring import Ring
 from qkv.models.decoder import CausalDecoder, key_mask
 
 
@@ -173,6 +174,7 @@ class GPTAttention(nn.Module):
         self.W_value = nn.Linear(cfg.emb_dim, cfg.emb_dim, bias=cfg.qkv_bias)
         self.out_proj = nn.Linear(cfg.emb_dim, cfg.emb_dim)
         self.kv_cache: KVCache | None = None
+        self.ring: Ring | None = None  # set only while running context-parallel (qkv.models.context_parallel)
 
     def setup_cache(
         self, batch_size: int, max_seq_len: int, *, dtype: torch.dtype, device: torch.device
@@ -193,7 +195,8 @@ class GPTAttention(nn.Module):
         v = split_heads(self.W_value(x))
         if self.kv_cache is not None:
             k, v = self.kv_cache.update(k, v)  # (B, H, S, D)
-        context = attention(
+        kernel = attention if self.ring is None else self.ring.attend  # the ring: every rank's keys
+        context = kernel(
             q, k, v, mask=mask, is_causal=True,
             dropout_p=self.dropout if self.training else 0.0, backend=self.backend,
         )  # (B, H, T, D)
