@@ -441,6 +441,7 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, ring: Ring, causal: bool, sca
     groups = h // h_kv
     n, rank, layout = ring.world_size, ring.rank, ring.layout
     ring.stats.kv_heads = h_kv
+    _note_kv(ring, k, v)
     q5 = q.reshape(b, h_kv, groups, t, d)  # (B, H_kv, G, T, D)
     out = torch.zeros(b, h_kv, groups, t, d, dtype=torch.float32, device=q.device)  # (B, H_kv, G, T, D)
     lse = torch.full((b, h_kv, groups, t), -torch.inf, dtype=torch.float32, device=q.device)  # (B, H_kv, G, T)
