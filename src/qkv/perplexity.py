@@ -10,6 +10,10 @@ context per token); a smaller one costs more passes and gives each token more co
 stride stays below context_length: windows overlap by at least one token, so the first new
 token of every window is predicted from something.
 
+With a `ContextParallel` every window is sharded over its processes (ring attention): each
+rank scores the tokens whose predictions fall in its shard, and the sums are added over
+the ring's group, so every rank returns the single-process result.
+
 Shape legend: N tokens of the text, T tokens of a window, V vocabulary.
 """
 
@@ -20,10 +24,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
 from qkv.errors import QkvError
+from qkv.models.context_parallel import ContextParallel, sharded_forward
 from qkv.models.decoder import CausalDecoder
 
 
@@ -60,9 +66,11 @@ def perplexity(
     context_length: int,
     stride: int,
     progress: Callable[[int], None] | None = None,
+    context_parallel: ContextParallel | None = None,
 ) -> Perplexity:
     """Sliding-window perplexity of `model` on the token ids (N,); `progress(k)` after each
-    window with the number of tokens it scored."""
+    window with the number of tokens it scored. With `context_parallel`, call it on every
+    rank of the ring with the same ids."""
     if ids.dim() != 1 or ids.numel() < 2:
         raise QkvError(f"perplexity needs at least 2 tokens of text, got {ids.numel()}")
     if context_length > model.context_length:
@@ -74,12 +82,29 @@ def perplexity(
     with torch.inference_mode():
         for begin, end, first in windows(ids.numel(), context_length, stride):
             window = ids[begin:end].unsqueeze(0)  # (1, T)
-            logits = model(window)[0, first - begin - 1 : end - begin - 1].float()  # (scored, V)
-            targets = ids[first:end]  # (scored,)
-            total += F.cross_entropy(logits, targets, reduction="sum").item()
+            if context_parallel is None:
+                logits = model(window)[0, first - begin - 1 : end - begin - 1].float()  # (scored, V)
+                targets = ids[first:end]  # (scored,)
+                total += F.cross_entropy(logits, targets, reduction="sum").item()
+            else:
+                total += _sharded_nll(model, window, first - begin, context_parallel)
             scored += end - first
             passes += 1
             if progress is not None:
                 progress(end - first)
     nll = total / scored
     return Perplexity(perplexity=math.exp(nll), nll=nll, tokens=scored, windows=passes)
+
+
+def _sharded_nll(model: CausalDecoder, window: Tensor, first: int, cp: ContextParallel) -> float:
+    """Summed NLL of window tokens first.. (positions within the window), the window (1, T)
+    sharded over the ring: each rank scores the predictions its rows make."""
+    part = sharded_forward(model, window, cp)
+    rows = part.positions  # (T_rank,): the position whose next token each row predicts
+    keep = (rows >= first - 1) & (rows < window.shape[1] - 1)
+    logits = part.logits[0, keep].float()  # (scored here, V)
+    targets = window[0, rows[keep] + 1]  # (scored here,)
+    nll = F.cross_entropy(logits, targets, reduction="sum").double().reshape(1)
+    if cp.group is not None:
+        dist.all_reduce(nll, group=cp.group)
+    return nll.item()

@@ -1,4 +1,5 @@
-"""The attention core: masks, the kernel (explicit | fused), RoPE, the KV cache, layers.
+"""The attention core: masks, the kernel (explicit | fused), RoPE, the KV cache, layers,
+ring attention over torch.distributed.
 
 It knows nothing of models, tracing or the CLI.
 """
@@ -9,6 +10,7 @@ from qkv.attention.kernels import (
 )
 from qkv.attention.kv_cache import KVCache
 from qkv.attention.masks import causal_mask, combine_masks, padding_mask
+from qkv.attention.ring import Ring, ShardLayout, ring_attention, ring_for
 from qkv.attention.rmsnorm import RMSNorm
 from qkv.attention.rope import Llama3RopeScaling, RotaryEmbedding, apply_rope, inverse_frequencies, rotate_half
 
@@ -18,7 +20,9 @@ __all__ = [
     "KVCache",
     "Llama3RopeScaling",
     "RMSNorm",
+    "Ring",
     "RotaryEmbedding",
+    "ShardLayout",
     "apply_rope",
     "attention",
     "causal_mask",
@@ -29,5 +33,7 @@ __all__ = [
     "one_query_attention",
     "padding_mask",
     "repeat_kv",
+    "ring_attention",
+    "ring_for",
     "rotate_half",
 ]

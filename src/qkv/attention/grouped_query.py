@@ -6,6 +6,9 @@ a head size independent of the embedding size, q/k/v bias (Qwen2), per-head RMSN
 queries and keys (Qwen3), and the kernel backend. RoPE cos/sin arrive from the model; the
 KV cache is a submodule attached by the model when generating (any `KVCache` kind: the
 layer only calls `update` and uses the mask the cache derives from the positions).
+Likewise `ring`: a `qkv.attention.ring.Ring` attached by `qkv.models.context_parallel`
+while a model runs context-parallel makes the layer attend its shard of the sequence
+through ring attention.
 
 Modules are named like the Hugging Face checkpoints they load (q_proj, k_proj, v_proj,
 o_proj, q_norm, k_norm), so loading is a near-identity key map.
@@ -21,6 +24,7 @@ from torch import Tensor, nn
 
 from qkv.attention.kernels import BACKENDS, Backend, attention
 from qkv.attention.kv_cache import CacheKind, CacheSpec, KVCache, StaticKVCache
+from qkv.attention.ring import Ring
 from qkv.attention.rmsnorm import RMSNorm
 from qkv.attention.rope import apply_rope
 
@@ -68,6 +72,7 @@ class GroupedQueryAttention(nn.Module):
         self.q_norm: nn.Module = RMSNorm(head_dim, norm_eps) if qk_norm else nn.Identity()
         self.k_norm: nn.Module = RMSNorm(head_dim, norm_eps) if qk_norm else nn.Identity()
         self.kv_cache: KVCache | None = None
+        self.ring: Ring | None = None  # set only while the model runs context-parallel
 
     def query_heads_of(self, kv_head: int) -> list[int]:
         """The query heads that share key/value head `kv_head`."""
@@ -125,7 +130,8 @@ class GroupedQueryAttention(nn.Module):
             k, v, visible = self.kv_cache.update(k, v, positions)  # (B, H_kv, S, D), (B, 1, T, S)
             mask = visible if mask is None else mask & visible
             is_causal = False
-        context = attention(
+        kernel = attention if self.ring is None else self.ring.attend  # the ring: every rank's keys
+        context = kernel(
             q,
             k,
             v,

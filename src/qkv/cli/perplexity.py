@@ -8,11 +8,17 @@ a terminal.
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from qkv.errors import QkvError
 from qkv.precision import PRECISIONS
 from qkv.text_file import read_text_file
 from qkv.threads import add_threads_argument, apply_threads
+
+if TYPE_CHECKING:
+    from qkv.models.context_parallel import ContextParallel
 
 # The default window: the model's context, but no longer than this many tokens.
 DEFAULT_CONTEXT_CAP = 1024
@@ -38,6 +44,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="the weights to score, prepared as `qkv generate` prepares them: "
                         "float32 (exact), bfloat16, int8 or int4 (default: %(default)s); compare "
                         "them to see what a precision costs")
+    parser.add_argument("--context-parallel", nargs="?", type=int, const=0, metavar="N",
+                        help="shard each window over the processes of a torchrun launch (ring "
+                        "attention); N, if given, must be the number of processes")
+    parser.add_argument("--sharding", choices=("zigzag", "contiguous"), default="zigzag",
+                        help="how --context-parallel splits a window (default: %(default)s)")
     add_threads_argument(parser)
     parser.set_defaults(run=run)
 
@@ -47,6 +58,33 @@ def _read_text(path: Path) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.context_parallel is None:
+        return _score(args, None)
+    from qkv.models.context_parallel import join_context_parallel
+    from qkv.training.distributed import init_distributed
+
+    if "WORLD_SIZE" not in os.environ:
+        raise QkvError(
+            "--context-parallel needs a torch.distributed process group: run `torchrun "
+            "--nproc_per_node N -m qkv perplexity --context-parallel ...`"
+        )
+    init_distributed(group_even_alone=True)
+    try:
+        expected = args.context_parallel or None
+        cp = join_context_parallel(expected_world_size=expected, sharding=args.sharding)
+        return _score(args, cp)
+    except QkvError:
+        if int(os.environ.get("RANK", "0")) != 0:  # under torchrun only rank 0 reports
+            return 2
+        raise
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _score(args: argparse.Namespace, cp: ContextParallel | None) -> int:
     import torch
 
     from qkv.perf.prepare import load_for_generation
@@ -63,11 +101,17 @@ def run(args: argparse.Namespace) -> int:
     stride = args.stride if args.stride is not None else max(1, context_length // 2)
     list(windows(2, context_length, stride))
     ids = torch.tensor(tokenizer.encode(text).ids)  # (N,)
-    with progress_bar(total=max(ids.numel() - 1, 0), unit="tok", desc="scoring", leave=False) as bar:
-        result = perplexity(model, ids, context_length=context_length, stride=stride, progress=bar.update)
+    main = cp is None or int(os.environ.get("RANK", "0")) == 0
+    with progress_bar(total=max(ids.numel() - 1, 0), unit="tok", desc="scoring", leave=False,
+                      enabled=main) as bar:
+        result = perplexity(model, ids, context_length=context_length, stride=stride,
+                            progress=bar.update, context_parallel=cp)
+    if not main:
+        return 0
+    parallel = "" if cp is None else f", context-parallel over {cp.world_size} processes ({cp.sharding})"
     print(
         f"perplexity {result.perplexity:.3f} (mean NLL {result.nll:.4f} nats) on {result.tokens} tokens "
         f"of {args.data}, {result.windows} windows of {context_length} tokens, stride {stride}, "
-        f"{args.dtype}, {threads} thread{'s' if threads != 1 else ''}"
+        f"{args.dtype}, {threads} thread{'s' if threads != 1 else ''}{parallel}"
     )
     return 0

@@ -68,12 +68,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="continue the run whose checkpoint is in --out; with a larger --epochs or "
                         "--max-steps, extend it: the learning rate decays on from where it is to the "
                         "same floor at the new end (a finished run trains its added steps at the floor)")
+    parser.add_argument(
+        "--context-parallel", action="store_true",
+        help="under torchrun, shard every window over the processes (ring attention) instead of "
+        "splitting the batch: the global batch is --batch-size; needs --dropout 0",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (evaluations still print)")
     parser.set_defaults(run=run)
 
 
 def settings_from_args(args: argparse.Namespace) -> TrainSettings:
     given: dict[str, Any] = {k: getattr(args, k) for k in _OVERRIDES if getattr(args, k) is not None}
+    if args.context_parallel:
+        given["context_parallel"] = True
     if not args.resume:
         preset = given.pop("preset", DEFAULT_PRESET)
         return TrainSettings.from_preset(preset, data=args.data, out=args.out, **given)

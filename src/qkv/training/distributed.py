@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -66,8 +67,10 @@ class DistContext:
             dist.barrier()
 
 
-def init_distributed() -> DistContext:
-    """Join the process group that torchrun describes, or run alone."""
+def init_distributed(*, group_even_alone: bool = False, timeout: timedelta | None = None) -> DistContext:
+    """Join the process group that torchrun describes, or run alone. With
+    `group_even_alone` a one-process torchrun launch joins a group of one too (context
+    parallelism wants a group whatever its size); `timeout` bounds every collective."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -76,8 +79,9 @@ def init_distributed() -> DistContext:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    if world_size > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    if (world_size > 1 or group_even_alone) and not dist.is_initialized():
+        extra = {} if timeout is None else {"timeout": timeout}
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", **extra)
     return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
 
 

@@ -6,6 +6,9 @@ validation loss on fixed windows, a greedy sample of a fixed prompt, one line in
 metrics.jsonl. Every `save_every` steps and at the end: an atomic checkpoint and the
 model folder. Under torchrun the model is wrapped in DistributedDataParallel and each
 process trains on its slice of the same global batch; only rank 0 prints and writes.
+With `context_parallel` every process takes the whole batch instead and holds a shard of
+each window (ring attention, qkv.models.context_parallel); the gradients of the shards
+are summed over the processes, so the run equals one process with the same batch.
 
 Shape legend: B batch (per process), L window length, V vocabulary.
 """
@@ -13,6 +16,7 @@ Shape legend: B batch (per process), L window length, V vocabulary.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -21,12 +25,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from tokenizers import Tokenizer
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from qkv.errors import QkvError
+from qkv.models.context_parallel import ContextParallel, join_context_parallel, sharded_forward
 from qkv.models.gpt2 import GPTConfig, GPTModel
 from qkv.progress import progress_bar
 from qkv.training.checkpoint import (
@@ -85,7 +91,7 @@ def train(
     checkpoint at that step); raising KeyboardInterrupt from it stops the run as
     Ctrl-C would.
     """
-    ctx = init_distributed()
+    ctx = init_distributed(group_even_alone=settings.context_parallel and "WORLD_SIZE" in os.environ)
     try:
         return _Run(settings, ctx, resume=resume, progress=progress).fit(on_step)
     finally:
@@ -143,6 +149,9 @@ class _Run:
         self.settings = settings
         self.out = Path(settings.out)
         self.progress = progress
+        # Context parallel: one data-parallel replica, its windows sharded over every process.
+        self.cp: ContextParallel | None = join_context_parallel() if settings.context_parallel else None
+        self.data_world, self.data_rank = (1, 0) if self.cp is not None else (ctx.world_size, ctx.rank)
         created = _missing_folders(self.out.absolute())
         prepare_out(self.out, resume=resume)
         try:
@@ -166,7 +175,7 @@ class _Run:
         require_windows(self.train_windows, "training", len(train_ids))
         require_windows(self.val_windows, "validation", len(val_ids))
         self.batches = BatchSchedule(
-            len(self.train_windows), settings.batch_size, ctx.world_size, settings.seed
+            len(self.train_windows), settings.batch_size, self.data_world, settings.seed
         )
         if self.checkpoint is None and ctx.is_main:  # the input is usable: start writing
             write_tokenizer(self.tokenizer, self.out / TOKENIZER_NAME)
@@ -197,7 +206,7 @@ class _Run:
             DistributedDataParallel(
                 self.model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None
             )
-            if ctx.distributed else self.model
+            if ctx.distributed and self.cp is None else self.model
         )
 
     # -- set-up -----------------------------------------------------------------------
@@ -285,7 +294,7 @@ class _Run:
                     if epoch != permutation_epoch:
                         permutation_epoch, permutation = epoch, self.batches.permutation(epoch)
                     t0 = time.perf_counter()
-                    loss = self._train_step(self.batches.indices(self.step, ctx.rank, permutation))
+                    loss = self._train_step(self.batches.indices(self.step, self.data_rank, permutation))
                     train_seconds += time.perf_counter() - t0
                     self.step += 1
                     self.tokens_seen += tokens_per_step
@@ -324,6 +333,8 @@ class _Run:
     def _train_step(self, index: Tensor) -> float:
         inputs, targets = self.train_windows.batch(index)  # (B, L) each
         inputs, targets = inputs.to(self.ctx.device), targets.to(self.ctx.device)
+        if self.cp is not None:
+            return self._context_parallel_step(inputs, targets, self.cp)
         with self._autocast():
             logits = self.ddp(inputs)  # (B, L, V)
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
@@ -333,6 +344,27 @@ class _Run:
         self.optimizer.step()
         self.scheduler.step()
         return self.ctx.all_mean(loss.item())
+
+    def _context_parallel_step(self, inputs: Tensor, targets: Tensor, cp: ContextParallel) -> float:
+        """One step on this rank's shard of every window: the mean loss over the whole batch is
+        the sum of the shards' summed losses over all tokens, and so is its gradient."""
+        with self._autocast():
+            part = sharded_forward(self.model, inputs, cp)  # logits (B, L_rank, V)
+        mine = part.ring.layout.shard(targets, part.ring.rank, dim=1)  # (B, L_rank)
+        loss_sum = F.cross_entropy(part.logits.flatten(0, 1).float(), mine.flatten(), reduction="sum")
+        self.optimizer.zero_grad(set_to_none=True)
+        (loss_sum / targets.numel()).backward()
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        flat = torch.cat([p.grad.flatten() for p in params])  # type: ignore[union-attr]
+        totals = torch.cat([flat, loss_sum.detach().reshape(1)])
+        if cp.group is not None:
+            dist.all_reduce(totals, group=cp.group)  # every shard's share, on every rank
+        for p, g in zip(params, totals[:-1].split([p.numel() for p in params])):
+            p.grad.copy_(g.view_as(p))  # type: ignore[union-attr]
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        return totals[-1].item() / targets.numel()
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.settings.dtype == "bfloat16":

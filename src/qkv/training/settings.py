@@ -43,6 +43,9 @@ class TrainSettings:
     vocab_size: int = 512  # BPE target size, and the model's smallest vocabulary
     sample_prompt: str = SAMPLE_PROMPT
     sample_tokens: int = 20
+    # Shard every window over the processes (ring attention) instead of splitting the batch:
+    # the global batch is batch_size, and the run equals one process with that batch.
+    context_parallel: bool = False
 
     def __post_init__(self) -> None:
         positive = {
@@ -69,6 +72,11 @@ class TrainSettings:
             raise QkvError(f"--min-lr-ratio must be in [0, 1], got {self.min_lr_ratio}")
         if not 0.0 <= self.dropout < 1.0:
             raise QkvError(f"--dropout must be in [0, 1), got {self.dropout}")
+        if self.context_parallel and self.dropout > 0:
+            raise QkvError(
+                f"--context-parallel needs --dropout 0 (ring attention has no attention dropout), "
+                f"got {self.dropout}"
+            )
         if self.dtype not in DTYPES:
             raise QkvError(f"--dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.preset not in PRESETS:
