@@ -20,18 +20,7 @@ from torch import Tensor
 from qkv.attention.kernels import explicit_attention
 from qkv.attention.masks import causal_mask
 
-BOOK_TOKENS: tuple[str, ...] = ("Your", "journey", "starts", "with", "one", "step")
-BOOK_INPUTS: tuple[tuple[float, float, float], ...] = (
-    (0.43, 0.15, 0.89),
-    (0.55, 0.87, 0.66),
-    (0.57, 0.85, 0.64),
-    (0.22, 0.58, 0.33),
-    (0.77, 0.25, 0.10),
-    (0.05, 0.80, 0.55),
-)
-BOOK_QUERY_POSITION = 2  # "journey", x(2) in the book's notation (counted from 1)
-BOOK_D_OUT = 2
-BOOK_SEED = 123
+from qkv.book_facts import BOOK_D_OUT, BOOK_INPUTS, BOOK_QUERY_POSITION, BOOK_SEED, BOOK_TOKENS  # noqa: E402, F401
 
 
 @dataclass(frozen=True)

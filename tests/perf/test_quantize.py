@@ -70,7 +70,9 @@ def test_quantize_replaces_every_linear_and_keeps_the_embedding(kind) -> None:
         after = model(ids)
     assert not any(type(m) is nn.Linear for m in model.modules())
     assert isinstance(model.tok_emb, nn.Embedding)  # one row per token: kept in float
-    assert isinstance(model.out_head, Int8Linear if kind == "int8" else Int4Linear)
+    assert isinstance(model.out_head, Int8Linear)  # the head stays at 8 bits, int4 or not
+    four_bits = [m for m in model.modules() if isinstance(m, Int4Linear)]
+    assert len(four_bits) == (0 if kind == "int8" else 2 * 6)  # q, k, v, o and two MLP layers
     relative = ((after - before).abs().max() / before.abs().max()).item()
     assert relative < (0.02 if kind == "int8" else 0.2)
 

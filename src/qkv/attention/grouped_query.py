@@ -107,8 +107,9 @@ class GroupedQueryAttention(nn.Module):
     ) -> Tensor:
         """x: (B, T, C). mask: boolean, broadcastable to (B, H, T, S), True = may attend.
 
-        positions (T,) or (B, T): where the new tokens sit; needed with a KV cache, whose
-        own mask (derived from them) then replaces causality.
+        positions (T,) or (B, T): where the new tokens sit, used with a KV cache, whose own
+        mask (derived from them) then replaces causality; by default they follow what the
+        cache holds (a read of the cache's length: models pass them instead).
         """
         if x.dim() != 3 or x.shape[-1] != self.emb_dim:
             raise ValueError(
@@ -125,8 +126,9 @@ class GroupedQueryAttention(nn.Module):
             q = apply_rope(q, cos, sin)
             k = apply_rope(k, cos, sin)
         if self.kv_cache is not None:
-            if positions is None:
-                raise ValueError("an attention layer with a KV cache needs the positions of its tokens")
+            if positions is None:  # a direct call: the tokens follow what the cache holds
+                start = self.kv_cache.length
+                positions = torch.arange(start, start + t, device=x.device)  # (T,)
             k, v, visible = self.kv_cache.update(k, v, positions)  # (B, H_kv, S, D), (B, 1, T, S)
             mask = visible if mask is None else mask & visible
             is_causal = False

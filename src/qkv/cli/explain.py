@@ -10,11 +10,9 @@ import argparse
 import json
 import sys
 
-from rich.console import Console
-
 from qkv.errors import QkvError
 from qkv.threads import add_threads_argument, apply_threads
-from qkv.walkthrough import BOOK_D_OUT, BOOK_QUERY_POSITION, BOOK_SEED, BOOK_TOKENS, run_walkthrough
+from qkv.book_facts import BOOK_D_OUT, BOOK_QUERY_POSITION, BOOK_SEED, BOOK_TOKENS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -84,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
     if args.d_out < 1:
         raise QkvError(f"--d-out must be at least 1, got {args.d_out}")
     from qkv.cli.explain_model import check_range, resolve_query
+    from qkv.walkthrough import run_walkthrough
 
     # The book's example is one attention layer with one head: 0 is the only valid choice.
     check_range(args.layer, 1, "--layer", "the book's example", "attention layer")
@@ -105,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         return 0
     from qkv.cli.walkthrough_view import render_walkthrough
+
+    from rich.console import Console
 
     render_walkthrough(walk, Console(highlight=False))
     return 0

@@ -103,6 +103,15 @@ class CausalDecoder(nn.Module, metaclass=ABCMeta):
         """Bytes held by all attached KV caches."""
         return sum(cache.nbytes for cache in self.caches())
 
+    def call_arguments(
+        self, input_ids: Tensor, positions: Tensor | None, mask: Tensor | None
+    ) -> tuple[Tensor, Tensor | None]:
+        """What every decoder's forward starts with: checked ids, the positions of the new
+        tokens (`positions_for`) and the mask as booleans (`key_mask`)."""
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be (batch, tokens), got shape {tuple(input_ids.shape)}")
+        return self.positions_for(input_ids, positions), key_mask(mask)
+
     def positions_for(self, input_ids: Tensor, positions: Tensor | None) -> Tensor:
         """The positions of the new tokens, (T,) or (B, T): the given ones, or those that
         follow the cached tokens. Checks them against the context length and the caches'

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from qkv.attention.grouped_query import GroupedQueryAttention
 from qkv.attention.kernels import BACKENDS, Backend
-from qkv.models.decoder import CausalDecoder, key_mask
+from qkv.models.decoder import CausalDecoder
 
 
 @dataclass(frozen=True)
@@ -218,10 +218,7 @@ class GPTModel(CausalDecoder):
     def forward(
         self, input_ids: Tensor, *, positions: Tensor | None = None, mask: Tensor | None = None
     ) -> Tensor:
-        if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must be (batch, tokens), got shape {tuple(input_ids.shape)}")
-        positions = self.positions_for(input_ids, positions)  # (T,) or (B, T)
-        mask = key_mask(mask)
+        positions, mask = self.call_arguments(input_ids, positions, mask)  # (T,) or (B, T); bool
         x = self.drop_emb(self.tok_emb(input_ids) + self.pos_emb(positions))  # (B, T, C)
         for block in self.trf_blocks:
             x = block(x, mask=mask, positions=positions)

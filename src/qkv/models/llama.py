@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from qkv.attention.grouped_query import GroupedQueryAttention
 from qkv.attention.rmsnorm import RMSNorm
 from qkv.attention.rope import RotaryEmbedding
-from qkv.models.decoder import CausalDecoder, key_mask
+from qkv.models.decoder import CausalDecoder
 from qkv.models.llama_config import LlamaConfig
 
 
@@ -103,10 +103,7 @@ class LlamaForCausalLM(CausalDecoder):
     def forward(
         self, input_ids: Tensor, *, positions: Tensor | None = None, mask: Tensor | None = None
     ) -> Tensor:
-        if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must be (batch, tokens), got shape {tuple(input_ids.shape)}")
-        positions = self.positions_for(input_ids, positions)  # (T,) or (B, T)
-        mask = key_mask(mask)
+        positions, mask = self.call_arguments(input_ids, positions, mask)  # (T,) or (B, T); bool
         x = self.model.embed_tokens(input_ids)  # (B, T, C)
         cos, sin = self.model.rotary_emb(positions, dtype=x.dtype)  # (T, D) or (B, T, D)
         for layer in self.model.layers:

@@ -13,8 +13,11 @@ compiled graph calls the same kernel; it only fuses what lies between them):
 
 `quantize(model, "int8" | "int4")` replaces every `nn.Linear` of a model, the output head
 included (a tied head gets its own quantized copy; the embedding keeps the float table,
-since a token reads one row of it). A layer whose input size the group does not divide
-stays int8. The kernels exist on CPU; elsewhere (or on PyTorch without them) the layers
+since a token reads one row of it). With int4 the linear layers outside the stack of
+repeated layers (the output head) are int8: the head is the most sensitive layer (GGUF's
+Q4 files keep it at 8 bits too: SmolLM2's Q4_1 file stores it as Q8_0), and at 4 bits it
+alone cost SmolLM2 about 3% perplexity. A layer whose input size the group does not
+divide stays int8 as well. The kernels exist on CPU; elsewhere (or on PyTorch without them) the layers
 dequantize and call `F.linear`, the same numbers more slowly.
 
 Shape legend: N output features, K input features, G group size, M rows (batch x tokens).
@@ -28,8 +31,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from qkv.perf.compile import repeated_blocks
+
 QUANTIZATIONS: tuple[str, ...] = ("int8", "int4")
 INT4_GROUP = 32  # GGUF's Q4 block size: SmolLM2's Q4_1 weights fall on the same groups
+
+# From this many rows on (a prompt, not a decode step) the product is compute-bound: the
+# int8 kernel runs row by row, while dequantizing once and calling the float matrix
+# product is many times faster (measured: a 384-token SmolLM2 window took minutes).
+PROMPT_ROWS = 16
 
 _INT8_MM = getattr(torch.ops.aten, "_weight_int8pack_mm", None)
 _INT4_PACK = getattr(torch.ops.aten, "_convert_weight_to_int4pack_for_cpu", None)
@@ -90,8 +100,8 @@ class Int8Linear(nn.Module):
         return (self.weight.float() * self.scales[:, None]).to(dtype)
 
     def forward(self, x: Tensor) -> Tensor:
-        if _INT8_MM is not None and x.device.type == "cpu":
-            rows = x.reshape(-1, self.in_features)  # (M, K)
+        rows = x.reshape(-1, self.in_features)  # (M, K)
+        if _INT8_MM is not None and x.device.type == "cpu" and rows.shape[0] <= PROMPT_ROWS:
             y = _INT8_MM(rows, self.weight, self.scales.to(x.dtype)).reshape(*x.shape[:-1], self.out_features)
         else:
             y = F.linear(x, self.dequantized(x.dtype))
@@ -177,8 +187,12 @@ def quantize(model: nn.Module, kind: str, *, group_size: int = INT4_GROUP) -> nn
     if kind == "int4" and not int4_available():
         raise ValueError("this PyTorch build has no CPU int4 kernels; use int8")
 
+    blocks = repeated_blocks(model)
+    in_stack = {id(m) for m in blocks.modules()} if blocks is not None else {id(m) for m in model.modules()}
+
     def make(linear: nn.Linear) -> nn.Module:
-        if kind == "int4" and linear.in_features % group_size == 0 and linear.weight.device.type == "cpu":
+        four_bits = kind == "int4" and id(linear) in in_stack
+        if four_bits and linear.in_features % group_size == 0 and linear.weight.device.type == "cpu":
             return Int4Linear.from_linear(linear, group_size)
         return Int8Linear.from_linear(linear)
 
