@@ -101,3 +101,14 @@ def test_smollm2_perplexity_cost_within_the_bounds(smollm2_model) -> None:
     assert math.isfinite(scores["bfloat16"])
     assert scores["int8"] / scores["bfloat16"] < 1.01, scores
     assert scores["int4"] / scores["bfloat16"] < 1.03, scores
+
+
+def test_int4_leaves_layers_its_kernel_cannot_take_at_int8() -> None:
+    """Outputs not a multiple of 16, or inputs not a multiple of the group: int8 instead."""
+    stack = nn.ModuleList([nn.Sequential(nn.Linear(64, 48), nn.Linear(48, 40), nn.Linear(40, 64))
+                           for _ in range(2)])
+    model = nn.Module()
+    model.layers = stack
+    quantize(model, "int4")
+    kinds = [type(m) for m in stack[0]]
+    assert kinds == [Int4Linear, Int8Linear, Int8Linear]

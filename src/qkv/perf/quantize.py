@@ -16,8 +16,8 @@ included (a tied head gets its own quantized copy; the embedding keeps the float
 since a token reads one row of it). With int4 the linear layers outside the stack of
 repeated layers (the output head) are int8: the head is the most sensitive layer (GGUF's
 Q4 files keep it at 8 bits too: SmolLM2's Q4_1 file stores it as Q8_0), and at 4 bits it
-alone cost SmolLM2 about 3% perplexity. A layer whose input size the group does not
-divide stays int8 as well. The kernels exist on CPU; elsewhere (or on PyTorch without them) the layers
+alone cost SmolLM2 about 3% perplexity. A layer the int4 kernel cannot take (input size
+not a multiple of the group, outputs not a multiple of 16) stays int8 as well. The kernels exist on CPU; elsewhere (or on PyTorch without them) the layers
 dequantize and call `F.linear`, the same numbers more slowly.
 
 Shape legend: N output features, K input features, G group size, M rows (batch x tokens).
@@ -164,6 +164,13 @@ def _pack_int4(q: Tensor) -> Tensor:
     return _INT4_PACK(q.contiguous(), 1)  # (N, K/2) uint8
 
 
+def int4_fits(linear: nn.Linear, group_size: int) -> bool:
+    """The int4 kernel's needs: groups that divide the inputs, outputs in multiples of 16
+    (its packed layout), a CPU tensor."""
+    return (linear.in_features % group_size == 0 and linear.out_features % 16 == 0
+            and linear.weight.device.type == "cpu")
+
+
 def int4_available() -> bool:
     return _INT4_PACK is not None and _INT4_MM is not None
 
@@ -192,7 +199,7 @@ def quantize(model: nn.Module, kind: str, *, group_size: int = INT4_GROUP) -> nn
 
     def make(linear: nn.Linear) -> nn.Module:
         four_bits = kind == "int4" and id(linear) in in_stack
-        if four_bits and linear.in_features % group_size == 0 and linear.weight.device.type == "cpu":
+        if four_bits and int4_fits(linear, group_size):
             return Int4Linear.from_linear(linear, group_size)
         return Int8Linear.from_linear(linear)
 
