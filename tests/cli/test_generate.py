@@ -71,20 +71,24 @@ def test_no_cache_and_bfloat16_run(folder: Path, capsys) -> None:
 
 
 @pytest.mark.slow
-def test_compile_and_int8_flags(folder: Path, capsys) -> None:
-    """--compile (Inductor) gives the eager text; --quantize int8 runs and says so."""
+def test_default_is_int8_compiled_and_float32_compiled_gives_the_eager_text(folder: Path, capsys) -> None:
+    """No flags: int8 weights, compiled (Inductor), said on stderr with the compile time
+    apart from tokens/s. --dtype float32 compiled gives the exact eager text."""
     args = ["--model", str(folder), "--prompt", PROMPT, "--max-new-tokens", "12"]
-    _, eager, _ = run(capsys, *args)
+    code, default, err = run(capsys, *args)
+    assert code == 0 and default.startswith(PROMPT)
+    assert "compiled the decode step in" in err and "(int8, compiled, KV cache, " in err
+    _, eager, err = run(capsys, *args, "--dtype", "float32", "--no-compile")
+    assert "(float32, eager, KV cache, " in err and "compiled the decode step" not in err
     torch._dynamo.reset()
-    code, compiled, err = run(capsys, *args, "--compile")
-    assert code == 0 and compiled == eager
-    assert "compiled in" in err and "(float32, compiled, KV cache, " in err
-    code, quantized, err = run(capsys, *args, "--quantize", "int8")
-    assert code == 0 and quantized.startswith(PROMPT) and "(float32, int8, KV cache, " in err
+    code, compiled, err = run(capsys, *args, "--dtype", "float32")
+    assert code == 0 and compiled == eager and "(float32, compiled, KV cache, " in err
+    code, four_bits, err = run(capsys, *args, "--dtype", "int4", "--no-compile")
+    assert code == 0 and four_bits.startswith(PROMPT) and "(int4, eager, " in err
     with pytest.raises(SystemExit) as exit_:
-        main(["generate", *args, "--quantize", "int4"])
+        main(["generate", *args, "--dtype", "int3"])
     err = capsys.readouterr().err
-    assert exit_.value.code == 2 and "int4" in err and len(err.strip().splitlines()) == 1
+    assert exit_.value.code == 2 and "int3" in err and len(err.strip().splitlines()) == 1
 
 
 def test_sampling_repeats_with_a_seed(folder: Path, capsys) -> None:

@@ -96,7 +96,7 @@ def _utf8_writer() -> Callable[[str], None]:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from qkv.generation import stream
+    from qkv.generation import check_request, stream
     from qkv.models.checkpoint import load_pretrained
     from qkv.perf.prepare import load_dtype
 
@@ -117,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
     if not prompt_ids:
         raise QkvError("the prompt encodes to no tokens; give some text with --prompt")
     input_ids = torch.tensor([prompt_ids])  # (1, T)
+    check_request(model, input_ids, args.max_new_tokens)  # before a compile is paid for
     speed = apply_speed_options(model, args)
     tokens = stream(
         model, input_ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,

@@ -9,11 +9,11 @@ Every model step runs under torch.inference_mode(); sampling draws from its own
 torch.Generator, never the global RNG.
 """
 
-from qkv.generation.loop import continue_from, generate, stop_tokens, stream
+from qkv.generation.loop import check_request, continue_from, generate, stop_tokens, stream
 from qkv.generation.sampling import Sampling, sample
 from qkv.generation.session import DecodeSession, cache_capacity, warm_up
 
 __all__ = [
-    "DecodeSession", "Sampling", "cache_capacity", "continue_from", "generate", "sample",
+    "DecodeSession", "Sampling", "cache_capacity", "check_request", "continue_from", "generate", "sample",
     "stop_tokens", "stream", "warm_up",
 ]

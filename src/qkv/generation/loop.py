@@ -33,8 +33,10 @@ from qkv.generation.session import DecodeSession
 from qkv.models.decoder import CausalDecoder
 
 
-def _validate(model: CausalDecoder, input_ids: Tensor, max_new_tokens: int,
-              attention_mask: Tensor | None) -> None:
+def check_request(model: CausalDecoder, input_ids: Tensor, max_new_tokens: int,
+                  attention_mask: Tensor | None = None) -> None:
+    """What `stream` checks before anything runs: ids, token counts against the context, the
+    padding mask. Commands call it before preparing (compiling) a model."""
     if input_ids.dim() != 2 or input_ids.shape[1] < 1 or input_ids.dtype not in (torch.int64, torch.int32):
         raise QkvError(
             f"input_ids must be a non-empty (batch, tokens) integer tensor, got {input_ids.dtype} "
@@ -126,7 +128,7 @@ def stream(
     Arguments are checked at the call, before the first token is asked for. The model is
     put in eval mode and given caches for the duration (a `DecodeSession`), then restored.
     """
-    _validate(model, input_ids, max_new_tokens, attention_mask)
+    check_request(model, input_ids, max_new_tokens, attention_mask)
     sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     ids, lengths = _right_aligned(input_ids.to(next(model.parameters()).device), attention_mask)
     if max_new_tokens == 0:

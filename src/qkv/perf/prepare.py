@@ -58,10 +58,7 @@ class DecodeSetup:
         return self.compile is not None and self.compile.compiled
 
     def describe(self) -> str:
-        parts = [self.precision]
-        if self.compile is not None:
-            parts.append("compiled" if self.compile.compiled else "eager")
-        return ", ".join(parts)
+        return f"{self.precision}, {'compiled' if self.compiled else 'eager'}"
 
 
 def prepare_for_decoding(

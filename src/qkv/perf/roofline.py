@@ -9,12 +9,11 @@ bandwidth, not arithmetic. Per token it reads
   GPT-2, where it is already counted as a matrix);
 - the cached keys and values of every attention layer, S positions each.
 
-A `DecodeLinear` holding a float32 copy for one-row products counts that copy, which is
-what its decode step reads, instead of its half-precision weight.
-
 Bandwidth / bytes-per-token is then an upper bound on tokens/s. Tensors shared between
-modules (tied weights) are counted once. Quantized linears count their int8 weights and
-their scales, so the bound rises as the bytes fall.
+modules (tied weights) are counted once. Quantized linears count their int8 or packed int4
+weights and their scales, so the bound rises as the bytes fall. (`StaticKVCache` reads its
+whole capacity at every step, masked: with a capacity well above S the real step reads
+more than this counts, which is why sessions size their caches to the generation.)
 
 Shape legend: S cached positions, H_kv key/value heads, D head size.
 """
@@ -58,11 +57,7 @@ def weight_bytes_per_token(model: nn.Module) -> int:
     for module in modules:
         if isinstance(module, nn.Embedding):
             continue
-        tensors = [*module.parameters(recurse=False), *_persistent_buffers(module)]
-        matvec = getattr(module, "matvec_weight", None)
-        if matvec is not None:  # a decode step reads this copy instead of the weight
-            tensors = [matvec if t is module.weight else t for t in tensors]
-        for tensor in tensors:
+        for tensor in [*module.parameters(recurse=False), *_persistent_buffers(module)]:
             count(tensor)
     for emb in embeddings:
         count(emb.weight, emb.weight.shape[1] * emb.weight.element_size())  # one row
