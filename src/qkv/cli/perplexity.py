@@ -18,6 +18,7 @@ from qkv.text_file import read_text_file
 from qkv.threads import add_threads_argument, apply_threads
 
 if TYPE_CHECKING:
+    from qkv.attention.kv_cache import CacheKind
     from qkv.models.context_parallel import ContextParallel
 
 # The default window: the model's context, but no longer than this many tokens.
@@ -70,7 +71,8 @@ def add_kv_cache_arguments(parser: argparse.ArgumentParser) -> None:
                         help="newest tokens an int4/int2 cache keeps in full precision (default: %(default)s)")
 
 
-def kv_cache_kind(args: argparse.Namespace):  # -> CacheKind | None
+def kv_cache_kind(args: argparse.Namespace) -> CacheKind | None:
+    """The cache kind --kv-cache names (None without the option); bad options: QkvError."""
     if args.kv_cache is None:
         return None
     from qkv.generation.cache_kinds import cache_kind
@@ -147,7 +149,7 @@ def _score(args: argparse.Namespace, cp: ContextParallel | None) -> int:
     return 0
 
 
-def _score_cached(args: argparse.Namespace, kind, text: str, threads: int) -> int:
+def _score_cached(args: argparse.Namespace, kind: CacheKind, text: str, threads: int) -> int:
     import torch
 
     from qkv.generation.cache_kinds import cached_perplexity
