@@ -25,7 +25,8 @@ a group spans few rotation steps of the low-frequency (large) channels.
 `update` attends over what it answers: the dequantized keys and values of every held
 position (S = length after the write) and the causal mask for them. It reads the cache's
 length into Python once per call (positions must continue the cached ones), so unlike
-`StaticKVCache` its shapes grow with the length: correctness first, not one compiled graph.
+`StaticKVCache` its shapes grow with the length: correctness first, not one compiled graph
+(a compiled decode step runs `update` eagerly, `torch.compiler.disable`).
 
 Shape legend: B batch, H_kv key/value heads, T new tokens, S positions held, D head size of
 keys, D_v of values, G group size (tokens), N_g groups, C channel groups of a token.
@@ -147,6 +148,7 @@ class QuantizedKVCache(KVCache):
         return k, v.reshape(b, h, n, dv)
 
     # -- the interface ------------------------------------------------------------------
+    @torch.compiler.disable  # reads its length into Python: runs eagerly inside a compiled step
     def update(self, k: Tensor, v: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         self.check_input(k, v, positions)
         if positions.dim() != 1:
