@@ -9,6 +9,8 @@ from qkv.attention.kernels import (
     BACKENDS, attention, explicit_attention, fused_attention, one_query_attention, repeat_kv,
 )
 from qkv.attention.kv_cache import KVCache
+from qkv.attention.quantized_cache import QuantizedKVCache
+from qkv.attention.sink_cache import SinkKVCache
 from qkv.attention.masks import causal_mask, combine_masks, padding_mask
 from qkv.attention.ring import Ring, ShardLayout, ring_attention, ring_for
 from qkv.attention.rmsnorm import RMSNorm
@@ -18,11 +20,13 @@ __all__ = [
     "BACKENDS",
     "GroupedQueryAttention",
     "KVCache",
+    "QuantizedKVCache",
     "Llama3RopeScaling",
     "RMSNorm",
     "Ring",
     "RotaryEmbedding",
     "ShardLayout",
+    "SinkKVCache",
     "apply_rope",
     "attention",
     "causal_mask",

@@ -101,6 +101,12 @@ class KVCache(nn.Module, ABC):
         return self.spec.capacity
 
     @property
+    def max_position(self) -> int:
+        """One past the furthest position this cache can hold: its capacity, unless the
+        kind wraps around (a sink/window cache evicts old tokens and takes any position)."""
+        return self.capacity
+
+    @property
     def batch_size(self) -> int:
         return self.spec.batch_size
 

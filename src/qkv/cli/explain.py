@@ -51,6 +51,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "(default: %(default)s, the book's)")
     parser.add_argument("--causal", action="store_true",
                         help="apply the causal mask: the query sees only itself and earlier tokens")
+    parser.add_argument("--keys", action="store_true",
+                        help="with --model: the anatomy of its keys per layer and KV head (channel "
+                        "magnitudes before/after RoPE, outlier channels, key norms, sink mass, RoPE "
+                        "bands) against its values")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object with every step instead of the tables")
     add_threads_argument(parser)
@@ -71,6 +75,10 @@ def run(args: argparse.Namespace) -> int:
                            "brings its own weights and masking; drop "
                            f"{'it' if len(book_only) == 1 else 'them'} or drop --model")
         apply_threads(args.threads)
+        if args.keys:
+            from qkv.cli.explain_keys import run_keys
+
+            return run_keys(args)
         from qkv.cli.explain_model import run_model
 
         return run_model(args)
@@ -79,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
                        "explains the book's example")
     if args.generate is not None:
         raise QkvError("--generate needs a decoder model: give --model")
+    if args.keys:
+        raise QkvError("--keys needs a real model: give --model (for example --model smollm2)")
     if args.d_out < 1:
         raise QkvError(f"--d-out must be at least 1, got {args.d_out}")
     from qkv.cli.explain_model import check_range, resolve_query

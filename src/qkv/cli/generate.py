@@ -49,6 +49,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-cache", action="store_true",
                         help="recompute the whole sequence for every token instead of using the KV cache")
     add_speed_arguments(parser)
+    from qkv.cli.perplexity import add_kv_cache_arguments
+
+    add_kv_cache_arguments(parser)
     add_threads_argument(parser)
     parser.set_defaults(run=run)
 
@@ -96,6 +99,8 @@ def _utf8_writer() -> Callable[[str], None]:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from qkv.attention.kv_cache import StaticKVCache
+    from qkv.cli.perplexity import kv_cache_kind
     from qkv.generation import check_request, stream
     from qkv.models.checkpoint import load_pretrained
     from qkv.perf.prepare import load_dtype
@@ -103,6 +108,9 @@ def run(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 0:
         raise QkvError(f"--max-new-tokens must be 0 or more, got {args.max_new_tokens}")
     threads = apply_threads(args.threads)
+    kind = kv_cache_kind(args)  # bad cache options are reported before loading
+    if kind is not None and args.no_cache:
+        raise QkvError("--kv-cache needs a cache; drop --no-cache")
     if args.chat:
         from qkv.chat import load_chat_model
 
@@ -122,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     tokens = stream(
         model, input_ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache,
-        eos_token_id=stop_ids or None,
+        eos_token_id=stop_ids or None, kv_cache=kind or StaticKVCache,
     )
     emit = _utf8_writer()
     if not args.chat:

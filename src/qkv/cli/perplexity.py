@@ -18,6 +18,7 @@ from qkv.text_file import read_text_file
 from qkv.threads import add_threads_argument, apply_threads
 
 if TYPE_CHECKING:
+    from qkv.attention.kv_cache import CacheKind
     from qkv.models.context_parallel import ContextParallel
 
 # The default window: the model's context, but no longer than this many tokens.
@@ -49,8 +50,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "attention); N, if given, must be the number of processes")
     parser.add_argument("--sharding", choices=("zigzag", "contiguous"), default="zigzag",
                         help="how --context-parallel splits a window (default: %(default)s)")
+    add_kv_cache_arguments(parser)
+    parser.add_argument("--chunk", type=int, default=32, metavar="T",
+                        help="with --kv-cache: tokens fed per step through the cache (default: %(default)s)")
     add_threads_argument(parser)
     parser.set_defaults(run=run)
+
+
+def add_kv_cache_arguments(parser: argparse.ArgumentParser) -> None:
+    """--kv-cache and its options, shared by the commands that decode through a cache."""
+    parser.add_argument("--kv-cache", metavar="KIND",
+                        help="the KV cache: full, int4, int2 (keys per channel, values per token, "
+                        "newest --residual tokens exact) or sink (--sink-tokens first tokens plus a "
+                        "--window of recent ones)")
+    parser.add_argument("--sink-tokens", type=int, default=4, metavar="S",
+                        help="first tokens kept exact by int4/int2/sink caches (default: %(default)s)")
+    parser.add_argument("--window", type=int, default=252, metavar="W",
+                        help="recent tokens a sink cache keeps (default: %(default)s)")
+    parser.add_argument("--residual", type=int, default=64, metavar="R",
+                        help="newest tokens an int4/int2 cache keeps in full precision (default: %(default)s)")
+
+
+def kv_cache_kind(args: argparse.Namespace) -> CacheKind | None:
+    """The cache kind --kv-cache names (None without the option); bad options: QkvError."""
+    if args.kv_cache is None:
+        return None
+    from qkv.generation.cache_kinds import cache_kind
+
+    return cache_kind(args.kv_cache, sinks=args.sink_tokens, window=args.window, residual=args.residual)
 
 
 def _read_text(path: Path) -> str:
@@ -92,7 +119,12 @@ def _score(args: argparse.Namespace, cp: ContextParallel | None) -> int:
     from qkv.progress import progress_bar
 
     threads = apply_threads(args.threads)
+    kind = kv_cache_kind(args)  # bad cache options are reported before loading
+    if kind is not None and cp is not None:
+        raise QkvError("--kv-cache and --context-parallel do not combine; choose one")
     text = _read_text(Path(args.data))
+    if kind is not None:
+        return _score_cached(args, kind, text, threads)
     if args.context_length is not None:  # bad sizes are reported before loading
         early_stride = args.stride if args.stride is not None else max(1, args.context_length // 2)
         list(windows(2, args.context_length, early_stride))
@@ -113,5 +145,32 @@ def _score(args: argparse.Namespace, cp: ContextParallel | None) -> int:
         f"perplexity {result.perplexity:.3f} (mean NLL {result.nll:.4f} nats) on {result.tokens} tokens "
         f"of {args.data}, {result.windows} windows of {context_length} tokens, stride {stride}, "
         f"{args.dtype}, {threads} thread{'s' if threads != 1 else ''}{parallel}"
+    )
+    return 0
+
+
+def _score_cached(args: argparse.Namespace, kind: CacheKind, text: str, threads: int) -> int:
+    import torch
+
+    from qkv.generation.cache_kinds import cached_perplexity
+    from qkv.perf.prepare import load_for_generation
+    from qkv.progress import progress_bar
+
+    if args.chunk < 1:
+        raise QkvError(f"--chunk must be at least 1, got {args.chunk}")
+    model, tokenizer, _ = load_for_generation(args.model, precision=args.dtype, compile=False)
+    ids = torch.tensor(tokenizer.encode(text).ids)  # (N,)
+    if ids.numel() < 2:
+        raise QkvError(f"{args.data} has fewer than 2 tokens to score")
+    if args.kv_cache != "sink" and ids.numel() > model.context_length:
+        raise QkvError(f"{args.data} has {ids.numel()} tokens, more than the model's context "
+                       f"({model.context_length}); only --kv-cache sink streams past it")
+    with progress_bar(total=ids.numel() - 1, unit="tok", desc="scoring", leave=False) as bar:
+        result = cached_perplexity(model, ids, kind, capacity=min(ids.numel(), model.context_length),
+                                   chunk=args.chunk, progress=bar.update)
+    print(
+        f"perplexity {result.perplexity:.3f} (mean NLL {result.nll:.4f} nats) on {result.tokens} tokens "
+        f"of {args.data} through a {args.kv_cache} KV cache ({result.cache_nbytes / 2**20:.2f} MiB), "
+        f"chunks of {args.chunk}, {args.dtype}, {threads} thread{'s' if threads != 1 else ''}"
     )
     return 0

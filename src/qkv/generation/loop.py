@@ -29,6 +29,7 @@ from torch import Tensor
 
 from qkv.errors import QkvError
 from qkv.generation.sampling import Sampling, choose
+from qkv.attention.kv_cache import CacheKind, StaticKVCache
 from qkv.generation.session import DecodeSession
 from qkv.models.decoder import CausalDecoder
 
@@ -122,6 +123,7 @@ def stream(
     use_cache: bool = True,
     eos_token_id: int | Sequence[int] | None = None,
     attention_mask: Tensor | None = None,
+    kv_cache: CacheKind = StaticKVCache,
 ) -> Iterator[Tensor]:
     """Yield the new tokens (B,) one step at a time; see `generate` for the arguments.
 
@@ -135,13 +137,13 @@ def stream(
         return iter(())
     if not use_cache:
         return _uncached(model, ids, lengths, max_new_tokens, sampling, stop_tokens(eos_token_id))
-    return _cached(model, ids, lengths, max_new_tokens, sampling, stop_tokens(eos_token_id))
+    return _cached(model, ids, lengths, max_new_tokens, sampling, stop_tokens(eos_token_id), kv_cache)
 
 
 def _cached(model: CausalDecoder, ids: Tensor, lengths: list[int], max_new_tokens: int,
-            sampling: Sampling, stop: tuple[int, ...]) -> Iterator[Tensor]:
+            sampling: Sampling, stop: tuple[int, ...], kind: CacheKind = StaticKVCache) -> Iterator[Tensor]:
     capacity = ids.shape[1] + max_new_tokens
-    with DecodeSession(model, batch_size=ids.shape[0], capacity=capacity) as session:
+    with DecodeSession(model, batch_size=ids.shape[0], capacity=capacity, kind=kind) as session:
         logits = session.prefill(ids, lengths=lengths)
         yield from continue_from(session, logits, max_new_tokens, sampling=sampling, stop=stop)
 
@@ -188,6 +190,7 @@ def generate(
     use_cache: bool = True,
     eos_token_id: int | Sequence[int] | None = None,
     attention_mask: Tensor | None = None,
+    kv_cache: CacheKind = StaticKVCache,
 ) -> Tensor:
     """The prompt ids (B, T) followed by up to max_new_tokens new ones: (B, T + N).
 
@@ -200,6 +203,7 @@ def generate(
         stream(
             model, input_ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
             seed=seed, use_cache=use_cache, eos_token_id=eos_token_id, attention_mask=attention_mask,
+            kv_cache=kv_cache,
         )
     )
     if not new:

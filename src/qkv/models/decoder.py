@@ -129,7 +129,7 @@ class CausalDecoder(nn.Module, metaclass=ABCMeta):
                 f"positions must have shape ({t},) or (batch, {t}), got {tuple(positions.shape)}"
             )
         furthest = int(positions.max()) + 1 if positions.numel() else 0
-        limit = min([self.context_length] + [cache.capacity for cache in caches[:1]])
+        limit = min([self.context_length] + [cache.max_position for cache in caches[:1]])
         if furthest > limit:
             what = "context length" if limit == self.context_length else "KV cache's capacity"
             raise ValueError(

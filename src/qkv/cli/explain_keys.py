@@ -1,0 +1,78 @@
+"""`qkv explain --model M --keys`: the anatomy of a model's keys, as a table or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from qkv.errors import QkvError
+
+DEFAULT_TEXT = (
+    "I had always thought Jack Gisburn rather a cheap genius--though a good fellow enough--so it "
+    "was no great surprise to me to hear that, in the height of his glory, he had dropped his "
+    "painting, married a rich widow, and established himself in a villa on the Riviera."
+)
+
+
+def run_keys(args: argparse.Namespace) -> int:
+    from qkv.cli.explain_model import load_model
+    from qkv.trace.keys import OUTLIER_RATIO, key_anatomy, summary_rows
+
+    if args.generate is not None or args.png is not None or args.html is not None:
+        raise QkvError("--keys writes a table or --json; drop --generate, --png and --html")
+    text = args.text if args.text is not None else DEFAULT_TEXT
+    if not text.strip():
+        raise QkvError("the text is empty: give some words, or none for the default passage")
+    loaded = load_model(args.model)
+    if loaded.encoder:
+        raise QkvError(f"--keys measures decoders' keys; {loaded.name} is an encoder (BERT)")
+    ids = list(loaded.tokenizer.encode(text).ids)
+    context_length = int(getattr(loaded.model, "context_length", len(ids)))
+    if len(ids) < 2 or len(ids) > context_length:
+        raise QkvError(f"the text has {len(ids)} tokens; give between 2 and {context_length}")
+    anatomy = key_anatomy(loaded.model, torch.tensor([ids]), name=loaded.name)
+    rows = summary_rows(anatomy)
+    if args.layer is not None:
+        layers = {row["layer"] for row in rows}
+        if args.layer not in layers:
+            raise QkvError(f"--layer {args.layer}: {loaded.name} has layers 0 to {max(layers)}")
+        anatomy.heads = [h for h in anatomy.heads if h.layer == args.layer]
+        rows = [r for r in rows if r["layer"] == args.layer]
+    if args.json:
+        json.dump(anatomy.to_json() | {"summary": rows}, sys.stdout)
+        sys.stdout.write("\n")
+        return 0
+    console = Console(highlight=False)
+    rope = "keys after RoPE (before RoPE in brackets)" if anatomy.rope else (
+        "this model has no RoPE (learned absolute positions are added to its input), so keys "
+        "have one form")
+    console.print(f"Key anatomy of {loaded.name} on {anatomy.tokens} tokens: {rope}. "
+                  f"Outlier channel: mean |x| > {OUTLIER_RATIO:g} x the median channel.")
+    table = Table("layer", "kv head", "key max/median", "key outliers (stability)",
+                  "value max/median", "value outliers", "first key norm / median", "sink mass")
+    for row in rows:
+        ratio = f"{row['key_ratio']:.1f}"
+        if row["key_ratio_pre_rope"] is not None:
+            ratio += f" [{row['key_ratio_pre_rope']:.1f}]"
+        outliers = ", ".join(f"{c} ({s:.0%})" for c, s in zip(row["key_outliers"], row["stability"]))
+        table.add_row(str(row["layer"]), str(row["kv_head"]), ratio, outliers or "-",
+                      f"{row['value_ratio']:.1f}", ", ".join(map(str, row["value_outliers"])) or "-",
+                      f"{row['first_key_norm_over_median']:.2f}", f"{row['sink_mass']:.2f}")
+    console.print(table)
+    keys = sum(r["key_ratio"] for r in rows) / len(rows)
+    values = sum(r["value_ratio"] for r in rows) / len(rows)
+    sink = sum(r["sink_mass"] for r in rows) / len(rows)
+    console.print(f"Mean over heads: key max/median {keys:.1f}, value max/median {values:.1f}, "
+                  f"weight on the first token {sink:.2f}.")
+    if anatomy.rope and anatomy.heads:
+        bands = torch.tensor([h.band_magnitude for h in anatomy.heads]).mean(0)  # (D/2,)
+        order = bands.argsort(descending=True)[:4].tolist()
+        waves = anatomy.wavelengths or []
+        console.print("Largest RoPE bands (pair index: wavelength in tokens, RMS before RoPE): "
+                      + "; ".join(f"{i}: {waves[i]:.0f}, {float(bands[i]):.2f}" for i in order))
+    return 0

@@ -1,0 +1,86 @@
+"""Cache kinds by name, and perplexity read through a cache.
+
+    kind = cache_kind("int4", residual=64)            # full | int4 | int2 | sink
+    result = cached_perplexity(model, ids, kind, capacity=len(ids), chunk=32)
+
+`cached_perplexity` feeds a text through a model's caches `chunk` tokens at a time, each
+chunk attending over what the cache answers (dequantized keys for a quantized cache, sinks
+plus a window for a sink cache) and scoring its own next tokens: what decoding with that
+cache would predict. A chunk's own keys are in full precision; a quantized cache keeps its
+newest `residual` tokens so anyway, so chunks shorter than the residual score as decode does.
+
+Shape legend: N tokens of the text.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from qkv.attention.kv_cache import CacheKind, StaticKVCache
+from qkv.attention.quantized_cache import QuantizedKVCache
+from qkv.attention.sink_cache import SinkKVCache
+from qkv.errors import QkvError
+from qkv.models.decoder import CausalDecoder
+
+KINDS = ("full", "int4", "int2", "sink")
+
+
+def cache_kind(name: str, *, sinks: int = 4, window: int = 252, residual: int = 64,
+               group_size: int = 64, key_axis: str = "channel") -> CacheKind:
+    """The cache kind called `name`; bad options raise QkvError naming them."""
+    if name == "full":
+        return StaticKVCache
+    if name in ("int4", "int2"):
+        if residual < 0 or group_size < 1:
+            raise QkvError(f"--residual must be >= 0 and the group size >= 1, got {residual}, {group_size}")
+        return QuantizedKVCache.kind(bits=int(name[3:]), residual=residual, group_size=group_size,
+                                     sinks=sinks, key_axis=key_axis)
+    if name == "sink":
+        if window < 1:
+            raise QkvError(f"--window must be at least 1, got {window}")
+        if sinks < 0 or sinks > window:
+            raise QkvError(f"--sink-tokens must be between 0 and the window ({window}), got {sinks}")
+        return SinkKVCache.kind(sinks=sinks, window=window)
+    raise QkvError(f"--kv-cache must be one of {', '.join(KINDS)}, got {name!r}")
+
+
+@dataclass(frozen=True)
+class CachedPerplexity:
+    perplexity: float
+    nll: float
+    tokens: int
+    cache_nbytes: int
+    window_nll: list[float]  # mean NLL of each consecutive slice of `slice_tokens`
+
+
+@torch.no_grad()
+def cached_perplexity(model: CausalDecoder, ids: Tensor, kind: CacheKind, *, capacity: int,
+                      chunk: int = 32, slice_tokens: int = 512,
+                      progress: Callable[[int], object] | None = None) -> CachedPerplexity:
+    """Score ids (N,) through caches of `kind` (see the module docstring)."""
+    if chunk < 1:
+        raise QkvError(f"the chunk size must be at least 1, got {chunk}")
+    model.eval()
+    model.setup_cache(1, capacity, kind=kind)
+    nlls: list[Tensor] = []
+    try:
+        n = ids.numel()
+        for start in range(0, n - 1, chunk):
+            part = ids[start:min(start + chunk, n - 1)][None]  # (1, t)
+            targets = ids[start + 1:start + 1 + part.shape[1]]  # (t,)
+            logits = model(part, positions=torch.arange(start, start + part.shape[1]))  # (1, t, V)
+            nlls.append(torch.nn.functional.cross_entropy(logits[0].float(), targets, reduction="none"))
+            if progress is not None:
+                progress(part.shape[1])
+        nbytes = model.cache_nbytes()
+    finally:
+        model.remove_cache()
+    every = torch.cat(nlls)  # (N - 1,)
+    slices = [float(every[i:i + slice_tokens].mean()) for i in range(0, every.numel(), slice_tokens)]
+    nll = float(every.mean())
+    return CachedPerplexity(math.exp(nll), nll, every.numel(), nbytes, slices)

@@ -1,0 +1,150 @@
+"""The anatomy of real keys: per layer and key/value head, what a KV cache has to hold.
+
+    anatomy = key_anatomy(model, input_ids)   # -> KeyAnatomy (to_json() for --json)
+
+For each attention layer and KV head, over the tokens of one text:
+- the magnitude of every key channel (mean |k| over tokens), before and after RoPE where
+  the model has RoPE, and the ratio of the largest channel to the median one;
+- outlier channels (magnitude > OUTLIER_RATIO x the median) and their stability: the share
+  of tokens in which each is among that token's largest |k| channels;
+- key norms by position (the first token's key is often unlike the rest);
+- the sink mass: the mean attention weight the queries (after the first) put on the first
+  token, per query head;
+- with RoPE, the magnitude of each rotation pair (channels i and i + D/2 rotate together at
+  frequency inv_freq[i]) against its wavelength: the large channels sit in the slow bands;
+- the same channel statistics for values, so the asymmetry shows.
+Models without RoPE (GPT-2: learned absolute position embeddings added to the input) get
+every statistic but the pre/post-RoPE split and the frequency bands, and say so.
+
+Everything is recomputed from the modules' own parts by the trace adapters (pre-RoPE keys
+from k_proj and k_norm), through forward hooks: no model code is changed.
+
+Shape legend: T tokens, H query heads, H_kv key/value heads, D head size.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from qkv.attention.rope import RotaryEmbedding
+from qkv.trace.adapters import AttentionCall, explain_call
+from qkv.trace.recorder import attention_modules
+
+OUTLIER_RATIO = 4.0
+
+
+@dataclass
+class ChannelStats:
+    magnitude: list[float]  # (D,) mean |x| per channel
+    max_over_median: float
+    outliers: list[int]  # channels above OUTLIER_RATIO x the median
+    stability: list[float]  # per outlier: share of tokens where it is among the top channels
+
+
+@dataclass
+class HeadAnatomy:
+    layer: int
+    kv_head: int
+    keys: ChannelStats  # as compared with queries (post-RoPE when the model has RoPE)
+    keys_pre_rope: ChannelStats | None
+    values: ChannelStats
+    key_norms: list[float]  # (T,) |k| by position
+    sink_mass: list[float]  # per query head of this group: mean weight on the first token
+    band_magnitude: list[float] | None  # (D/2,) RMS of each rotation pair, pre-RoPE
+
+
+@dataclass
+class KeyAnatomy:
+    model: str
+    tokens: int
+    rope: bool
+    wavelengths: list[float] | None  # (D/2,) 2*pi / inv_freq per rotation pair
+    heads: list[HeadAnatomy] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def channel_stats(x: Tensor) -> ChannelStats:
+    """x (T, D) -> the channel statistics of one head."""
+    mag = x.abs().mean(dim=0)  # (D,)
+    median = float(mag.median().clamp_min(1e-12))
+    outliers = [int(i) for i in (mag > OUTLIER_RATIO * median).nonzero().flatten()]
+    count = max(len(outliers), 1)
+    top = x.abs().topk(min(count, x.shape[1]), dim=1).indices  # (T, count)
+    stability = [float((top == i).any(dim=1).float().mean()) for i in outliers]
+    return ChannelStats([round(float(m), 5) for m in mag], round(float(mag.max()) / median, 3),
+                        outliers, [round(s, 3) for s in stability])
+
+
+def _sink_mass(call: AttentionCall, kv_head: int) -> list[float]:
+    heads, kv_heads = call.q.shape[1], call.keys.shape[1]
+    group = heads // kv_heads
+    out = []
+    for h in range(kv_head * group, (kv_head + 1) * group):
+        q, k = call.q[0, h].float(), call.keys[0, kv_head].float()  # (T, D), (S, D)
+        scores = (q @ k.T) * call.scale  # (T, S)
+        t, s = scores.shape
+        causal = torch.ones(t, s, dtype=torch.bool).tril(s - t)
+        weights = scores.masked_fill(~causal, float("-inf")).softmax(-1)  # (T, S)
+        out.append(round(float(weights[1:, 0].mean()) if t > 1 else 1.0, 4))
+    return out
+
+
+def _rotary(model: nn.Module) -> RotaryEmbedding | None:
+    return next((m for m in model.modules() if isinstance(m, RotaryEmbedding)), None)
+
+
+@torch.no_grad()
+def key_anatomy(model: nn.Module, input_ids: Tensor, name: str = "") -> KeyAnatomy:
+    """Run `input_ids` (1, T) through `model` once and measure every layer's keys."""
+    calls: list[AttentionCall] = []
+    handles = [module.register_forward_hook(
+        lambda m, args, kwargs, out: calls.append(explain_call(m, args, kwargs)), with_kwargs=True)
+        for _, module in attention_modules(model)]
+    try:
+        model(input_ids)
+    finally:
+        for handle in handles:
+            handle.remove()
+    rotary = _rotary(model)
+    rope = rotary is not None and calls and calls[0].cos is not None
+    wavelengths = [round(2 * math.pi / float(f), 2) for f in rotary.inv_freq] if rope else None
+    anatomy = KeyAnatomy(name, int(input_ids.shape[1]), bool(rope), wavelengths)
+    for layer, call in enumerate(calls):
+        for h in range(call.keys.shape[1]):
+            k = call.k_new[0, h].float()  # (T, D)
+            pre = call.k_unrotated[0, h].float()  # (T, D)
+            half = pre.shape[1] // 2
+            bands = ((pre[:, :half] ** 2 + pre[:, half:] ** 2) / 2).mean(0).sqrt() if rope else None  # (D/2,)
+            anatomy.heads.append(HeadAnatomy(
+                layer=layer, kv_head=h, keys=channel_stats(k),
+                keys_pre_rope=channel_stats(pre) if rope else None,
+                values=channel_stats(call.values[0, h, -k.shape[0]:].float()),
+                key_norms=[round(float(n), 4) for n in k.norm(dim=1)],
+                sink_mass=_sink_mass(call, h),
+                band_magnitude=[round(float(b), 5) for b in bands] if bands is not None else None,
+            ))
+    return anatomy
+
+
+def summary_rows(anatomy: KeyAnatomy) -> list[dict[str, object]]:
+    """One row per layer and KV head: the numbers a terminal table shows."""
+    rows = []
+    for head in anatomy.heads:
+        norms = head.key_norms
+        rest = sorted(norms[1:]) or norms
+        rows.append({
+            "layer": head.layer, "kv_head": head.kv_head,
+            "key_ratio": head.keys.max_over_median,
+            "key_ratio_pre_rope": head.keys_pre_rope.max_over_median if head.keys_pre_rope else None,
+            "key_outliers": head.keys.outliers, "stability": head.keys.stability,
+            "value_ratio": head.values.max_over_median, "value_outliers": head.values.outliers,
+            "first_key_norm_over_median": round(norms[0] / max(rest[len(rest) // 2], 1e-12), 3),
+            "sink_mass": round(sum(head.sink_mass) / len(head.sink_mass), 4),
+        })
+    return rows
