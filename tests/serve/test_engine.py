@@ -58,7 +58,7 @@ def test_staggered_requests_match_each_prompt_alone(tiny_folder: Path) -> None:
 
 def test_a_full_queue_refuses_and_a_cancelled_job_frees_its_slot(tiny_folder: Path) -> None:
     model, tokenizer = load_pretrained(tiny_folder)
-    engine = Engine(model, max_batch=1, capacity=64, max_waiting=1)
+    engine = Engine(model, max_batch=1, capacity=64, max_waiting=0)
     ids = tokenizer.encode("The cat").ids
     finished = threading.Event()
 

@@ -123,7 +123,8 @@ class Engine:
                            f"context ({self.capacity} tokens)")
         job = Job(prompt, max_tokens, sampling, stop_ids, emit)
         with self._wake:
-            if len(self._waiting) >= self.max_waiting:
+            free = sum(job is None for job in self._rows)  # a free slot takes the next waiting job
+            if len(self._waiting) >= self.max_waiting + free:
                 raise EngineFull(f"the server is busy ({self.max_batch} running, {len(self._waiting)} waiting); "
                                  "retry shortly")
             self._waiting.append(job)
