@@ -88,7 +88,7 @@ $("example").onchange = () => { if ($("example").value) { $("text").value = $("e
 $("tab-explore").onclick = () => { $("explore").hidden = false; $("chat").hidden = true; };
 $("tab-chat").onclick = () => { $("explore").hidden = true; $("chat").hidden = false; };
 $("send").onclick = async () => {
-  $("chat-error").textContent = ""; $("reply").textContent = "";
+  $("chat-error").textContent = ""; $("reply").textContent = ""; delete $("reply").dataset.done;
   const models = await (await fetch("/v1/models", {headers: headers()})).json();
   if (!models.data) { $("chat-error").textContent = models.error ? models.error.message : "no model"; return; }
   const r = await fetch("/v1/chat/completions", {method: "POST", headers: headers(), body: JSON.stringify({
@@ -103,6 +103,7 @@ $("send").onclick = async () => {
       const chunk = JSON.parse(line.slice(6));
       if (chunk.error) { $("chat-error").textContent = chunk.error.message; continue; }
       const c = chunk.choices[0]; if (c && c.delta && c.delta.content) $("reply").textContent += c.delta.content; } }
+  $("reply").dataset.done = "1";
 };
 run(false);
 </script></body></html>
