@@ -62,7 +62,7 @@ def test_concurrent_greedy_completions_equal_generate_alone(server) -> None:
 
 
 def test_stream_matches_whole_answer_with_usage(server) -> None:
-    body = {"model": server.served.name, "messages": [{"role": "user", "content": "Hello"}],
+    body = {"model": server.served.name, "messages": [{"role": "user", "content": "What is attention?"}],
             "max_tokens": 12, "temperature": 0}
     whole = _post(server, "/v1/chat/completions", body).json()
     with httpx.stream("POST", server.url + "/v1/chat/completions", headers=AUTH, timeout=60,
@@ -72,7 +72,7 @@ def test_stream_matches_whole_answer_with_usage(server) -> None:
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
-    assert text == whole["choices"][0]["message"]["content"]
+    assert text and text == whole["choices"][0]["message"]["content"]
     assert chunks[-1]["usage"] == whole["usage"] and chunks[-1]["choices"] == []
     assert chunks[-2]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
 
@@ -151,3 +151,32 @@ def test_a_full_server_answers_503_with_retry_after(start_server) -> None:
         blocked.result(30)
     assert busy.status_code == 503 and busy.headers["retry-after"] == "1"
     assert busy.json()["error"]["type"] == "server_overloaded"
+
+
+def test_many_clients_some_cancelled_complete_answers_and_no_slot_leaked(server) -> None:
+    """40 streaming requests from 8 clients, a quarter closed after their first chunk: every
+    other one gets the whole greedy answer, and no slot stays occupied afterwards."""
+    prompts = [f"The cat {i}" for i in range(40)]
+    body = {"model": server.served.name, "max_tokens": 16, "temperature": 0, "stream": True}
+
+    def one(i: int) -> str | None:
+        with httpx.stream("POST", server.url + "/v1/completions", headers=AUTH, timeout=60,
+                          json={**body, "prompt": prompts[i]}) as r:
+            text = ""
+            for line in r.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                text += json.loads(line[6:])["choices"][0]["text"]
+                if i % 4 == 0:
+                    return None  # close mid-stream
+            return text
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(one, range(40)))
+    for prompt, answer in zip(prompts, answers):
+        if answer is not None:
+            assert answer == reference_text(server, prompt, 16)
+    deadline = time.monotonic() + 20
+    while _metric(server, "qkv_batch_occupancy") != 0 or _metric(server, "qkv_queue_waiting") != 0:
+        assert time.monotonic() < deadline, "a slot was leaked"
+        time.sleep(0.05)

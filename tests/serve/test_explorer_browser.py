@@ -70,12 +70,13 @@ def test_typed_text_shows_the_traced_weights_and_chat_streams(browser, start_ser
     assert page.locator("#keys b").count() == 0  # user text is text, not markup
     # The chat tab streams the same answer the API gives.
     page.click("#tab-chat")
-    page.fill("#message", "Hello")
+    page.fill("#message", "What is attention?")
     page.fill("#max-tokens", "12")
     page.click("#send")
     expected = httpx.post(running.url + "/v1/chat/completions", timeout=60, json={
-        "model": served.name, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 12,
+        "model": served.name, "messages": [{"role": "user", "content": "What is attention?"}], "max_tokens": 12,
         "temperature": 0}).json()["choices"][0]["message"]["content"]
+    assert expected  # a reply to compare with
     page.wait_for_selector("#reply[data-done]", state="attached", timeout=30000)
     assert page.inner_text("#chat-error") == ""
     assert page.eval_on_selector("#reply", "e => e.textContent") == expected

@@ -16,13 +16,13 @@ def client(server) -> openai.OpenAI:
 def test_models_chat_and_completions(client, server) -> None:
     name = server.served.name
     assert [m.id for m in client.models.list()] == [name]
-    messages = [{"role": "user", "content": "Say something"}]
+    messages = [{"role": "user", "content": "What is attention?"}]
     whole = client.chat.completions.create(model=name, messages=messages, max_tokens=10, temperature=0)
     assert whole.choices[0].finish_reason in ("stop", "length") and whole.usage.completion_tokens <= 10
     chunks = list(client.chat.completions.create(model=name, messages=messages, max_tokens=10, temperature=0,
                                                  stream=True, stream_options={"include_usage": True}))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert text == whole.choices[0].message.content
+    assert text and text == whole.choices[0].message.content
     assert chunks[-1].usage.total_tokens == whole.usage.total_tokens
     completion = client.completions.create(model=name, prompt="The cat", max_tokens=5, temperature=0)
     assert completion.usage.completion_tokens == 5 or completion.choices[0].finish_reason == "stop"
