@@ -26,8 +26,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-waiting", type=int, metavar="N",
                         help="requests that may wait for a slot before the server answers 503 "
                         "(default: 4 x --max-batch)")
-    parser.add_argument("--context", type=int, metavar="N",
-                        help="positions per slot (default: the model's context length)")
+    parser.add_argument("--context", type=int, default=1024, metavar="N",
+                        help="positions per slot: prompt + answer of one request, at most the model's "
+                        "context length. Every decode step reads all slots' positions (static shapes), so "
+                        "a larger value costs time on every token (default: %(default)s)")
     parser.add_argument("--max-tokens", type=int, default=1024, metavar="N",
                         help="the most new tokens one request may ask for (default: %(default)s)")
     parser.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on /v1 and the explorer")
