@@ -87,6 +87,7 @@ class Engine:
             raise QkvError(f"--max-batch must be at least 1, got {max_batch}")
         self.model = model
         self.max_batch = max_batch
+        capacity = model.context_length if capacity is None else min(capacity, model.context_length)
         self.session = DecodeSession(model, batch_size=max_batch, capacity=capacity, kind=SlotKVCache)
         self.capacity = self.session.capacity
         self.max_waiting = max_batch * 4 if max_waiting is None else max_waiting
