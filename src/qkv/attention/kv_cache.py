@@ -212,3 +212,33 @@ class StaticKVCache(KVCache):
     def extra_repr(self) -> str:
         s = self.spec
         return f"batch={s.batch_size}, kv_heads={s.num_kv_heads}, capacity={s.capacity}, head_dim={s.head_dim}"
+
+
+class SlotKVCache(StaticKVCache):
+    """A StaticKVCache whose rows are slots, one per request (a server's continuous batch).
+
+    A whole-batch call writes every row, as in StaticKVCache. While `row` is set (by
+    `DecodeSession.prefill_row`), a call carries one request's tokens (1, H_kv, T, D): they
+    are written into that row only, and attention reads that row only, (1, H_kv, S, D), so
+    a new request is prefilled while the other rows keep what they hold. A freed row needs
+    no clearing: its next request starts at position 0 and the position mask hides the rest.
+    """
+
+    def __init__(self, spec: CacheSpec) -> None:
+        super().__init__(spec)
+        self.row: int | None = None
+
+    def update(self, k: Tensor, v: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        if self.row is None:
+            return super().update(k, v, positions)
+        r, s = self.row, self.spec
+        if k.dim() != 4 or k.shape[0] != 1 or positions.dim() != 1 or positions.shape[0] != k.shape[2]:
+            raise ValueError(
+                f"a slot prefill takes one row of keys (1, {s.num_kv_heads}, T, {s.head_dim}) and "
+                f"positions (T,), got keys {tuple(k.shape)} and positions {tuple(positions.shape)}"
+            )
+        self.k_cache[r].index_copy_(1, positions, k[0].to(self.k_cache.dtype))  # (H_kv, S, D)
+        self.v_cache[r].index_copy_(1, positions, v[0].to(self.v_cache.dtype))
+        self.lengths[r] = positions.max() + 1
+        keys, values = self.k_cache[r : r + 1], self.v_cache[r : r + 1]  # (1, H_kv, S, D)
+        return keys, values, visible_keys(self.slots, positions)  # (1, 1, T, S)

@@ -25,6 +25,7 @@ SUBCOMMANDS: dict[str, str] = {
     "chat": "talk with an instruction model (default: SmolLM2-135M-Instruct, offline)",
     "perplexity": "perplexity of a decoder on a text file (sliding window)",
     "bench": "measure decode, prefill, cache and attention speed against transformers",
+    "serve": "serve a decoder over an OpenAI-compatible HTTP API, with the live attention explorer",
 }
 
 

@@ -29,7 +29,7 @@ from types import TracebackType
 import torch
 from torch import Tensor
 
-from qkv.attention.kv_cache import CacheKind, StaticKVCache
+from qkv.attention.kv_cache import CacheKind, SlotKVCache, StaticKVCache
 from qkv.errors import QkvError
 from qkv.models.decoder import CausalDecoder
 
@@ -145,6 +145,38 @@ class DecodeSession:
         self._next = self._positions()
         return logits[torch.arange(b, device=self.device), last]  # (B, V)
 
+    def prefill_row(self, row: int, ids: Tensor) -> Tensor:
+        """Start row `row` afresh with one request's prompt ids (T,), leaving the other rows
+        as they are (a continuous batch: needs kind=SlotKVCache). Returns the logits of its
+        last token, (V,)."""
+        self._check_open()
+        caches = self.model.caches()
+        if not all(isinstance(cache, SlotKVCache) for cache in caches):
+            raise QkvError("prefill_row needs a session with kind=SlotKVCache")
+        if not 0 <= row < self.batch_size or ids.dim() != 1 or ids.shape[0] < 1:
+            raise QkvError(f"prefill_row takes a row in 0..{self.batch_size - 1} and ids (T,), got row {row}, "
+                           f"ids of shape {tuple(ids.shape)}")
+        t = ids.shape[0]
+        self._need(t)
+        positions = torch.arange(t, device=self.device)  # (T,)
+        try:
+            for cache in caches:
+                cache.row = row  # type: ignore[attr-defined]
+            with torch.inference_mode(), _eager_prompts():
+                logits = self.model(ids.to(self.device)[None], positions=positions)  # (1, T, V)
+        finally:
+            for cache in caches:
+                cache.row = None  # type: ignore[attr-defined]
+        self.lengths[row] = t
+        self._next = None
+        return logits[0, -1]  # (V,)
+
+    def release_row(self, row: int) -> None:
+        """Row `row` holds nothing any more: it idles (see `decode`) until prefilled again."""
+        self._check_open()
+        self.lengths[row] = 0
+        self._next = None
+
     def decode(self, tokens: Tensor) -> Tensor:
         """One step: each row's newest token (B,) at its next position -> logits (B, V)."""
         self._check_open()
@@ -155,8 +187,12 @@ class DecodeSession:
             self._next = self._positions()
         with torch.inference_mode():
             logits = self.model(tokens.to(self.device)[:, None], positions=self._next)  # (B, 1, V)
-        self._next.add_(1)  # in place: the next step reuses the same tensor
-        self.lengths = [n + 1 for n in self.lengths]
+        if all(self.lengths):
+            self._next.add_(1)  # in place: the next step reuses the same tensor
+            self.lengths = [n + 1 for n in self.lengths]
+        else:  # idle rows (holding nothing) wrote a dummy token at position 0 and stay empty
+            self.lengths = [n + 1 if n else 0 for n in self.lengths]
+            self._next = None
         return logits[:, -1]  # (B, V)
 
     # -- helpers ---------------------------------------------------------------------

@@ -1,0 +1,117 @@
+"""Load generator for `qkv serve`, with the official `openai` client, on loopback only.
+
+    python benchmarks/serve_load.py --model smollm2 --clients 1 4 8 --requests 8 --max-tokens 64
+
+Starts `qkv serve` as a subprocess on a free 127.0.0.1 port, then for each client count
+sends the same `--requests` streaming chat requests from that many threads (greedy, `ignore`
+stop: each answer is cut at --max-tokens or the end token) and reports tokens/s of the
+whole run, p50/p95 time to first token and inter-token latency. Everything is bounded by
+--timeout; the server is stopped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+import httpx
+from openai import OpenAI
+
+PROMPTS = ["Explain attention in one paragraph.", "Write a short poem about keys and values.",
+           "What is a KV cache?", "Describe the cat that sat on the mat.", "Why is the sky blue?",
+           "List three uses of transformers.", "Tell a story about a small robot.", "What is softmax?"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))] if ordered else float("nan")
+
+
+def one(client: OpenAI, model: str, prompt: str, max_tokens: int) -> tuple[float, list[float], int]:
+    start = time.perf_counter()
+    stamps: list[float] = []
+    tokens = 0
+    for chunk in client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0,
+            stream=True, stream_options={"include_usage": True}):
+        if chunk.choices and chunk.choices[0].delta.content:
+            stamps.append(time.perf_counter())
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+    ttft = stamps[0] - start if stamps else float("nan")
+    return ttft, [b - a for a, b in zip(stamps, stamps[1:])], tokens
+
+
+def run(client: OpenAI, model: str, clients: int, requests: int, max_tokens: int) -> dict[str, float]:
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(requests)]
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        results = list(pool.map(lambda p: one(client, model, p, max_tokens), prompts))
+    elapsed = time.perf_counter() - start
+    ttfts = [r[0] for r in results]
+    gaps = [g for r in results for g in r[1]]
+    tokens = sum(r[2] for r in results)
+    return {"clients": clients, "tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed,
+            "ttft_p50": _percentile(ttfts, 0.5), "ttft_p95": _percentile(ttfts, 0.95),
+            "itl_p50": _percentile(gaps, 0.5), "itl_p95": _percentile(gaps, 0.95)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--requests", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--max-batch", type=int, default=8)
+    parser.add_argument("--threads", type=int)
+    parser.add_argument("--timeout", type=float, default=900)
+    args = parser.parse_args()
+    port = _free_port()
+    command = [sys.executable, "-m", "qkv", "serve", "--model", args.model, "--port", str(port),
+               "--max-batch", str(args.max_batch)] + (["--threads", str(args.threads)] if args.threads else [])
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + args.timeout
+    try:
+        while True:
+            try:
+                name = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).json()["model"]
+                break
+            except httpx.TransportError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise SystemExit("the server did not start")
+                time.sleep(0.2)
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=args.timeout)
+        one(client, name, "Hi", 4)  # warm-up
+        print("| clients | tokens | seconds | tokens/s | TTFT p50 / p95 (s) | inter-token p50 / p95 (ms) |")
+        print("|---|---|---|---|---|---|")
+        for clients in args.clients:
+            r = run(client, name, clients, args.requests, args.max_tokens)
+            print(f"| {clients} | {r['tokens']} | {r['seconds']:.1f} | {r['tokens_per_s']:.1f} | "
+                  f"{r['ttft_p50']:.2f} / {r['ttft_p95']:.2f} | {1000 * r['itl_p50']:.0f} / {1000 * r['itl_p95']:.0f} |",
+                  flush=True)
+        occupancy = [line for line in httpx.get(f"http://127.0.0.1:{port}/metrics").text.splitlines()
+                     if line.startswith("qkv_batch_occupancy ")]
+        print(occupancy[0])
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,55 @@
+"""`qkv serve`: a local server with an OpenAI-compatible API, batched decoding, and the
+live attention explorer at `/`."""
+
+from __future__ import annotations
+
+import argparse
+
+from qkv.cli.speed import add_precision_argument
+from qkv.errors import QkvError
+from qkv.threads import add_threads_argument, apply_threads
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        description="Serve a decoder over HTTP: OpenAI's /v1/chat/completions, /v1/completions and "
+        "/v1/models (streaming too), /health, /metrics, and the attention explorer at /. "
+        "Concurrent requests decode together (continuous batching).",
+    )
+    parser.add_argument("--model", default="smollm2", metavar="M",
+                        help="checkpoint folder, a .gguf file, or 'smollm2' (default: %(default)s)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s, this machine only)")
+    parser.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
+    parser.add_argument("--max-batch", type=int, default=8, metavar="N",
+                        help="requests decoded together: KV cache slots (default: %(default)s)")
+    parser.add_argument("--max-waiting", type=int, metavar="N",
+                        help="requests that may wait for a slot before the server answers 503 "
+                        "(default: 4 x --max-batch)")
+    parser.add_argument("--context", type=int, default=1024, metavar="N",
+                        help="positions per slot: prompt + answer of one request, at most the model's "
+                        "context length. Every decode step reads all slots' positions (static shapes), so "
+                        "a larger value costs time on every token (default: %(default)s)")
+    parser.add_argument("--max-tokens", type=int, default=1024, metavar="N",
+                        help="the most new tokens one request may ask for (default: %(default)s)")
+    parser.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on /v1 and the explorer")
+    add_precision_argument(parser)
+    add_threads_argument(parser)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    apply_threads(args.threads)
+    if not 0 < args.port < 65536:
+        raise QkvError(f"--port must be between 1 and 65535, got {args.port}")
+    if args.max_batch < 1:
+        raise QkvError(f"--max-batch must be at least 1, got {args.max_batch}")
+    from qkv.serve.app import build_app
+    from qkv.serve.schemas import Limits
+    from qkv.serve.server import load_served, serve
+
+    served = load_served(args.model, precision=args.dtype, max_batch=args.max_batch, capacity=args.context,
+                         max_waiting=args.max_waiting)
+    app = build_app(served, limits=Limits(max_tokens=args.max_tokens), api_key=args.api_key)
+    serve(app, host=args.host, port=args.port)
+    return 0

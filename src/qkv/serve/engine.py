@@ -1,0 +1,262 @@
+"""Continuous batching: one thread decodes every running request together.
+
+    engine = Engine(model, max_batch=8, capacity=2048)
+    engine.start()
+    job = engine.submit(prompt_ids, max_tokens=64, sampling=Sampling(), stop_ids={eos}, emit=fn)
+    ...                      # emit(token_id) per new token, then emit(Finished(reason))
+    job.cancel()             # a closed connection: the slot is freed at the next step
+    engine.stop()
+
+The engine owns one `DecodeSession` of kind `SlotKVCache`: batch row r is slot r. A new
+request is prefilled into a free row (`prefill_row`) while the others wait one step at
+most; then every occupied row decodes one token per step, each at its own position, and a
+request leaves as soon as it stops, reaches max_tokens or is cancelled. Requests beyond
+the free slots wait in a bounded queue; `submit` refuses one more (EngineFull).
+
+Shape legend: B slots (max_batch), T prompt tokens, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from qkv.attention.kv_cache import SlotKVCache
+from qkv.errors import QkvError
+from qkv.generation.sampling import Sampling, choose
+from qkv.generation.session import DecodeSession
+from qkv.models.decoder import CausalDecoder
+
+
+class EngineFull(QkvError):
+    """Every slot is busy and the waiting queue is full."""
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The last event of a job: why it ended ('stop', 'length', 'cancelled', 'error')."""
+
+    reason: str
+    message: str = ""
+
+
+@dataclass
+class Job:
+    prompt: list[int]
+    max_tokens: int
+    sampling: Sampling
+    stop_ids: frozenset[int]
+    emit: Callable[[int | Finished], None]
+    submitted: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    produced: int = 0
+    cancelled: bool = False
+    row: int = -1
+    last: int = 0
+    generator: torch.Generator | None = None
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+@dataclass
+class EngineStats:
+    """Counters the metrics page reads (written by the engine thread only)."""
+
+    slots: int = 0
+    occupied: int = 0
+    waiting: int = 0
+    steps: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    ttft: list[float] = field(default_factory=list)  # seconds, one per request (drained by metrics)
+    tokens_per_second: float = 0.0
+
+
+class Engine:
+    def __init__(self, model: CausalDecoder, *, max_batch: int = 8, capacity: int | None = None,
+                 max_waiting: int | None = None) -> None:
+        if max_batch < 1:
+            raise QkvError(f"--max-batch must be at least 1, got {max_batch}")
+        self.model = model
+        self.max_batch = max_batch
+        capacity = model.context_length if capacity is None else min(capacity, model.context_length)
+        self.session = DecodeSession(model, batch_size=max_batch, capacity=capacity, kind=SlotKVCache)
+        self.capacity = self.session.capacity
+        self.max_waiting = max_batch * 4 if max_waiting is None else max_waiting
+        self.stats = EngineStats(slots=max_batch)
+        self._waiting: collections.deque[Job] = collections.deque()
+        self._calls: collections.deque[tuple[Callable[[], object], concurrent.futures.Future[object]]] = (
+            collections.deque())
+        self._rows: list[Job | None] = [None] * max_batch
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._running = False
+
+    # -- outside the engine thread -------------------------------------------------------
+    def start(self) -> None:
+        self.session.__enter__()
+        self._running = True
+        self._thread = threading.Thread(target=self._run, name="qkv-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._wake:
+            self._running = False
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self.session.close()
+
+    def submit(self, prompt: list[int], *, max_tokens: int, sampling: Sampling,
+               stop_ids: frozenset[int], emit: Callable[[int | Finished], None]) -> Job:
+        if not prompt:
+            raise QkvError("the prompt is empty")
+        if len(prompt) + max_tokens > self.capacity:
+            raise QkvError(f"{len(prompt)} prompt tokens + {max_tokens} new tokens exceed the server's "
+                           f"context ({self.capacity} tokens)")
+        job = Job(prompt, max_tokens, sampling, stop_ids, emit)
+        with self._wake:
+            free = sum(job is None for job in self._rows)  # a free slot takes the next waiting job
+            if len(self._waiting) >= self.max_waiting + free:
+                raise EngineFull(f"the server is busy ({self.max_batch} running, {len(self._waiting)} waiting); "
+                                 "retry shortly")
+            self._waiting.append(job)
+            self.stats.waiting = len(self._waiting)
+            self._wake.notify()
+        return job
+
+    def call(self, fn: Callable[[], object]) -> concurrent.futures.Future[object]:
+        """Run `fn()` on the engine thread between two steps, with the slot caches detached
+        (so that it may run the model on its own, e.g. to trace it); returns its future."""
+        future: concurrent.futures.Future[object] = concurrent.futures.Future()
+        with self._wake:
+            self._calls.append((fn, future))
+            self._wake.notify()
+        return future
+
+    @contextlib.contextmanager
+    def _detached(self) -> Iterator[None]:
+        layers = list(self.model.attention_layers())
+        caches = [layer.kv_cache for layer in layers]
+        for layer in layers:
+            layer.kv_cache = None
+        try:
+            yield
+        finally:
+            for layer, cache in zip(layers, caches):
+                layer.kv_cache = cache
+
+    def _run_calls(self) -> None:
+        while True:
+            with self._wake:
+                if not self._calls:
+                    return
+                fn, future = self._calls.popleft()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                with self._detached():
+                    result = fn()
+            except BaseException as error:  # noqa: BLE001 - handed to the caller
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+
+    # -- the engine thread ---------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while self._running and not self._waiting and not self._calls and not any(self._rows):
+                    self._wake.wait()
+                if not self._running:
+                    break
+            self._run_calls()
+            try:
+                self._step()
+            except Exception as error:  # noqa: BLE001 - every job learns of it, the server lives on
+                for row, job in enumerate(self._rows):
+                    if job is not None:
+                        self._finish(row, Finished("error", f"{type(error).__name__}: {error}"))
+        for row, job in enumerate(self._rows):
+            if job is not None:
+                self._finish(row, Finished("cancelled", "the server is shutting down"))
+        for job in self._waiting:
+            job.emit(Finished("cancelled", "the server is shutting down"))
+        for _, future in self._calls:
+            future.cancel()
+
+    def _step(self) -> None:
+        # Drop cancelled requests (a closed connection frees its slot here, before any work).
+        for row, job in enumerate(self._rows):
+            if job is not None and job.cancelled:
+                self._finish(row, Finished("cancelled"))
+        # Admit at most one waiting request per step, so a prompt never stalls the others long.
+        free = [row for row, job in enumerate(self._rows) if job is None]
+        if free:
+            with self._wake:
+                job = None
+                while self._waiting and job is None:
+                    candidate = self._waiting.popleft()
+                    job = None if candidate.cancelled else candidate
+                    if candidate.cancelled:
+                        candidate.emit(Finished("cancelled"))
+                self.stats.waiting = len(self._waiting)
+            if job is not None:
+                self._admit(free[0], job)
+        running = [row for row, job in enumerate(self._rows) if job is not None]
+        self.stats.occupied = len(running)
+        if not running:
+            return
+        tokens = torch.tensor([job.last if job is not None else 0 for job in self._rows], dtype=torch.long)  # (B,)
+        start = time.perf_counter()
+        logits = self.session.decode(tokens)  # (B, V)
+        for row in running:
+            self._deliver(row, logits[row : row + 1])
+        elapsed = time.perf_counter() - start
+        self.stats.steps += 1
+        self.stats.tokens_per_second = len(running) / elapsed if elapsed > 0 else 0.0
+
+    def _admit(self, row: int, job: Job) -> None:
+        job.row = row
+        job.generator = None if job.sampling.greedy else job.sampling.generator(self.session.device)
+        self._rows[row] = job
+        self.stats.prompt_tokens += len(job.prompt)
+        logits = self.session.prefill_row(row, torch.tensor(job.prompt, dtype=torch.long))  # (V,)
+        self._deliver(row, logits[None])
+
+    def _deliver(self, row: int, logits: torch.Tensor) -> None:
+        """Choose row `row`'s next token from its logits (1, V) and hand it to the job."""
+        job = self._rows[row]
+        assert job is not None
+        if job.cancelled:
+            self._finish(row, Finished("cancelled"))
+            return
+        token = int(choose(logits, job.sampling, job.generator)[0])
+        if job.first_token_at is None:
+            job.first_token_at = time.perf_counter()
+            self.stats.ttft.append(job.first_token_at - job.submitted)
+        if token in job.stop_ids:
+            self._finish(row, Finished("stop"))
+            return
+        job.last = token
+        job.produced += 1
+        self.stats.completion_tokens += 1
+        job.emit(token)
+        if job.produced >= job.max_tokens:
+            self._finish(row, Finished("length"))
+
+    def _finish(self, row: int, event: Finished) -> None:
+        job = self._rows[row]
+        self._rows[row] = None
+        self.session.release_row(row)
+        self.stats.occupied = sum(job is not None for job in self._rows)
+        if job is not None:
+            job.emit(event)

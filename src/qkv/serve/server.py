@@ -1,0 +1,47 @@
+"""Loading what to serve, and running it under uvicorn.
+
+    served = load_served("smollm2", precision="float32", max_batch=8)
+    serve(build_app(served, ...), host="127.0.0.1", port=8000)
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from qkv.errors import QkvError
+from qkv.serve.app import Served
+from qkv.serve.engine import Engine
+
+
+def model_name(source: str) -> str:
+    path = Path(os.fspath(source)).expanduser()
+    return path.stem if path.suffix == ".gguf" else (path.name or source) if path.exists() else source
+
+
+def load_served(source: str, *, precision: str = "float32", max_batch: int = 8,
+                capacity: int | None = None, max_waiting: int | None = None) -> Served:
+    """The model (with its chat template when it has one), ready for the engine."""
+    from qkv.chat import ChatTemplate, load_chat_model
+    from qkv.models.checkpoint import load_pretrained
+    from qkv.perf.prepare import load_dtype, prepare_for_decoding
+
+    template: ChatTemplate | None = None
+    try:
+        chat = load_chat_model(source, dtype=load_dtype(precision))
+        model, tokenizer, template, stop = chat.model, chat.tokenizer, chat.template, set(chat.stop_ids)
+    except QkvError as error:
+        if "chat template" not in str(error) and "end-of-turn" not in str(error):
+            raise
+        model, tokenizer = load_pretrained(source, dtype=load_dtype(precision))
+        stop = set(model.eos_token_ids)
+    prepare_for_decoding(model, precision=precision, compile=False)
+    engine = Engine(model, max_batch=max_batch, capacity=capacity, max_waiting=max_waiting)
+    return Served(model_name(source), model, tokenizer, template, frozenset(stop), engine)
+
+
+def serve(app: object, *, host: str, port: int) -> None:
+    import uvicorn
+
+    print(f"qkv serve: listening on http://{host}:{port} (explorer at /, API at /v1)", flush=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning")  # type: ignore[arg-type]

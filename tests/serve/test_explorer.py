@@ -1,0 +1,39 @@
+"""The explorer endpoint answers what qkv.trace records for the same selection."""
+
+from __future__ import annotations
+
+import httpx
+import torch
+
+from qkv.trace import trace
+from qkv.trace.export import query_row
+
+from .conftest import API_KEY
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
+def test_trace_endpoint_equals_qkv_trace(server) -> None:
+    text = "The cat sat on the mat"
+    r = httpx.post(server.url + "/explorer/trace", headers=AUTH, timeout=60,
+                   json={"text": text, "layer": 1, "head": 3, "query": 2, "generate": 3})
+    assert r.status_code == 200, r.text
+    data = r.json()
+    served = server.served
+    ids = served.tokenizer.encode(text).ids
+    reference = served.engine.call(
+        lambda: query_row(trace(served.model, torch.tensor([ids]), layer=[1], head=[3], query=[2]).layer(1),
+                          None, 3, 2)).result(60)
+    assert data["weights"] == reference["weights"] and data["scores"] == reference["scores"]
+    assert data["context"] == reference["context"]
+    assert data["num_layers"] == 2 and data["num_heads"] == 4 and len(data["tokens"]) == len(ids)
+    assert [step["cached_keys"] for step in data["generation"]] == [len(ids), len(ids) + 1, len(ids) + 2]
+
+
+def test_trace_errors_and_page(server) -> None:
+    r = httpx.post(server.url + "/explorer/trace", headers=AUTH, json={"text": "cat", "layer": 9})
+    assert r.status_code == 400 and "layer 9" in r.json()["error"]["message"]
+    r = httpx.post(server.url + "/explorer/trace", headers=AUTH, json={"text": 5})
+    assert r.status_code == 422
+    page = httpx.get(server.url + "/")
+    assert page.status_code == 200 and "textContent" in page.text and "innerHTML" not in page.text
