@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -87,10 +88,35 @@ def first_token(ids: list[int], threads: int, cache_dir: Path) -> dict[str, Any]
             "setup": result["setup"]}
 
 
+# Loads llama.cpp in a throw-away process first: a build for CPU features this machine
+# lacks (AVX-512 on a CPU without it) dies with SIGILL, which would take the bench with it.
+LLAMA_PROBE = """
+import sys
+from llama_cpp import Llama
+Llama(model_path=sys.argv[1], n_threads=1, n_ctx=64, verbose=False)
+"""
+
+
+def llama_crash(path: Path) -> str | None:
+    """None if llama.cpp loads `path` in a fresh process, else why not (one line)."""
+    done = subprocess.run([sys.executable, "-c", LLAMA_PROBE, str(path)], capture_output=True, text=True,
+                          check=False)
+    if done.returncode == 0:
+        return None
+    if done.returncode < 0:
+        name = signal.Signals(-done.returncode).name
+        hint = " (an instruction this CPU lacks: rebuild it without AVX-512, see the README)" if name == "SIGILL" else ""
+        return f"loading the model killed the process with {name}{hint}"
+    return f"loading the model failed: {(done.stderr.strip().splitlines() or ['no output'])[-1]}"
+
+
 def llama_contender(ids: list[int], new: int, threads: int) -> Callable[[], list[int]] | str:
     module = optional("llama_cpp", "llama.cpp")
     if isinstance(module, str):
         return module + "; build it as the README says"
+    crash = llama_crash(smollm2_path())
+    if crash is not None:
+        return f"llama.cpp: skipped ({crash})"
     llm = module.Llama(model_path=str(smollm2_path()), n_threads=threads, n_threads_batch=threads,
                        n_ctx=512, verbose=False)
 
