@@ -8,11 +8,11 @@ import statistics
 import pytest
 import torch
 
-from qkv.attention.kv_cache import KVCache
+from qkv.attention.kv_cache import CacheSpec, StaticKVCache
 from qkv.models.gpt2 import GPTConfig, GPTModel
 from qkv.perf import (
-    alternate, kv_bytes_per_token, measure_read_bandwidth, quantize_int8, ratio,
-    roofline_tokens_per_s, token_bytes, use_decode_linears, weight_bytes_per_token,
+    alternate, kv_bytes_per_token, measure_read_bandwidth, quantize, ratio,
+    roofline_tokens_per_s, token_bytes, weight_bytes_per_token,
 )
 
 CFG = GPTConfig(vocab_size=101, context_length=32, emb_dim=48, n_heads=4, n_layers=3, drop_rate=0.0, qkv_bias=True)
@@ -32,7 +32,7 @@ def test_weight_bytes_untied_tied_and_int8() -> None:
     assert weight_bytes_per_token(model) == 4 * (_linear_params(CFG) + one_row_each)
     model.tie_weights()  # the head is the token table: counted once, as a matrix
     assert weight_bytes_per_token(model) == 4 * (_linear_params(CFG) + CFG.emb_dim)
-    quantize_int8(model)
+    quantize(model, "int8")
     c, v = CFG.emb_dim, CFG.vocab_size
     matrices = CFG.n_layers * (3 * c * c + c * c + 4 * c * c + 4 * c * c) + v * c
     rows = CFG.n_layers * (3 * c + c + 4 * c + c) + v  # one float32 scale per output row
@@ -43,23 +43,15 @@ def test_weight_bytes_untied_tied_and_int8() -> None:
     assert weight_bytes_per_token(model) == expected
 
 
-def test_float32_matvec_copies_count_instead_of_half_weights() -> None:
-    model = GPTModel(CFG).to(torch.bfloat16)
-    half = weight_bytes_per_token(model)
-    use_decode_linears(model, matvec_dtype=torch.float32)
-    c, v = CFG.emb_dim, CFG.vocab_size
-    matrices = CFG.n_layers * 12 * c * c + v * c  # now read as float32: 2 more bytes each
-    assert weight_bytes_per_token(model) == half + 2 * matrices
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kv_bytes_match_the_caches_own_size(dtype: torch.dtype) -> None:
     model = GPTModel(CFG).to(dtype)
     positions = 20
-    model.setup_cache(1, positions)
+    model.setup_cache(1, positions, dtype=dtype)
     cache_bytes = sum(layer.kv_cache.nbytes for layer in model.attention_layers())
     assert kv_bytes_per_token(model, positions) == cache_bytes
-    half = KVCache(1, CFG.n_heads, positions // 2, CFG.head_dim, dtype=dtype).nbytes * CFG.n_layers
+    spec = CacheSpec(1, CFG.n_heads, positions // 2, CFG.head_dim, CFG.head_dim, dtype, torch.device("cpu"))
+    half = StaticKVCache(spec).nbytes * CFG.n_layers
     assert token_bytes(model, positions // 2).kv_cache == half
     model.remove_cache()
     assert kv_bytes_per_token(model, positions) == 0
