@@ -34,7 +34,8 @@ test: install-dev
 	$(BIN)/python -m pytest -q -n 2
 
 bench: install-dev
-	$(BIN)/qkv bench --compile --quantize int8 --json benchmarks/perf.json --plot benchmarks/decode_context.png
+	$(BIN)/qkv bench --json benchmarks/perf.json --plot benchmarks/decode_context.png
+	$(BIN)/qkv bench --only smollm2,quality,startup --data ../shared/data/the-verdict.txt --json benchmarks/smollm2.json
 	$(BIN)/python benchmarks/attention.py
 
 clean:

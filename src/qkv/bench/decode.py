@@ -1,0 +1,107 @@
+"""decode: the GPT-2-124M shape in float32, qkv with default flags (`--dtype float32`:
+compiled) and without compiling, against transformers float32; 128 greedy new tokens
+after a 64-token prompt, tokens/s of the whole call. A memory-read probe runs in the same
+rounds, so the roofline section judges each round by that round's bandwidth.
+
+Shape legend: B batch (1), T prompt tokens, N new tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from qkv.bench.common import Context, Section
+from qkv.bench.gpt2 import hf_generate, load_hf, load_qkv, qkv_generate
+from qkv.generation import DecodeSession, warm_up
+from qkv.models.decoder import CausalDecoder
+from qkv.perf.timing import Measurement, alternate, ratio
+
+BANDWIDTH_PROBE = "memory read (torch.sum)"
+PROBE_SUMS = 16  # reductions per probe call: a few tenths of a second, comparable to a decode
+COMPILED = "qkv float32 (default flags: compiled)"
+EAGER = "qkv float32 --no-compile"
+TRANSFORMERS = "transformers float32"
+
+
+@dataclass
+class DecodeRun:
+    """What the decode section leaves for the roofline section."""
+
+    section: Section
+    models: dict[str, CausalDecoder]  # qkv contenders by name
+    prefill_s: dict[str, float]  # median prompt time of each
+    capacity: int  # cache slots each decode step reads (the session's capacity)
+    bandwidth: Measurement  # the probe, timed in the same rounds
+
+
+def bandwidth_probe(nbytes: int) -> Callable[[], object]:
+    """A contender that reads `nbytes` of float32 PROBE_SUMS times (see qkv.perf.bandwidth)."""
+    probe = torch.ones(nbytes // 4, dtype=torch.float32)  # (N,)
+
+    def run() -> object:
+        for _ in range(PROBE_SUMS):
+            probe.sum()
+        return None
+
+    return run
+
+
+def prefill_once(model: CausalDecoder, ids: torch.Tensor, capacity: int) -> Callable[[], object]:
+    """The prompt through a fresh session, as generate's first step runs it."""
+
+    def run() -> object:
+        with DecodeSession(model, capacity=capacity) as session:
+            return session.prefill(ids)
+
+    return run
+
+
+def measure_decode(ctx: Context) -> DecodeRun:
+    """Run once per bench run; decode and roofline both read it."""
+    if "decode" in ctx.shared:
+        return ctx.shared["decode"]  # type: ignore[no-any-return]
+    s = ctx.sizes
+    folder = ctx.gpt2_checkpoint()
+    section = Section("decode")
+    ids = torch.randint(1, s.vocab, (1, s.prompt), generator=torch.Generator().manual_seed(1))  # (B, T)
+    hf = load_hf(folder)
+    models = {COMPILED: load_qkv(folder, compile=True), EAGER: load_qkv(folder, compile=False)}
+    ctx.progress("warming up (compiling) qkv")
+    section.facts["compile (warm_up) s"] = round(warm_up(models[COMPILED]), 3)
+    reference = hf_generate(hf, ids, s.new_tokens)
+    for name, model in models.items():
+        out = qkv_generate(model, ids, s.new_tokens)
+        same = (out[:, s.prompt:] == reference[:, s.prompt:]).float().mean().item()
+        section.facts[f"{name}: greedy tokens equal to transformers"] = round(same, 4)
+    contenders: dict[str, Callable[[], object]] = {TRANSFORMERS: lambda: hf_generate(hf, ids, s.new_tokens)}
+    contenders.update({name: (lambda m=model: qkv_generate(m, ids, s.new_tokens)) for name, model in models.items()})
+    # The machine's bandwidth drifts on a shared VM, so the roofline's numerator is
+    # measured in the same rounds as the decoders it judges.
+    contenders[BANDWIDTH_PROBE] = bandwidth_probe(s.bandwidth_bytes)
+    ctx.progress(f"timing {', '.join(contenders)}")
+    work = {name: float(s.new_tokens) for name in contenders}
+    work[BANDWIDTH_PROBE] = float(s.bandwidth_bytes // 4 * 4 * PROBE_SUMS)
+    measured = alternate(contenders, work=work, unit="tokens", repeats=ctx.options.repeats)
+    probe = measured.pop(BANDWIDTH_PROBE)
+    probe = Measurement(probe.name, probe.work, "bytes", probe.samples_s)
+    section.measurements.extend(measured.values())
+    section.ratios.extend(ratio(measured[name], measured[TRANSFORMERS]) for name in models)
+    section.ratios.append(ratio(measured[COMPILED], measured[EAGER]))
+    capacity = DecodeSession(models[COMPILED], capacity=s.prompt + s.new_tokens).capacity
+    prompts = alternate({name: prefill_once(model, ids, capacity) for name, model in models.items()},
+                        work=s.prompt, unit="tokens", repeats=ctx.options.repeats)
+    section.facts["prompt tokens"] = s.prompt
+    section.facts["new tokens"] = s.new_tokens
+    section.facts["model"] = (f"GPT-2 shape, random weights: n_layer={s.n_layer} n_embd={s.n_embd} "
+                              f"n_head={s.n_head} vocab={s.vocab}")
+    run = DecodeRun(section, models, {name: m.median_s for name, m in prompts.items()}, capacity, probe)
+    ctx.shared["decode"] = run
+    return run
+
+
+def decode_section(ctx: Context) -> Section:
+    return measure_decode(ctx).section
+
