@@ -23,7 +23,7 @@ if os.environ.get("CI"):
 
 @pytest.fixture(scope="session")
 def smollm2_file() -> Path:
-    from qkv.models.gguf import smollm2_path
+    from qkv.models.loader import smollm2_path
 
     return smollm2_path()
 

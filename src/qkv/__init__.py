@@ -10,7 +10,7 @@ from qkv.errors import QkvError
 
 # Heavier entry points, imported on first use so `import qkv` stays cheap.
 _LAZY = {
-    "load_pretrained": "qkv.models.checkpoint",
+    "load_pretrained": "qkv.models.loader",
     "save_pretrained": "qkv.models.checkpoint",
     "trace": "qkv.trace",
     "generate": "qkv.generation",

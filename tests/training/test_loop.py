@@ -16,7 +16,7 @@ import transformers
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
-from qkv.models.checkpoint import load_pretrained
+from qkv.models.loader import load_pretrained
 from qkv.models.gpt2 import GPTConfig, GPTModel
 from qkv.training import TrainSettings, train
 from qkv.training.checkpoint import load_checkpoint

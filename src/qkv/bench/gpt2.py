@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from qkv.errors import QkvError
 from qkv.generation import generate
-from qkv.models.checkpoint import load_pretrained
+from qkv.models.loader import load_pretrained
 from qkv.models.decoder import CausalDecoder
 from qkv.perf.prepare import prepare_for_decoding
 

@@ -33,7 +33,7 @@ import torch
 from qkv.bench.common import Context, Section, optional
 from qkv.bench.gpt2 import hf_generate
 from qkv.generation import generate, warm_up
-from qkv.models.gguf import smollm2_path
+from qkv.models.loader import smollm2_path
 from qkv.perf.prepare import load_for_generation
 from qkv.perf.timing import alternate, ratio
 from qkv.precision import DEFAULT_PRECISION

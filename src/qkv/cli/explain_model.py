@@ -38,16 +38,17 @@ class LoadedModel:
     encoder: bool  # BERT: bidirectional, no generation
 
 
-def load_model(name: str) -> LoadedModel:
-    if name.lower() == "minilm":
+def load_model(name: str, *, max_memory: int | None = None) -> LoadedModel:
+    from qkv.models import loader
+
+    exists = Path(name).expanduser().exists()
+    if name.lower() == "minilm" and not exists:  # names match as the loader matches them
         from qkv.models.minilm import load_minilm
 
         model, tokenizer = load_minilm()
         return LoadedModel("minilm", model, tokenizer, encoder=True)
-    from qkv.models import checkpoint
-
     # A missing folder or file is reported by the loader, in the words `qkv generate` uses.
-    model, tokenizer = checkpoint.load_pretrained(name)
+    model, tokenizer = loader.load_pretrained(name, max_memory=max_memory)
     return LoadedModel(name, model.eval(), tokenizer, encoder=False)
 
 

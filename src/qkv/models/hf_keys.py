@@ -18,7 +18,7 @@ Shape legend: C embedding, V vocabulary, P positions (context length), F feed-fo
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +44,35 @@ def names_preview(names: list[str], limit: int = 5) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
+def check_names_and_shapes(
+    maps: list[KeyMap],
+    shapes: Mapping[str, tuple[int, ...]],
+    *,
+    skip: re.Pattern[str],
+    tied_duplicates: Mapping[str, str],
+    source: str,
+) -> None:
+    """Every expected key present with its shape, and no unknown key (one pass each way)."""
+    expected = {m.hf_name: m for m in maps}
+    missing = [k for k in expected if k not in shapes]
+    if missing:
+        raise QkvError(f"{source}: missing weight(s) {names_preview(missing)}; the checkpoint is incomplete")
+    unexpected = sorted(
+        k for k in shapes if k not in expected and k not in tied_duplicates and not skip.fullmatch(k)
+    )
+    if unexpected:
+        raise QkvError(
+            f"{source}: unexpected weight(s) {names_preview(unexpected)}; the checkpoint does not match its config.json"
+        )
+    for m in maps:
+        shape = tuple(shapes[m.hf_name])
+        if shape != m.shape:
+            raise QkvError(f"{source}: weight {m.hf_name} has shape {shape}, expected {m.shape}")
+    for name, original in tied_duplicates.items():
+        if name in shapes and tuple(shapes[name]) != tuple(shapes[original]):
+            raise QkvError(f"{source}: weight {name} has shape {tuple(shapes[name])}, expected {tuple(shapes[original])}")
+
+
 def load_mapped(
     model: torch.nn.Module,
     maps: list[KeyMap],
@@ -57,26 +86,13 @@ def load_mapped(
 
     tied_duplicates: {name: original} checkpoint keys that may repeat a tied weight.
     """
-    expected = {m.hf_name: m for m in maps}
-    missing = [k for k in expected if k not in tensors]
-    if missing:
-        raise QkvError(f"{source}: missing weight(s) {names_preview(missing)}; the checkpoint is incomplete")
-    unexpected = sorted(
-        k for k in tensors if k not in expected and k not in tied_duplicates and not skip.fullmatch(k)
-    )
-    if unexpected:
-        raise QkvError(
-            f"{source}: unexpected weight(s) {names_preview(unexpected)}; the checkpoint does not match its config.json"
-        )
+    shapes = {k: tuple(v.shape) for k, v in tensors.items()}
+    check_names_and_shapes(maps, shapes, skip=skip, tied_duplicates=tied_duplicates, source=source)
     for name, original in tied_duplicates.items():
         if name in tensors and not torch.equal(tensors[name], tensors[original]):
             raise QkvError(
                 f"{source}: config.json ties {name} to {original}, but the checkpoint holds different values"
             )
-    for m in maps:
-        shape = tuple(tensors[m.hf_name].shape)
-        if shape != m.shape:
-            raise QkvError(f"{source}: weight {m.hf_name} has shape {shape}, expected {m.shape}")
     state: dict[str, Tensor] = {}
     for m in maps:
         state.update(m.to_model(tensors[m.hf_name]))

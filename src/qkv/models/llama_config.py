@@ -12,27 +12,30 @@ from typing import Any
 
 from qkv.attention.kernels import BACKENDS, Backend
 from qkv.attention.rope import Llama3RopeScaling
+from qkv.models.hf_fields import (
+    MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, check_float, check_int, get_bool, get_dict, get_float, get_int, get_str,
+)
 
 
 def rope_settings(config: dict[str, Any]) -> tuple[float, Llama3RopeScaling | None]:
     """(theta, scaling) from a config.json; unsupported scaling types raise ValueError."""
-    params = config.get("rope_parameters") or {}
-    theta = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
-    scaling = config.get("rope_scaling") or params
+    params = get_dict(config, "rope_parameters")
+    theta = get_float(params, "rope_theta", config.get("rope_theta", 10000.0), positive=True)
+    scaling = get_dict(config, "rope_scaling") or params
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     if rope_type == "default":
         return theta, None
     if rope_type != "llama3":
-        raise ValueError(f"RoPE scaling type {rope_type!r} is not supported (qkv knows 'default', 'llama3')")
+        raise ValueError(f"RoPE scaling type {str(rope_type)[:40]!r} is not supported (qkv knows 'default', 'llama3')")
     keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
     missing = [k for k in keys if k not in scaling]
     if missing:
         raise ValueError(f"llama3 RoPE scaling lacks {', '.join(missing)}")
     return theta, Llama3RopeScaling(
-        factor=float(scaling["factor"]),
-        low_freq_factor=float(scaling["low_freq_factor"]),
-        high_freq_factor=float(scaling["high_freq_factor"]),
-        original_max_position_embeddings=int(scaling["original_max_position_embeddings"]),
+        factor=get_float(scaling, "factor", positive=True),
+        low_freq_factor=get_float(scaling, "low_freq_factor", positive=True),
+        high_freq_factor=get_float(scaling, "high_freq_factor", positive=True),
+        original_max_position_embeddings=get_int(scaling, "original_max_position_embeddings", maximum=MAX_POSITIONS),
     )
 
 
@@ -67,25 +70,22 @@ class LlamaConfig:
         if self.num_key_value_heads is None:
             object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
         if self.head_dim is None:
+            check_int("hidden_size", self.hidden_size)
+            check_int("num_attention_heads", self.num_attention_heads, maximum=self.hidden_size)
             if self.hidden_size % self.num_attention_heads != 0:
                 raise ValueError(
                     f"hidden_size ({self.hidden_size}) is not divisible by num_attention_heads "
                     f"({self.num_attention_heads}); give head_dim"
                 )
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
-        positive = {
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.num_hidden_layers,
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim,
-            "max_position_embeddings": self.max_position_embeddings,
-        }
-        bad = {k: v for k, v in positive.items() if not isinstance(v, int) or isinstance(v, bool) or v < 1}
-        if bad:
-            raise ValueError(f"{type(self).__name__} values must be positive integers, got {bad}")
+        check_int("vocab_size", self.vocab_size, maximum=MAX_VOCAB)
+        check_int("hidden_size", self.hidden_size)
+        check_int("intermediate_size", self.intermediate_size)
+        check_int("num_hidden_layers", self.num_hidden_layers, maximum=MAX_LAYERS)
+        check_int("num_attention_heads", self.num_attention_heads, maximum=self.hidden_size)
+        check_int("num_key_value_heads", self.num_key_value_heads, maximum=self.num_attention_heads)
+        check_int("head_dim", self.head_dim)
+        check_int("max_position_embeddings", self.max_position_embeddings, maximum=MAX_POSITIONS)
         if self.num_attention_heads % self.num_key_value_heads != 0:
             raise ValueError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
@@ -93,12 +93,13 @@ class LlamaConfig:
             )
         if self.head_dim % 2 != 0:
             raise ValueError(f"RoPE needs an even head_dim, got {self.head_dim}")
-        if not self.rms_norm_eps > 0 or not self.rope_theta > 0:
-            raise ValueError(
-                f"rms_norm_eps and rope_theta must be positive, got {self.rms_norm_eps}, {self.rope_theta}"
-            )
-        if not 0.0 <= self.attention_dropout < 1.0:
-            raise ValueError(f"attention_dropout must be in [0, 1), got {self.attention_dropout}")
+        check_float("rms_norm_eps", self.rms_norm_eps, positive=True, maximum=1.0)
+        check_float("rope_theta", self.rope_theta, positive=True)
+        check_float("attention_dropout", self.attention_dropout, minimum=0.0, maximum=0.999)
+        flags = ("tie_word_embeddings", "attention_bias", "attention_out_bias", "mlp_bias", "qk_norm")
+        odd = [f for f in flags if not isinstance(getattr(self, f), bool)]
+        if odd:
+            raise ValueError(f"{', '.join(odd)} must be true or false")
         if self.attention_backend not in BACKENDS:
             raise ValueError(f"attention_backend must be one of {BACKENDS}, got {self.attention_backend!r}")
 
@@ -109,35 +110,35 @@ class LlamaConfig:
     def common_hf_fields(cls, config: dict[str, Any]) -> dict[str, Any]:
         """The fields every Llama-like config.json spells the same way."""
         require(config, "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-        act = config.get("hidden_act", "silu")
+        act = get_str(config, "hidden_act", "silu")
         if act != "silu":
-            raise ValueError(f"hidden_act {act!r} is not supported (qkv's SwiGLU uses 'silu')")
+            raise ValueError(f"hidden_act {act[:40]!r} is not supported (qkv's SwiGLU uses 'silu')")
         theta, scaling = rope_settings(config)
         return dict(
-            vocab_size=config["vocab_size"],
-            hidden_size=config["hidden_size"],
-            intermediate_size=config["intermediate_size"],
-            num_hidden_layers=config["num_hidden_layers"],
-            num_attention_heads=config["num_attention_heads"],
-            num_key_value_heads=config.get("num_key_value_heads"),
-            head_dim=config.get("head_dim"),
-            max_position_embeddings=config.get("max_position_embeddings", 2048),
-            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+            vocab_size=get_int(config, "vocab_size", maximum=MAX_VOCAB),
+            hidden_size=get_int(config, "hidden_size"),
+            intermediate_size=get_int(config, "intermediate_size"),
+            num_hidden_layers=get_int(config, "num_hidden_layers", maximum=MAX_LAYERS),
+            num_attention_heads=get_int(config, "num_attention_heads"),
+            num_key_value_heads=get_int(config, "num_key_value_heads", None),
+            head_dim=get_int(config, "head_dim", None),
+            max_position_embeddings=get_int(config, "max_position_embeddings", 2048, maximum=MAX_POSITIONS),
+            rms_norm_eps=get_float(config, "rms_norm_eps", 1e-6, positive=True, maximum=1.0),
             rope_theta=theta,
             rope_scaling=scaling,
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            attention_dropout=float(config.get("attention_dropout", 0.0)),
+            tie_word_embeddings=get_bool(config, "tie_word_embeddings", False),
+            attention_dropout=get_float(config, "attention_dropout", 0.0, minimum=0.0, maximum=0.999),
         )
 
     @classmethod
     def from_hf_config(cls, config: dict[str, Any]) -> LlamaConfig:
         """A LlamaForCausalLM config.json (model_type "llama")."""
-        bias = bool(config.get("attention_bias", False))
+        bias = get_bool(config, "attention_bias", False)
         return cls(
             **cls.common_hf_fields(config),
             attention_bias=bias,
             attention_out_bias=bias,
-            mlp_bias=bool(config.get("mlp_bias", False)),
+            mlp_bias=get_bool(config, "mlp_bias", False),
         )
 
     def to_hf_config(self) -> dict[str, Any]:

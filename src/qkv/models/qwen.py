@@ -8,11 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from qkv.models.hf_fields import get_bool
 from qkv.models.llama_config import LlamaConfig
 
 
 def _no_sliding_window(config: dict[str, Any]) -> None:
-    if config.get("use_sliding_window"):
+    if get_bool(config, "use_sliding_window", False):
         raise ValueError("use_sliding_window=true is not supported (qkv attends over every key)")
 
 
@@ -54,7 +55,7 @@ class Qwen3Config(LlamaConfig):
     def from_hf_config(cls, config: dict[str, Any]) -> Qwen3Config:
         """A Qwen3ForCausalLM config.json (model_type "qwen3")."""
         _no_sliding_window(config)
-        bias = bool(config.get("attention_bias", False))
+        bias = get_bool(config, "attention_bias", False)
         return cls(**cls.common_hf_fields(config), attention_bias=bias, attention_out_bias=bias)
 
     def to_hf_config(self) -> dict[str, Any]:

