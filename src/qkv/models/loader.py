@@ -109,11 +109,6 @@ def load(
     else:
         source = checkpoint.open_folder(Path(os.fspath(path_or_name)).expanduser())
     where = str(source.path)
-    plan = checkpoint.plan_model(
-        source.config, source.shapes, dtype=dtype, source=where, read_bytes=source.read_bytes,
-        max_memory=max_memory,
-    )
-    plan.check_vocabulary(source.tokenizer, f"{where}: the tokenizer")
     template: ChatTemplateSource | None = None
     if isinstance(source, gguf.GGUFFile):
         if source.chat_template is not None:
@@ -125,6 +120,11 @@ def load(
             f"{where} has no chat template (GGUF tokenizer.chat_template, tokenizer_config.json "
             "'chat_template' or chat_template.jinja); chat needs an instruction model, e.g. --model smollm2"
         )
+    plan = checkpoint.plan_model(
+        source.config, source.shapes, dtype=dtype, source=where, read_bytes=source.read_bytes,
+        max_memory=max_memory,
+    )
+    plan.check_vocabulary(source.tokenizer, f"{where}: the tokenizer")
     model = plan.build(source.read_tensors(dtype))
     if isinstance(source, checkpoint.FolderCheckpoint):
         model.eos_token_ids = source.generation_eos() or model.eos_token_ids
