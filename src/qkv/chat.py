@@ -32,40 +32,53 @@ Message = dict[str, str]
 
 
 class ChatTemplate:
-    """A model's Jinja2 chat template, rendered like transformers' apply_chat_template."""
+    """A model's Jinja2 chat template, rendered like transformers' apply_chat_template, in a
+    sandbox that also bounds loop iterations, recursion and output size (qkv.sandbox)."""
 
     def __init__(self, source: str, *, bos_token: str | None = None, eos_token: str | None = None) -> None:
         import jinja2
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        from qkv.sandbox import BoundedSandbox
 
         def raise_exception(message: str) -> None:
-            raise QkvError(f"the chat template refused the conversation: {message}")
+            raise QkvError(f"the chat template refused the conversation: {str(message)[:200]}")
 
-        env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-        )
+        env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
         env.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
+        env.bound_filters()
         env.globals["raise_exception"] = raise_exception
         try:
-            self._template = env.from_string(source)
-        except jinja2.TemplateError as error:
-            raise QkvError(f"the model's chat template does not parse: {error}") from None
+            self._template = env.bounded_template(source)
+        except QkvError:
+            raise
+        except (jinja2.TemplateError, RecursionError, MemoryError) as error:
+            raise QkvError(f"the model's chat template does not parse: {_reason(error)}") from None
         self.source = source
         self.bos_token = bos_token
         self.eos_token = eos_token
 
     def render(self, messages: list[Message], *, add_generation_prompt: bool = True) -> str:
-        import jinja2
+        from qkv.sandbox import TemplateLimitError, render
 
         try:
-            return self._template.render(
+            return render(
+                self._template,
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token or "",
                 eos_token=self.eos_token or "",
             )
-        except jinja2.TemplateError as error:
-            raise QkvError(f"the model's chat template failed: {error}") from None
+        except QkvError:
+            raise
+        except TemplateLimitError as error:
+            raise QkvError(f"the model's chat template went over a limit: {error}") from None
+        except Exception as error:  # the template is someone else's code: any failure is its own
+            raise QkvError(f"the model's chat template failed: {_reason(error)}") from None
+
+
+def _reason(error: BaseException) -> str:
+    text = str(error).splitlines()[0][:200] if str(error) else ""
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 @dataclass
