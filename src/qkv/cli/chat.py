@@ -17,6 +17,7 @@ from typing import Any
 
 from qkv.cli.speed import add_speed_arguments, apply_speed_options
 from qkv.cli.generate import _utf8_writer, text_chunks
+from qkv.cli.numbers import add_max_memory_argument, integer, probability, seed, temperature
 from qkv.errors import QkvError
 from qkv.threads import add_threads_argument, apply_threads
 
@@ -35,34 +36,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "folder with a chat template (default: %(default)s)")
     parser.add_argument("--system", metavar="TEXT",
                         help="system message (default: the one the model's template adds, if any)")
-    parser.add_argument("--max-new-tokens", type=int, default=256, metavar="N",
+    parser.add_argument("--max-new-tokens", type=integer(1, 1_000_000), default=256, metavar="N",
                         help="longest reply, in tokens (default: %(default)s)")
-    parser.add_argument("--temperature", type=float, default=0.2, metavar="T",
+    parser.add_argument("--temperature", type=temperature, default=0.2, metavar="T",
                         help="0 picks the most likely token (greedy); higher samples more freely "
                         "(default: %(default)s)")
-    parser.add_argument("--top-k", type=int, metavar="K", help="sample only among the K most likely tokens")
-    parser.add_argument("--top-p", type=float, default=0.9, metavar="P",
+    parser.add_argument("--top-k", type=integer(1, 2**24), metavar="K", help="sample only among the K most likely tokens")
+    parser.add_argument("--top-p", type=probability, default=0.9, metavar="P",
                         help="sample only among the most likely tokens that make up probability P "
                         "(default: %(default)s)")
-    parser.add_argument("--seed", type=int, metavar="S", help="seed for sampling (default: a fresh random one)")
-    parser.add_argument("--max-context", type=int, default=2048, metavar="N",
+    parser.add_argument("--seed", type=seed, metavar="S", help="seed for sampling (default: a fresh random one)")
+    parser.add_argument("--max-context", type=integer(2, 2**24), default=2048, metavar="N",
                         help="tokens the KV cache holds for the whole conversation (default: %(default)s)")
     add_speed_arguments(parser)
     add_threads_argument(parser)
+    add_max_memory_argument(parser)
     parser.set_defaults(run=run)
-
-
-def _validate(args: argparse.Namespace) -> None:
-    if args.max_new_tokens < 1:
-        raise QkvError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
-    if args.max_context < 2:
-        raise QkvError(f"--max-context must be at least 2, got {args.max_context}")
-    if not args.temperature >= 0:
-        raise QkvError(f"--temperature must be 0 or more, got {args.temperature}")
-    if args.top_k is not None and args.top_k < 1:
-        raise QkvError(f"--top-k must be at least 1, got {args.top_k}")
-    if args.top_p is not None and not 0 < args.top_p <= 1:
-        raise QkvError(f"--top-p must be in (0, 1], got {args.top_p}")
 
 
 def _messages(interactive: bool):
@@ -87,10 +76,9 @@ def run(args: argparse.Namespace) -> int:
     from qkv.chat import ChatSession, Sampling, load_chat_model
     from qkv.perf.prepare import load_dtype
 
-    _validate(args)
     threads = apply_threads(args.threads)
     interactive = sys.stdin.isatty()
-    chat = load_chat_model(args.model, dtype=load_dtype(args.dtype))
+    chat = load_chat_model(args.model, dtype=load_dtype(args.dtype), max_memory=args.max_memory)
     apply_speed_options(chat.model, args)
     session = ChatSession(chat, system=args.system, max_context=args.max_context, seed=args.seed)
     sampling = Sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p)

@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 
+from qkv.cli.numbers import add_max_memory_argument, integer, seed
 from qkv.errors import QkvError
 from qkv.threads import add_threads_argument, apply_threads
 from qkv.book_facts import BOOK_D_OUT, BOOK_QUERY_POSITION, BOOK_SEED, BOOK_TOKENS
@@ -28,15 +29,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", metavar="M",
                         help="a real model: minilm (all-MiniLM-L6-v2, offline), smollm2, or a "
                         "checkpoint folder qkv loads (GPT-2, Llama, Qwen, what qkv train writes)")
-    parser.add_argument("--layer", type=int, metavar="L",
+    parser.add_argument("--layer", type=integer(0, 1023), metavar="L",
                         help="the attention layer, counted from 0 as transformers counts (default: 0)")
-    parser.add_argument("--head", type=int, metavar="H",
+    parser.add_argument("--head", type=integer(0, 2**20), metavar="H",
                         help="the head, counted from 0 (default: 0)")
     parser.add_argument("--query", metavar="Q",
                         help="the query token: its position counted from 1 as the book writes x(2), "
                         f"or its text (default: {BOOK_QUERY_POSITION} for the book's example, the "
                         "last ordinary token of TEXT with --model)")
-    parser.add_argument("--generate", type=int, metavar="N",
+    parser.add_argument("--generate", type=integer(0, 10_000), metavar="N",
                         help="with a decoder: generate N tokens greedily and show the KV cache "
                         "growing, each new query scored against the cached keys")
     parser.add_argument("--png", metavar="DIR",
@@ -44,9 +45,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "heatmap, causal mask, every head) as PNG files into DIR")
     parser.add_argument("--html", metavar="FILE",
                         help="also write one self-contained, interactive HTML page to FILE")
-    parser.add_argument("--d-out", type=int, default=BOOK_D_OUT, metavar="D",
+    parser.add_argument("--d-out", type=integer(1, 64), default=BOOK_D_OUT, metavar="D",
                         help="size of queries, keys and values (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=BOOK_SEED,
+    parser.add_argument("--seed", type=seed, default=BOOK_SEED,
                         help="torch.manual_seed before drawing W_query, W_key, W_value "
                         "(default: %(default)s, the book's)")
     parser.add_argument("--causal", action="store_true",
@@ -58,6 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object with every step instead of the tables")
     add_threads_argument(parser)
+    add_max_memory_argument(parser)
     parser.set_defaults(run=run)
 
 
@@ -97,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
     # The book's example is one attention layer with one head: 0 is the only valid choice.
     check_range(args.layer, 1, "--layer", "the book's example", "attention layer")
     check_range(args.head, 1, "--head", "the book's example", "head")
+    if args.max_memory is not None:
+        raise QkvError("--max-memory only applies with --model")
     apply_threads(args.threads)
 
     query_position = resolve_query(args.query, list(BOOK_TOKENS), BOOK_QUERY_POSITION - 1) + 1
@@ -107,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         walk = run_walkthrough(query_position=query_position, d_out=args.d_out, seed=args.seed,
                                causal=args.causal)
+    except QkvError:
+        raise
     except ValueError as error:
         raise QkvError(f"--query: {error}") from None
     if args.json:

@@ -28,7 +28,7 @@ def run_keys(args: argparse.Namespace) -> int:
     text = args.text if args.text is not None else DEFAULT_TEXT
     if not text.strip():
         raise QkvError("the text is empty: give some words, or none for the default passage")
-    loaded = load_model(args.model)
+    loaded = load_model(args.model, max_memory=args.max_memory)
     if loaded.encoder:
         raise QkvError(f"--keys measures decoders' keys; {loaded.name} is an encoder (BERT)")
     ids = list(loaded.tokenizer.encode(text).ids)

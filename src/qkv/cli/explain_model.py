@@ -141,7 +141,7 @@ def run_model(args: argparse.Namespace) -> int:
         raise QkvError(f"--generate needs at least 1 token, got {args.generate}")
     if not text.strip():
         raise QkvError("the text is empty: give some words to explain, e.g. qkv explain \"The cat sat\" --model minilm")
-    loaded = load_model(args.model)
+    loaded = load_model(args.model, max_memory=args.max_memory)
     encoding = loaded.tokenizer.encode(text)
     ids = list(encoding.ids)
     if not ids:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from qkv.cli.speed import add_speed_arguments, apply_speed_options
+from qkv.cli.numbers import add_max_memory_argument, integer, probability, seed, temperature
 from qkv.errors import QkvError
 from qkv.threads import add_threads_argument, apply_threads
 
@@ -36,16 +37,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="send the prompt as a user message through the model's chat template "
                         "and print only the reply (instruction models such as smollm2)")
     parser.add_argument("--prompt", required=True, metavar="TEXT", help="the text to continue")
-    parser.add_argument("--max-new-tokens", type=int, default=128, metavar="N",
+    parser.add_argument("--max-new-tokens", type=integer(0, 1_000_000), default=128, metavar="N",
                         help="how many tokens to add at most (default: %(default)s)")
-    parser.add_argument("--temperature", type=float, default=0.0, metavar="T",
+    parser.add_argument("--temperature", type=temperature, default=0.0, metavar="T",
                         help="0 picks the most likely token (greedy); higher samples more freely "
                         "(default: %(default)s)")
-    parser.add_argument("--top-k", type=int, metavar="K", help="with --temperature > 0: sample only among the K most likely tokens")
-    parser.add_argument("--top-p", type=float, metavar="P",
+    parser.add_argument("--top-k", type=integer(1, 2**24), metavar="K", help="with --temperature > 0: sample only among the K most likely tokens")
+    parser.add_argument("--top-p", type=probability, metavar="P",
                         help="with --temperature > 0: sample only among the most likely tokens that "
                         "make up probability P")
-    parser.add_argument("--seed", type=int, metavar="S", help="seed for sampling (default: a fresh random one)")
+    parser.add_argument("--seed", type=seed, metavar="S", help="seed for sampling (default: a fresh random one)")
     parser.add_argument("--no-cache", action="store_true",
                         help="recompute the whole sequence for every token instead of using the KV cache")
     add_speed_arguments(parser)
@@ -53,6 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     add_kv_cache_arguments(parser)
     add_threads_argument(parser)
+    add_max_memory_argument(parser)
     parser.set_defaults(run=run)
 
 
@@ -105,8 +107,6 @@ def run(args: argparse.Namespace) -> int:
     from qkv.models.loader import load_pretrained
     from qkv.perf.prepare import load_dtype
 
-    if args.max_new_tokens < 0:
-        raise QkvError(f"--max-new-tokens must be 0 or more, got {args.max_new_tokens}")
     threads = apply_threads(args.threads)
     kind = kv_cache_kind(args)  # bad cache options are reported before loading
     if kind is not None and args.no_cache:
@@ -114,12 +114,12 @@ def run(args: argparse.Namespace) -> int:
     if args.chat:
         from qkv.chat import load_chat_model
 
-        chat = load_chat_model(args.model, dtype=load_dtype(args.dtype))
+        chat = load_chat_model(args.model, dtype=load_dtype(args.dtype), max_memory=args.max_memory)
         model, tokenizer, stop_ids = chat.model, chat.tokenizer, tuple(sorted(chat.stop_ids))
         text = chat.template.render([{"role": "user", "content": args.prompt}], add_generation_prompt=True)
         prompt_ids = tokenizer.encode(text, add_special_tokens=False).ids
     else:
-        model, tokenizer = load_pretrained(args.model, dtype=load_dtype(args.dtype))
+        model, tokenizer = load_pretrained(args.model, dtype=load_dtype(args.dtype), max_memory=args.max_memory)
         stop_ids = model.eos_token_ids
         prompt_ids = tokenizer.encode(args.prompt).ids
     if not prompt_ids:

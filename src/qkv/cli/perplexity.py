@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from qkv.cli.numbers import add_max_memory_argument, integer
 from qkv.errors import QkvError
 from qkv.precision import PRECISIONS
 from qkv.text_file import read_text_file
@@ -36,10 +37,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", default="smollm2", metavar="M",
                         help="'smollm2', a .gguf file, or a checkpoint folder (default: %(default)s)")
     parser.add_argument("--data", required=True, metavar="FILE", help="UTF-8 text file to score")
-    parser.add_argument("--context-length", type=int, metavar="N",
+    parser.add_argument("--context-length", type=integer(2, 2**24), metavar="N",
                         help="tokens per window (default: the model's context length, at most "
                         f"{DEFAULT_CONTEXT_CAP})")
-    parser.add_argument("--stride", type=int, metavar="S",
+    parser.add_argument("--stride", type=integer(1, 2**24), metavar="S",
                         help="tokens between window starts (default: half the context length)")
     parser.add_argument("--dtype", choices=PRECISIONS, default="float32",
                         help="the weights to score, prepared as `qkv generate` prepares them: "
@@ -51,9 +52,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--sharding", choices=("zigzag", "contiguous"), default="zigzag",
                         help="how --context-parallel splits a window (default: %(default)s)")
     add_kv_cache_arguments(parser)
-    parser.add_argument("--chunk", type=int, default=32, metavar="T",
+    parser.add_argument("--chunk", type=integer(1, 2**20), default=32, metavar="T",
                         help="with --kv-cache: tokens fed per step through the cache (default: %(default)s)")
     add_threads_argument(parser)
+    add_max_memory_argument(parser)
     parser.set_defaults(run=run)
 
 
@@ -63,11 +65,11 @@ def add_kv_cache_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the KV cache: full, int4, int2 (keys per channel, values per token, "
                         "newest --residual tokens exact) or sink (--sink-tokens first tokens plus a "
                         "--window of recent ones)")
-    parser.add_argument("--sink-tokens", type=int, default=4, metavar="S",
+    parser.add_argument("--sink-tokens", type=integer(0, 2**20), default=4, metavar="S",
                         help="first tokens kept exact by int4/int2/sink caches (default: %(default)s)")
-    parser.add_argument("--window", type=int, default=252, metavar="W",
+    parser.add_argument("--window", type=integer(1, 2**24), default=252, metavar="W",
                         help="recent tokens a sink cache keeps (default: %(default)s)")
-    parser.add_argument("--residual", type=int, default=64, metavar="R",
+    parser.add_argument("--residual", type=integer(0, 2**24), default=64, metavar="R",
                         help="newest tokens an int4/int2 cache keeps in full precision (default: %(default)s)")
 
 
@@ -128,7 +130,7 @@ def _score(args: argparse.Namespace, cp: ContextParallel | None) -> int:
     if args.context_length is not None:  # bad sizes are reported before loading
         early_stride = args.stride if args.stride is not None else max(1, args.context_length // 2)
         list(windows(2, args.context_length, early_stride))
-    model, tokenizer, _ = load_for_generation(args.model, precision=args.dtype, compile=False)
+    model, tokenizer, _ = load_for_generation(args.model, precision=args.dtype, compile=False, max_memory=args.max_memory)
     context_length = args.context_length or min(model.context_length, DEFAULT_CONTEXT_CAP)
     stride = args.stride if args.stride is not None else max(1, context_length // 2)
     list(windows(2, context_length, stride))
@@ -158,7 +160,7 @@ def _score_cached(args: argparse.Namespace, kind: CacheKind, text: str, threads:
 
     if args.chunk < 1:
         raise QkvError(f"--chunk must be at least 1, got {args.chunk}")
-    model, tokenizer, _ = load_for_generation(args.model, precision=args.dtype, compile=False)
+    model, tokenizer, _ = load_for_generation(args.model, precision=args.dtype, compile=False, max_memory=args.max_memory)
     ids = torch.tensor(tokenizer.encode(text).ids)  # (N,)
     if ids.numel() < 2:
         raise QkvError(f"{args.data} has fewer than 2 tokens to score")

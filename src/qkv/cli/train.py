@@ -11,6 +11,7 @@ import argparse
 import os
 from typing import Any
 
+from qkv.cli.numbers import integer, number, seed
 from qkv.errors import QkvError
 from qkv.training import PRESETS, TrainSettings, saved_settings, train
 from qkv.training.presets import DEFAULT_PRESET
@@ -39,28 +40,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--preset", choices=sorted(PRESETS),
         help=f"model size and training defaults (default: {DEFAULT_PRESET})",
     )
-    parser.add_argument("--context-length", type=int, metavar="N", help="window length in tokens (default: preset's)")
+    parser.add_argument("--context-length", type=integer(1, 2**20), metavar="N", help="window length in tokens (default: preset's)")
     parser.add_argument(
-        "--stride", type=int, metavar="N", help="tokens between window starts (default: context length)"
+        "--stride", type=integer(1, 2**20), metavar="N", help="tokens between window starts (default: context length)"
     )
-    parser.add_argument("--batch-size", type=int, metavar="N", help="windows per step per process (default: preset's)")
+    parser.add_argument("--batch-size", type=integer(1, 2**16), metavar="N", help="windows per step per process (default: preset's)")
     length = parser.add_mutually_exclusive_group()
-    length.add_argument("--epochs", type=int, metavar="N", help="passes over the training windows (default: preset's)")
-    length.add_argument("--max-steps", type=int, metavar="N", help="optimizer steps to train (instead of --epochs)")
-    parser.add_argument("--lr", type=float, metavar="X", help="peak learning rate (default: preset's)")
+    length.add_argument("--epochs", type=integer(1, 10**6), metavar="N", help="passes over the training windows (default: preset's)")
+    length.add_argument("--max-steps", type=integer(1, 10**9), metavar="N", help="optimizer steps to train (instead of --epochs)")
+    parser.add_argument("--lr", type=number(0.0, 10.0, exclusive_minimum=True), metavar="X", help="peak learning rate (default: preset's)")
     parser.add_argument(
-        "--min-lr-ratio", type=float, metavar="X",
+        "--min-lr-ratio", type=number(0.0, 1.0), metavar="X",
         help="the cosine decay ends at --lr x X; 1 turns the decay off (default: 0.1)",
     )
-    parser.add_argument("--weight-decay", type=float, metavar="X", help="AdamW weight decay (default: preset's)")
+    parser.add_argument("--weight-decay", type=number(0.0, 10.0), metavar="X", help="AdamW weight decay (default: preset's)")
     parser.add_argument(
-        "--warmup-steps", type=int, metavar="N",
+        "--warmup-steps", type=integer(0, 10**9), metavar="N",
         help="linear warmup steps before cosine decay (default: preset's)",
     )
-    parser.add_argument("--eval-every", type=int, metavar="N", help="steps between evaluations (default: preset's)")
-    parser.add_argument("--save-every", type=int, metavar="N", help="steps between checkpoints (default: preset's)")
-    parser.add_argument("--seed", type=int, metavar="N", help="seed for weights, data order and dropout (default: 123)")
-    parser.add_argument("--dropout", type=float, metavar="P", help="dropout rate (default: preset's)")
+    parser.add_argument("--eval-every", type=integer(1, 10**9), metavar="N", help="steps between evaluations (default: preset's)")
+    parser.add_argument("--save-every", type=integer(1, 10**9), metavar="N", help="steps between checkpoints (default: preset's)")
+    parser.add_argument("--seed", type=seed, metavar="N", help="seed for weights, data order and dropout (default: 123)")
+    parser.add_argument("--dropout", type=number(0.0, 0.999), metavar="P", help="dropout rate (default: preset's)")
     parser.add_argument("--tokenizer", metavar="tokenizer.json", help="use this tokenizer instead of training a BPE")
     parser.add_argument("--dtype", choices=DTYPES, help="float32, or bfloat16 autocast (default: float32)")
     add_threads_argument(parser)

@@ -87,12 +87,13 @@ def load_for_generation(
     *,
     precision: str = DEFAULT_PRECISION,
     compile: bool = True,
+    max_memory: int | None = None,
 ) -> tuple[CausalDecoder, Any, DecodeSetup]:
     """Load a decoder (a checkpoint folder, a .gguf file or 'smollm2') ready for fast
     decoding: (model, tokenizer, setup). `precision="float32", compile=False` gives the
     model exactly as `qkv.load_pretrained` does."""
     from qkv.models.loader import load_pretrained
 
-    model, tokenizer = load_pretrained(source, dtype=load_dtype(precision))
+    model, tokenizer = load_pretrained(source, dtype=load_dtype(precision), max_memory=max_memory)
     setup = prepare_for_decoding(model, precision=precision, compile=compile)
     return model, tokenizer, setup
