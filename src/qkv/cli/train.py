@@ -74,6 +74,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="under torchrun, shard every window over the processes (ring attention) instead of "
         "splitting the batch: the global batch is --batch-size; needs --dropout 0",
     )
+    parser.add_argument(
+        "--overwrite", action="store_true",
+        help="start the run even though --out holds other files or an earlier run: the files qkv "
+        "writes there are replaced, model-folder files it would load beside them "
+        "(generation_config.json, tokenizer_config.json, ...) removed, anything else left alone",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (evaluations still print)")
     parser.set_defaults(run=run)
 
@@ -97,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     # Under torchrun the processes on this machine share its idle cores.
     apply_threads(args.threads, processes=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     try:
-        train(settings_from_args(args), resume=args.resume, progress=not args.no_progress)
+        train(settings_from_args(args), resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress)
     except QkvError:
         if int(os.environ.get("RANK", "0")) != 0:  # under torchrun only rank 0 reports
             return 2

@@ -54,13 +54,12 @@ from qkv.training.data import (
 from qkv.training.distributed import DistContext, init_distributed, shutdown_distributed
 from qkv.training.export import TOKENIZER_NAME, export_model_folder, write_tokenizer
 from qkv.training.metrics import METRICS_NAME, PLOT_NAME, MetricsLog, plot_losses
+from qkv.training.outdir import OutputFolder
 from qkv.training.presets import PRESETS
 from qkv.training.sample import greedy_continuation
 from qkv.training.schedule import warmup_cosine
 from qkv.training.settings import TrainSettings
 from qkv.training.tokenizer import END_OF_TEXT, encode, load_tokenizer, train_bpe
-
-MODEL_FILES = ("config.json", "model.safetensors")
 
 # Settings a resumed run may change: they do not alter the trajectory of the weights.
 RESUMABLE_CHANGES = frozenset(
@@ -82,46 +81,45 @@ def train(
     settings: TrainSettings,
     *,
     resume: bool = False,
+    overwrite: bool = False,
     on_step: Callable[[int], None] | None = None,
     progress: bool = True,
 ) -> TrainResult:
     """Train (or, with `resume`, continue) the run that `settings` describe.
 
+    The output folder is claimed and locked first (qkv.training.outdir); `overwrite`
+    lets a run start in a folder that holds other files or an earlier run.
     `on_step(step)` is called after every completed step (and any evaluation or
     checkpoint at that step); raising KeyboardInterrupt from it stops the run as
     Ctrl-C would.
     """
     ctx = init_distributed(group_even_alone=settings.context_parallel and "WORLD_SIZE" in os.environ)
+    folder = OutputFolder(settings.out)
+    created = _missing_folders(folder.path.absolute())
     try:
-        return _Run(settings, ctx, resume=resume, progress=progress).fit(on_step)
+        if ctx.is_main:  # only rank 0 writes
+            folder.claim(resume=resume, overwrite=overwrite, settings=settings.to_dict())
+        try:
+            run = _Run(settings, ctx, resume=resume, progress=progress)
+        except BaseException:
+            if created and ctx.is_main:  # bad input found before anything but the claim was written
+                folder.forget()
+                _remove_if_empty(created)
+            raise
+        return run.fit(on_step)
     finally:
+        folder.release()
         shutdown_distributed(ctx)
 
 
 def saved_settings(out: str | Path) -> TrainSettings:
-    """The settings stored in the checkpoint in `out` (for --resume)."""
+    """The settings of the run in `out` (for --resume): its checkpoint's, or, for a run that
+    ended before its first checkpoint, the ones it recorded when it started."""
+    if not checkpoint_path(out).exists():
+        recorded = OutputFolder(out).run_settings()
+        if recorded is not None:
+            return TrainSettings.from_dict(recorded)
     return TrainSettings.from_dict(read_state(checkpoint_path(out)).settings)
-
-
-def prepare_out(out: Path, *, resume: bool) -> None:
-    """Create the output folder, check it is writable, refuse to overwrite a run."""
-    if out.exists() and not out.is_dir():
-        raise QkvError(f"--out {out} is a file; give a folder")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".qkv-write-test-{time.time_ns()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as error:
-        raise QkvError(f"cannot write to --out {out} ({error.strerror}); choose a writable folder") from None
-    if not resume:
-        if checkpoint_path(out).exists():
-            raise QkvError(
-                f"{out} already holds a training run; pass --resume to continue it or choose another --out"
-            )
-        taken = [name for name in MODEL_FILES if (out / name).exists()]
-        if taken:
-            raise QkvError(f"{out} already holds a model ({', '.join(taken)}); choose another --out")
 
 
 def _missing_folders(folder: Path) -> list[Path]:
@@ -152,17 +150,12 @@ class _Run:
         # Context parallel: one data-parallel replica, its windows sharded over every process.
         self.cp: ContextParallel | None = join_context_parallel() if settings.context_parallel else None
         self.data_world, self.data_rank = (1, 0) if self.cp is not None else (ctx.world_size, ctx.rank)
-        created = _missing_folders(self.out.absolute())
-        prepare_out(self.out, resume=resume)
-        try:
-            self._prepare(resume)
-        except BaseException:
-            _remove_if_empty(created)  # bad input found before anything was written
-            raise
+        self._prepare(resume)
 
     def _prepare(self, resume: bool) -> None:
         settings, ctx = self.settings, self.ctx
-        self.checkpoint = load_checkpoint(checkpoint_path(self.out)) if resume else None
+        has_checkpoint = resume and checkpoint_path(self.out).exists()  # else: the run starts over
+        self.checkpoint = load_checkpoint(checkpoint_path(self.out)) if has_checkpoint else None
 
         text = read_text(settings.data)
         fingerprint = text_fingerprint(text)

@@ -1,7 +1,8 @@
 """metrics.jsonl (one JSON object per evaluation) and the loss-curve PNG drawn from it.
 
 Each record is written as one whole line and flushed to disk, so a crash loses at most
-the line being written; a torn last line is skipped when reading. On resume, records
+the line being written; a torn last line is skipped when reading, and any line that is not
+a record is skipped when reading and kept when the file is rewritten. On resume, records
 after the checkpoint's step are dropped (the resumed run writes them again).
 """
 
@@ -12,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from qkv.atomic import atomic_write_text, atomic_write_with
+from qkv.atomic import atomic_write_bytes, atomic_write_with
 
 METRICS_NAME = "metrics.jsonl"
 PLOT_NAME = "loss.png"
@@ -30,20 +31,35 @@ class MetricsLog:
             os.fsync(handle.fileno())
 
     def read(self) -> list[dict[str, Any]]:
+        """The records: every line that is a JSON object with a whole-number step."""
+        return [r for r in (_record(line) for line in self._lines()) if r is not None]
+
+    def _lines(self) -> list[bytes]:
         if not self.path.is_file():
             return []
-        records = []
-        for line in self.path.read_text(encoding="utf-8").splitlines():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a line torn by a crash
-        return records
+        return self.path.read_bytes().splitlines(keepends=True)
 
     def keep_until(self, step: int) -> None:
-        """Drop the records after `step` (atomically), e.g. when resuming from it."""
-        kept = [r for r in self.read() if r.get("step", 0) <= step]
-        atomic_write_text(self.path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
+        """Drop the records after `step` (atomically), e.g. when resuming from it. Every other
+        line stays as it was, except a last line torn by a crash."""
+        lines = self._lines()
+        if lines and not lines[-1].endswith(b"\n"):
+            lines[-1] = b"" if _record(lines[-1]) is None else lines[-1] + b"\n"
+        kept = [line for line in lines if (r := _record(line)) is None or r["step"] <= step]
+        if kept != lines or not self.path.exists():
+            atomic_write_bytes(self.path, b"".join(kept))
+
+
+def _record(line: bytes) -> dict[str, Any] | None:
+    try:
+        value = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(value, dict):
+        return None
+    numbers = [value.get(k) for k in ("step", "tokens_seen", "train_loss", "val_loss")]
+    whole = all(isinstance(n, (int, float)) and not isinstance(n, bool) for n in numbers)
+    return value if whole and isinstance(value["step"], int) else None
 
 
 def plot_losses(records: list[dict[str, Any]], path: str | Path, *, title: str = "") -> None:
