@@ -11,6 +11,7 @@ during a save leaves the previous checkpoint whole. Loading never unpickles anyt
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,14 +101,68 @@ def _read(p: Path, *, with_tensors: bool) -> tuple[dict[str, Any], TrainingState
             meta = json.loads((handle.metadata() or {})[_META_KEY])
             tensors = {key: handle.get_tensor(key) for key in handle.keys()} if with_tensors else {}
         if meta.get("format") != FORMAT:
-            raise ValueError(f"format {meta.get('format')!r}, expected {FORMAT!r}")
-        return meta, TrainingState(**meta["state"]), tensors
-    except Exception as error:  # safetensors, JSON and key errors all mean a bad file
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise ValueError(f"format {str(meta.get('format'))[:40]!r}, expected {FORMAT!r}")
+        state = TrainingState(**meta["state"])
+        _check_meta(meta, state)
+        return meta, state, tensors
+    except Exception as error:  # safetensors, JSON, key and type errors all mean a bad file
+        reason = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
         raise QkvError(
             f"checkpoint {p} is corrupt or not a qkv training checkpoint ({reason}); "
             "restore it or start a new run in another --out folder"
         ) from None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _whole(value: Any, minimum: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def _check_meta(meta: dict[str, Any], state: TrainingState) -> None:
+    """Types and ranges of everything JSON in the checkpoint (ValueError names the first wrong one)."""
+    counts = {"step": state.step, "tokens_seen": state.tokens_seen, "epoch": state.epoch,
+              "batch_in_epoch": state.batch_in_epoch}
+    for name, value in counts.items():
+        if not _whole(value):
+            raise ValueError(f"state.{name} is {str(value)[:40]!r}, not a whole number")
+    if not _whole(state.world_size, 1) or state.world_size > 4096:
+        raise ValueError(f"state.world_size is {str(state.world_size)[:40]!r}")
+    if not isinstance(state.settings, dict) or not isinstance(state.model_config, dict):
+        raise ValueError("state.settings and state.model_config must be objects")
+    if not isinstance(state.data_fingerprint, str):
+        raise ValueError("state.data_fingerprint must be a string")
+    optimizer = meta.get("optimizer")
+    if not isinstance(optimizer, dict) or not isinstance(optimizer.get("param_groups"), list):
+        raise ValueError("optimizer.param_groups must be a list")
+    for group in optimizer["param_groups"]:
+        if not isinstance(group, dict) or not isinstance(group.get("params"), list):
+            raise ValueError("each optimizer parameter group must be an object with params")
+        if not all(_whole(p) for p in group["params"]):
+            raise ValueError("optimizer parameter indices must be whole numbers")
+        for key in ("lr", "eps", "weight_decay"):
+            if key in group and not _number(group[key]):
+                raise ValueError(f"optimizer {key} is {str(group[key])[:40]!r}")
+        betas = group.get("betas", (0.9, 0.999))
+        if not isinstance(betas, (list, tuple)) or len(betas) != 2 or not all(_number(b) for b in betas):
+            raise ValueError(f"optimizer betas are {str(betas)[:40]!r}")
+    scalars = optimizer.get("scalars", {})
+    if not isinstance(scalars, dict) or not all(isinstance(v, dict) and k.isdigit() for k, v in scalars.items()):
+        raise ValueError("optimizer scalars must map parameter indices to objects")
+    scheduler = meta.get("scheduler")
+    if not isinstance(scheduler, dict):
+        raise ValueError("scheduler must be an object")
+    for key in ("base_lrs", "_last_lr"):
+        if key in scheduler and not (isinstance(scheduler[key], list) and all(_number(v) for v in scheduler[key])):
+            raise ValueError(f"scheduler {key} must be a list of numbers")
+    for key in ("last_epoch", "_step_count"):
+        if key in scheduler and not _whole(scheduler[key], -1):
+            raise ValueError(f"scheduler {key} is {str(scheduler[key])[:40]!r}")
+    lambdas = scheduler.get("lr_lambdas", [])
+    if not isinstance(lambdas, list) or not all(v is None or isinstance(v, dict) for v in lambdas):
+        raise ValueError("scheduler lr_lambdas must be a list")
 
 
 def read_state(path: str | Path) -> TrainingState:
@@ -124,7 +179,9 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     opt_state: dict[int, dict[str, Any]] = {}
     for key, value in tensors.items():
         if key.startswith("optimizer."):
-            _, index, name = key.split(".", 2)
+            _, index, name = (key.split(".", 2) + ["", ""])[:3]
+            if not index.isdigit() or not name:
+                raise QkvError(f"checkpoint {p} holds an optimizer tensor named {key[:60]!r}")
             opt_state.setdefault(int(index), {})[name] = value
     for index, entries in meta["optimizer"]["scalars"].items():
         opt_state.setdefault(int(index), {}).update(entries)
@@ -138,6 +195,13 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     except KeyError as missing:
         raise QkvError(f"checkpoint {p} lacks the RNG state {missing}; it is incomplete") from None
     rng_cuda = [tensors.get(f"rng.cuda.{r}") for r in range(world)]
+    size = torch.get_rng_state().shape
+    odd = [r for r, t in enumerate(rng_cpu) if t.dtype != torch.uint8 or t.shape != size]
+    if odd:
+        raise QkvError(f"checkpoint {p} holds a CPU RNG state for process {odd[0]} of the wrong type or size")
+    odd_opt = [k for k, v in tensors.items() if k.startswith("optimizer.") and not v.is_floating_point() and k.split(".")[-1] != "step"]
+    if odd_opt:
+        raise QkvError(f"checkpoint {p}: optimizer tensor {odd_opt[0]} is not floating point")
     return Checkpoint(
         state=state,
         model=model,
@@ -167,7 +231,7 @@ def restore_modules(
     try:
         model.load_state_dict(checkpoint.model, strict=True)
         optimizer.load_state_dict(checkpoint.optimizer)
-    except (RuntimeError, ValueError, KeyError) as error:
-        first = str(error).splitlines()[0]
+        scheduler.load_state_dict(checkpoint.scheduler)
+    except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as error:
+        first = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
         raise QkvError(f"checkpoint {path} does not fit this model ({first})") from None
-    scheduler.load_state_dict(checkpoint.scheduler)

@@ -7,6 +7,7 @@ checkpoint carries them and `--resume` continues with exactly the same run.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal
 
@@ -48,6 +49,7 @@ class TrainSettings:
     context_parallel: bool = False
 
     def __post_init__(self) -> None:
+        _check_types(self)
         positive = {
             "context_length": self.context_length, "stride": self.stride,
             "batch_size": self.batch_size, "eval_every": self.eval_every,
@@ -107,6 +109,8 @@ class TrainSettings:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> TrainSettings:
+        if not isinstance(values, dict):
+            raise QkvError(f"checkpoint settings must be an object, not {type(values).__name__}")
         names = {f.name for f in fields(cls)}
         unknown = set(values) - names
         if unknown:
@@ -115,3 +119,29 @@ class TrainSettings:
 
     def with_changes(self, **changes: Any) -> TrainSettings:
         return replace(self, **changes)
+
+
+def _check_types(settings: TrainSettings) -> None:
+    """Each field of the type it is declared with (settings also come from checkpoints)."""
+    for field in fields(settings):
+        value = getattr(settings, field.name)
+        kinds = [_kind(part.strip()) for part in str(field.type).split("|")]
+        if any(kind is _UNKNOWN for kind in kinds):
+            continue
+        ok = any(
+            value is None if kind is None
+            else isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) if kind is float
+            else isinstance(value, int) and not isinstance(value, bool) if kind is int
+            else isinstance(value, kind)
+            for kind in kinds
+        )
+        if not ok:
+            raise QkvError(f"setting {field.name} has the wrong type or value: {str(value)[:40]!r}")
+
+
+_UNKNOWN = object()
+_KINDS: dict[str, Any] = {"int": int, "float": float, "str": str, "bool": bool, "DType": str, "None": None}
+
+
+def _kind(name: str) -> Any:
+    return _KINDS.get(name, _UNKNOWN)
