@@ -100,6 +100,8 @@ def settings_from_args(args: argparse.Namespace) -> TrainSettings:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.resume and args.overwrite:
+        raise QkvError("--resume continues a run and --overwrite starts one over; give one of them")
     # Under torchrun the processes on this machine share its idle cores.
     apply_threads(args.threads, processes=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     try:

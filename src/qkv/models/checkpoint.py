@@ -17,6 +17,7 @@ every problem a user can fix raises a QkvError that names it.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -51,7 +52,7 @@ GENERATION_CONFIG = "generation_config.json"
 FOLDER_FILES = (CONFIG, WEIGHTS, INDEX, TOKENIZER, TOKENIZER_CONFIG, CHAT_TEMPLATE, GENERATION_CONFIG)
 MAX_TOKENIZER_BYTES = 512 * 2**20
 FLOAT_DTYPES = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8}
-LAYER_OVERHEAD = 64 * 2**10  # Python objects of one layer, beyond its tensors
+MODULE_OVERHEAD = 8 * 2**10  # Python objects of one module, beyond its tensors
 
 Shapes = Mapping[str, tuple[int, ...]]
 
@@ -63,7 +64,7 @@ class Family:
     architectures: tuple[str, ...]
     parse: Callable[[dict[str, Any]], Any]  # config.json -> validated config (ValueError if not)
     build: Callable[[Any], CausalDecoder]
-    mapping: Callable[[Any], tuple[list[hf_keys.KeyMap], re.Pattern[str], dict[str, str]]]
+    mapping: Callable[[Any], tuple[list[hf_keys.KeyMap], re.Pattern[str], dict[str, str]]]  # from the spec
     rename: Callable[[Iterable[str]], Callable[[str], str]] = lambda names: lambda name: name
 
 
@@ -82,9 +83,10 @@ def _build_gpt2(spec: tuple[GPTConfig, bool]) -> GPTModel:
     return model
 
 
-def _gpt2_mapping(model: GPTModel) -> tuple[list[hf_keys.KeyMap], re.Pattern[str], dict[str, str]]:
-    tied = {"lm_head.weight": "transformer.wte.weight"} if model.weights_tied else {}
-    return hf_keys.gpt2_key_maps(model), hf_keys.GPT2_BUFFERS, tied
+def _gpt2_mapping(spec: tuple[GPTConfig, bool]) -> tuple[list[hf_keys.KeyMap], re.Pattern[str], dict[str, str]]:
+    cfg, tie = spec
+    tied = {"lm_head.weight": "transformer.wte.weight"} if tie else {}
+    return hf_keys.gpt2_key_maps(cfg, tie), hf_keys.GPT2_BUFFERS, tied
 
 
 def _gpt2_rename(names: Iterable[str]) -> Callable[[str], str]:
@@ -94,9 +96,9 @@ def _gpt2_rename(names: Iterable[str]) -> Callable[[str], str]:
     return lambda name: name if name.startswith("lm_head.") else f"transformer.{name}"
 
 
-def _llama_mapping(model: LlamaForCausalLM) -> tuple[list[hf_keys.KeyMap], re.Pattern[str], dict[str, str]]:
-    tied = {"lm_head.weight": "model.embed_tokens.weight"} if model.cfg.tie_word_embeddings else {}
-    return hf_keys.llama_key_maps(model), hf_keys.LLAMA_BUFFERS, tied
+def _llama_mapping(cfg: LlamaConfig) -> tuple[list[hf_keys.KeyMap], re.Pattern[str], dict[str, str]]:
+    tied = {"lm_head.weight": "model.embed_tokens.weight"} if cfg.tie_word_embeddings else {}
+    return hf_keys.llama_key_maps(cfg), hf_keys.LLAMA_BUFFERS, tied
 
 
 FAMILIES: dict[str, Family] = {
@@ -162,7 +164,7 @@ class ModelPlan:
         model.to(self.dtype)
         rename = self.family.rename(tensors)
         tensors = {rename(k): v for k, v in tensors.items()}
-        maps, skip, tied = self.family.mapping(model)
+        maps, skip, tied = self.family.mapping(self.spec)
         hf_keys.load_mapped(model, maps, tensors, skip=skip, tied_duplicates=tied, source=self.source)
         model.eos_token_ids = eos_ids(self.config.get("eos_token_id"), self.vocab_size)
         return model.eval()
@@ -176,7 +178,7 @@ def plan_model(
 
     `shapes` are the checkpoint's tensor shapes under Hugging Face names, as the file's
     header states them; `read_bytes` is what reading the tensors will hold in memory.
-    Nothing the size of the model is allocated: the model is laid out on the meta device.
+    Nothing the size of the model is allocated: names and shapes come from the config.
     """
     family = _family(config, source)
     try:
@@ -185,17 +187,14 @@ def plan_model(
         raise
     except (ValueError, TypeError) as error:
         raise QkvError(f"{source}: config.json is not usable: {error}") from None
-    with torch.device("meta"):
-        skeleton = family.build(spec)
-    parameters = sum(p.numel() for p in skeleton.parameters())
-    layers = sum(1 for _ in skeleton.modules())
-    needed = parameters * (4 + torch.finfo(dtype).bits // 8) + read_bytes + layers * LAYER_OVERHEAD // 8
-    require_memory(needed, max_memory=max_memory, what=f"{source} ({parameters:,} parameters)")
     rename = family.rename(shapes)
-    maps, skip, tied = family.mapping(skeleton)
+    maps, skip, tied = family.mapping(spec)
     hf_keys.check_names_and_shapes(
         maps, {rename(k): v for k, v in shapes.items()}, skip=skip, tied_duplicates=tied, source=source
     )
+    parameters = sum(math.prod(m.shape) for m in maps)
+    needed = parameters * (4 + torch.finfo(dtype).bits // 8) + read_bytes + len(maps) * MODULE_OVERHEAD
+    require_memory(needed, max_memory=max_memory, what=f"{source} ({parameters:,} parameters)")
     return ModelPlan(family, spec, config, config["vocab_size"], parameters, dtype, source)
 
 

@@ -25,8 +25,9 @@ import torch
 from torch import Tensor
 
 from qkv.errors import QkvError
-from qkv.models.gpt2 import GPTModel
+from qkv.models.gpt2 import GPTConfig, GPTModel
 from qkv.models.llama import LlamaForCausalLM
+from qkv.models.llama_config import LlamaConfig
 
 GPT2_BUFFERS = re.compile(r"transformer\.h\.\d+\.attn\.(bias|masked_bias)")
 LLAMA_BUFFERS = re.compile(r"model\.(layers\.\d+\.self_attn\.)?rotary_emb\.inv_freq")
@@ -107,11 +108,9 @@ def _transposed(name: str) -> Callable[[Tensor], dict[str, Tensor]]:
     return lambda t: {name: t.t()}
 
 
-def gpt2_key_maps(model: GPTModel) -> list[KeyMap]:
-    """GPT2LMHeadModel names -> the book's GPTModel names."""
-    cfg = model.cfg
+def gpt2_key_maps(cfg: GPTConfig, tied: bool) -> list[KeyMap]:
+    """GPT2LMHeadModel names -> the book's GPTModel names (from the config alone)."""
     c, f = cfg.emb_dim, 4 * cfg.emb_dim
-    tied = model.weights_tied
     maps = [
         KeyMap("transformer.wte.weight", (cfg.vocab_size, c),
                _same("tok_emb.weight", *(["out_head.weight"] if tied else []))),
@@ -199,15 +198,44 @@ def gpt2_to_hf(model: GPTModel) -> dict[str, Tensor]:
     return out
 
 
-def llama_key_maps(model: LlamaForCausalLM) -> list[KeyMap]:
+def llama_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor of LlamaForCausalLM(cfg) with its shape, from the config alone (no model
+    is built: loading checks a checkpoint against this before allocating anything)."""
+    c, f, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, c)}
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        layer = {
+            "input_layernorm.weight": (c,),
+            "self_attn.q_proj.weight": (q, c), "self_attn.k_proj.weight": (kv, c),
+            "self_attn.v_proj.weight": (kv, c), "self_attn.o_proj.weight": (c, q),
+            "post_attention_layernorm.weight": (c,),
+            "mlp.gate_proj.weight": (f, c), "mlp.up_proj.weight": (f, c), "mlp.down_proj.weight": (c, f),
+        }
+        if cfg.attention_bias:
+            layer.update({"self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.bias": (kv,)})
+        if cfg.attention_out_bias:
+            layer["self_attn.o_proj.bias"] = (c,)
+        if cfg.qk_norm:
+            layer.update({"self_attn.q_norm.weight": (d,), "self_attn.k_norm.weight": (d,)})
+        if cfg.mlp_bias:
+            layer.update({"mlp.gate_proj.bias": (f,), "mlp.up_proj.bias": (f,), "mlp.down_proj.bias": (c,)})
+        shapes.update({p + k: v for k, v in layer.items()})
+    shapes["model.norm.weight"] = (c,)
+    shapes["lm_head.weight"] = (cfg.vocab_size, c)
+    return shapes
+
+
+def llama_key_maps(cfg: LlamaConfig) -> list[KeyMap]:
     """Identity map over the model's own names; a tied lm_head is filled from embed_tokens."""
-    tied = model.cfg.tie_word_embeddings
+    tied = cfg.tie_word_embeddings
     maps = []
-    for name, tensor in model.state_dict().items():
+    for name, shape in llama_shapes(cfg).items():
         if tied and name == "lm_head.weight":
             continue
         aliases = ("lm_head.weight",) if tied and name == "model.embed_tokens.weight" else ()
-        maps.append(KeyMap(name, tuple(tensor.shape), _same(name, *aliases)))
+        maps.append(KeyMap(name, shape, _same(name, *aliases)))
     return maps
 
 
