@@ -38,8 +38,8 @@ def smollm2_checkpoint(smollm2_file: Path):
 
 @pytest.fixture(scope="session")
 def smollm2_model(smollm2_checkpoint):
-    """(qkv model fp32, tokenizers.Tokenizer), built as load_gguf builds it, from the tensors
-    already read (load_gguf itself is tested on a tiny file, saving a second read here)."""
+    """(qkv model fp32, tokenizers.Tokenizer), built as the loader builds it, from the tensors
+    already read (the loader itself is tested on a tiny file, saving a second read here)."""
     from qkv.models.checkpoint import build_from_hf
 
     ck = smollm2_checkpoint
