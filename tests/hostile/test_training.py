@@ -105,40 +105,66 @@ def test_every_file_is_written_with_the_umask(data: Path, tmp_path: Path, umask:
     assert set(modes.values()) == {0o666 & ~umask}, modes
 
 
-def kill_at_random_moments(data: Path, tmp_path: Path, kills: int, seed: int) -> list[str]:
-    """Train into one folder, kill -9 at `kills` random moments (each next start resumes),
-    finish with --resume; the result must equal an uninterrupted run's, bit for bit."""
+def wait_for_claim(out: Path, process: subprocess.Popen, timeout: float = 120) -> bool:
+    """Until the process holds the folder's lock (its pid in the lock file); False if it ended."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            if (out / LOCK_NAME).read_text().strip() == str(process.pid):
+                return True
+        except OSError:
+            pass
+        time.sleep(0.01)
+    return False
+
+
+def kill_at_random_moments(data: Path, tmp_path: Path, kills: int, seed: int, steps: int = STEPS) -> list[str]:
+    """Train into one folder and kill -9 it `kills` times at random moments spread over the
+    run (each start after the first resumes); finish with --resume. The result must equal an
+    uninterrupted run's, bit for bit, with no temporary file or lock left."""
+    length = ["--max-steps", str(steps)]
     reference = tmp_path / "reference"
-    start = time.monotonic()
-    done = run(train_argv(data, reference))
-    assert done.returncode == 0, done.stderr
-    duration = time.monotonic() - start
+    process = subprocess.Popen(train_argv(data, reference, *length), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert wait_for_claim(reference, process)
+    claimed = time.monotonic()
+    assert process.wait(timeout=600) == 0, process.stderr.read().decode()[-2000:]
+    process.stderr.close()
+    run_time = time.monotonic() - claimed  # from claiming the folder to the end
     out = tmp_path / "out"
     rng = random.Random(seed)
     log = []
     for i in range(kills):
         resume = ["--resume"] if (out / RUN_NAME).exists() else []
-        process = subprocess.Popen(train_argv(data, out, *resume), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        moment = rng.uniform(0, duration)
+        process = subprocess.Popen(train_argv(data, out, *length, *resume), stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.PIPE)
+        claimed_now = wait_for_claim(out, process)
+        moment = rng.uniform(0, 2 * run_time / kills)  # on average the run advances 1/kills between kills
         try:
-            process.wait(timeout=moment)
+            process.wait(timeout=moment if claimed_now else 600)
             stderr = process.stderr.read().decode()
-            assert process.returncode == 0, f"kill {i}: a start after a kill failed: {stderr[-2000:]}"
-            log.append(f"{moment:.2f} s: the run had ended")
+            assert process.returncode == 0, f"start {i} after a kill failed: {stderr[-2000:]}"
+            log.append(f"kill {i + 1:2d}: {moment:5.2f} s after the claim: the run had ended")
         except subprocess.TimeoutExpired:
             process.send_signal(signal.SIGKILL)
             process.wait()
+            state = "no checkpoint yet"
+            if (out / "checkpoint.safetensors").exists():
+                from qkv.training.checkpoint import read_state
+
+                state = f"checkpoint at step {read_state(out / 'checkpoint.safetensors').step}"
+            temporaries = [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
+            log.append(f"kill {i + 1:2d}: {moment:5.2f} s after the claim: {state}, temporaries left: {temporaries}")
+        finally:
             process.stderr.close()
-            log.append(f"{moment:.2f} s: killed ({', '.join(sorted(p.name for p in out.iterdir())) if out.exists() else 'no folder'})")
-    final = run(train_argv(data, out, "--resume") if (out / RUN_NAME).exists() else train_argv(data, out))
+    final = run(train_argv(data, out, *length, "--resume") if (out / RUN_NAME).exists() else train_argv(data, out, *length))
     assert final.returncode == 0, final.stderr
     leftovers = [p.name for p in out.iterdir() if p.name.endswith(".tmp") or p.name == LOCK_NAME]
     assert leftovers == [], leftovers
     ours, theirs = load_file(str(out / "model.safetensors")), load_file(str(reference / "model.safetensors"))
     assert ours.keys() == theirs.keys() and all(ours[k].equal(theirs[k]) for k in ours)
-    steps = [line.split('"step": ')[1].split(",")[0] for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [line.split('"step": ')[1].split(",")[0]
-                     for line in (reference / "metrics.jsonl").read_text().splitlines()]
+    steps_seen = [line.split('"step": ')[1].split(",")[0] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps_seen == [line.split('"step": ')[1].split(",")[0]
+                          for line in (reference / "metrics.jsonl").read_text().splitlines()]
     return log
 
 
@@ -148,5 +174,6 @@ def test_kill_9_at_random_moments_then_resume(data: Path, tmp_path: Path) -> Non
 
 @pytest.mark.kill20
 def test_kill_9_at_20_random_moments_then_resume(data: Path, tmp_path: Path) -> None:
-    log = kill_at_random_moments(data, tmp_path, kills=20, seed=int(os.environ.get("QKV_KILL_SEED", "15")))
+    seed = int(os.environ.get("QKV_KILL_SEED", "15"))
+    log = kill_at_random_moments(data, tmp_path, kills=20, seed=seed, steps=60)
     print("\n".join(log))
