@@ -127,9 +127,12 @@ def kill_at_random_moments(data: Path, tmp_path: Path, kills: int, seed: int, st
     process = subprocess.Popen(train_argv(data, reference, *length), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     assert wait_for_claim(reference, process)
     claimed = time.monotonic()
+    while not (reference / "checkpoint.safetensors").exists() and process.poll() is None:
+        time.sleep(0.01)
+    set_up = time.monotonic() - claimed  # claim to the first checkpoint: data, tokenizer, first step
     assert process.wait(timeout=600) == 0, process.stderr.read().decode()[-2000:]
     process.stderr.close()
-    run_time = time.monotonic() - claimed  # from claiming the folder to the end
+    training = time.monotonic() - claimed - set_up  # the steps and their saves
     out = tmp_path / "out"
     rng = random.Random(seed)
     log = []
@@ -138,7 +141,9 @@ def kill_at_random_moments(data: Path, tmp_path: Path, kills: int, seed: int, st
         process = subprocess.Popen(train_argv(data, out, *length, *resume), stdout=subprocess.DEVNULL,
                                    stderr=subprocess.PIPE)
         claimed_now = wait_for_claim(out, process)
-        moment = rng.uniform(0, 2 * run_time / kills)  # on average the run advances 1/kills between kills
+        # Some kills land in the set-up, most in the steps and saves; on average a start
+        # advances the run by 1/kills of its steps before it is killed.
+        moment = rng.uniform(0.7 * set_up, set_up + 2 * training / kills)
         try:
             process.wait(timeout=moment if claimed_now else 600)
             stderr = process.stderr.read().decode()
