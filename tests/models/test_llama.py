@@ -69,7 +69,7 @@ def test_rope_settings_read_both_config_spellings() -> None:
         ({"num_key_value_heads": 3}, r"num_attention_heads \(4\) must be a multiple of num_key_value_heads \(3\)"),
         ({"head_dim": 15}, "RoPE needs an even head_dim, got 15"),
         ({"hidden_size": 66, "head_dim": None}, r"hidden_size \(66\) is not divisible by num_attention_heads \(4\)"),
-        ({"vocab_size": 0}, "values must be positive integers, got {'vocab_size': 0}"),
+        ({"vocab_size": 0}, "vocab_size must be between 1 and 16,777,216, got 0"),
         ({"attention_backend": "flash"}, "attention_backend must be one of"),
     ],
 )
