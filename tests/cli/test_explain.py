@@ -69,7 +69,7 @@ def test_options_change_the_computation(capsys: pytest.CaptureFixture[str]) -> N
      (["--query", "3", "--d-out", "nine"], "argument --d-out: must be a whole number"),
      (["--d-out", "1000000000"], "argument --d-out: must be from 1 to 64"),
      (["--seed", "1e23"], "argument --seed: must be a whole number"),
-     (["--layer", "-1"], "argument --layer"), (["--layer", "1"], "--layer 1 is out of range"),
+     (["--layer", "-1"], "--layer -1 is out of range"), (["--layer", "1"], "--layer 1 is out of range"),
      (["some text", "--model", "minilm", "--seed", "5"], "--seed")],
 )
 def test_bad_options_give_one_line_and_exit_code_2(args: list[str], fragment: str) -> None:

@@ -429,7 +429,7 @@ CASES: dict[str, tuple[Callable[[Path, Path], list[str]], str]] = {
     "explain-seed-huge": (cli("explain", "--seed", str(10**23)), "argument --seed"),
     "explain-d-out-1e9": (cli("explain", "--d-out", "1e9"), "argument --d-out"),
     "explain-d-out-100000": (cli("explain", "--d-out", "100000"), "argument --d-out"),
-    "explain-layer-negative": (cli("explain", "--layer", "-1"), "argument --layer"),
+    "explain-layer-negative": (cli("explain", "--layer", "-1"), "--layer -1 is out of range"),
     "explain-layer-book": (cli("explain", "--layer", "3"), "--layer 3 is out of range"),
     "max-new-tokens-negative": (cli("generate", "--prompt", "x", "--max-new-tokens", "-1"), "argument --max-new-tokens"),
     "max-memory-text": (cli("generate", "--prompt", "x", "--max-memory", "lots"), "argument --max-memory"),

@@ -29,9 +29,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", metavar="M",
                         help="a real model: minilm (all-MiniLM-L6-v2, offline), smollm2, or a "
                         "checkpoint folder qkv loads (GPT-2, Llama, Qwen, what qkv train writes)")
-    parser.add_argument("--layer", type=integer(0, 1023), metavar="L",
+    parser.add_argument("--layer", type=integer(-2**20, 2**20), metavar="L",
                         help="the attention layer, counted from 0 as transformers counts (default: 0)")
-    parser.add_argument("--head", type=integer(0, 2**20), metavar="H",
+    parser.add_argument("--head", type=integer(-2**20, 2**20), metavar="H",
                         help="the head, counted from 0 (default: 0)")
     parser.add_argument("--query", metavar="Q",
                         help="the query token: its position counted from 1 as the book writes x(2), "
