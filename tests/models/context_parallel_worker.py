@@ -51,7 +51,7 @@ def tiny(out_dir: Path, rank: int) -> None:
 
 
 def smollm2(out_dir: Path, rank: int, text: str, context: int, stride: int) -> None:
-    from qkv.models.checkpoint import load_pretrained
+    from qkv.models.loader import load_pretrained
     from qkv.perplexity import perplexity
 
     torch.set_num_threads(1)

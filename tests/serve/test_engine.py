@@ -10,7 +10,7 @@ import torch
 
 from qkv.generation import generate
 from qkv.generation.sampling import Sampling
-from qkv.models.checkpoint import load_pretrained
+from qkv.models.loader import load_pretrained
 from qkv.serve.engine import Engine, EngineFull, Finished
 
 PROMPTS = ["The cat", "Attention is all you need, they", "Keys", "The mat. The cat sat on",
