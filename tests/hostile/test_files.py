@@ -33,6 +33,9 @@ from qkv.models.gpt2 import GPTConfig, GPTModel
 from qkv.models.llama import LlamaForCausalLM
 from qkv.models.llama_config import LlamaConfig
 
+# One worker builds and runs every case (the module's fixture would run once per xdist worker).
+pytestmark = pytest.mark.xdist_group("hostile-files")
+
 HARNESS = Path(__file__).with_name("harness.py")
 MAX_SECONDS = 5.0
 MAX_EXTRA_MEMORY = 1 << 30

@@ -1,8 +1,8 @@
 """`qkv train --out`: one run per folder, nobody else's files, and kill -9 at any moment loses
 nothing that --resume cannot redo.
 
-The kill test runs 3 kills by default; `pytest -m kill20 tests/hostile` runs the issue's full
-20 random moments (about 3 minutes on two cores).
+The kill test runs 3 kills by default; `.venv/bin/python -m pytest -m kill20 tests/hostile` runs
+the issue's full 20 random moments (about 5 minutes on two busy cores).
 """
 
 from __future__ import annotations
