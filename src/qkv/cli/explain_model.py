@@ -24,6 +24,7 @@ from qkv.errors import QkvError
 from qkv.trace.analysis import analyse
 from qkv.trace.export import layer_summary, query_row
 from qkv.trace.recorder import Trace, attention_modules, trace
+from qkv.serve.text import display_tokens  # one way to show token texts, here and in the explorer
 
 # Recording every query of every head costs heads × T × T numbers per layer (and the page
 # embeds them): beyond these many tokens only the chosen query (or layer) is recorded.
@@ -51,19 +52,6 @@ def load_model(name: str, *, max_memory: int | None = None) -> LoadedModel:
     # A missing folder or file is reported by the loader, in the words `qkv generate` uses.
     model, tokenizer = loader.load_pretrained(name, max_memory=max_memory)
     return LoadedModel(name, model.eval(), tokenizer, encoder=False)
-
-
-def _display(tokenizer: Tokenizer, ids: list[int]) -> list[str]:
-    """Readable token texts: byte-level pieces ("Ġstep") decoded one by one ("␣step"),
-    line breaks and tabs shown as ↵ and →."""
-    shown = []
-    for token_id in ids:
-        text = tokenizer.decode([token_id], skip_special_tokens=False)
-        if not text:
-            text = tokenizer.id_to_token(token_id) or f"#{token_id}"
-        text = text.replace("\n", "↵").replace("\t", "→").replace("\r", "")
-        shown.append("␣" + text[1:] if text.startswith(" ") else text)
-    return shown
 
 
 def _plural(count: int, noun: str) -> str:
@@ -150,7 +138,7 @@ def run_model(args: argparse.Namespace) -> int:
     context_length = int(getattr(loaded.model, "context_length", len(ids)))
     if len(ids) > context_length:
         raise QkvError(f"the text has {len(ids)} tokens, more than the model's {context_length}; shorten it")
-    tokens = _display(loaded.tokenizer, ids)
+    tokens = display_tokens(loaded.tokenizer, ids)
     modules = attention_modules(loaded.model)
     check_range(args.layer, len(modules), "--layer", loaded.name, _plural(len(modules), "attention layer"))
     layer = 0 if args.layer is None else args.layer
@@ -184,7 +172,7 @@ def run_model(args: argparse.Namespace) -> int:
 
         generation = trace_generation(loaded.model, input_ids, args.generate, layer=layer, head=head)
         new_ids = [step.token_id for step in generation]
-        tokens = tokens + _display(loaded.tokenizer, new_ids)  # the prompt's, then the new ones
+        tokens = tokens + display_tokens(loaded.tokenizer, new_ids)  # the prompt's, then the new ones
 
     row = query_row(focus, recorded.tokens, head, query)
     console = Console(stderr=True, highlight=False) if args.json else Console(highlight=False)
