@@ -70,6 +70,14 @@ def stop_tokens(eos_token_id: int | Sequence[int] | None) -> tuple[int, ...]:
     return (eos_token_id,) if isinstance(eos_token_id, int) else tuple(eos_token_id)
 
 
+def _hold_finished(new: Tensor, finished: Tensor, stop_ids: Tensor) -> Tensor:
+    """Rows that have ended keep yielding the first stop token; marks rows that end now
+    (`finished` is updated in place). new, finished: (B,)."""
+    new = torch.where(finished, stop_ids[0], new)
+    finished |= torch.isin(new, stop_ids)
+    return new
+
+
 def continue_from(
     session: DecodeSession,
     logits: Tensor,
@@ -92,8 +100,7 @@ def continue_from(
     for step in range(max_new_tokens):
         new = choose(logits, sampling, generator)  # (B,)
         if stop:
-            new = torch.where(finished, stop_ids[0], new)
-            finished |= torch.isin(new, stop_ids)
+            new = _hold_finished(new, finished, stop_ids)
         yield new
         if (stop and bool(finished.all())) or step + 1 == max_new_tokens:
             return
@@ -167,8 +174,7 @@ def _uncached(model: CausalDecoder, ids: Tensor, lengths: list[int], max_new_tok
                 logits = model(tokens[:, : int(ends.max())])[rows, ends - 1]  # (B, V)
             new = choose(logits, sampling, generator)
             if stop:
-                new = torch.where(finished, stop_ids[0], new)
-                finished |= torch.isin(new, stop_ids)
+                new = _hold_finished(new, finished, stop_ids)
             tokens[rows, ends] = new
             ends += 1
             yield new
