@@ -117,7 +117,7 @@ def test_two_processes_match_one_with_the_same_global_batch(story_file: Path, tm
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
          "127.0.0.1", "--master_port", str(free_port()), "-m", "qkv", "train", "--out", str(two),
          "--batch-size", "2", *common],
-        env=env, capture_output=True, text=True, timeout=420,  # bounded; generous for a loaded 2-core machine (15 s when quiet)
+        env=env, capture_output=True, text=True, timeout=240,  # bounded; 15 s when quiet
     )
     assert done.returncode == 0, _failure_lines(done.stderr)
     assert done.stdout.count("val loss") == 3  # only rank 0 prints

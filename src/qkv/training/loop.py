@@ -96,6 +96,7 @@ def train(
     ctx = init_distributed(group_even_alone=settings.context_parallel and "WORLD_SIZE" in os.environ)
     folder = OutputFolder(settings.out)
     created = _missing_folders(folder.path.absolute())
+    run: _Run | None = None
     try:
         if ctx.is_main:  # only rank 0 writes
             folder.claim(resume=resume, overwrite=overwrite, settings=settings.to_dict())
@@ -109,6 +110,7 @@ def train(
         return run.fit(on_step)
     finally:
         folder.release()
+        del run  # DDP's reducer must go while the process group lives: see shutdown_distributed
         shutdown_distributed(ctx)
 
 
