@@ -19,16 +19,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from qkv.attention.masks import causal_mask
+from qkv.kernel_names import BACKENDS, Backend
 
-Backend = Literal["explicit", "fused"]
-BACKENDS: tuple[str, ...] = ("explicit", "fused")
 
 _SDPA_HAS_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
 

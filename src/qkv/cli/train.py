@@ -13,7 +13,8 @@ from typing import Any
 
 from qkv.cli.numbers import integer, number, seed
 from qkv.errors import QkvError
-from qkv.training import PRESETS, TrainSettings, saved_settings, train
+from qkv.training.presets import PRESETS
+from qkv.training.settings import TrainSettings
 from qkv.training.presets import DEFAULT_PRESET
 from qkv.training.settings import DTYPES
 from qkv.threads import add_threads_argument, apply_threads
@@ -91,6 +92,8 @@ def settings_from_args(args: argparse.Namespace) -> TrainSettings:
     if not args.resume:
         preset = given.pop("preset", DEFAULT_PRESET)
         return TrainSettings.from_preset(preset, data=args.data, out=args.out, **given)
+    from qkv.training.loop import saved_settings  # torch: only once a run is really set up
+
     saved = saved_settings(args.out)
     if "max_steps" in given:
         given["epochs"] = None
@@ -104,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
         raise QkvError("--resume continues a run and --overwrite starts one over; give one of them")
     # Under torchrun the processes on this machine share its idle cores.
     apply_threads(args.threads, processes=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    from qkv.training.loop import train
+
     try:
         train(settings_from_args(args), resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress)
     except QkvError:

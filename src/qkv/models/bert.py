@@ -25,7 +25,7 @@ from tokenizers import Tokenizer
 from torch import Tensor, nn
 
 from qkv.attention.grouped_query import GroupedQueryAttention
-from qkv.attention.kernels import BACKENDS, Backend
+from qkv.kernel_names import BACKENDS, Backend
 from qkv.attention.masks import padding_mask
 from qkv.errors import QkvError
 

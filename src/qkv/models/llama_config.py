@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from qkv.attention.kernels import BACKENDS, Backend
+from qkv.kernel_names import BACKENDS, Backend
 from qkv.attention.rope import Llama3RopeScaling
 from qkv.models.hf_fields import (
     MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, check_float, check_int, get_bool, get_dict, get_float, get_int, get_str,

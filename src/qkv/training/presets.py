@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from qkv.models.gpt2 import GPT_CONFIG_124M, GPTConfig
+from qkv.models.gpt2_config import GPT_CONFIG_124M, GPTConfig
 
 
 @dataclass(frozen=True)
