@@ -217,28 +217,36 @@ class StaticKVCache(KVCache):
 class SlotKVCache(StaticKVCache):
     """A StaticKVCache whose rows are slots, one per request (a server's continuous batch).
 
-    A whole-batch call writes every row, as in StaticKVCache. While `row` is set (by
-    `DecodeSession.prefill_row`), a call carries one request's tokens (1, H_kv, T, D): they
-    are written into that row only, and attention reads that row only, (1, H_kv, S, D), so
-    a new request is prefilled while the other rows keep what they hold. A freed row needs
-    no clearing: its next request starts at position 0 and the position mask hides the rest.
+    A whole-batch call writes every row, as in StaticKVCache. While `rows` is set (by
+    `DecodeSession.prefill_row` or `DecodeSession.decode(..., rows=)`), a call carries only
+    those rows, (b, H_kv, T, D): they are written at their own positions and attention reads
+    those rows only, (b, H_kv, S, D). So a new request is prefilled while the others keep
+    what they hold, and a step decodes the occupied slots, not every slot of the batch. A
+    freed row needs no clearing: its next request starts at position 0 and the position
+    mask hides the rest.
     """
 
     def __init__(self, spec: CacheSpec) -> None:
         super().__init__(spec)
-        self.row: int | None = None
+        self.rows: Tensor | None = None  # (b,) the batch rows the next calls carry
 
     def update(self, k: Tensor, v: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        if self.row is None:
+        rows = self.rows
+        if rows is None:
             return super().update(k, v, positions)
-        r, s = self.row, self.spec
-        if k.dim() != 4 or k.shape[0] != 1 or positions.dim() != 1 or positions.shape[0] != k.shape[2]:
+        s, b = self.spec, rows.shape[0]
+        t = k.shape[2] if k.dim() == 4 else -1
+        if (k.dim() != 4 or k.shape[0] != b or v.shape[:3] != k.shape[:3]
+                or positions.shape not in ((t,), (b, t))):
             raise ValueError(
-                f"a slot prefill takes one row of keys (1, {s.num_kv_heads}, T, {s.head_dim}) and "
-                f"positions (T,), got keys {tuple(k.shape)} and positions {tuple(positions.shape)}"
+                f"a call on {b} slot row(s) takes keys ({b}, {s.num_kv_heads}, T, {s.head_dim}) and "
+                f"positions (T,) or ({b}, T), got keys {tuple(k.shape)} and positions {tuple(positions.shape)}"
             )
-        self.k_cache[r].index_copy_(1, positions, k[0].to(self.k_cache.dtype))  # (H_kv, S, D)
-        self.v_cache[r].index_copy_(1, positions, v[0].to(self.v_cache.dtype))
-        self.lengths[r] = positions.max() + 1
-        keys, values = self.k_cache[r : r + 1], self.v_cache[r : r + 1]  # (1, H_kv, S, D)
-        return keys, values, visible_keys(self.slots, positions)  # (1, 1, T, S)
+        if positions.dim() == 1:
+            positions = positions.expand(b, t)  # (b, T)
+        self.k_cache[rows[:, None], :, positions] = k.transpose(1, 2).to(self.k_cache.dtype)  # (b, T, H_kv, D)
+        self.v_cache[rows[:, None], :, positions] = v.transpose(1, 2).to(self.v_cache.dtype)
+        self.lengths[rows] = positions.max(dim=1).values + 1
+        keys = self.k_cache.index_select(0, rows)  # (b, H_kv, S, D)
+        values = self.v_cache.index_select(0, rows)
+        return keys, values, visible_keys(self.slots, positions)  # (b, 1, T, S)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Iterator
 from types import TracebackType
 
 import torch
@@ -150,23 +151,14 @@ class DecodeSession:
         as they are (a continuous batch: needs kind=SlotKVCache). Returns the logits of its
         last token, (V,)."""
         self._check_open()
-        caches = self.model.caches()
-        if not all(isinstance(cache, SlotKVCache) for cache in caches):
-            raise QkvError("prefill_row needs a session with kind=SlotKVCache")
         if not 0 <= row < self.batch_size or ids.dim() != 1 or ids.shape[0] < 1:
             raise QkvError(f"prefill_row takes a row in 0..{self.batch_size - 1} and ids (T,), got row {row}, "
                            f"ids of shape {tuple(ids.shape)}")
         t = ids.shape[0]
         self._need(t)
         positions = torch.arange(t, device=self.device)  # (T,)
-        try:
-            for cache in caches:
-                cache.row = row  # type: ignore[attr-defined]
-            with torch.inference_mode(), _eager_prompts():
-                logits = self.model(ids.to(self.device)[None], positions=positions)  # (1, T, V)
-        finally:
-            for cache in caches:
-                cache.row = None  # type: ignore[attr-defined]
+        with self._on_rows([row]), torch.inference_mode(), _eager_prompts():
+            logits = self.model(ids.to(self.device)[None], positions=positions)  # (1, T, V)
         self.lengths[row] = t
         self._next = None
         return logits[0, -1]  # (V,)
@@ -177,9 +169,15 @@ class DecodeSession:
         self.lengths[row] = 0
         self._next = None
 
-    def decode(self, tokens: Tensor) -> Tensor:
-        """One step: each row's newest token (B,) at its next position -> logits (B, V)."""
+    def decode(self, tokens: Tensor, rows: list[int] | None = None) -> Tensor:
+        """One step: each row's newest token (B,) at its next position -> logits (B, V).
+
+        With `rows` (kind=SlotKVCache), only those rows step: tokens (b,) -> logits (b, V),
+        and the other rows are neither computed nor touched (a server decodes its occupied
+        slots only)."""
         self._check_open()
+        if rows is not None:
+            return self._decode_rows(tokens, rows)
         if tokens.shape != (self.batch_size,):
             raise QkvError(f"decode takes one token per row, shape ({self.batch_size},); got {tuple(tokens.shape)}")
         self._need(max(self.lengths) + 1)
@@ -194,6 +192,35 @@ class DecodeSession:
             self.lengths = [n + 1 if n else 0 for n in self.lengths]
             self._next = None
         return logits[:, -1]  # (B, V)
+
+    def _decode_rows(self, tokens: Tensor, rows: list[int]) -> Tensor:
+        b = len(rows)
+        if tokens.shape != (b,) or len(set(rows)) != b or not all(0 <= r < self.batch_size for r in rows):
+            raise QkvError(f"decode on rows {rows} takes distinct rows in 0..{self.batch_size - 1} and one token "
+                           f"per row, shape ({b},); got {tuple(tokens.shape)}")
+        self._need(max(self.lengths[r] for r in rows) + 1)
+        positions = torch.tensor([self.lengths[r] for r in rows], device=self.device)[:, None]  # (b, 1)
+        with self._on_rows(rows), torch.inference_mode():
+            logits = self.model(tokens.to(self.device)[:, None], positions=positions)  # (b, 1, V)
+        for r in rows:
+            self.lengths[r] += 1
+        self._next = None
+        return logits[:, -1]  # (b, V)
+
+    @contextlib.contextmanager
+    def _on_rows(self, rows: list[int]) -> Iterator[None]:
+        """The slot caches carry only `rows` for the calls made inside."""
+        caches = self.model.caches()
+        if not all(isinstance(cache, SlotKVCache) for cache in caches):
+            raise QkvError("calls on some rows of the batch need a session with kind=SlotKVCache")
+        index = torch.tensor(rows, device=self.device)  # (b,)
+        try:
+            for cache in caches:
+                cache.rows = index  # type: ignore[attr-defined]
+            yield
+        finally:
+            for cache in caches:
+                cache.rows = None  # type: ignore[attr-defined]
 
     # -- helpers ---------------------------------------------------------------------
     def _positions(self) -> Tensor:

@@ -9,7 +9,7 @@
 
 The engine owns one `DecodeSession` of kind `SlotKVCache`: batch row r is slot r. A new
 request is prefilled into a free row (`prefill_row`) while the others wait one step at
-most; then every occupied row decodes one token per step, each at its own position, and a
+most; then the occupied rows (only those) decode one token per step, each at its own position, and a
 request leaves as soon as it stops, reaches max_tokens or is cancelled. Requests beyond
 the free slots wait in a bounded queue; `submit` refuses one more (EngineFull).
 
@@ -215,11 +215,12 @@ class Engine:
         self.stats.occupied = len(running)
         if not running:
             return
-        tokens = torch.tensor([job.last if job is not None else 0 for job in self._rows], dtype=torch.long)  # (B,)
+        tokens = torch.tensor([self._rows[row].last for row in running], dtype=torch.long)  # (b,)  # type: ignore[union-attr]
         start = time.perf_counter()
-        logits = self.session.decode(tokens)  # (B, V)
-        for row in running:
-            self._deliver(row, logits[row : row + 1])
+        # Only the occupied slots step; a full batch takes the plain whole-batch path.
+        logits = self.session.decode(tokens, rows=None if len(running) == self.max_batch else running)  # (b, V)
+        for i, row in enumerate(running):
+            self._deliver(row, logits[i : i + 1])
         elapsed = time.perf_counter() - start
         self.stats.steps += 1
         self.stats.tokens_per_second = len(running) / elapsed if elapsed > 0 else 0.0
