@@ -84,7 +84,7 @@ def run_ring(n: int, cases: list[dict], tmp_path: Path) -> list[dict]:
     return [torch.load(tmp_path / f"rank{r}.pt") for r in range(n)]
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("n", [2, 3])  # 3: shards of unequal length, two hops (4 runs in `qkv bench --only ring`)
 def test_ring_equals_single_process_attention(n: int, tmp_path: Path) -> None:
     cases = cases_for(n)
     ranks = run_ring(n, cases, tmp_path)

@@ -33,7 +33,8 @@ def qkv_process(args: list[str], stdin: str, env: dict[str, str] | None = None, 
 def test_piped_conversation_matches_the_library(smollm2_model, smollm2_checkpoint) -> None:
     questions = ["What is the capital of France?", "And of Italy?"]
     script = "\n".join([questions[0], "", questions[1], "/reset", questions[0], "/exit", "never read"]) + "\n"
-    done = qkv_process(["chat", "--temperature", "0", "--max-new-tokens", "12", "--max-context", "256"], script)
+    done = qkv_process(["chat", "--temperature", "0", "--max-new-tokens", "12", "--max-context", "256",
+                        "--no-compile"], script)  # compiled == eager is tested in tests/perf
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
 
@@ -55,7 +56,7 @@ def test_piped_conversation_matches_the_library(smollm2_model, smollm2_checkpoin
 @pytest.mark.slow
 def test_generate_defaults_to_smollm2_and_applies_the_chat_template(smollm2_model, smollm2_checkpoint, capsys) -> None:
     question = "What is the capital of France?"
-    code = main(["generate", "--chat", "--prompt", question, "--max-new-tokens", "12"])  # no --model
+    code = main(["generate", "--chat", "--prompt", question, "--max-new-tokens", "12", "--no-compile"])  # no --model
     out, err = capsys.readouterr()
     assert code == 0, err
 

@@ -62,7 +62,7 @@ def test_streams_what_generate_makes(folder: Path, capsys) -> None:
 
 
 def test_no_cache_and_bfloat16_run(folder: Path, capsys) -> None:
-    args = ["--model", str(folder), "--prompt", PROMPT, "--max-new-tokens", "10"]
+    args = ["--model", str(folder), "--prompt", PROMPT, "--max-new-tokens", "10", "--no-compile"]
     _, cached, _ = run(capsys, *args)
     code, uncached, err = run(capsys, *args, "--no-cache")
     assert code == 0 and uncached == cached and "no cache" in err

@@ -463,6 +463,10 @@ CASES: dict[str, tuple[Callable[[Path, Path], list[str]], str]] = {
 }
 
 
+# One worker runs every case: the module fixture (a training run and the harness) runs once.
+pytestmark = pytest.mark.xdist_group("hostile_files")
+
+
 @pytest.fixture(scope="module")
 def outcome(tmp_path_factory: pytest.TempPathFactory) -> dict:
     global FINISHED_RUN

@@ -1,10 +1,11 @@
 """Whole decoders run context-parallel equal one process: the tiny GPT and a tiny Llama with
 GQA 9:3 and RoPE (logits and every parameter's gradient, N = 3), and SmolLM2's perplexity on
-the-verdict over 4 processes and over 2 (two rings of 2 in the same launch)."""
+the-verdict over 2 processes (zigzag and contiguous shards)."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import os
 import socket
@@ -80,17 +81,17 @@ def test_a_ring_is_attached_only_inside_the_block() -> None:
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("smollm2")
-def test_smollm2_perplexity_over_2_and_4_processes(smollm2_model, tmp_path: Path) -> None:
+def test_smollm2_perplexity_over_2_processes(smollm2_model, tmp_path: Path) -> None:
     text = tmp_path / "verdict.txt"
     text.write_text(VERDICT.read_text(encoding="utf-8")[:1200], encoding="utf-8")
     context, stride = 128, 64
-    launch(4, "smollm2", str(tmp_path), str(text), str(context), str(stride), timeout=400)
+    launch(2, "smollm2", str(tmp_path), str(text), str(context), str(stride), timeout=400)
     model, tokenizer = smollm2_model
     ids = torch.tensor(tokenizer.encode(text.read_text(encoding="utf-8")).ids)
     one = perplexity(model, ids, context_length=context, stride=stride)
-    for r in range(4):
-        result = torch.load(tmp_path / f"rank{r}.pt", weights_only=False)
-        for parallel in (result["all"], result["pairs"]):
-            assert (parallel.tokens, parallel.windows) == (one.tokens, one.windows)
-            assert f"{parallel.perplexity:.4g}" == f"{one.perplexity:.4g}"
-            assert math.isclose(parallel.nll, one.nll, rel_tol=1e-5)
+    for r in range(2):
+        result = json.loads((tmp_path / f"rank{r}.json").read_text(encoding="utf-8"))
+        for parallel in result.values():  # zigzag and contiguous shards
+            assert (parallel["tokens"], parallel["windows"]) == (one.tokens, one.windows)
+            assert f"{parallel['perplexity']:.4g}" == f"{one.perplexity:.4g}"
+            assert math.isclose(parallel["nll"], one.nll, rel_tol=1e-5)
