@@ -11,7 +11,10 @@ while a model runs context-parallel makes the layer attend its shard of the sequ
 through ring attention.
 
 Modules are named like the Hugging Face checkpoints they load (q_proj, k_proj, v_proj,
-o_proj, q_norm, k_norm), so loading is a near-identity key map.
+o_proj, q_norm, k_norm), so loading is a near-identity key map. For decoding,
+`fuse_projections()` stacks q_proj, k_proj and v_proj into one `qkv_proj` (one matrix
+product reads the three weights: at batch 1 each product is a pass over its weight, and
+fewer, larger passes are faster); `project(x)` gives the three projections either way.
 
 Shape legend: B batch, T new tokens, S key tokens (cache included), C embedding,
 H query heads, H_kv key/value heads, D head size.
@@ -27,6 +30,7 @@ from qkv.attention.kv_cache import CacheKind, CacheSpec, KVCache, StaticKVCache
 from qkv.attention.ring import Ring
 from qkv.attention.rmsnorm import RMSNorm
 from qkv.attention.rope import apply_rope
+from qkv.fusion import stack_linears
 
 
 class GroupedQueryAttention(nn.Module):
@@ -69,10 +73,37 @@ class GroupedQueryAttention(nn.Module):
         self.k_proj = nn.Linear(emb_dim, num_kv_heads * head_dim, bias=qkv_bias)
         self.v_proj = nn.Linear(emb_dim, num_kv_heads * head_dim, bias=qkv_bias)
         self.o_proj = nn.Linear(num_heads * head_dim, emb_dim, bias=out_bias)
+        self.qkv_proj: nn.Linear | None = None  # set by fuse_projections(), replacing the three
         self.q_norm: nn.Module = RMSNorm(head_dim, norm_eps) if qk_norm else nn.Identity()
         self.k_norm: nn.Module = RMSNorm(head_dim, norm_eps) if qk_norm else nn.Identity()
         self.kv_cache: KVCache | None = None
         self.ring: Ring | None = None  # set only while the model runs context-parallel
+
+    @property
+    def projection_sizes(self) -> tuple[int, int, int]:
+        """Output features of the query, key and value projections: H*D, H_kv*D, H_kv*D."""
+        kv = self.num_kv_heads * self.head_dim
+        return self.num_heads * self.head_dim, kv, kv
+
+    def fuse_projections(self) -> None:
+        """Replace q_proj, k_proj and v_proj by one `qkv_proj` holding their rows (same
+        numbers, one matrix product). For inference: done by qkv.perf.prepare_for_decoding."""
+        if self.qkv_proj is None:
+            self.qkv_proj = stack_linears([self.q_proj, self.k_proj, self.v_proj])
+            del self.q_proj, self.k_proj, self.v_proj
+
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x (B, T, C) -> the query, key and value projections (B, T, H*D), (B, T, H_kv*D) x 2."""
+        if self.qkv_proj is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k, v = self.qkv_proj(x).split(self.projection_sizes, dim=-1)  # (B, T, H*D + 2*H_kv*D) -> three
+        return q, k, v
+
+    def projection_layers(self) -> tuple[nn.Module, nn.Module, nn.Module] | nn.Module:
+        """The three projection layers, or the fused one (rows: queries, keys, values)."""
+        if self.qkv_proj is None:
+            return self.q_proj, self.k_proj, self.v_proj
+        return self.qkv_proj
 
     def query_heads_of(self, kv_head: int) -> list[int]:
         """The query heads that share key/value head `kv_head`."""
@@ -116,9 +147,10 @@ class GroupedQueryAttention(nn.Module):
                 f"attention input must be (batch, tokens, {self.emb_dim}), got {tuple(x.shape)}"
             )
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)  # (B, T, H, D)
-        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)  # (B, T, H_kv, D)
-        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim)  # (B, T, H_kv, D)
+        q, k, v = self.project(x)
+        q = q.view(b, t, self.num_heads, self.head_dim)  # (B, T, H, D)
+        k = k.view(b, t, self.num_kv_heads, self.head_dim)  # (B, T, H_kv, D)
+        v = v.view(b, t, self.num_kv_heads, self.head_dim)  # (B, T, H_kv, D)
         q = self.q_norm(q).transpose(1, 2)  # (B, H, T, D)
         k = self.k_norm(k).transpose(1, 2)  # (B, H_kv, T, D)
         v = v.transpose(1, 2)  # (B, H_kv, T, D)

@@ -24,21 +24,33 @@ from torch import Tensor, nn
 from qkv.attention.grouped_query import GroupedQueryAttention
 from qkv.attention.rmsnorm import RMSNorm
 from qkv.attention.rope import RotaryEmbedding
+from qkv.fusion import stack_linears
 from qkv.models.decoder import CausalDecoder
 from qkv.models.llama_config import LlamaConfig
 
 
 class SwiGLU(nn.Module):
-    """down_proj(silu(gate_proj(x)) * up_proj(x)): (B, T, C) -> (B, T, C) through F."""
+    """down_proj(silu(gate_proj(x)) * up_proj(x)): (B, T, C) -> (B, T, C) through F.
+    For decoding, `fuse_projections()` stacks gate_proj and up_proj into `gate_up_proj`."""
 
     def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.gate_up_proj: nn.Linear | None = None
+
+    def fuse_projections(self) -> None:
+        """One product for gate and up (same numbers): see qkv.fusion."""
+        if self.gate_up_proj is None:
+            self.gate_up_proj = stack_linears([self.gate_proj, self.up_proj])
+            del self.gate_proj, self.up_proj
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_proj is None:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # (B, T, 2F) -> (B, T, F) x 2
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):

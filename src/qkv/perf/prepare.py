@@ -14,6 +14,10 @@ PyTorch's int8/int4 CPU kernels need to be fast):
 DEFAULT_PRECISION (qkv.precision) is the fastest of them whose perplexity on the-verdict
 stays within 1% of bfloat16's (measured by `qkv bench`; benchmarks/RESULTS.md).
 
+Every precision first stacks the projections that read the same input (query, key and
+value; a SwiGLU's gate and up) into one layer each (`qkv.fusion`): the same numbers in
+fewer matrix products.
+
 compile=True compiles each repeated layer once (`qkv.perf.compile`); where compiling is not
 possible the model stays eager and the report says why. `qkv.generation.warm_up` runs the
 compilation before a timed or interactive generation, so the first token a user waits
@@ -29,6 +33,7 @@ from typing import Any
 import torch
 
 from qkv.errors import QkvError
+from qkv.fusion import fuse_projections
 from qkv.models.decoder import CausalDecoder
 from qkv.perf.compile import Backend, CompileReport, compile_decoder
 from qkv.perf.quantize import quantize
@@ -72,6 +77,7 @@ def prepare_for_decoding(
     """Bring `model` to `precision` and compile it, in place (see the module docstring)."""
     check_precision(precision)
     model.eval()
+    fuse_projections(model)  # q/k/v and gate/up: one product each (qkv.fusion)
     if precision in QUANTIZED:
         quantize(model, precision)  # from the weights as loaded (float32 for these precisions)
     # PyTorch's int8/int4 CPU kernels are 8-15x slower with float32 activations than with

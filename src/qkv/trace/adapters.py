@@ -57,7 +57,20 @@ class AttentionCall:
 def _linear_parts(layer: nn.Linear) -> tuple[Tensor, Tensor | None]:
     """nn.Linear stores (out, in); the book writes x @ W with W of shape (in, out)."""
     bias = None if layer.bias is None else layer.bias.detach()
-    return layer.weight.detach().T, bias
+    weight = layer.dequantized() if hasattr(layer, "dequantized") else layer.weight  # int8/int4: what they stand for
+    return weight.detach().T, bias
+
+
+def _projection_parts(module: GroupedQueryAttention) -> list[tuple[Tensor, Tensor | None]]:
+    """(W, b) of the query, key and value projections as x @ W + b: from the three layers,
+    or split from the fused one; a quantized layer shows the weights it stands for."""
+    layers = module.projection_layers()
+    if isinstance(layers, tuple):
+        return [_linear_parts(layer) for layer in layers]
+    weight = layers.dequantized() if hasattr(layers, "dequantized") else layers.weight
+    weights = weight.detach().split(module.projection_sizes, dim=0)  # (H*D + 2*H_kv*D, C) -> three
+    biases = (None,) * 3 if layers.bias is None else layers.bias.detach().split(module.projection_sizes)
+    return [(w.T, b) for w, b in zip(weights, biases)]
 
 
 def _heads(y: Tensor, num_heads: int) -> Tensor:
@@ -139,12 +152,12 @@ def _grouped_query(module: GroupedQueryAttention, args: tuple, kwargs: dict) -> 
     x = args[0].detach()
     cos, sin = kwargs.get("cos"), kwargs.get("sin")
     mask, is_causal = kwargs.get("mask"), kwargs.get("is_causal", True)
-    (wq, bq), (wk, bk), (wv, bv) = (_linear_parts(module.q_proj), _linear_parts(module.k_proj),
-                                    _linear_parts(module.v_proj))
+    (wq, bq), (wk, bk), (wv, bv) = _projection_parts(module)
     b, t, _ = x.shape
-    q = module.q_norm(module.q_proj(x).view(b, t, module.num_heads, module.head_dim)).transpose(1, 2)
-    k = module.k_norm(module.k_proj(x).view(b, t, module.num_kv_heads, module.head_dim)).transpose(1, 2)
-    v_new = _heads(module.v_proj(x), module.num_kv_heads)  # (B, H_kv, T, D)
+    q_flat, k_flat, v_flat = module.project(x)  # (B, T, H*D), (B, T, H_kv*D) x 2
+    q = module.q_norm(q_flat.view(b, t, module.num_heads, module.head_dim)).transpose(1, 2)
+    k = module.k_norm(k_flat.view(b, t, module.num_kv_heads, module.head_dim)).transpose(1, 2)
+    v_new = _heads(v_flat, module.num_kv_heads)  # (B, H_kv, T, D)
     rope = cos is not None and sin is not None
     q_rot = apply_rope(q, cos, sin) if rope else q  # (B, H, T, D)
     k_rot = apply_rope(k, cos, sin) if rope else k  # (B, H_kv, T, D)

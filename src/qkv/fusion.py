@@ -1,0 +1,41 @@
+"""Stacking linear layers that read the same input into one, for decoding.
+
+At batch 1 a matrix product is one pass over its weight, with a fixed cost per call on
+top; the query, key and value projections (and a SwiGLU's gate and up projections) read
+the same input, so one product over their stacked rows gives the same numbers in fewer,
+larger passes (measured on SmolLM2's shapes with PyTorch's int8 kernel: 20% less time for
+those products). The stacked layer is an ordinary `nn.Linear`, so quantizing and
+compiling treat it like any other.
+
+Shape legend: K input features, N_i output features of layer i.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def stack_linears(layers: list[nn.Linear]) -> nn.Linear:
+    """One nn.Linear whose output is the layers' outputs concatenated: (sum N_i, K) weight."""
+    first = layers[0]
+    if any(type(layer) is not nn.Linear for layer in layers):
+        raise TypeError("only plain nn.Linear layers are stacked (fuse before quantizing)")
+    if len({layer.in_features for layer in layers}) != 1 or len({layer.bias is None for layer in layers}) != 1:
+        raise ValueError("stacked layers must share their input size and all have a bias or none")
+    stacked = nn.Linear(first.in_features, sum(layer.out_features for layer in layers), bias=first.bias is not None,
+                        device=first.weight.device, dtype=first.weight.dtype)
+    with torch.no_grad():
+        stacked.weight.copy_(torch.cat([layer.weight for layer in layers]))  # (sum N_i, K)
+        if stacked.bias is not None:
+            stacked.bias.copy_(torch.cat([layer.bias for layer in layers]))
+    stacked.requires_grad_(first.weight.requires_grad)
+    return stacked
+
+
+def fuse_projections(model: nn.Module) -> int:
+    """Fuse every layer of `model` that knows how (`fuse_projections()`); returns the count."""
+    fusable = [m for m in model.modules() if callable(getattr(m, "fuse_projections", None)) and m is not model]
+    for module in fusable:
+        module.fuse_projections()
+    return len(fusable)
