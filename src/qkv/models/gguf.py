@@ -1,4 +1,4 @@
-"""Llama-architecture models from GGUF files (llama.cpp's format), read with the `gguf` library.
+"""Llama-architecture models from GGUF files (llama.cpp's format).
 
 A GGUF file holds everything a model needs in one place: the hyperparameters as metadata
 (`llama.block_count`, `llama.attention.head_count`, ...), the tokenizer (tokens, merges,
@@ -11,7 +11,8 @@ half of the head, then second half) into the interleaved one (pairs of neighbour
 `unpermute_rows` puts them back; qkv's RoPE is rotate-half.
 
 This module only reads GGUF files; `qkv.models.loader` (the one loader) finds them by name
-and builds the model. Everything in the file is checked before it is used: metadata types
+and builds the model. The header (metadata and tensor table) is parsed by
+`qkv.models.gguf_header`, the tensors are dequantized by the `gguf` library. Everything in the file is checked before it is used: metadata types
 and ranges, token ids, tensor names and shapes (from the header, before any dequantizing).
 
 Shape legend: V vocabulary, C embedding (hidden size), F feed-forward size, H query heads,
@@ -108,20 +109,18 @@ def is_gguf_file(path: Path) -> bool:
 
 
 def open_gguf(path: Path) -> Any:
-    """A gguf.GGUFReader over `path`; a file that is not GGUF or is cut short -> QkvError."""
-    import gguf
+    """The header of `path` (qkv.models.gguf_header); a file that is not GGUF or is cut short -> QkvError."""
+    from qkv.models.gguf_header import GGUFFormatError, GGUFTruncatedError, read_header
 
     try:
-        reader = gguf.GGUFReader(path)
-    except Exception as error:  # the reader signals bad files with assorted exception types
+        return read_header(path)
+    except GGUFTruncatedError as error:
+        raise QkvError(f"{path} is truncated: {error}") from None
+    except (GGUFFormatError, OSError) as error:
         raise QkvError(
             f"{path} is not a readable GGUF file ({type(error).__name__}: {error}); "
             "it may be truncated or not a GGUF file at all: download it again"
         ) from None
-    end = max((t.data_offset + t.n_bytes for t in reader.tensors), default=0)
-    if end > path.stat().st_size:
-        raise QkvError(f"{path} is truncated: its tensors need {end} bytes, the file has {path.stat().st_size}")
-    return reader
 
 
 def _field(reader: Any, key: str, default: Any = None) -> Any:
@@ -191,7 +190,7 @@ def read_config(reader: Any, path: Path) -> dict[str, Any]:
     if any(t.name == "rope_freqs.weight" for t in reader.tensors):
         raise QkvError(f"{path} carries per-frequency RoPE factors (rope_freqs.weight), which qkv does not read from GGUF")
     tokens = reader.fields.get("tokenizer.ggml.tokens")
-    count = len(tokens.data) if tokens is not None else None
+    count = tokens.count if tokens is not None else None
     if count is None and _field(reader, f"{arch}.vocab_size") is None:
         raise QkvError(f"{path} states no vocabulary size and holds no tokenizer")
     vocab = _int(reader, f"{arch}.vocab_size", path, count, maximum=MAX_VOCAB)
