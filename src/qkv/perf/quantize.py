@@ -103,8 +103,8 @@ class Int8Linear(nn.Module):
         rows = x.reshape(-1, self.in_features)  # (M, K)
         if _INT8_MM is not None and x.device.type == "cpu" and rows.shape[0] <= PROMPT_ROWS:
             y = _INT8_MM(rows, self.weight, self.scales.to(x.dtype)).reshape(*x.shape[:-1], self.out_features)
-        else:
-            y = F.linear(x, self.dequantized(x.dtype))
+        else:  # a prompt: float32 products are fast on every CPU (bfloat16 ones need AMX or AVX-512)
+            y = F.linear(x.float(), self.dequantized(torch.float32)).to(x.dtype)
         return y if self.bias is None else y + self.bias.to(x.dtype)
 
     def extra_repr(self) -> str:
