@@ -76,11 +76,13 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--max-batch", type=int, default=8)
     parser.add_argument("--threads", type=int)
+    parser.add_argument("--dtype", help="the server's --dtype (default: qkv serve's own)")
     parser.add_argument("--timeout", type=float, default=900)
     args = parser.parse_args()
     port = _free_port()
     command = [sys.executable, "-m", "qkv", "serve", "--model", args.model, "--port", str(port),
-               "--max-batch", str(args.max_batch)] + (["--threads", str(args.threads)] if args.threads else [])
+               "--max-batch", str(args.max_batch)] + (["--threads", str(args.threads)] if args.threads else []) + (
+               ["--dtype", args.dtype] if args.dtype else [])
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + args.timeout
     try:
