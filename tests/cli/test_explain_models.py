@@ -183,3 +183,18 @@ def test_bad_input_is_one_line_and_exit_code_2(argv, fragment, capsys, tmp_path,
     err = capsys.readouterr().err
     assert fragment in err and err.count("\n") == 1 and err.startswith("qkv explain: error:")
     assert not (tmp_path / "x.html").exists()
+
+
+def test_keys_png_and_html_beside_the_json(capsys, tiny_llama, tmp_path):
+    folder, _, _ = tiny_llama
+    page, figures = tmp_path / "keys.html", tmp_path / "figs"
+    code = main(["explain", "--model", str(folder), "--keys", "--json", "--png", str(figures),
+                 "--html", str(page), "The cat sat on the mat."])
+    out, err = capsys.readouterr()
+    assert code == 0
+    data = json.loads(out)  # stdout stays the JSON alone; the files are reported on stderr
+    assert "wrote 4 figures" in err and str(page) in err
+    assert sorted(p.name for p in figures.iterdir()) == ["channels.png", "key_norms.png", "rope_bands.png", "sink.png"]
+    text = page.read_text(encoding="utf-8")
+    assert text.count("<tr>") == len(data["summary"]) + 1
+    assert all(f"<td>{row['sink_mass']:.4g}</td>" in text for row in data["summary"])

@@ -48,3 +48,32 @@ def test_gpt2_has_no_rope_and_says_so() -> None:
     assert not anatomy.rope and anatomy.wavelengths is None
     assert all(h.keys_pre_rope is None and h.band_magnitude is None for h in anatomy.heads)
     assert len(anatomy.heads) == 2
+
+
+@torch.no_grad()
+def test_figures_draw_the_anatomy_numbers_and_the_page_holds_the_summary() -> None:
+    import statistics
+
+    from qkv.trace.keys_figures import channels_figure, keys_figures, keys_page, render, sink_figure
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    anatomy = key_anatomy(LlamaForCausalLM(cfg).eval(), torch.randint(0, 97, (1, 20)), name="<tiny & co>")
+    # The channel image of layer 1 is the mean over its KV heads of mean |k|, over the median channel.
+    layer1 = [h.keys.magnitude for h in anatomy.heads if h.layer == 1]
+    mean = [statistics.fmean(c) for c in zip(*layer1)]
+    expected = [m / statistics.median(mean) for m in mean]
+    drawn = channels_figure(anatomy).axes[0].images[0].get_array()[1]
+    assert max(abs(float(a) - b) for a, b in zip(drawn, expected)) < 1e-9
+    sink = sink_figure(anatomy).axes[0].images[0].get_array()
+    for h in anatomy.heads:
+        assert abs(float(sink[h.layer][h.kv_head]) - statistics.fmean(h.sink_mass)) < 1e-12
+    images = render(keys_figures(anatomy))
+    assert set(images) == {"channels", "sink", "key_norms", "rope_bands"}
+    assert all(data[:8] == b"\x89PNG\r\n\x1a\n" for data in images.values())
+    rows = summary_rows(anatomy)
+    page = keys_page(anatomy, rows, images)
+    assert "&lt;tiny &amp; co&gt;" in page and "<tiny" not in page  # the name is escaped
+    assert page.count("<tr>") == len(rows) + 1 and page.count("data:image/png;base64,") == 4
+    assert f"<td>{rows[0]['sink_mass']:.4g}</td>" in page

@@ -55,7 +55,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--keys", action="store_true",
                         help="with --model: the anatomy of its keys per layer and KV head (channel "
                         "magnitudes before/after RoPE, outlier channels, key norms, sink mass, RoPE "
-                        "bands) against its values")
+                        "bands) against its values; with --png DIR and --html FILE also as figures "
+                        "and one self-contained page")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object with every step instead of the tables")
     add_threads_argument(parser)

@@ -1,4 +1,5 @@
-"""`qkv explain --model M --keys`: the anatomy of a model's keys, as a table or JSON."""
+"""`qkv explain --model M --keys`: the anatomy of a model's keys, as a table or JSON, and with
+--png DIR / --html FILE as figures and a self-contained page (qkv.trace.keys_figures)."""
 
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ def run_keys(args: argparse.Namespace) -> int:
     from qkv.cli.explain_model import load_model
     from qkv.trace.keys import OUTLIER_RATIO, key_anatomy, summary_rows
 
-    if args.generate is not None or args.png is not None or args.html is not None:
-        raise QkvError("--keys writes a table or --json; drop --generate, --png and --html")
+    if args.generate is not None:
+        raise QkvError("--keys measures the keys of a text; drop --generate")
     text = args.text if args.text is not None else DEFAULT_TEXT
     if not text.strip():
         raise QkvError("the text is empty: give some words, or none for the default passage")
@@ -43,11 +44,13 @@ def run_keys(args: argparse.Namespace) -> int:
             raise QkvError(f"--layer {args.layer}: {loaded.name} has layers 0 to {max(layers)}")
         anatomy.heads = [h for h in anatomy.heads if h.layer == args.layer]
         rows = [r for r in rows if r["layer"] == args.layer]
+    console = Console(highlight=False)
+    if args.png is not None or args.html is not None:
+        _write_figures(args, anatomy, rows, console)
     if args.json:
         json.dump(anatomy.to_json() | {"summary": rows}, sys.stdout)
         sys.stdout.write("\n")
         return 0
-    console = Console(highlight=False)
     rope = "keys after RoPE (before RoPE in brackets)" if anatomy.rope else (
         "this model has no RoPE (learned absolute positions are added to its input), so keys "
         "have one form")
@@ -76,3 +79,20 @@ def run_keys(args: argparse.Namespace) -> int:
         console.print("Largest RoPE bands (pair index: wavelength in tokens, RMS before RoPE): "
                       + "; ".join(f"{i}: {waves[i]:.0f}, {float(bands[i]):.2f}" for i in order))
     return 0
+
+
+def _write_figures(args: argparse.Namespace, anatomy, rows: list[dict[str, object]], console: Console) -> None:
+    """--png DIR and --html FILE: the anatomy's figures (each file written atomically)."""
+    from qkv.trace.html import write_page
+    from qkv.trace.keys_figures import keys_figures, keys_page, render
+    from qkv.trace.png import write_pngs
+
+    images = render(keys_figures(anatomy))
+    out = sys.stderr if args.json else None  # --json keeps stdout for the JSON alone
+    report = Console(highlight=False, file=out) if out is not None else console
+    if args.png is not None:
+        written = write_pngs(images, args.png)
+        report.print(f"wrote {len(written)} figures into {args.png}: " + ", ".join(p.name for p in written),
+                     soft_wrap=True)
+    if args.html is not None:
+        report.print(f"wrote {write_page(keys_page(anatomy, rows, images), args.html)}", soft_wrap=True)

@@ -1,0 +1,160 @@
+"""Figures and a page for `qkv explain --model M --keys --png DIR --html FILE`.
+
+What the key anatomy (qkv.trace.keys) measures, drawn so the asymmetry between keys and
+values can be seen rather than read off a table:
+- `channels`: per layer (rows) and channel (columns), the mean |x| of keys and of values
+  side by side, each row divided by its median channel: outlier channels are bright stripes
+  in the keys and absent from the values;
+- `sink`: the mean attention weight on the first token, per layer and KV head;
+- `rope_bands` (models with RoPE): the RMS of each rotation pair before RoPE against the
+  pair's wavelength in tokens, averaged over heads;
+- `key_norms`: |k| by position, averaged over heads, so the first token's key stands out.
+
+`keys_page` puts the figures and the summary table (the `--json` summary's numbers) into
+one self-contained HTML file: images inline, every string escaped, nothing fetched.
+
+Shape legend: L layers, H_kv key/value heads per layer, D head size, T tokens.
+"""
+
+from __future__ import annotations
+
+import html
+import statistics
+
+from matplotlib.figure import Figure
+
+from qkv.trace.keys import KeyAnatomy
+from qkv.trace.png import png_bytes
+
+
+def _by_layer(anatomy: KeyAnatomy, values: list[list[float]]) -> list[list[float]]:
+    """Per-head rows averaged over the KV heads of each layer: (L, ...) in layer order."""
+    layers: dict[int, list[list[float]]] = {}
+    for head, row in zip(anatomy.heads, values):
+        layers.setdefault(head.layer, []).append(row)
+    return [[statistics.fmean(column) for column in zip(*rows)] for _, rows in sorted(layers.items())]
+
+
+def _relative(row: list[float]) -> list[float]:
+    median = statistics.median(row) or 1e-12
+    return [v / median for v in row]
+
+
+def channels_figure(anatomy: KeyAnatomy) -> Figure:
+    keys = [_relative(r) for r in _by_layer(anatomy, [h.keys.magnitude for h in anatomy.heads])]  # (L, D)
+    values = [_relative(r) for r in _by_layer(anatomy, [h.values.magnitude for h in anatomy.heads])]
+    top = max(max(max(r) for r in keys), max(max(r) for r in values))
+    fig = Figure(figsize=(11, 1.5 + 0.18 * len(keys)))
+    axes = fig.subplots(1, 2, sharey=True)
+    for ax, data, what in ((axes[0], keys, "keys"), (axes[1], values, "values")):
+        image = ax.imshow(data, aspect="auto", cmap="magma", vmin=0, vmax=top, interpolation="nearest")
+        ax.set_title(f"{what}: mean |x| per channel / median channel")
+        ax.set_xlabel("channel")
+    axes[0].set_ylabel("layer")
+    fig.colorbar(image, ax=list(axes), shrink=0.9)
+    fig.suptitle(f"{anatomy.model}: channel magnitudes over {anatomy.tokens} tokens (mean over KV heads)")
+    return fig
+
+
+def sink_figure(anatomy: KeyAnatomy) -> Figure:
+    layers = sorted({h.layer for h in anatomy.heads})
+    heads = sorted({h.kv_head for h in anatomy.heads})
+    grid = [[float("nan")] * len(heads) for _ in layers]  # (L, H_kv)
+    for h in anatomy.heads:
+        grid[layers.index(h.layer)][heads.index(h.kv_head)] = statistics.fmean(h.sink_mass)
+    fig = Figure(figsize=(2.5 + 0.5 * len(heads), 1.5 + 0.18 * len(layers)))
+    ax = fig.subplots()
+    image = ax.imshow(grid, aspect="auto", cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
+    ax.set_xticks(range(len(heads)), [str(h) for h in heads])
+    ax.set_yticks(range(len(layers)), [str(layer) for layer in layers])
+    ax.set_xlabel("KV head")
+    ax.set_ylabel("layer")
+    ax.set_title("weight on the first token\n(mean over queries and the heads sharing the KV head)")
+    fig.colorbar(image, ax=ax)
+    return fig
+
+
+def rope_bands_figure(anatomy: KeyAnatomy) -> Figure | None:
+    bands = [h.band_magnitude for h in anatomy.heads if h.band_magnitude is not None]
+    if not anatomy.rope or not bands or not anatomy.wavelengths:
+        return None
+    mean = [statistics.fmean(column) for column in zip(*bands)]  # (D/2,)
+    fig = Figure(figsize=(7, 4))
+    ax = fig.subplots()
+    ax.plot(anatomy.wavelengths, mean, marker="o", markersize=3)
+    ax.set_xscale("log")
+    ax.set_xlabel("wavelength of the rotation pair (tokens, log scale)")
+    ax.set_ylabel("RMS of the key pair before RoPE")
+    ax.set_title("RoPE frequency bands against key magnitude (mean over heads)")
+    return fig
+
+
+def key_norms_figure(anatomy: KeyAnatomy) -> Figure:
+    norms = [statistics.fmean(column) for column in zip(*[h.key_norms for h in anatomy.heads])]  # (T,)
+    fig = Figure(figsize=(7, 3.5))
+    ax = fig.subplots()
+    ax.plot(range(len(norms)), norms, marker=".")
+    ax.set_xlabel("position")
+    ax.set_ylabel("|k| (mean over heads)")
+    ax.set_title("key norms by position")
+    return fig
+
+
+def keys_figures(anatomy: KeyAnatomy) -> dict[str, Figure]:
+    figures = {"channels": channels_figure(anatomy), "sink": sink_figure(anatomy),
+               "key_norms": key_norms_figure(anatomy)}
+    bands = rope_bands_figure(anatomy)
+    if bands is not None:
+        figures["rope_bands"] = bands
+    return figures
+
+
+def render(figures: dict[str, Figure]) -> dict[str, bytes]:
+    return {stem: png_bytes(fig) for stem, fig in figures.items()}
+
+
+_COLUMNS = (("layer", "layer"), ("kv_head", "KV head"), ("key_ratio", "key max/median"),
+            ("key_ratio_pre_rope", "before RoPE"), ("key_outliers", "key outlier channels"),
+            ("value_ratio", "value max/median"), ("value_outliers", "value outlier channels"),
+            ("first_key_norm_over_median", "first key norm / median"), ("sink_mass", "sink mass"))
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, list):
+        return ", ".join(str(v) for v in value) or "-"
+    return str(value)
+
+
+def keys_page(anatomy: KeyAnatomy, rows: list[dict[str, object]], images: dict[str, bytes]) -> str:
+    """One self-contained HTML page: the figures inline and the summary table."""
+    import base64
+
+    title = f"Key anatomy of {anatomy.model}"
+    rope = ("keys are measured after RoPE, as queries meet them (the 'before RoPE' column: as "
+            "the projection makes them)") if anatomy.rope else (
+        "this model has no RoPE: learned absolute positions are added to its input, so its keys "
+        "have one form")
+    head = "".join(f"<th>{html.escape(label)}</th>" for _, label in _COLUMNS)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(_cell(row[key]))}</td>" for key, _ in _COLUMNS) + "</tr>"
+        for row in rows
+    )
+    figures = "".join(
+        f'<figure><img alt="{html.escape(stem)}" src="data:image/png;base64,'
+        f'{base64.b64encode(data).decode("ascii")}"><figcaption>{html.escape(stem)}</figcaption></figure>'
+        for stem, data in images.items()
+    )
+    return (
+        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<title>{html.escape(title)}</title><style>"
+        "body{font-family:system-ui,sans-serif;margin:2em;max-width:80em}"
+        "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.2em .5em;text-align:right}"
+        "img{max-width:100%}figure{margin:1em 0}</style></head><body>"
+        f"<h1>{html.escape(title)}</h1><p>{anatomy.tokens} tokens; {html.escape(rope)}. "
+        "An outlier channel has a mean |x| above 4 times the median channel's.</p>"
+        f"{figures}<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></body></html>"
+    )
