@@ -48,11 +48,12 @@ def channels_figure(anatomy: KeyAnatomy) -> Figure:
     axes = fig.subplots(1, 2, sharey=True)
     for ax, data, what in ((axes[0], keys, "keys"), (axes[1], values, "values")):
         image = ax.imshow(data, aspect="auto", cmap="magma", vmin=0, vmax=top, interpolation="nearest")
-        ax.set_title(f"{what}: mean |x| per channel / median channel")
+        ax.set_title(what)
         ax.set_xlabel("channel")
     axes[0].set_ylabel("layer")
     fig.colorbar(image, ax=list(axes), shrink=0.9)
-    fig.suptitle(f"{anatomy.model}: channel magnitudes over {anatomy.tokens} tokens (mean over KV heads)")
+    fig.suptitle(f"{anatomy.model}, {anatomy.tokens} tokens: mean |x| per channel / the median channel "
+                 "(mean over KV heads)")
     return fig
 
 
