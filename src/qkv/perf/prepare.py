@@ -16,7 +16,8 @@ stays within 1% of bfloat16's (measured by `qkv bench`; benchmarks/RESULTS.md).
 
 Every precision first stacks the projections that read the same input (query, key and
 value; a SwiGLU's gate and up) into one layer each (`qkv.fusion`): the same numbers in
-fewer matrix products.
+fewer matrix products. With "float32", layers with at least as many outputs as inputs are
+then stored input-major (`qkv.perf.transposed`), which PyTorch reads faster at batch 1.
 
 compile=True compiles each repeated layer once (`qkv.perf.compile`); where compiling is not
 possible the model stays eager and the report says why. `qkv.generation.warm_up` runs the
@@ -37,6 +38,7 @@ from qkv.fusion import fuse_projections
 from qkv.models.decoder import CausalDecoder
 from qkv.perf.compile import Backend, CompileReport, compile_decoder
 from qkv.perf.quantize import quantize
+from qkv.perf.transposed import store_input_major
 from qkv.precision import DEFAULT_PRECISION, PRECISIONS, QUANTIZED
 
 
@@ -80,6 +82,8 @@ def prepare_for_decoding(
     fuse_projections(model)  # q/k/v and gate/up: one product each (qkv.fusion)
     if precision in QUANTIZED:
         quantize(model, precision)  # from the weights as loaded (float32 for these precisions)
+    elif precision == "float32":
+        store_input_major(model)  # wide layers read faster as x @ W at batch 1 (qkv.perf.transposed)
     # PyTorch's int8/int4 CPU kernels are 8-15x slower with float32 activations than with
     # bfloat16 ones (measured: one 1536x576 row product, 717 us against 88 us for int8), so
     # quantized models run with bfloat16 activations.
