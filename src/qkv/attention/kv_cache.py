@@ -220,7 +220,7 @@ class SlotKVCache(StaticKVCache):
     A whole-batch call writes every row, as in StaticKVCache. While `rows` is set (by
     `DecodeSession.prefill_row` or `DecodeSession.decode(..., rows=)`), a call carries only
     those rows, (b, H_kv, T, D): they are written at their own positions and attention reads
-    those rows only, (b, H_kv, S, D). So a new request is prefilled while the others keep
+    those rows only, (b, H_kv, S, D), and only the first `limit` positions when it is set. So a new request is prefilled while the others keep
     what they hold, and a step decodes the occupied slots, not every slot of the batch. A
     freed row needs no clearing: its next request starts at position 0 and the position
     mask hides the rest.
@@ -229,6 +229,10 @@ class SlotKVCache(StaticKVCache):
     def __init__(self, spec: CacheSpec) -> None:
         super().__init__(spec)
         self.rows: Tensor | None = None  # (b,) the batch rows the next calls carry
+        # With `rows`: how many positions attention reads (None: the capacity). An eager
+        # server sets it to what its longest row needs, so a short chat in a long-context
+        # slot does not read the whole slot every step.
+        self.limit: int | None = None
 
     def update(self, k: Tensor, v: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         rows = self.rows
@@ -247,6 +251,7 @@ class SlotKVCache(StaticKVCache):
         self.k_cache[rows[:, None], :, positions] = k.transpose(1, 2).to(self.k_cache.dtype)  # (b, T, H_kv, D)
         self.v_cache[rows[:, None], :, positions] = v.transpose(1, 2).to(self.v_cache.dtype)
         self.lengths[rows] = positions.max(dim=1).values + 1
-        keys = self.k_cache.index_select(0, rows)  # (b, H_kv, S, D)
-        values = self.v_cache.index_select(0, rows)
-        return keys, values, visible_keys(self.slots, positions)  # (b, 1, T, S)
+        end = s.capacity if self.limit is None else min(self.limit, s.capacity)
+        keys = self.k_cache[:, :, :end].index_select(0, rows)  # (b, H_kv, S, D), S = end
+        values = self.v_cache[:, :, :end].index_select(0, rows)
+        return keys, values, visible_keys(self.slots[:end], positions)  # (b, 1, T, S)

@@ -40,6 +40,9 @@ from qkv.models.decoder import CausalDecoder
 SMALLEST_CAPACITY = 256
 
 
+ROW_REACH_STEP = 64  # calls on some slot rows read keys up to a multiple of this
+
+
 def cache_capacity(tokens: int, context_length: int) -> int:
     """The capacity a session allocates for `tokens` positions: the next power of two, at
     least SMALLEST_CAPACITY, capped at the context length."""
@@ -157,7 +160,7 @@ class DecodeSession:
         t = ids.shape[0]
         self._need(t)
         positions = torch.arange(t, device=self.device)  # (T,)
-        with self._on_rows([row]), torch.inference_mode(), _eager_prompts():
+        with self._on_rows([row], reach=t), torch.inference_mode(), _eager_prompts():
             logits = self.model(ids.to(self.device)[None], positions=positions)  # (1, T, V)
         self.lengths[row] = t
         self._next = None
@@ -200,7 +203,7 @@ class DecodeSession:
                            f"per row, shape ({b},); got {tuple(tokens.shape)}")
         self._need(max(self.lengths[r] for r in rows) + 1)
         positions = torch.tensor([self.lengths[r] for r in rows], device=self.device)[:, None]  # (b, 1)
-        with self._on_rows(rows), torch.inference_mode():
+        with self._on_rows(rows, reach=max(self.lengths[r] for r in rows) + 1), torch.inference_mode():
             logits = self.model(tokens.to(self.device)[:, None], positions=positions)  # (b, 1, V)
         for r in rows:
             self.lengths[r] += 1
@@ -208,19 +211,22 @@ class DecodeSession:
         return logits[:, -1]  # (b, V)
 
     @contextlib.contextmanager
-    def _on_rows(self, rows: list[int]) -> Iterator[None]:
-        """The slot caches carry only `rows` for the calls made inside."""
+    def _on_rows(self, rows: list[int], reach: int) -> Iterator[None]:
+        """The slot caches carry only `rows` for the calls made inside, and attention reads
+        the first `reach` positions, rounded up to a multiple of ROW_REACH_STEP (a few
+        shapes, not one per length) rather than the whole capacity."""
         caches = self.model.caches()
         if not all(isinstance(cache, SlotKVCache) for cache in caches):
             raise QkvError("calls on some rows of the batch need a session with kind=SlotKVCache")
         index = torch.tensor(rows, device=self.device)  # (b,)
+        limit = -(-reach // ROW_REACH_STEP) * ROW_REACH_STEP
         try:
             for cache in caches:
-                cache.rows = index  # type: ignore[attr-defined]
+                cache.rows, cache.limit = index, limit  # type: ignore[attr-defined]
             yield
         finally:
             for cache in caches:
-                cache.rows = None  # type: ignore[attr-defined]
+                cache.rows, cache.limit = None, None  # type: ignore[attr-defined]
 
     # -- helpers ---------------------------------------------------------------------
     def _positions(self) -> Tensor:

@@ -217,8 +217,8 @@ class Engine:
             return
         tokens = torch.tensor([self._rows[row].last for row in running], dtype=torch.long)  # (b,)  # type: ignore[union-attr]
         start = time.perf_counter()
-        # Only the occupied slots step; a full batch takes the plain whole-batch path.
-        logits = self.session.decode(tokens, rows=None if len(running) == self.max_batch else running)  # (b, V)
+        # Only the occupied slots step, and attention reads only what their longest row holds.
+        logits = self.session.decode(tokens, rows=running)  # (b, V)
         for i, row in enumerate(running):
             self._deliver(row, logits[i : i + 1])
         elapsed = time.perf_counter() - start
