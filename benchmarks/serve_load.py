@@ -1,11 +1,15 @@
 """Load generator for `qkv serve`, with the official `openai` client, on loopback only.
 
     python benchmarks/serve_load.py --model smollm2 --clients 1 4 8 --requests 8 --max-tokens 64
+    python benchmarks/serve_load.py --model smollm2 --clients 8 --churn 200 --max-tokens 24
 
 Starts `qkv serve` as a subprocess on a free 127.0.0.1 port, then for each client count
 sends the same `--requests` streaming chat requests from that many threads (greedy, `ignore`
 stop: each answer is cut at --max-tokens or the end token) and reports tokens/s of the
-whole run, p50/p95 time to first token and inter-token latency. Everything is bounded by
+whole run, p50/p95 time to first token and inter-token latency. With --churn N it sends N
+requests from the largest client count instead, closing every fourth mid-stream, and checks
+every completed answer against the prompt's answer alone, the slots (occupancy 0 after) and
+the server's memory (RSS before and after). Everything is bounded by
 --timeout; the server is stopped at the end.
 """
 
@@ -68,6 +72,45 @@ def run(client: OpenAI, model: str, clients: int, requests: int, max_tokens: int
             "itl_p50": _percentile(gaps, 0.5), "itl_p95": _percentile(gaps, 0.95)}
 
 
+def _text(client: OpenAI, model: str, prompt: str, max_tokens: int, cancel_after: int | None = None) -> str | None:
+    """The streamed answer, or None when the stream is closed after `cancel_after` chunks."""
+    parts: list[str] = []
+    stream = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0,
+        stream=True)
+    with stream:
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                parts.append(chunk.choices[0].delta.content)
+                if cancel_after is not None and len(parts) >= cancel_after:
+                    return None  # leaving the block closes the connection mid-stream
+    return "".join(parts)
+
+
+def _rss_mb(pid: int) -> float:
+    for line in open(f"/proc/{pid}/status", encoding="ascii"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def churn(client: OpenAI, model: str, pid: int, clients: int, requests: int, max_tokens: int) -> None:
+    """`requests` requests from `clients` threads, every fourth closed after 3 chunks: each
+    completed answer must equal the same prompt's answer when it ran alone."""
+    alone = {p: _text(client, model, p, max_tokens) for p in PROMPTS}
+    before = _rss_mb(pid)
+    jobs = [(PROMPTS[i % len(PROMPTS)], 3 if i % 4 == 3 else None) for i in range(requests)]
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        answers = list(pool.map(lambda job: _text(client, model, job[0], max_tokens, job[1]), jobs))
+    elapsed = time.perf_counter() - start
+    completed = [(job[0], a) for job, a in zip(jobs, answers) if a is not None]
+    same = sum(a == alone[p] for p, a in completed)
+    print(f"churn: {requests} requests from {clients} clients in {elapsed:.1f} s, "
+          f"{requests - len(completed)} cancelled mid-stream, {len(completed)} completed, "
+          f"{same} of them equal to the prompt's answer alone; server RSS {before:.0f} -> {_rss_mb(pid):.0f} MB")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2")
@@ -78,6 +121,8 @@ def main() -> int:
     parser.add_argument("--threads", type=int)
     parser.add_argument("--dtype", help="the server's --dtype (default: qkv serve's own)")
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--churn", type=int, metavar="N",
+                        help="instead: N requests from the largest client count, a quarter closed mid-stream")
     args = parser.parse_args()
     port = _free_port()
     command = [sys.executable, "-m", "qkv", "serve", "--model", args.model, "--port", str(port),
@@ -96,13 +141,10 @@ def main() -> int:
                 time.sleep(0.2)
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=args.timeout)
         one(client, name, "Hi", 4)  # warm-up
-        print("| clients | tokens | seconds | tokens/s | TTFT p50 / p95 (s) | inter-token p50 / p95 (ms) |")
-        print("|---|---|---|---|---|---|")
-        for clients in args.clients:
-            r = run(client, name, clients, args.requests, args.max_tokens)
-            print(f"| {clients} | {r['tokens']} | {r['seconds']:.1f} | {r['tokens_per_s']:.1f} | "
-                  f"{r['ttft_p50']:.2f} / {r['ttft_p95']:.2f} | {1000 * r['itl_p50']:.0f} / {1000 * r['itl_p95']:.0f} |",
-                  flush=True)
+        if args.churn:
+            churn(client, name, server.pid, max(args.clients), args.churn, args.max_tokens)
+        else:
+            table(client, name, args)
         occupancy = [line for line in httpx.get(f"http://127.0.0.1:{port}/metrics").text.splitlines()
                      if line.startswith("qkv_batch_occupancy ")]
         print(occupancy[0])
@@ -113,6 +155,16 @@ def main() -> int:
         except subprocess.TimeoutExpired:
             server.kill()
     return 0
+
+
+def table(client: OpenAI, name: str, args: argparse.Namespace) -> None:
+    print("| clients | tokens | seconds | tokens/s | TTFT p50 / p95 (s) | inter-token p50 / p95 (ms) |")
+    print("|---|---|---|---|---|---|")
+    for clients in args.clients:
+        r = run(client, name, clients, args.requests, args.max_tokens)
+        print(f"| {clients} | {r['tokens']} | {r['seconds']:.1f} | {r['tokens_per_s']:.1f} | "
+              f"{r['ttft_p50']:.2f} / {r['ttft_p95']:.2f} | {1000 * r['itl_p50']:.0f} / {1000 * r['itl_p95']:.0f} |",
+              flush=True)
 
 
 if __name__ == "__main__":
