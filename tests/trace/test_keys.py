@@ -54,7 +54,8 @@ def test_gpt2_has_no_rope_and_says_so() -> None:
 def test_figures_draw_the_anatomy_numbers_and_the_page_holds_the_summary() -> None:
     import statistics
 
-    from qkv.trace.keys_figures import channels_figure, keys_figures, keys_page, render, sink_figure
+    from qkv.trace.keys_figures import channels_figure, keys_figures, keys_page, sink_figure
+    from qkv.trace.png import render_pngs
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -69,7 +70,7 @@ def test_figures_draw_the_anatomy_numbers_and_the_page_holds_the_summary() -> No
     sink = sink_figure(anatomy).axes[0].images[0].get_array()
     for h in anatomy.heads:
         assert abs(float(sink[h.layer][h.kv_head]) - statistics.fmean(h.sink_mass)) < 1e-12
-    images = render(keys_figures(anatomy))
+    images = render_pngs(keys_figures(anatomy))
     assert set(images) == {"channels", "sink", "key_norms", "rope_bands"}
     assert all(data[:8] == b"\x89PNG\r\n\x1a\n" for data in images.values())
     rows = summary_rows(anatomy)

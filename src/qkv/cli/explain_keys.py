@@ -84,12 +84,11 @@ def run_keys(args: argparse.Namespace) -> int:
 def _write_figures(args: argparse.Namespace, anatomy, rows: list[dict[str, object]], console: Console) -> None:
     """--png DIR and --html FILE: the anatomy's figures (each file written atomically)."""
     from qkv.trace.html import write_page
-    from qkv.trace.keys_figures import keys_figures, keys_page, render
-    from qkv.trace.png import write_pngs
+    from qkv.trace.keys_figures import keys_figures, keys_page
+    from qkv.trace.png import render_pngs, write_pngs
 
-    images = render(keys_figures(anatomy))
-    out = sys.stderr if args.json else None  # --json keeps stdout for the JSON alone
-    report = Console(highlight=False, file=out) if out is not None else console
+    images = render_pngs(keys_figures(anatomy))
+    report = Console(highlight=False, file=sys.stderr) if args.json else console  # --json: stdout is the JSON alone
     if args.png is not None:
         written = write_pngs(images, args.png)
         report.print(f"wrote {len(written)} figures into {args.png}: " + ", ".join(p.name for p in written),

@@ -201,9 +201,10 @@ class DecodeSession:
         if tokens.shape != (b,) or len(set(rows)) != b or not all(0 <= r < self.batch_size for r in rows):
             raise QkvError(f"decode on rows {rows} takes distinct rows in 0..{self.batch_size - 1} and one token "
                            f"per row, shape ({b},); got {tuple(tokens.shape)}")
-        self._need(max(self.lengths[r] for r in rows) + 1)
+        reach = max(self.lengths[r] for r in rows) + 1
+        self._need(reach)
         positions = torch.tensor([self.lengths[r] for r in rows], device=self.device)[:, None]  # (b, 1)
-        with self._on_rows(rows, reach=max(self.lengths[r] for r in rows) + 1), torch.inference_mode():
+        with self._on_rows(rows, reach=reach), torch.inference_mode():
             logits = self.model(tokens.to(self.device)[:, None], positions=positions)  # (b, 1, V)
         for r in rows:
             self.lengths[r] += 1

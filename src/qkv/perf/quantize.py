@@ -175,12 +175,14 @@ def int4_available() -> bool:
     return _INT4_PACK is not None and _INT4_MM is not None
 
 
-def _replace_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> int:
-    """Replace every nn.Linear of `model` by make(linear), in place. Returns the count."""
+def replace_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module],
+                    where: Callable[[nn.Linear], bool] = lambda linear: True) -> int:
+    """Replace every nn.Linear of `model` for which where(linear) holds by make(linear), in
+    place. Returns the count."""
     count = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear:
+            if type(child) is nn.Linear and where(child):
                 setattr(parent, name, make(child))
                 count += 1
     return count
@@ -204,6 +206,6 @@ def quantize(model: nn.Module, kind: str, *, group_size: int = INT4_GROUP) -> nn
         return Int8Linear.from_linear(linear)
 
     with torch.no_grad():
-        if _replace_linears(model, make) == 0:
+        if replace_linears(model, make) == 0:
             raise ValueError("quantize found no nn.Linear layer in the model")
     return model

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from qkv.perf.quantize import replace_linears
+
 
 class InputMajorLinear(nn.Module):
     """y = x @ weight_t + bias with weight_t stored (K, N) contiguous (see the module docstring)."""
@@ -41,10 +43,5 @@ class InputMajorLinear(nn.Module):
 def store_input_major(model: nn.Module) -> int:
     """Replace every float nn.Linear with out_features >= in_features by an InputMajorLinear,
     in place (a tied output head gets its own copy). Returns the count."""
-    count = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear and child.out_features >= child.in_features and child.weight.is_floating_point():
-                setattr(parent, name, InputMajorLinear(child))
-                count += 1
-    return count
+    return replace_linears(model, InputMajorLinear, where=lambda linear: (
+        linear.out_features >= linear.in_features and linear.weight.is_floating_point()))

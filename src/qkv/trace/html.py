@@ -34,7 +34,7 @@ from qkv.trace.recorder import LayerTrace, Trace
 _SHOWN_DIMS = 8
 
 
-def _data_uri(png: bytes) -> str:
+def data_uri(png: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
@@ -391,7 +391,7 @@ def build_page(
     row["_q"] = query
     if images is None:
         images = render_pngs(layer_figures(focus_layer, tokens, head, query))
-    figures = [{"caption": _CAPTIONS[stem], "uri": _data_uri(data)} for stem, data in images.items()]
+    figures = [{"caption": _CAPTIONS[stem], "uri": data_uri(data)} for stem, data in images.items()]
     layers = []
     for recorded in trace.layers:
         summary = layer_summary(recorded)

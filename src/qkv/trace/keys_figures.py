@@ -23,8 +23,8 @@ import statistics
 
 from matplotlib.figure import Figure
 
+from qkv.trace.html import data_uri
 from qkv.trace.keys import KeyAnatomy
-from qkv.trace.png import png_bytes
 
 
 def _by_layer(anatomy: KeyAnatomy, values: list[list[float]]) -> list[list[float]]:
@@ -110,10 +110,6 @@ def keys_figures(anatomy: KeyAnatomy) -> dict[str, Figure]:
     return figures
 
 
-def render(figures: dict[str, Figure]) -> dict[str, bytes]:
-    return {stem: png_bytes(fig) for stem, fig in figures.items()}
-
-
 _COLUMNS = (("layer", "layer"), ("kv_head", "KV head"), ("key_ratio", "key max/median"),
             ("key_ratio_pre_rope", "before RoPE"), ("key_outliers", "key outlier channels"),
             ("value_ratio", "value max/median"), ("value_outliers", "value outlier channels"),
@@ -132,8 +128,6 @@ def _cell(value: object) -> str:
 
 def keys_page(anatomy: KeyAnatomy, rows: list[dict[str, object]], images: dict[str, bytes]) -> str:
     """One self-contained HTML page: the figures inline and the summary table."""
-    import base64
-
     title = f"Key anatomy of {anatomy.model}"
     rope = ("keys are measured after RoPE, as queries meet them (the 'before RoPE' column: as "
             "the projection makes them)") if anatomy.rope else (
@@ -145,8 +139,8 @@ def keys_page(anatomy: KeyAnatomy, rows: list[dict[str, object]], images: dict[s
         for row in rows
     )
     figures = "".join(
-        f'<figure><img alt="{html.escape(stem)}" src="data:image/png;base64,'
-        f'{base64.b64encode(data).decode("ascii")}"><figcaption>{html.escape(stem)}</figcaption></figure>'
+        f'<figure><img alt="{html.escape(stem)}" src="{data_uri(data)}">'
+        f'<figcaption>{html.escape(stem)}</figcaption></figure>'
         for stem, data in images.items()
     )
     return (
