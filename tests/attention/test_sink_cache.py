@@ -87,3 +87,88 @@ def test_within_the_window_a_sink_cache_is_the_full_cache_and_it_runs_past_its_c
     narrow = run(SinkKVCache.kind(sinks=2, window=30))  # 32 slots, 120 positions: runs on
     assert torch.allclose(full[:, :32], narrow[:, :32], atol=1e-5)
     assert not torch.allclose(full[:, 60:], narrow[:, 60:], atol=1e-3)
+
+
+def streaming_reference(layer, rotary, x: torch.Tensor, chunks: list[int], sinks: int, window: int) -> torch.Tensor:
+    """StreamingLLM's attention, written out: a chunk starting at true position p0 moves
+    every position back by shift = max(0, p0 - sinks - window) before rotating, except
+    the sinks', and each query p attends to keys k <= p with k < sinks or k > p - window."""
+    from qkv.attention.rope import apply_rope
+
+    b, n, _ = x.shape
+    q, k, v = layer.project(x)
+    q = q.view(b, n, layer.num_heads, layer.head_dim).transpose(1, 2)  # (B, H, N, D)
+    k = k.view(b, n, layer.num_kv_heads, layer.head_dim).transpose(1, 2)  # (B, H_kv, N, D)
+    v = v.view(b, n, layer.num_kv_heads, layer.head_dim).transpose(1, 2)
+    group = layer.num_heads // layer.num_kv_heads
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)  # (B, H, N, D)
+    outs, start = [], 0
+    for size in chunks:
+        shift = max(0, start - sinks - window)
+        for p in range(start, start + size):
+            keys = [j for j in range(p + 1) if j < sinks or j > p - window]
+            key_pos = torch.tensor([j if j < sinks else j - shift for j in keys])
+            cos_k, sin_k = rotary(key_pos)
+            cos_q, sin_q = rotary(torch.tensor([p - shift]))
+            qp = apply_rope(q[:, :, p:p + 1], cos_q, sin_q)  # (B, H, 1, D)
+            kp = apply_rope(k[:, :, keys], cos_k, sin_k)  # (B, H, S, D)
+            weights = (qp @ kp.transpose(-1, -2) / layer.head_dim ** 0.5).softmax(-1)
+            outs.append(weights @ v[:, :, keys])  # (B, H, 1, D)
+        start += size
+    context = torch.cat(outs, dim=2).transpose(1, 2).reshape(b, n, -1)  # (B, N, H*D)
+    return layer.o_proj(context)
+
+
+@pytest.mark.parametrize("chunks", [[1] * 60, [13, 1, 1, 30, 5, 10], [9, 9, 9, 9, 9, 9, 6]])
+@torch.no_grad()
+def test_with_rope_keys_are_rotated_by_their_place_in_the_cache(chunks: list[int]) -> None:
+    from qkv.attention.grouped_query import GroupedQueryAttention
+    from qkv.attention.rope import RotaryEmbedding
+
+    torch.manual_seed(0)
+    layer = GroupedQueryAttention(32, 4, num_kv_heads=2, backend="explicit").eval()
+    rotary = RotaryEmbedding(8, theta=100.0)
+    sinks, window = 3, 9
+    cache = layer.setup_cache(1, 64, dtype=torch.float32, device=torch.device("cpu"),
+                              kind=SinkKVCache.kind(sinks=sinks, window=window), rotary=rotary)
+    assert cache.rotates_keys
+    x = torch.randn(1, sum(chunks), 32)
+    outs, start = [], 0
+    for size in chunks:
+        pos = torch.arange(start, start + size)
+        rope_pos = cache.rope_positions(pos)
+        assert int(rope_pos.max()) < sinks + window + size  # never past what the cache spans
+        cos, sin = rotary(rope_pos)
+        outs.append(layer(x[:, start:start + size], cos=cos, sin=sin, positions=pos))
+        start += size
+    expected = streaming_reference(layer, rotary, x, chunks, sinks, window)
+    assert torch.allclose(torch.cat(outs, dim=1), expected, atol=1e-5)
+
+
+@torch.no_grad()
+def test_a_rope_model_streams_past_its_context_length() -> None:
+    from qkv.generation import generate
+
+    model = tiny_llama()  # context length 256
+    kind = SinkKVCache.kind(sinks=4, window=60)
+    assert model.streams_past_context(kind)
+    prompt = torch.randint(0, 97, (1, 150))  # prefilled in parts of one window
+    out = generate(model, prompt, 300, kv_cache=kind)
+    assert out.shape == (1, 450)
+    # While everything fits in sinks + window, the sink cache is the full cache.
+    short = torch.randint(0, 97, (1, 20))
+    assert torch.equal(generate(model, short, 40, kv_cache=kind), generate(model, short, 40))
+
+
+def test_learned_positions_cannot_stream_past_the_context() -> None:
+    from qkv.errors import QkvError
+    from qkv.generation import generate
+    from qkv.models.gpt2 import GPTModel
+    from qkv.models.gpt2_config import GPTConfig
+
+    torch.manual_seed(0)
+    model = GPTModel(GPTConfig(vocab_size=97, context_length=64, emb_dim=32, n_heads=4, n_layers=1))
+    kind = SinkKVCache.kind(sinks=4, window=28)
+    assert not model.streams_past_context(kind)
+    with pytest.raises(QkvError, match="context length"):
+        generate(model, torch.randint(0, 97, (1, 40)), 40, kv_cache=kind)

@@ -29,7 +29,7 @@ from qkv.attention.kernels import BACKENDS, Backend, attention
 from qkv.attention.kv_cache import CacheKind, CacheSpec, KVCache, StaticKVCache
 from qkv.attention.ring import Ring
 from qkv.attention.rmsnorm import RMSNorm
-from qkv.attention.rope import apply_rope
+from qkv.attention.rope import RotaryEmbedding, apply_rope
 from qkv.fusion import stack_linears
 
 
@@ -119,10 +119,12 @@ class GroupedQueryAttention(nn.Module):
         device: torch.device,
         kind: CacheKind = StaticKVCache,
         layer_index: int = 0,
+        rotary: RotaryEmbedding | None = None,
     ) -> KVCache:
-        """Attach a cache of `kind` sized for this layer (see qkv.attention.kv_cache)."""
+        """Attach a cache of `kind` sized for this layer (see qkv.attention.kv_cache);
+        `rotary` is the model's RoPE, for kinds that rotate keys as they read them."""
         spec = CacheSpec(batch_size, self.num_kv_heads, capacity, self.head_dim, self.head_dim,
-                         dtype, torch.device(device), layer_index)
+                         dtype, torch.device(device), layer_index, rotary)
         self.kv_cache = kind(spec)
         return self.kv_cache
 
@@ -156,7 +158,8 @@ class GroupedQueryAttention(nn.Module):
         v = v.transpose(1, 2)  # (B, H_kv, T, D)
         if cos is not None and sin is not None:
             q = apply_rope(q, cos, sin)
-            k = apply_rope(k, cos, sin)
+            if self.kv_cache is None or not self.kv_cache.rotates_keys:  # else the cache rotates them
+                k = apply_rope(k, cos, sin)
         if self.kv_cache is not None:
             if positions is None:  # a direct call: the tokens follow what the cache holds
                 start = self.kv_cache.length

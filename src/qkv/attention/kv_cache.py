@@ -29,9 +29,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from qkv.attention.rope import RotaryEmbedding
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,9 @@ class CacheSpec:
     dtype: torch.dtype
     device: torch.device
     layer_index: int = 0
+    # The model's RoPE (None without RoPE): a kind that rotates keys itself when it reads
+    # them (`KVCache.rotates_keys`) needs it; the others ignore it.
+    rotary: RotaryEmbedding | None = None
 
     def __post_init__(self) -> None:
         sizes = {
@@ -109,6 +116,22 @@ class KVCache(nn.Module, ABC):
     @property
     def batch_size(self) -> int:
         return self.spec.batch_size
+
+    @property
+    def rotates_keys(self) -> bool:
+        """True when the cache takes keys before RoPE and rotates them itself as it reads
+        them; the layer then rotates only its queries, at `rope_positions(positions)`."""
+        return False
+
+    def rope_positions(self, positions: Tensor) -> Tensor:
+        """The positions RoPE rotates the new tokens' queries by: their true positions,
+        unless the kind re-numbers what it holds (a sink cache past its size)."""
+        return positions
+
+    @property
+    def prefill_chunk(self) -> int | None:
+        """The most new tokens one call may carry (None: no limit)."""
+        return None
 
     def check_input(self, k: Tensor, v: Tensor, positions: Tensor) -> None:
         """Shapes only (no tensor is read): a wrong call fails with a line naming it."""

@@ -8,16 +8,21 @@ sinks); dropping them when a window slides past them is what makes window attent
 collapse. Keeping them, plus the newest `window` tokens, lets generation run on past the
 cache's capacity with a fixed memory.
 
-Positions: keys arrive rotated (RoPE applied by the layer at their true positions) and are
-stored as they are, position p at slot p for a sink, slot sinks + (p - sinks) % window
-otherwise. Queries are rotated at their true positions too, so every query-key pair sees
-its true relative distance: exact for the window, and the sinks sit at their true (far)
-distance. StreamingLLM instead stores keys unrotated and rotates them by their slot, so
-that no distance exceeds the cache size (needed to go past a model's trained context);
-that needs the layer to hand over pre-RoPE keys, and the layer's interface is kept here.
-transformers' SinkCache re-rotated keys it had already rotated and mixed the two up.
-Because positions keep growing, `max_position` is unbounded: the model's context length
-is then the only limit on positions.
+Positions, with RoPE (the model hands the cache its rotary embedding): keys are stored
+*unrotated* and rotated when read, by a position inside the cache rather than their true
+one (StreamingLLM's scheme). For a call whose first new token sits at true position p0, the
+cache subtracts shift = max(0, p0 - sinks - window) from every position it rotates by:
+window keys (true positions >= p0 - window) then sit at sinks .. sinks + window - 1, the new
+tokens just after, and the sinks keep 0 .. sinks - 1. Queries are rotated at the same
+shifted positions (`rope_positions`), so every query-window pair keeps its exact true
+distance, while sinks sit at most sinks + window + T positions away, and no rotation angle
+ever exceeds what the model was trained on: generation goes on past the model's context
+length. Rotating keys at their true positions instead would put the sinks ever further away
+and, past the context length, at angles the model has never seen. transformers' SinkCache
+re-rotated keys it had already rotated and mixed the two up; storing them unrotated makes
+each read one rotation from the raw key, so no rounding accumulates.
+Without RoPE (GPT-2's learned positions are baked into its keys) keys are stored as given
+and true positions apply, so the model's context length stays the limit.
 
 `update` answers with the cache's slots before the write followed by the new tokens
 (S = sinks + window + T), and the mask: a query at position p sees a key at position k
@@ -38,6 +43,7 @@ import torch
 from torch import Tensor
 
 from qkv.attention.kv_cache import CacheKind, CacheSpec, KVCache
+from qkv.attention.rope import apply_rope
 
 
 class SinkKVCache(KVCache):
@@ -66,9 +72,31 @@ class SinkKVCache(KVCache):
         self.register_buffer("next_position", torch.zeros((), dtype=torch.long, device=s.device),
                              persistent=False)
 
+    # A kind whose positions are not bounded by its size (see `streams_past_context`).
+    streams = True
+
     @classmethod
     def kind(cls, *, sinks: int = 4, window: int = 252) -> CacheKind:
         return functools.partial(cls, sinks=sinks, window=window)
+
+    @property
+    def rotates_keys(self) -> bool:
+        return self.spec.rotary is not None
+
+    def _shift(self, positions: Tensor) -> Tensor:
+        """() how far this call's positions are moved back before rotating (see the module
+        docstring); computed from the first new position, without reading it into Python."""
+        return (positions[0] - (self.sinks + self.window)).clamp(min=0)
+
+    def rope_positions(self, positions: Tensor) -> Tensor:
+        if not self.rotates_keys:
+            return positions
+        return positions - self._shift(positions)
+
+    @property
+    def prefill_chunk(self) -> int:
+        # Longer calls would rotate new tokens beyond sinks + 2 * window.
+        return self.window
 
     @property
     def capacity(self) -> int:
@@ -91,6 +119,11 @@ class SinkKVCache(KVCache):
         keys = torch.cat([self.k_cache, k], dim=2)  # (B, H_kv, S, D)
         values = torch.cat([self.v_cache, v], dim=2)  # (B, H_kv, S, D_v)
         key_pos = torch.cat([self.key_positions, positions.long()])  # (S,)
+        if self.spec.rotary is not None:  # rotate by positions inside the cache
+            shift = self._shift(positions.long())
+            read_pos = torch.where(key_pos < self.sinks, key_pos, key_pos - shift).clamp(min=0)  # (S,)
+            cos, sin = self.spec.rotary(read_pos, dtype=keys.dtype)  # (S, D)
+            keys = apply_rope(keys, cos, sin)
         q = positions.long()[:, None]  # (T, 1)
         kp = key_pos[None, :]  # (1, S)
         visible = (kp >= 0) & (kp <= q) & ((kp < self.sinks) | (kp > q - self.window))  # (T, S)
@@ -109,7 +142,14 @@ class SinkKVCache(KVCache):
         self.key_positions.fill_(-1)
         self.next_position.zero_()
 
+    def truncate(self, length: int) -> None:
+        """Forget positions >= length. Positions the window already evicted stay lost, so
+        after a rewind the window holds fewer tokens until new ones refill it."""
+        self.key_positions.masked_fill_(self.key_positions >= length, -1)
+        self.next_position.clamp_(max=length)
+
     def contents(self) -> tuple[Tensor, Tensor]:
+        """Held keys (unrotated when the cache rotates them itself) and values, oldest first."""
         held = (self.key_positions >= 0).nonzero().squeeze(1)  # (n,)
         order = held[self.key_positions[held].argsort()]
         return self.k_cache[:, :, order], self.v_cache[:, :, order]

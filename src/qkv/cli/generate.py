@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     if not prompt_ids:
         raise QkvError("the prompt encodes to no tokens; give some text with --prompt")
     input_ids = torch.tensor([prompt_ids])  # (1, T)
-    check_request(model, input_ids, args.max_new_tokens)  # before a compile is paid for
+    check_request(model, input_ids, args.max_new_tokens, kind=kind or StaticKVCache)  # before a compile is paid for
     speed = apply_speed_options(model, args)
     tokens = stream(
         model, input_ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,

@@ -22,6 +22,7 @@ Shape legend: B batch, T prompt tokens, N new tokens, V vocabulary.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -35,9 +36,10 @@ from qkv.models.decoder import CausalDecoder
 
 
 def check_request(model: CausalDecoder, input_ids: Tensor, max_new_tokens: int,
-                  attention_mask: Tensor | None = None) -> None:
-    """What `stream` checks before anything runs: ids, token counts against the context, the
-    padding mask. Commands call it before preparing (compiling) a model."""
+                  attention_mask: Tensor | None = None, kind: CacheKind = StaticKVCache) -> None:
+    """What `stream` checks before anything runs: ids, token counts against the context
+    (unless caches of `kind` stream past it), the padding mask. Commands call it before
+    preparing (compiling) a model."""
     if input_ids.dim() != 2 or input_ids.shape[1] < 1 or input_ids.dtype not in (torch.int64, torch.int32):
         raise QkvError(
             f"input_ids must be a non-empty (batch, tokens) integer tensor, got {input_ids.dtype} "
@@ -46,6 +48,8 @@ def check_request(model: CausalDecoder, input_ids: Tensor, max_new_tokens: int,
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise QkvError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
     t, context = input_ids.shape[1], model.context_length
+    if model.streams_past_context(kind):
+        context = sys.maxsize  # the cache evicts old tokens (and feeds a long prompt in parts)
     if t > context:
         raise QkvError(f"the prompt has {t} tokens, more than the model's context length ({context}); shorten it")
     if t + max_new_tokens > context:
@@ -137,7 +141,7 @@ def stream(
     Arguments are checked at the call, before the first token is asked for. The model is
     put in eval mode and given caches for the duration (a `DecodeSession`), then restored.
     """
-    check_request(model, input_ids, max_new_tokens, attention_mask)
+    check_request(model, input_ids, max_new_tokens, attention_mask, kv_cache)
     sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     ids, lengths = _right_aligned(input_ids.to(next(model.parameters()).device), attention_mask)
     if max_new_tokens == 0:
@@ -149,7 +153,7 @@ def stream(
 
 def _cached(model: CausalDecoder, ids: Tensor, lengths: list[int], max_new_tokens: int,
             sampling: Sampling, stop: tuple[int, ...], kind: CacheKind = StaticKVCache) -> Iterator[Tensor]:
-    capacity = ids.shape[1] + max_new_tokens
+    capacity = min(ids.shape[1] + max_new_tokens, model.context_length)  # a sink cache may go past it
     with DecodeSession(model, batch_size=ids.shape[0], capacity=capacity, kind=kind) as session:
         logits = session.prefill(ids, lengths=lengths)
         yield from continue_from(session, logits, max_new_tokens, sampling=sampling, stop=stop)

@@ -141,11 +141,19 @@ class DecodeSession:
         if any(n != start for n in self.lengths):
             raise QkvError("a prompt can follow only rows of equal length; reset the session first")
         self._need(start + t)
-        positions = torch.arange(start, start + t, device=self.device)  # (T,)
+        caches = self.model.caches()
+        step = (caches[0].prefill_chunk if caches else None) or t  # a sink cache: a window at a time
+        if step < t and lengths != [t] * b:
+            raise QkvError(f"prompts longer than {step} tokens are prefilled in parts, which needs rows "
+                           "of equal length; prefill them one at a time")
         with torch.inference_mode(), _eager_prompts():
-            logits = self.model(ids.to(self.device), positions=positions)  # (B, T, V)
+            for begin in range(0, t, step):
+                end = min(begin + step, t)
+                positions = torch.arange(start + begin, start + end, device=self.device)  # (t',)
+                logits = self.model(ids[:, begin:end].to(self.device), positions=positions)  # (B, t', V)
         self.lengths = [start + n for n in lengths]
-        last = torch.tensor([n - 1 for n in lengths], device=self.device)  # (B,)
+        skipped = t - logits.shape[1]  # tokens of earlier parts
+        last = torch.tensor([n - 1 - skipped for n in lengths], device=self.device)  # (B,)
         self._next = self._positions()
         return logits[torch.arange(b, device=self.device), last]  # (B, V)
 
@@ -237,6 +245,8 @@ class DecodeSession:
         return torch.tensor(self.lengths, device=self.device)[:, None]  # (B, 1)
 
     def _need(self, positions: int) -> None:
+        if self._open and self.model.streams_past_context(self.kind):
+            return  # a sink cache evicts old tokens: any length goes
         if positions > self.capacity:
             raise QkvError(
                 f"{positions} tokens exceed this session's KV cache ({self.capacity} positions); "

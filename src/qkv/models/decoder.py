@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from qkv.attention.kv_cache import CacheKind, KVCache, StaticKVCache
+from qkv.attention.rope import RotaryEmbedding
 
 
 def key_mask(mask: Tensor | None) -> Tensor | None:
@@ -59,6 +60,31 @@ class CausalDecoder(nn.Module, metaclass=ABCMeta):
     def context_length(self) -> int:
         """The most positions the model can attend over."""
 
+    def rotary_embedding(self) -> RotaryEmbedding | None:
+        """The model's RoPE, handed to caches that rotate keys themselves (None: no RoPE)."""
+        return None
+
+    def streams_past_context(self, kind: CacheKind) -> bool:
+        """Whether caches of `kind` let this model run past its context length: a kind that
+        evicts old tokens (`streams`) on a model with RoPE, where the cache re-numbers the
+        positions it rotates by. Learned absolute positions (GPT-2) cannot be re-numbered."""
+        cls = getattr(kind, "func", kind)  # a kind is a class or a functools.partial of one
+        return bool(getattr(cls, "streams", False)) and self.rotary_embedding() is not None
+
+    def rope_positions(self, positions: Tensor) -> Tensor:
+        """The positions RoPE rotates the new tokens by (the caches' say; see KVCache)."""
+        caches = self.caches()
+        return caches[0].rope_positions(positions) if caches else positions
+
+    def position_limit(self) -> int:
+        """One past the furthest true position a call may reach with the attached caches."""
+        caches = self.caches()
+        if not caches:
+            return self.context_length
+        if caches[0].rotates_keys:  # rotation stays inside the cache: no context limit
+            return caches[0].max_position
+        return min(self.context_length, caches[0].max_position)
+
     def setup_cache(
         self,
         batch_size: int,
@@ -78,8 +104,10 @@ class CausalDecoder(nn.Module, metaclass=ABCMeta):
         reference = next(self.parameters())
         dtype = reference.dtype if dtype is None else dtype
         device = reference.device if device is None else torch.device(device)
+        rotary = self.rotary_embedding()
         for index, layer in enumerate(self.attention_layers()):
-            layer.setup_cache(batch_size, capacity, dtype=dtype, device=device, kind=kind, layer_index=index)
+            layer.setup_cache(batch_size, capacity, dtype=dtype, device=device, kind=kind, layer_index=index,
+                              rotary=rotary)
 
     def caches(self) -> list[KVCache]:
         return [layer.kv_cache for layer in self.attention_layers() if layer.kv_cache is not None]
@@ -128,11 +156,20 @@ class CausalDecoder(nn.Module, metaclass=ABCMeta):
             raise ValueError(
                 f"positions must have shape ({t},) or (batch, {t}), got {tuple(positions.shape)}"
             )
-        furthest = int(positions.max()) + 1 if positions.numel() else 0
-        limit = min([self.context_length] + [cache.max_position for cache in caches[:1]])
+        if positions.numel():
+            rope = caches[0].rope_positions(positions) if caches else positions
+            furthest, rope_furthest = (int(n) + 1 for n in torch.stack([positions.max(), rope.max()]).tolist())
+        else:
+            furthest = rope_furthest = 0
+        limit = self.position_limit()
         if furthest > limit:
             what = "context length" if limit == self.context_length else "KV cache's capacity"
             raise ValueError(
                 f"{furthest} tokens exceed the model's {what} ({limit}); shorten the input"
+            )
+        if rope_furthest > self.context_length:
+            raise ValueError(
+                f"this call rotates tokens up to position {rope_furthest}, past the model's context "
+                f"length ({self.context_length}); feed fewer tokens per call"
             )
         return positions

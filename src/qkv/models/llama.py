@@ -109,6 +109,9 @@ class LlamaForCausalLM(CausalDecoder):
     def context_length(self) -> int:
         return self.cfg.max_position_embeddings
 
+    def rotary_embedding(self) -> RotaryEmbedding:
+        return self.model.rotary_emb
+
     def attention_layers(self) -> Iterator[GroupedQueryAttention]:
         return (layer.self_attn for layer in self.model.layers)
 
@@ -117,7 +120,7 @@ class LlamaForCausalLM(CausalDecoder):
     ) -> Tensor:
         positions, mask = self.call_arguments(input_ids, positions, mask)  # (T,) or (B, T); bool
         x = self.model.embed_tokens(input_ids)  # (B, T, C)
-        cos, sin = self.model.rotary_emb(positions, dtype=x.dtype)  # (T, D) or (B, T, D)
+        cos, sin = self.model.rotary_emb(self.rope_positions(positions), dtype=x.dtype)  # (T, D) or (B, T, D)
         for layer in self.model.layers:
             x = layer(x, cos=cos, sin=sin, mask=mask, positions=positions)
         return self.lm_head(self.model.norm(x))  # (B, T, V)
