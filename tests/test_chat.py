@@ -9,6 +9,7 @@ import torch
 
 from qkv.chat import ChatModel, ChatSession, ChatTemplate, Sampling
 from qkv.errors import QkvError
+from qkv.long_text import long_text
 
 smollm2 = pytest.mark.xdist_group("smollm2")
 
@@ -130,8 +131,44 @@ def test_stopping_a_reply_early_keeps_it(session: ChatSession) -> None:
 
 
 @smollm2
-def test_a_conversation_longer_than_the_context_is_refused(chat: ChatModel) -> None:
-    session = ChatSession(chat, max_context=64, system="Be brief.")
+def test_a_conversation_longer_than_the_context_streams_through_a_sink_cache(chat: ChatModel) -> None:
+    notices: list[str] = []
+    session = ChatSession(chat, max_context=128, system="Be brief.", notice=notices.append)
+    try:
+        text = long_text()[:900] + "\nWhat is this about?"  # about 230 tokens
+        first = session.reply(text, Sampling(max_new_tokens=8, temperature=0.0))
+        assert session.streaming and len(notices) == 1 and "outgrew the 128-token context" in notices[0]
+        second = session.reply("Say it in one word.", Sampling(max_new_tokens=8, temperature=0.0))
+        assert first and second
+        assert len(notices) == 1  # said once
+        assert len(session.cached_ids) > 128  # the conversation went on past the context
+        session.reset()
+        assert not session.streaming and session.session is None
+        # A fresh conversation that fits is the full cache's again.
+        fits = ChatSession(chat, max_context=512, system="Be brief.")
+        try:
+            assert session.reply("Hi!", GREEDY) == fits.reply("Hi!", GREEDY)
+        finally:
+            fits.close()
+    finally:
+        session.close()
+
+
+def test_a_model_without_rope_refuses_a_conversation_longer_than_the_context(tmp_path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from qkv.models.gpt2 import GPTModel
+    from qkv.models.gpt2_config import GPTConfig
+
+    vocab = {w: i for i, w in enumerate(["<eos>", "word", "user", "assistant", ":", "Be", "brief."])}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<eos>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    torch.manual_seed(0)
+    model = GPTModel(GPTConfig(vocab_size=len(vocab), context_length=64, emb_dim=16, n_heads=2, n_layers=1))
+    template = ChatTemplate("{% for m in messages %}{{ m.role }}: {{ m.content }} {% endfor %}"
+                            "{% if add_generation_prompt %}assistant: {% endif %}")
+    session = ChatSession(ChatModel(model.eval(), tokenizer, template, frozenset({0})), max_context=64,
+                          system="Be brief.")
     try:
         with pytest.raises(QkvError, match="context holds 64.*/reset"):
             session.send("word " * 80, Sampling(max_new_tokens=4))

@@ -11,6 +11,11 @@ user message, the assistant header). If the rendering ever rewrites earlier text
 session falls back to prefilling everything, so the cache never holds text the template
 would not produce.
 
+When a conversation outgrows the context, a model with RoPE carries on with a sink cache
+(qkv.attention.sink_cache): the first `STREAM_SINKS` tokens plus a window of the newest,
+the whole conversation prefilled into it once, and `notice` says so once. Older turns then
+fall out of what the model sees, but generation goes on without error or collapse.
+
 Shape legend: T new tokens of a turn, S cached tokens, V vocabulary.
 """
 
@@ -18,17 +23,32 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from qkv.attention.kv_cache import CacheKind
+from qkv.attention.sink_cache import SinkKVCache
 from qkv.errors import QkvError
 from qkv.generation import DecodeSession, Sampling as Choice, cache_capacity, continue_from
 from qkv.models.decoder import CausalDecoder
 
 Message = dict[str, str]
+
+STREAM_SINKS = 4  # first tokens a streaming conversation keeps (StreamingLLM's choice)
+
+
+def streaming_kind(capacity: int) -> CacheKind:
+    """The sink cache a conversation of `capacity` positions streams with: 4 sinks, a window
+    of the rest less one prefill part, so that sinks + window + part <= capacity positions
+    are ever rotated (the model's trained range)."""
+    part = max(1, min(256, capacity // 4))
+    window = capacity - STREAM_SINKS - part
+    if window < 1:
+        raise QkvError(f"a context of {capacity} tokens is too small to stream a conversation; use a larger one")
+    return SinkKVCache.kind(sinks=STREAM_SINKS, window=window, prefill_chunk=part)
 
 
 class ChatTemplate:
@@ -135,8 +155,11 @@ class ChatSession:
         system: str | None = None,
         max_context: int | None = None,
         seed: int | None = None,
+        notice: Callable[[str], object] | None = None,
     ) -> None:
         self.chat = chat
+        self.notice = notice  # told once when the conversation starts streaming
+        self.streaming = False
         self.system = system
         self.capacity = min(max_context or chat.model.context_length, chat.model.context_length)
         self.generator = Choice(seed=seed).generator()
@@ -150,6 +173,9 @@ class ChatSession:
         """Forget the conversation (the system message stays)."""
         self.messages = [] if self.system is None else [{"role": "system", "content": self.system}]
         self.cached_ids = []
+        if self.streaming:  # a new conversation starts in a full cache again
+            self.close()
+            self.streaming = False
         if self.session is not None:
             self.session.reset()
 
@@ -182,6 +208,17 @@ class ChatSession:
         self.session = DecodeSession(self.chat.model, capacity=capacity).__enter__()
         return self.session
 
+    def _start_streaming(self, kind: CacheKind) -> None:
+        """Go on in a sink cache: it is empty, so the whole conversation is prefilled next."""
+        self.close()
+        self.cached_ids = []
+        self.session = DecodeSession(self.chat.model, capacity=self.capacity, kind=kind).__enter__()
+        self.streaming = True
+        if self.notice is not None:
+            self.notice(f"the conversation outgrew the {self.capacity}-token context: going on with the first "
+                        f"{STREAM_SINKS} tokens and a window of the most recent ones (a sink cache); "
+                        "older turns fall out of view, /reset starts over")
+
     def send(self, text: str, sampling: Sampling = Sampling()) -> Iterator[int]:
         """Add the user's message, prefill its new tokens now, and return an iterator over
         the reply's token ids (made as it is consumed)."""
@@ -192,12 +229,15 @@ class ChatSession:
         rendered = self.chat.template.render(messages, add_generation_prompt=True)
         new_ids = self._new_ids(rendered)
         needed = len(self.cached_ids) + len(new_ids) + sampling.max_new_tokens
-        if needed > self.capacity:
-            raise QkvError(
-                f"the conversation needs {needed} tokens ({len(self.cached_ids)} cached, {len(new_ids)} new, "
-                f"{sampling.max_new_tokens} for the reply) but the context holds {self.capacity}; /reset to start over"
-            )
-        session = self._session_for(needed)
+        if needed > self.capacity and not self.streaming:
+            kind = streaming_kind(self.capacity)
+            if not self.chat.model.streams_past_context(kind):
+                raise QkvError(
+                    f"the conversation needs {needed} tokens ({len(self.cached_ids)} cached, {len(new_ids)} new, "
+                    f"{sampling.max_new_tokens} for the reply) but the context holds {self.capacity}; "
+                    "/reset to start over")
+            self._start_streaming(kind)
+        session = self.session if self.streaming and self.session is not None else self._session_for(needed)
         if not self.cached_ids:  # a new or enlarged cache: the whole conversation goes in
             new_ids = self.chat.tokenizer.encode(rendered, add_special_tokens=False).ids
         session.truncate(len(self.cached_ids))

@@ -54,11 +54,14 @@ class SinkKVCache(KVCache):
     key_positions: Tensor
     next_position: Tensor
 
-    def __init__(self, spec: CacheSpec, *, sinks: int = 4, window: int = 252) -> None:
-        if window < 1 or sinks < 0:
-            raise ValueError(f"a sink cache needs window >= 1 and sinks >= 0, got window={window}, sinks={sinks}")
+    def __init__(self, spec: CacheSpec, *, sinks: int = 4, window: int = 252,
+                 prefill_chunk: int | None = None) -> None:
+        if window < 1 or sinks < 0 or (prefill_chunk is not None and prefill_chunk < 1):
+            raise ValueError(f"a sink cache needs window >= 1, sinks >= 0 and prefill_chunk >= 1, got "
+                             f"window={window}, sinks={sinks}, prefill_chunk={prefill_chunk}")
         super().__init__(spec)
         self.sinks, self.window = sinks, window
+        self._prefill_chunk = window if prefill_chunk is None else prefill_chunk
         s = spec
         size = sinks + window
         kw = {"dtype": s.dtype, "device": s.device}
@@ -76,8 +79,10 @@ class SinkKVCache(KVCache):
     streams = True
 
     @classmethod
-    def kind(cls, *, sinks: int = 4, window: int = 252) -> CacheKind:
-        return functools.partial(cls, sinks=sinks, window=window)
+    def kind(cls, *, sinks: int = 4, window: int = 252, prefill_chunk: int | None = None) -> CacheKind:
+        """prefill_chunk: the most tokens a session feeds per call (default: the window); a
+        call rotates new tokens up to sinks + window + its length."""
+        return functools.partial(cls, sinks=sinks, window=window, prefill_chunk=prefill_chunk)
 
     @property
     def rotates_keys(self) -> bool:
@@ -95,8 +100,7 @@ class SinkKVCache(KVCache):
 
     @property
     def prefill_chunk(self) -> int:
-        # Longer calls would rotate new tokens beyond sinks + 2 * window.
-        return self.window
+        return self._prefill_chunk
 
     @property
     def capacity(self) -> int:

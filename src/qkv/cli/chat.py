@@ -47,7 +47,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "(default: %(default)s)")
     parser.add_argument("--seed", type=seed, metavar="S", help="seed for sampling (default: a fresh random one)")
     parser.add_argument("--max-context", type=integer(2, 2**24), default=2048, metavar="N",
-                        help="tokens the KV cache holds for the whole conversation (default: %(default)s)")
+                        help="tokens the KV cache holds for the conversation; past it, a model with RoPE goes on "
+                        "with the first 4 tokens and a window of the newest (a sink cache), and says so "
+                        "once (default: %(default)s)")
     add_speed_arguments(parser)
     add_threads_argument(parser)
     add_max_memory_argument(parser)
@@ -80,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
     interactive = sys.stdin.isatty()
     chat = load_chat_model(args.model, dtype=load_dtype(args.dtype), max_memory=args.max_memory)
     apply_speed_options(chat.model, args)
-    session = ChatSession(chat, system=args.system, max_context=args.max_context, seed=args.seed)
+    session = ChatSession(chat, system=args.system, max_context=args.max_context, seed=args.seed,
+                          notice=lambda line: print(f"qkv chat: {line}", file=sys.stderr))
     sampling = Sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
     emit = _utf8_writer()
     if interactive:
@@ -113,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
                 rate = count / elapsed if elapsed > 0 else float("inf")
                 print(
                     f"[{count} tokens, {rate:.1f} tokens/s; {session.last_prefill} new prompt tokens, "
-                    f"{len(session.cached_ids)}/{session.capacity} in the KV cache]",
+                    f"{len(session.cached_ids)}/{session.capacity} in the KV cache"
+                    f"{', streaming' if session.streaming else ''}]",
                     file=sys.stderr,
                 )
     finally:
