@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qkv.attention import attention, explicit_attention, one_query_attention, padding_mask
+from qkv.attention.kernels import ONE_QUERY_REDUCTION_KEYS
 
 BACKENDS = ("explicit", "fused")
 RANKS = (2, 3, 4)  # (T, D), (B, T, D), (B, H, T, D)
@@ -238,20 +239,25 @@ def test_one_query_attention_matches_sdpa(lead, keys, d, kv_divisor, dtype, seed
 
 @FAST
 @given(
-    keys=st.integers(1, 40),
+    keys=st.one_of(st.integers(1, 40), st.integers(ONE_QUERY_REDUCTION_KEYS - 2, ONE_QUERY_REDUCTION_KEYS + 40)),
     kv_divisor=st.sampled_from([1, 3]),
     per_row=st.booleans(),
+    hide_a_row=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_one_query_attention_with_a_mask_matches_explicit_attention(keys, kv_divisor, per_row, seed) -> None:
+def test_one_query_attention_with_a_mask_matches_explicit_attention(keys, kv_divisor, per_row, hide_a_row,
+                                                                   seed) -> None:
     """A masked decode step (what a KV cache's position mask asks for), grouped-query
-    included, against the explicit reference; rows whose keys are all hidden give zeros."""
+    included, on either side of the key count where it changes kernels, against the
+    explicit reference; rows whose keys are all hidden give zeros."""
     gen = torch.Generator().manual_seed(seed)
     b, h, d = 3, 6, 8
     q = torch.randn(b, h, 1, d, generator=gen)
     k = torch.randn(b, h // kv_divisor, keys, d, generator=gen)
     v = torch.randn(b, h // kv_divisor, keys, d, generator=gen)
     mask = torch.rand(b if per_row else 1, 1, 1, keys, generator=gen) < 0.6  # (B|1, 1, 1, S)
+    if hide_a_row:
+        mask[0] = False
     expected, _ = explicit_attention(q, k, v, mask=mask)
     torch.testing.assert_close(one_query_attention(q, k, v, mask=mask), expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(attention(q, k, v, mask=mask), expected, atol=1e-5, rtol=1e-5)

@@ -55,8 +55,12 @@ def test_held_keys_are_within_their_bounds_and_tail_is_exact(bits: int, key_axis
     k, v = torch.randn(2, 2, 100, 16), torch.randn(2, 2, 100, 16)
     cache = QuantizedKVCache(s, bits=bits, group_size=8, residual=16, sinks=4, key_axis=key_axis)
     keys, values, visible = feed(cache, k, v, [37, 1, 1, 5, 56])
-    assert keys.shape == (2, 2, 100, 16) and visible.shape[-1] == 100 and cache.length == 100
-    quantized = cache._quantized
+    # The answer has one layout at every length: sinks, every group slot, the tail.
+    assert keys.shape == (2, 2, 4 + 128 + 24, 16) and visible.shape[-1] == keys.shape[2]
+    assert int(visible[0, 0, -1].sum()) == 100 and cache.length == 100  # the last query sees all
+    keys, values = cache.contents()  # the held positions, in order
+    assert keys.shape == (2, 2, 100, 16)
+    quantized = int(cache.quantized)
     # 100 - 4 sinks = 96 tokens; groups are quantized only once older than the 16 newest.
     assert quantized == 4 + ((96 - 16) // 8) * 8
     assert torch.equal(keys[:, :, :4], k[:, :, :4]) and torch.equal(keys[:, :, quantized:], k[:, :, quantized:])
@@ -151,3 +155,18 @@ def test_bad_options_and_rewinds_are_refused() -> None:
     assert cache.length == 38
     cache.reset()
     assert cache.length == 0
+
+
+@pytest.mark.parametrize("key_axis", ["channel", "token"])
+def test_one_token_steps_store_what_a_whole_prompt_stores(key_axis: str) -> None:
+    """Decode steps (tensor operations only: a full group is quantized through torch.where)
+    and one long call (counters read into Python) leave the same codes, statistics and tail."""
+    torch.manual_seed(1)
+    k, v = torch.randn(2, 2, 100, 16), torch.randn(2, 2, 100, 16)
+    stepped = QuantizedKVCache(spec(), bits=4, group_size=8, residual=16, sinks=4, key_axis=key_axis)
+    whole = QuantizedKVCache(spec(), bits=4, group_size=8, residual=16, sinks=4, key_axis=key_axis)
+    feed(stepped, k, v, [1] * 100)
+    feed(whole, k, v, [100])
+    assert int(stepped.quantized) == int(whole.quantized) == 84
+    for (a, b) in zip(stepped.contents(), whole.contents()):
+        assert torch.equal(a, b)

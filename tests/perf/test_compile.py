@@ -89,3 +89,26 @@ def test_inductor_compiled_tokens_equal_eager_tokens(precision: str) -> None:
         pytest.fail(f"Inductor does not work on this machine: {setup.compile.reason}")
     prompt = torch.tensor([[3, 14, 15, 92, 65, 35]])
     assert torch.equal(generate(model, prompt, 24), generate(reference, prompt, 24))
+
+
+@pytest.mark.parametrize("kind_name", ["int4", "sink"])
+def test_key_aware_caches_compile_to_one_set_of_graphs(kind_name: str) -> None:
+    """A quantized cache's decode step (groups quantized through torch.where) and a sink
+    cache's (keys rotated by their slot) compile without graph breaks: one set of graphs
+    over lengths that fill groups and wrap the window, giving the eager tokens."""
+    from qkv.generation.cache_kinds import cache_kind
+
+    cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    model, reference = _pair(lambda: LlamaForCausalLM(cfg))
+    kind = cache_kind(kind_name, residual=8, group_size=8, sinks=2, window=16)
+    torch._dynamo.reset()
+    assert compile_decoder(model, backend="eager").compiled
+    torch._dynamo.utils.counters.clear()
+    prompt = torch.tensor([[3, 14, 15, 92, 65, 35]])
+    compiled = generate(model, prompt, 60, kv_cache=kind)
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert 1 <= graphs <= 2 and not torch._dynamo.utils.counters["graph_break"]
+    assert torch.equal(generate(model, prompt, 30, kv_cache=kind), compiled[:, :36])
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
+    assert torch.equal(compiled, generate(reference, prompt, 60, kv_cache=kind))

@@ -129,6 +129,13 @@ class KVCache(nn.Module, ABC):
         return positions
 
     @property
+    def reads_as_reductions(self) -> bool:
+        """True when the answer is computed from a compact stored form (codes) as it is read:
+        a one-query step then attends as two reductions (`reduction_attention`), which a
+        compiler fuses with that computation, however many keys there are."""
+        return False
+
+    @property
     def prefill_chunk(self) -> int | None:
         """The most new tokens one call may carry (None: no limit)."""
         return None

@@ -14,22 +14,29 @@ exact (KVQuant's attention-sink tokens). Codes are stored packed (2 per byte at 
 4 per byte at 2 bits); scales and zero points are stored in the model's dtype and counted
 in `nbytes`: with groups of 64 (tokens for keys, channels for values) and 16-bit
 statistics they add half a bit per number, so a bfloat16 cache shrinks 16 / 4.5 = 3.6x at
-4 bits and 16 / 2.5 = 6.4x at 2 bits, less the full-precision tail. `key_axis="token"` quantizes keys per token like values: the ablation that
-shows why keys want per-channel statistics.
+4 bits and 16 / 2.5 = 6.4x at 2 bits, less the full-precision tail. `key_axis="token"`
+quantizes keys per token like values: the ablation that shows why keys want per-channel
+statistics.
 
 Keys are quantized after RoPE (the attention layer hands the cache rotated keys; the
 layer's interface is left as it is). KVQuant quantizes keys before RoPE, where the outlier
 channels are steadier; post-RoPE per-channel quantization over short groups works because
-a group spans few rotation steps of the low-frequency (large) channels.
+a group spans few rotation steps of the low-frequency (large) channels: measured on
+SmolLM2, int4 costs +0.6% perplexity and int2 +9% (benchmarks/RESULTS.md).
 
-`update` attends over what it answers: the dequantized keys and values of every held
-position (S = length after the write) and the causal mask for them. It reads the cache's
-length into Python once per call (positions must continue the cached ones), so unlike
-`StaticKVCache` its shapes grow with the length: correctness first, not one compiled graph
-(a compiled decode step runs `update` eagerly, `torch.compiler.disable`).
+Layout and shapes. The answer of `update` always has the same layout, whatever the length:
+[sinks | every group slot of the capacity, dequantized | the full-precision tail], with
+the mask (derived from the positions each slot holds) hiding what is not filled. So a
+decode step has one shape at every length and compiles to one graph, in which Inductor
+fuses the unpacking and dequantization of the codes into the attention's reductions
+(`reads_as_reductions`): the step reads the packed codes, never a dequantized copy. A
+one-token call (a decode step) updates the cache with tensor operations only (whether a
+group is full is a tensor, and the group is written through `torch.where`); a longer call
+(a prompt, run eagerly) reads the cache's counters into Python once.
 
-Shape legend: B batch, H_kv key/value heads, T new tokens, S positions held, D head size of
-keys, D_v of values, G group size (tokens), N_g groups, C channel groups of a token.
+Shape legend: B batch, H_kv key/value heads, T new tokens, S positions answered (sinks +
+group slots + tail), D head size of keys, D_v of values, G group size (tokens), N_g groups,
+C channel groups of a token, P tail slots (residual + G).
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ import math
 import torch
 from torch import Tensor
 
-from qkv.attention.kv_cache import CacheKind, CacheSpec, KVCache, visible_keys
+from qkv.attention.kv_cache import CacheKind, CacheSpec, KVCache
 from qkv.attention.quantize import check_bits, dequantize, pack, quantize, unpack
 
 KEY_AXES = ("channel", "token")
@@ -68,8 +75,9 @@ class QuantizedKVCache(KVCache):
                                  f"and of {per} codes per byte")
         self.group_size, self.residual, self.sinks = group_size, residual, min(sinks, s.capacity)
         self.channel_group, self.key_axis = channel_group, key_axis
-        groups = math.ceil(max(s.capacity - self.sinks, 0) / group_size)  # N_g
-        slots = groups * group_size
+        self.groups = math.ceil(max(s.capacity - self.sinks, 0) / group_size)  # N_g
+        self.slots = self.groups * group_size
+        self.tail = residual + group_size  # P
         b, h, d, dv = s.batch_size, s.num_kv_heads, s.head_dim, s.value_dim
         fp = {"dtype": s.dtype, "device": s.device}
         u8 = {"dtype": torch.uint8, "device": s.device}
@@ -79,22 +87,32 @@ class QuantizedKVCache(KVCache):
 
         buffer("sink_k", b, h, self.sinks, d, **fp)
         buffer("sink_v", b, h, self.sinks, dv, **fp)
-        buffer("pending_k", b, h, residual + group_size, d, **fp)
-        buffer("pending_v", b, h, residual + group_size, dv, **fp)
-        buffer("k_codes", b, h, slots, d // per, **u8)
-        buffer("v_codes", b, h, slots, dv // per, **u8)
-        key_stats = (b, h, groups, d) if key_axis == "channel" else (b, h, slots, d // channel_group)
+        buffer("pending_k", b, h, self.tail, d, **fp)
+        buffer("pending_v", b, h, self.tail, dv, **fp)
+        buffer("k_codes", b, h, self.slots, d // per, **u8)
+        buffer("v_codes", b, h, self.slots, dv // per, **u8)
+        key_stats = (b, h, self.groups, d) if key_axis == "channel" else (b, h, self.slots, d // channel_group)
         buffer("k_scale", *key_stats, **fp)
         buffer("k_zero", *key_stats, **fp)
-        buffer("v_scale", b, h, slots, dv // channel_group, **fp)
-        buffer("v_zero", b, h, slots, dv // channel_group, **fp)
-        self._held = 0  # positions held
-        self._quantized = self.sinks  # positions below this are sinks or quantized
+        buffer("v_scale", b, h, self.slots, dv // channel_group, **fp)
+        buffer("v_zero", b, h, self.slots, dv // channel_group, **fp)
+        # Counters as tensors, so a decode step reads nothing into Python.
+        long = {"dtype": torch.long, "device": s.device}
+        self.register_buffer("held", torch.zeros((), **long), persistent=False)  # positions held
+        # Positions below this are sinks or quantized; the tail holds [quantized, held).
+        self.register_buffer("quantized", torch.full((), self.sinks, **long), persistent=False)
+        self.register_buffer("sink_pos", torch.arange(self.sinks, **long), persistent=False)
+        self.register_buffer("slot_pos", torch.arange(self.slots, **long) + self.sinks, persistent=False)
+        self.register_buffer("tail_index", torch.arange(self.tail, **long), persistent=False)
 
     @classmethod
     def kind(cls, **options: object) -> CacheKind:
         """A cache kind (CacheSpec -> cache) with these options."""
         return functools.partial(cls, **options)  # type: ignore[arg-type]
+
+    @property
+    def reads_as_reductions(self) -> bool:
+        return True
 
     # -- quantization of whole groups ---------------------------------------------------
     def _per_token(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -104,112 +122,163 @@ class QuantizedKVCache(KVCache):
         codes, scale, zero = quantize(grouped, self.bits, dim=-1)
         return codes.reshape(b, h, n, d), scale.squeeze(-1), zero.squeeze(-1)
 
-    def _store(self, k: Tensor, v: Tensor) -> None:
-        """Quantize whole groups of tokens (B, H_kv, m * G, D) at the next free groups."""
+    def _quantized_groups(self, k: Tensor, v: Tensor) -> tuple[Tensor, ...]:
+        """Whole groups (B, H_kv, m * G, D) -> packed key codes, key scale, key zero,
+        packed value codes, value scale, value zero (key statistics per group or token)."""
         g = self.group_size
-        start = self._quantized - self.sinks  # first slot
-        n = k.shape[2]
-        b, h, _, d = k.shape
+        b, h, n, d = k.shape
         if self.key_axis == "channel":
             grouped = k.reshape(b, h, n // g, g, d)  # (B, H_kv, m, G, D)
-            codes, scale, zero = quantize(grouped, self.bits, dim=3)  # stats (B, H_kv, m, 1, D)
-            self.k_scale[:, :, start // g:(start + n) // g] = scale.squeeze(3)
-            self.k_zero[:, :, start // g:(start + n) // g] = zero.squeeze(3)
-            codes = codes.reshape(b, h, n, d)
+            codes, k_scale, k_zero = quantize(grouped, self.bits, dim=3)  # stats (B, H_kv, m, 1, D)
+            k_codes, k_scale, k_zero = codes.reshape(b, h, n, d), k_scale.squeeze(3), k_zero.squeeze(3)
         else:
-            codes, scale, zero = self._per_token(k)
-            self.k_scale[:, :, start:start + n] = scale
-            self.k_zero[:, :, start:start + n] = zero
-        self.k_codes[:, :, start:start + n] = pack(codes, self.bits)
-        codes, scale, zero = self._per_token(v)
-        self.v_codes[:, :, start:start + n] = pack(codes, self.bits)
-        self.v_scale[:, :, start:start + n] = scale
-        self.v_zero[:, :, start:start + n] = zero
-        self._quantized += n
+            k_codes, k_scale, k_zero = self._per_token(k)
+        v_codes, v_scale, v_zero = self._per_token(v)
+        return pack(k_codes, self.bits), k_scale, k_zero, pack(v_codes, self.bits), v_scale, v_zero
+
+    def _store(self, k: Tensor, v: Tensor, start: int) -> None:
+        """Quantize whole groups (B, H_kv, m * G, D) into the slots from `start` on."""
+        n, g = k.shape[2], self.group_size
+        k_codes, k_scale, k_zero, v_codes, v_scale, v_zero = self._quantized_groups(k, v)
+        self.k_codes[:, :, start:start + n] = k_codes
+        stats = slice(start // g, (start + n) // g) if self.key_axis == "channel" else slice(start, start + n)
+        self.k_scale[:, :, stats] = k_scale
+        self.k_zero[:, :, stats] = k_zero
+        self.v_codes[:, :, start:start + n] = v_codes
+        self.v_scale[:, :, start:start + n] = v_scale
+        self.v_zero[:, :, start:start + n] = v_zero
 
     def _dequantized(self) -> tuple[Tensor, Tensor]:
-        """The quantized positions, back in the model's dtype: (B, H_kv, q, D)."""
-        n = self._quantized - self.sinks
-        g, c = self.group_size, self.channel_group
-        codes = unpack(self.k_codes[:, :, :n], self.bits)  # (B, H_kv, n, D)
+        """Every group slot back in the model's dtype (filled or not): (B, H_kv, slots, D)."""
+        n, g, c = self.slots, self.group_size, self.channel_group
+        codes = unpack(self.k_codes, self.bits)  # (B, H_kv, slots, D)
         b, h, _, d = codes.shape
         if self.key_axis == "channel":
-            grouped = codes.reshape(b, h, n // g, g, d)  # (B, H_kv, m, G, D)
-            k = dequantize(grouped, self.k_scale[:, :, :n // g, None], self.k_zero[:, :, :n // g, None])
-            k = k.reshape(b, h, n, d)
+            grouped = codes.reshape(b, h, n // g, g, d)  # (B, H_kv, N_g, G, D)
+            k = dequantize(grouped, self.k_scale[:, :, :, None], self.k_zero[:, :, :, None])
         else:
-            grouped = codes.reshape(b, h, n, d // c, c)  # (B, H_kv, n, C, D/C)
-            k = dequantize(grouped, self.k_scale[:, :, :n, :, None], self.k_zero[:, :, :n, :, None])
-            k = k.reshape(b, h, n, d)
-        vcodes = unpack(self.v_codes[:, :, :n], self.bits)  # (B, H_kv, n, D_v)
+            grouped = codes.reshape(b, h, n, d // c, c)  # (B, H_kv, slots, C, D/C)
+            k = dequantize(grouped, self.k_scale[..., None], self.k_zero[..., None])
+        vcodes = unpack(self.v_codes, self.bits)  # (B, H_kv, slots, D_v)
         dv = vcodes.shape[-1]
-        grouped = vcodes.reshape(b, h, n, dv // c, c)  # (B, H_kv, n, C, D_v/C)
-        v = dequantize(grouped, self.v_scale[:, :, :n, :, None], self.v_zero[:, :, :n, :, None])
-        return k, v.reshape(b, h, n, dv)
+        grouped = vcodes.reshape(b, h, n, dv // c, c)  # (B, H_kv, slots, C, D_v/C)
+        v = dequantize(grouped, self.v_scale[..., None], self.v_zero[..., None])
+        return k.reshape(b, h, n, d), v.reshape(b, h, n, dv)
 
     # -- the interface ------------------------------------------------------------------
-    @torch.compiler.disable  # reads its length into Python: runs eagerly inside a compiled step
     def update(self, k: Tensor, v: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         self.check_input(k, v, positions)
         if positions.dim() != 1:
             raise ValueError("a quantized KV cache takes positions shared by every row, shape (T,)")
+        k, v = k.to(self.spec.dtype), v.to(self.spec.dtype)
+        if k.shape[2] == 1:
+            self._step(k, v, positions[0])
+        else:
+            self._prompt(k, v, positions)
+        return self._read(positions)
+
+    def _step(self, k: Tensor, v: Tensor, position: Tensor) -> None:
+        """One token at `position` (a tensor: it continues what is held, or rewrites a
+        position in the full-precision tail), with tensor operations only."""
+        is_sink = position < self.sinks
+        if self.sinks:
+            at = position.clamp(max=self.sinks - 1)[None]  # (1,)
+            self.sink_k.index_copy_(2, at, torch.where(is_sink, k, self.sink_k.index_select(2, at)))
+            self.sink_v.index_copy_(2, at, torch.where(is_sink, v, self.sink_v.index_select(2, at)))
+        at = (position - self.quantized).clamp(0, self.tail - 1)[None]  # (1,) its tail slot
+        self.pending_k.index_copy_(2, at, torch.where(is_sink, self.pending_k.index_select(2, at), k))
+        self.pending_v.index_copy_(2, at, torch.where(is_sink, self.pending_v.index_select(2, at), v))
+        self.held.copy_(position + 1)
+        if not self.groups:
+            return
+        # The tail is full (residual + a group): quantize its oldest group, shift the rest.
+        g = self.group_size
+        full = (~is_sink) & (self.held - self.quantized >= self.tail)  # ()
+        group = ((self.quantized - self.sinks) // g).clamp(max=self.groups - 1)  # ()
+        slots = group * g + self.tail_index[:g]  # (G,)
+        new = self._quantized_groups(self.pending_k[:, :, :g], self.pending_v[:, :, :g])
+        k_stats = group[None] if self.key_axis == "channel" else slots
+        targets = ((self.k_codes, slots), (self.k_scale, k_stats), (self.k_zero, k_stats),
+                   (self.v_codes, slots), (self.v_scale, slots), (self.v_zero, slots))
+        for (buffer, index), value in zip(targets, new):
+            buffer.index_copy_(2, index, torch.where(full, value, buffer.index_select(2, index)))
+        for pending in (self.pending_k, self.pending_v):
+            pending.copy_(torch.where(full, pending.roll(-g, dims=2), pending))
+        self.quantized.add_(full.long() * g)
+
+    def _prompt(self, k: Tensor, v: Tensor, positions: Tensor) -> None:
+        """Several tokens (a prompt, run eagerly): the counters are read into Python once."""
+        held, quantized = int(self.held), int(self.quantized)
         t = k.shape[2]
         start = int(positions[0])
-        if start != self._held and not self._quantized <= start <= self._held:
-            raise ValueError(f"a quantized KV cache continues at position {self._held} "
+        if start != held and not quantized <= start <= held:
+            raise ValueError(f"a quantized KV cache continues at position {held} "
                              f"(or rewinds into its full-precision tail), got {start}")
         if start + t > self.capacity:
             raise ValueError(f"{start + t} positions exceed this KV cache's capacity ({self.capacity})")
-        k, v = k.to(self.spec.dtype), v.to(self.spec.dtype)
-        self._held = start
         sink_part = max(0, min(t, self.sinks - start))  # new tokens that are sinks
         if sink_part:
             self.sink_k[:, :, start:start + sink_part] = k[:, :, :sink_part]
             self.sink_v[:, :, start:start + sink_part] = v[:, :, :sink_part]
-        tail = self._held - self._quantized if self._held > self._quantized else 0
+        tail = max(0, start - quantized)
         fresh_k = torch.cat([self.pending_k[:, :, :tail], k[:, :, sink_part:]], dim=2)  # (B, H_kv, n, D)
         fresh_v = torch.cat([self.pending_v[:, :, :tail], v[:, :, sink_part:]], dim=2)
         n = fresh_k.shape[2]
         done = max(0, (n - self.residual) // self.group_size) * self.group_size  # tokens to quantize
         if done:
-            self._store(fresh_k[:, :, :done], fresh_v[:, :, :done])
+            self._store(fresh_k[:, :, :done], fresh_v[:, :, :done], quantized - self.sinks)
         left = n - done
         self.pending_k[:, :, :left] = fresh_k[:, :, done:]
         self.pending_v[:, :, :left] = fresh_v[:, :, done:]
-        self._held = start + t
-        keys, values = self._read()
-        held = torch.arange(self._held, device=positions.device)  # (S,)
-        return keys, values, visible_keys(held, positions)
+        self.held.fill_(start + t)
+        self.quantized.fill_(quantized + done)
 
-    def _read(self) -> tuple[Tensor, Tensor]:
-        """Every held position in order: sinks, dequantized groups, the full-precision tail."""
+    def _read(self, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """[sinks | group slots | tail] and the mask: a slot is visible when it holds a
+        position (below `quantized` for sinks and groups, below `held` for the tail) that
+        is not after the query's. -> (B, H_kv, S, D), (B, H_kv, S, D_v), (1, 1, T, S)."""
         qk, qv = self._dequantized()
-        tail = self._held - self._quantized
-        sinks = min(self.sinks, self._held)
-        keys = torch.cat([self.sink_k[:, :, :sinks], qk, self.pending_k[:, :, :tail]], dim=2)  # (B, H_kv, S, D)
-        values = torch.cat([self.sink_v[:, :, :sinks], qv, self.pending_v[:, :, :tail]], dim=2)
-        return keys, values
+        keys = torch.cat([self.sink_k, qk, self.pending_k], dim=2)  # (B, H_kv, S, D)
+        values = torch.cat([self.sink_v, qv, self.pending_v], dim=2)  # (B, H_kv, S, D_v)
+        tail_pos = self.quantized + self.tail_index  # (P,)
+        key_pos = torch.cat([self.sink_pos, self.slot_pos, tail_pos])  # (S,)
+        filled = torch.cat([self.sink_pos < self.held, self.slot_pos < self.quantized, tail_pos < self.held])
+        visible = filled[None, :] & (key_pos[None, :] <= positions[:, None])  # (T, S)
+        return keys, values, visible[None, None]
 
     def reset(self) -> None:
-        self._held, self._quantized = 0, self.sinks
+        self.held.zero_()
+        self.quantized.fill_(self.sinks)
 
     def truncate(self, length: int) -> None:
-        if length < self._quantized and length < self._held:
+        held, quantized = int(self.held), int(self.quantized)
+        if length < quantized and length < held:
             raise NotImplementedError(
-                f"this quantized KV cache cannot rewind below position {self._quantized} "
+                f"this quantized KV cache cannot rewind below position {quantized} "
                 "(older tokens are quantized); reset it instead")
-        self._held = min(self._held, length)
+        self.held.fill_(min(held, length))
 
     def contents(self) -> tuple[Tensor, Tensor]:
-        return self._read()
+        """Every held position in order: sinks, dequantized groups, the full-precision tail."""
+        held, quantized = int(self.held), int(self.quantized)
+        sinks = min(self.sinks, held)
+        qk, qv = self._dequantized()
+        n, tail = max(0, quantized - self.sinks), max(0, held - quantized)
+        keys = torch.cat([self.sink_k[:, :, :sinks], qk[:, :, :n], self.pending_k[:, :, :tail]], dim=2)
+        values = torch.cat([self.sink_v[:, :, :sinks], qv[:, :, :n], self.pending_v[:, :, :tail]], dim=2)
+        return keys, values
 
     @property
     def length(self) -> int:
-        return self._held
+        return int(self.held)
 
     @property
     def nbytes(self) -> int:
-        return sum(buf.numel() * buf.element_size() for buf in self.buffers())
+        """Bytes of what the cache stores: codes, statistics, full-precision tail and sinks
+        (the counters and the position tables it reads its mask from are left out)."""
+        stored = ("sink_k", "sink_v", "pending_k", "pending_v", "k_codes", "v_codes",
+                  "k_scale", "k_zero", "v_scale", "v_zero")
+        return sum(getattr(self, name).numel() * getattr(self, name).element_size() for name in stored)
 
     def extra_repr(self) -> str:
         return (f"bits={self.bits}, group_size={self.group_size}, residual={self.residual}, "
