@@ -104,3 +104,23 @@ def test_help_imports_no_torch() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip().splitlines()[-1] == "False"
     assert "--data" in done.stdout and "smollm2" in done.stdout
+
+
+def test_quick_kv_cache_section_is_consistent(tmp_path: Path) -> None:
+    """Every part of the kv-cache section runs (tiny model); ratios come from the same run's
+    medians, and the streaming slices cover the tokens scored."""
+    out = tmp_path / "kv.json"
+    assert main(["bench", "--quick", "--threads", "1", "--only", "kv-cache", "--json", str(out)]) == 0
+    section = json.loads(out.read_text())["sections"]["kv-cache"]
+    rates = {m["name"]: m["rate"] for m in section["measurements"]}
+    (r,) = section["ratios"]
+    assert r["value"] == pytest.approx(rates["int4 cache"] / rates["full cache"])
+    facts = section["facts"]
+    (scored,) = facts["perplexity through each cache"].values()
+    assert scored["kinds"]["full"]["vs full"] == 0 and len(scored["kinds"]) == 6
+    stream = facts["streaming past the context"]
+    assert stream["tokens"] > 2 * stream["context length"]
+    assert len(stream["loss per slice"]) == -(-stream["tokens"] // stream["slice tokens"])
+    per_token = facts["bytes per token (bfloat16)"]
+    assert per_token["full"]["smaller than bfloat16"] == 1
+    assert per_token["int2"]["bytes"] < per_token["int4"]["bytes"] < per_token["full"]["bytes"]

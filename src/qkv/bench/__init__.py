@@ -3,7 +3,7 @@
 Each section is a function `(Context) -> Section` in its own module; SECTIONS maps a name
 to "module:function" and `section_function` imports it only when it runs, so naming or
 checking sections imports no torch. DEFAULT runs without --only (the sections on the
-random GPT-2-124M shape and the model-free ones); `smollm2`, `quality` and `startup` run
+random GPT-2-124M shape and the model-free ones); `smollm2`, `quality`, `startup` and `kv-cache` run
 when named (they load SmolLM2 or start processes). Sizes: QUICK (a smoke test of every
 path) and FULL (what the issue's targets are measured at), in qkv.bench.common.
 
@@ -20,6 +20,8 @@ path) and FULL (what the issue's targets are measured at), in qkv.bench.common.
              time, time to first token of a cold and a warm process
   quality    perplexity of SmolLM2 on --data in every precision, ratios to bfloat16
   startup    wall time of `qkv --help`, each subcommand's --help and `qkv explain`
+  kv-cache   SmolLM2 through each cache kind: perplexity on --data and the long text,
+             streaming past the context, bytes per token, decode speed at 4k int4 vs full
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ SECTIONS: dict[str, str] = {
     "smollm2": "qkv.bench.smollm2:smollm2_section",
     "quality": "qkv.bench.quality:quality_section",
     "startup": "qkv.bench.startup:startup_section",
+    "kv-cache": "qkv.bench.kv_cache:kv_cache_section",
 }
 DEFAULT: tuple[str, ...] = ("decode", "roofline", "prefill", "cache", "kv_bytes", "attention", "plot")
 
