@@ -6,13 +6,18 @@ Tests that use the `smollm2*` fixtures are marked `xdist_group("smollm2")` so th
 
 from __future__ import annotations
 
-from pathlib import Path
-
+import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import settings
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from qkv.models.checkpoint import save_pretrained
+from qkv.models.llama import LlamaForCausalLM
+from qkv.models.llama_config import LlamaConfig
 
 # In CI the property tests draw the same examples on every run, so a red build can be
 # reproduced and a green one is not luck; locally they keep exploring new examples.
@@ -69,3 +74,37 @@ def hf_smollm2_model(smollm2_file: Path, hf_smollm2_folder: Path):
         hf_smollm2_folder, gguf_file=smollm2_file.name, dtype=torch.float32
     )
     return model.eval()
+
+
+# A tiny random Llama (RoPE, grouped-query) with a chat template, for commands and the server.
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def chat_tokenizer() -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=288, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(["The cat sat on the mat.", "Attention is all you need, they said.",
+                             "Keys, queries and values."], trainer)
+    tok.add_special_tokens([AddedToken("<|end|>", special=True)])
+    return tok
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("tiny-chat")
+    tokenizer = chat_tokenizer()
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=296, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+    model.eos_token_ids = (tokenizer.token_to_id("<|end|>"),)
+    save_pretrained(model, tokenizer, folder)
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE, "eos_token": "<|end|>"}))
+    return folder

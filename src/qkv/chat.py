@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from qkv.attention.kv_cache import CacheKind
+from qkv.attention.kv_cache import CacheKind, StaticKVCache
 from qkv.attention.sink_cache import SinkKVCache
 from qkv.errors import QkvError
 from qkv.generation import DecodeSession, Sampling as Choice, cache_capacity, continue_from
@@ -156,9 +156,13 @@ class ChatSession:
         max_context: int | None = None,
         seed: int | None = None,
         notice: Callable[[str], object] | None = None,
+        kind: CacheKind = StaticKVCache,
     ) -> None:
         self.chat = chat
         self.notice = notice  # told once when the conversation starts streaming
+        self.kind = kind  # the cache kind asked for (qkv chat --kv-cache)
+        # A kind that evicts old tokens streams from the first turn, and says nothing.
+        self.streams_by_choice = chat.model.streams_past_context(kind)
         self.streaming = False
         self.system = system
         self.capacity = min(max_context or chat.model.context_length, chat.model.context_length)
@@ -173,7 +177,7 @@ class ChatSession:
         """Forget the conversation (the system message stays)."""
         self.messages = [] if self.system is None else [{"role": "system", "content": self.system}]
         self.cached_ids = []
-        if self.streaming:  # a new conversation starts in a full cache again
+        if self.streaming and not self.streams_by_choice:  # a new conversation fits again
             self.close()
             self.streaming = False
         if self.session is not None:
@@ -204,8 +208,12 @@ class ChatSession:
             return self.session
         self.close()
         self.cached_ids = []
+        if self.streams_by_choice:
+            self.session = DecodeSession(self.chat.model, capacity=self.capacity, kind=self.kind).__enter__()
+            self.streaming = True
+            return self.session
         capacity = cache_capacity(needed, self.capacity)
-        self.session = DecodeSession(self.chat.model, capacity=capacity).__enter__()
+        self.session = DecodeSession(self.chat.model, capacity=capacity, kind=self.kind).__enter__()
         return self.session
 
     def _start_streaming(self, kind: CacheKind) -> None:
@@ -229,7 +237,7 @@ class ChatSession:
         rendered = self.chat.template.render(messages, add_generation_prompt=True)
         new_ids = self._new_ids(rendered)
         needed = len(self.cached_ids) + len(new_ids) + sampling.max_new_tokens
-        if needed > self.capacity and not self.streaming:
+        if needed > self.capacity and not self.streaming and not self.streams_by_choice:
             kind = streaming_kind(self.capacity)
             if not self.chat.model.streams_past_context(kind):
                 raise QkvError(
@@ -240,7 +248,12 @@ class ChatSession:
         session = self.session if self.streaming and self.session is not None else self._session_for(needed)
         if not self.cached_ids:  # a new or enlarged cache: the whole conversation goes in
             new_ids = self.chat.tokenizer.encode(rendered, add_special_tokens=False).ids
-        session.truncate(len(self.cached_ids))
+        try:
+            session.truncate(len(self.cached_ids))
+        except NotImplementedError:  # a quantized cache cannot rewind that far: start it over
+            session.reset()
+            self.cached_ids = []
+            new_ids = self.chat.tokenizer.encode(rendered, add_special_tokens=False).ids
         self.messages = messages
         logits = session.prefill(torch.tensor([new_ids]))  # (1, V)
         self.cached_ids.extend(new_ids)

@@ -67,12 +67,16 @@ class QuantizedKVCache(KVCache):
                              f"{group_size}, {residual}, {sinks}")
         if key_axis not in KEY_AXES:
             raise ValueError(f"key_axis must be one of {KEY_AXES}, got {key_axis!r}")
+        if s.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"a quantized KV cache holds float32, bfloat16 or float16 keys, not {s.dtype}")
         per = 8 // bits
-        channel_group = min(channel_group, s.head_dim, s.value_dim)
+        # The largest channel group up to the one asked for that divides both head sizes.
+        channel_group = max(c for c in range(1, min(channel_group, s.head_dim, s.value_dim) + 1)
+                            if s.head_dim % c == 0 and s.value_dim % c == 0)
         for name, dim in (("head_dim", s.head_dim), ("value_dim", s.value_dim)):
-            if dim % channel_group or dim % per:
-                raise ValueError(f"{name} {dim} is not a multiple of the channel group {channel_group} "
-                                 f"and of {per} codes per byte")
+            if dim % per:
+                raise ValueError(f"a head size of {dim} ({name}) does not pack into bytes of {per} "
+                                 f"{bits}-bit codes; use --kv-cache int4 or full")
         self.group_size, self.residual, self.sinks = group_size, residual, min(sinks, s.capacity)
         self.channel_group, self.key_axis = channel_group, key_axis
         self.groups = math.ceil(max(s.capacity - self.sinks, 0) / group_size)  # N_g

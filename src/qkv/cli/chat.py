@@ -50,6 +50,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="tokens the KV cache holds for the conversation; past it, a model with RoPE goes on "
                         "with the first 4 tokens and a window of the newest (a sink cache), and says so "
                         "once (default: %(default)s)")
+    from qkv.cli.perplexity import add_kv_cache_arguments
+
+    add_kv_cache_arguments(parser)
     add_speed_arguments(parser)
     add_threads_argument(parser)
     add_max_memory_argument(parser)
@@ -78,12 +81,20 @@ def run(args: argparse.Namespace) -> int:
     from qkv.chat import ChatSession, Sampling, load_chat_model
     from qkv.perf.prepare import load_dtype
 
+    from qkv.attention.kv_cache import StaticKVCache
+    from qkv.cli.perplexity import kv_cache_kind
+    from qkv.generation.cache_kinds import check_kind
+
     threads = apply_threads(args.threads)
     interactive = sys.stdin.isatty()
+    kind = kv_cache_kind(args)  # bad cache options are reported before loading
     chat = load_chat_model(args.model, dtype=load_dtype(args.dtype), max_memory=args.max_memory)
+    if kind is not None:
+        check_kind(chat.model, kind)
     apply_speed_options(chat.model, args)
     session = ChatSession(chat, system=args.system, max_context=args.max_context, seed=args.seed,
-                          notice=lambda line: print(f"qkv chat: {line}", file=sys.stderr))
+                          notice=lambda line: print(f"qkv chat: {line}", file=sys.stderr),
+                          kind=kind or StaticKVCache)
     sampling = Sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
     emit = _utf8_writer()
     if interactive:

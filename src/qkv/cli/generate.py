@@ -103,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
 
     from qkv.attention.kv_cache import StaticKVCache
     from qkv.cli.perplexity import kv_cache_kind
+    from qkv.generation.cache_kinds import check_kind
     from qkv.generation import check_request, stream
     from qkv.models.loader import load_pretrained
     from qkv.perf.prepare import load_dtype
@@ -125,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
     if not prompt_ids:
         raise QkvError("the prompt encodes to no tokens; give some text with --prompt")
     input_ids = torch.tensor([prompt_ids])  # (1, T)
+    if kind is not None:
+        check_kind(model, kind)
     check_request(model, input_ids, args.max_new_tokens, kind=kind or StaticKVCache)  # before a compile is paid for
     speed = apply_speed_options(model, args)
     tokens = stream(

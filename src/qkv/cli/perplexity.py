@@ -154,7 +154,7 @@ def _score(args: argparse.Namespace, cp: ContextParallel | None) -> int:
 def _score_cached(args: argparse.Namespace, kind: CacheKind, text: str, threads: int) -> int:
     import torch
 
-    from qkv.generation.cache_kinds import cached_perplexity
+    from qkv.generation.cache_kinds import cached_perplexity, check_kind
     from qkv.perf.prepare import load_for_generation
     from qkv.progress import progress_bar
 
@@ -164,9 +164,10 @@ def _score_cached(args: argparse.Namespace, kind: CacheKind, text: str, threads:
     ids = torch.tensor(tokenizer.encode(text).ids)  # (N,)
     if ids.numel() < 2:
         raise QkvError(f"{args.data} has fewer than 2 tokens to score")
-    if args.kv_cache != "sink" and ids.numel() > model.context_length:
+    check_kind(model, kind, chunk=args.chunk)
+    if not model.streams_past_context(kind) and ids.numel() > model.context_length:
         raise QkvError(f"{args.data} has {ids.numel()} tokens, more than the model's context "
-                       f"({model.context_length}); only --kv-cache sink streams past it")
+                       f"({model.context_length}); only --kv-cache sink on a model with RoPE streams past it")
     with progress_bar(total=ids.numel() - 1, unit="tok", desc="scoring", leave=False) as bar:
         result = cached_perplexity(model, ids, kind, capacity=min(ids.numel(), model.context_length),
                                    chunk=args.chunk, progress=bar.update)

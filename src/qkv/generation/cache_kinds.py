@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from qkv.attention.kv_cache import CacheKind, StaticKVCache
+from qkv.attention.kv_cache import CacheKind, CacheSpec, StaticKVCache
 from qkv.attention.quantized_cache import QuantizedKVCache
 from qkv.attention.sink_cache import SinkKVCache
 from qkv.errors import QkvError
@@ -47,6 +47,26 @@ def cache_kind(name: str, *, sinks: int = 4, window: int = 252, residual: int = 
             raise QkvError(f"--sink-tokens must be between 0 and the window ({window}), got {sinks}")
         return SinkKVCache.kind(sinks=sinks, window=window)
     raise QkvError(f"--kv-cache must be one of {', '.join(KINDS)}, got {name!r}")
+
+
+def check_kind(model: CausalDecoder, kind: CacheKind, *, chunk: int = 1) -> None:
+    """Build one layer's cache of `kind` for `model` (its dtype, a small capacity), so that a
+    kind the model cannot use (a head size the codes do not divide, a dtype) or a chunk a
+    sink cache cannot rotate within the context fails now, as one QkvError line, before
+    anything long runs."""
+    layer = next(iter(model.attention_layers()))
+    reference = next(model.parameters())
+    spec = CacheSpec(1, layer.num_kv_heads, min(64, model.context_length), layer.head_dim, layer.head_dim,
+                     reference.dtype, reference.device, 0, model.rotary_embedding())
+    try:
+        cache = kind(spec)
+    except ValueError as error:
+        raise QkvError(f"--kv-cache cannot serve this model: {error}") from None
+    if cache.rotates_keys and isinstance(cache, SinkKVCache):
+        reach = cache.sinks + cache.window + max(chunk, cache.prefill_chunk)
+        if reach > model.context_length:
+            raise QkvError(f"--sink-tokens + --window + the tokens fed per call ({reach}) exceed the model's "
+                           f"context length ({model.context_length}); use a smaller --window")
 
 
 @dataclass(frozen=True)
