@@ -12,8 +12,10 @@ half of the head, then second half) into the interleaved one (pairs of neighbour
 
 This module only reads GGUF files; `qkv.models.loader` (the one loader) finds them by name
 and builds the model. The header (metadata and tensor table) is parsed by
-`qkv.models.gguf_header`, the tensors are dequantized by the `gguf` library. Everything in the file is checked before it is used: metadata types
-and ranges, token ids, tensor names and shapes (from the header, before any dequantizing).
+`qkv.models.gguf_header`, the tensors are dequantized by `qkv.models.gguf_blocks` (torch
+operations on the block bytes) or, for the types it lacks, by the `gguf` library. Everything
+in the file is checked before it is used: metadata types and ranges, token ids, tensor
+names and shapes (from the header, before any dequantizing).
 
 Shape legend: V vocabulary, C embedding (hidden size), F feed-forward size, H query heads,
 H_kv key/value heads, D head size, R rows of a projection (H*D or H_kv*D).
@@ -31,6 +33,7 @@ import torch
 from torch import Tensor
 
 from qkv.errors import QkvError
+from qkv.models import gguf_blocks
 from qkv.models.hf_fields import (
     MAX_DIM, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, MISSING, check_float, check_int, is_int,
 )
@@ -283,19 +286,59 @@ def tensor_shapes(reader: Any, config: dict[str, Any], path: Path) -> dict[str, 
     return shapes
 
 
+def _rope_heads(name: str, config: dict[str, Any]) -> int | None:
+    """How many heads' rows llama.cpp reordered in this tensor (q and k), else None."""
+    if name.endswith("self_attn.q_proj.weight"):
+        return config["num_attention_heads"]
+    if name.endswith("self_attn.k_proj.weight"):
+        return config["num_key_value_heads"]
+    return None
+
+
+def _rows_in_hf_order(data: np.ndarray, heads: int | None) -> np.ndarray:
+    """The tensor's stored rows, q/k ones put back in rotate-half order (`unpermute_rows`).
+
+    A row of a GGUF tensor is whole blocks, so reordering rows of bytes before decoding
+    gives the same values as reordering the decoded rows, for a sixth of the bytes moved.
+    """
+    if heads is None:
+        return data
+    order = unpermute_rows(torch.arange(data.shape[0])[:, None], heads)[:, 0]  # (R,): stored row per HF row
+    return data[order.numpy()]  # (R, bytes per row), a copy
+
+
 def read_state_dict(reader: Any, config: dict[str, Any], path: Path, dtype: torch.dtype) -> dict[str, Tensor]:
-    """Every tensor dequantized, renamed and (for q/k) unpermuted; an unknown one -> QkvError."""
+    """Every tensor dequantized, renamed and (for q/k) unpermuted; an unknown one -> QkvError.
+
+    Tensors of the types `qkv.models.gguf_blocks` decodes are decoded together, one batch
+    per type, and come back as views into that batch's one tensor (each contiguous); the
+    rest go through the gguf library one by one.
+    """
     tensor_shapes(reader, config, path)
     state: dict[str, Tensor] = {}
+    batches: dict[Any, list[tuple[str, Any]]] = {}
     for tensor in reader.tensors:
         name = hf_name(tensor.name)
+        heads = _rope_heads(name, config)
+        if tensor.tensor_type in gguf_blocks.TYPES:
+            batches.setdefault(tensor.tensor_type, []).append((name, tensor))
+            continue
         weight = torch.from_numpy(np.array(dequantize(tensor, path)))
-        if name.endswith("self_attn.q_proj.weight"):
-            weight = unpermute_rows(weight, config["num_attention_heads"])
-        elif name.endswith("self_attn.k_proj.weight"):
-            weight = unpermute_rows(weight, config["num_key_value_heads"])
+        if heads is not None:
+            weight = unpermute_rows(weight, heads)
         state[name] = weight.to(dtype).contiguous()
-    return state
+    for tensor_type, members in batches.items():
+        parts = [_rows_in_hf_order(t.data, _rope_heads(name, config)) for name, t in members]
+        try:
+            flat = gguf_blocks.dequantize_blocks(parts, tensor_type).to(dtype)  # (all weights,)
+        except ValueError as error:  # the header checked sizes; this is the last guard
+            raise QkvError(f"{path}: the {tensor_type.name} tensors cannot be decoded: {error}") from None
+        sizes = [t.n_elements for _, t in members]
+        if flat.numel() != sum(sizes):
+            raise QkvError(f"{path}: the {tensor_type.name} tensors hold {flat.numel()} values, not {sum(sizes)}")
+        for (name, t), values in zip(members, flat.split(sizes)):
+            state[name] = values.view(_gguf_shape(t))
+    return {name: state[name] for name in (hf_name(t.name) for t in reader.tensors)}  # the file's order
 
 
 # ----------------------------------------------------------------------------- tokenizer
