@@ -193,3 +193,64 @@ def test_save_keeps_old_files_when_it_fails(tmp_path: Path, tokenizer) -> None:
     after = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     assert after.keys() == before.keys()
     assert after["config.json"] == before["config.json"] and after["tokenizer.json"] == before["tokenizer.json"]
+
+
+# ---- building without random init, weights assigned --------------------------------------
+
+
+def old_way(config: dict, tensors: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """What ModelPlan.build did before: a randomly initialised model, weights copied in."""
+    from qkv.models.checkpoint import FAMILIES
+
+    family = FAMILIES[config["model_type"]]
+    model = family.build(family.parse(config))
+    model.load_state_dict(tensors, strict=True)
+    return model.eval()
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
+def test_built_model_gives_the_logits_of_a_copied_one(shared_checkpoint, kind: str) -> None:
+    folder, _ = shared_checkpoint(kind)
+    config = json.loads((folder / "config.json").read_text())
+    tensors = load_file(folder / "model.safetensors")
+    if config.get("tie_word_embeddings"):
+        tensors.setdefault("lm_head.weight", tensors["model.embed_tokens.weight"])
+    model = build_from_hf(config, dict(tensors), torch.float32)
+    with torch.no_grad():
+        assert torch.equal(model(ids()), old_way(config, tensors)(ids()))
+    assert all(not t.is_meta for t in [*model.parameters(), *model.buffers()])
+    if config.get("tie_word_embeddings"):
+        assert model.lm_head.weight is model.model.embed_tokens.weight
+
+
+def test_build_copies_what_it_is_given_unless_handed_over(shared_checkpoint) -> None:
+    from qkv.models.checkpoint import plan_model
+
+    folder, _ = shared_checkpoint("llama")
+    config = json.loads((folder / "config.json").read_text())
+    tensors = load_file(folder / "model.safetensors")
+    plan = plan_model(config, {k: tuple(v.shape) for k, v in tensors.items()}, source="test")
+    name = "model.layers.0.mlp.up_proj.weight"
+    copied = plan.build(dict(tensors))
+    assert copied.state_dict()[name].data_ptr() != tensors[name].data_ptr()
+    taken = plan.build(dict(tensors), owned=True)
+    assert taken.state_dict()[name].data_ptr() == tensors[name].data_ptr()
+    assert all(p.requires_grad for p in taken.parameters())
+
+
+def test_bad_values_are_named_in_views_of_one_tensor() -> None:
+    from qkv.models.checkpoint import _tilings, check_tensors
+
+    flat = torch.randn(30)
+    views = {"a": flat[:10].view(2, 5), "b": flat[10:25], "c": flat[25:]}
+    assert _tilings(views) == [["a", "b", "c"]]
+    check_tensors(views, "x")
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        flat[12] = bad
+        with pytest.raises(QkvError, match="weight b holds NaN or infinite"):
+            check_tensors(views, "x")
+        flat[12] = 0.0
+    partial = {"a": flat[:10], "c": flat[25:]}  # a gap: each is checked alone
+    assert sorted(_tilings(partial)) == [["a"], ["c"]]
+    flat[15] = float("nan")  # in the gap, in no tensor given
+    check_tensors(partial, "x")

@@ -1,8 +1,8 @@
 """Hugging Face checkpoint names <-> qkv module names, with every key accounted for.
 
 A `KeyMap` says how one checkpoint tensor (its name and expected shape) becomes one or
-more model tensors. Loading checks the whole checkpoint against the maps before copying
-anything: a missing key, an unexpected key or a wrong shape raises a QkvError naming it.
+more model tensors. Loading checks the whole checkpoint against the maps before taking
+anything in: a missing key, an unexpected key or a wrong shape raises a QkvError naming it.
 Known non-weight buffers (GPT-2's attn.bias/attn.masked_bias masks, rotary inv_freq) are
 skipped by an explicit pattern, never by a catch-all.
 
@@ -82,10 +82,15 @@ def load_mapped(
     skip: re.Pattern[str],
     tied_duplicates: dict[str, str],
     source: str,
+    copy: bool = True,
 ) -> None:
-    """Check `tensors` against `maps`, then copy them into `model` (casting to its dtype).
+    """Check `tensors` against `maps`, then make them `model`'s parameters (cast to its dtype).
 
     tied_duplicates: {name: original} checkpoint keys that may repeat a tied weight.
+    The tensors are assigned (`load_state_dict(assign=True)`), so `model` may have been
+    built with its parameters on the meta device (qkv.models.empty_init). copy=False: a
+    tensor already of the right dtype and contiguous becomes the parameter itself, for a
+    caller that hands over tensors nothing else holds (the loader's freshly read ones).
     """
     shapes = {k: tuple(v.shape) for k, v in tensors.items()}
     check_names_and_shapes(maps, shapes, skip=skip, tied_duplicates=tied_duplicates, source=source)
@@ -97,7 +102,28 @@ def load_mapped(
     state: dict[str, Tensor] = {}
     for m in maps:
         state.update(m.to_model(tensors[m.hf_name]))
-    model.load_state_dict(state, strict=True)
+    model.load_state_dict(_like_model(model, state, copy=copy), strict=True, assign=True)
+
+
+def _like_model(model: torch.nn.Module, state: dict[str, Tensor], *, copy: bool) -> dict[str, Tensor]:
+    """`state` with each tensor in the dtype of the model's entry, contiguous, and a
+    Parameter where the model has one. One tensor under several names (a tied head) stays
+    one Parameter, so the modules keep sharing it after assignment."""
+    targets = model.state_dict(keep_vars=True)
+    made: dict[tuple[int, torch.dtype, bool], Tensor] = {}
+    out: dict[str, Tensor] = {}
+    for name, value in state.items():
+        target = targets.get(name)
+        if target is None:  # load_state_dict(strict=True) names it
+            out[name] = value
+            continue
+        is_param = isinstance(target, torch.nn.Parameter)
+        key = (id(value), target.dtype, is_param)
+        if key not in made:
+            tensor = value.detach().to(dtype=target.dtype, memory_format=torch.contiguous_format, copy=copy)
+            made[key] = torch.nn.Parameter(tensor, requires_grad=target.requires_grad) if is_param else tensor
+        out[name] = made[key]
+    return out
 
 
 def _same(name: str, *aliases: str) -> Callable[[Tensor], dict[str, Tensor]]:

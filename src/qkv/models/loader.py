@@ -125,7 +125,7 @@ def load(
         max_memory=max_memory,
     )
     plan.check_vocabulary(source.tokenizer, f"{where}: the tokenizer")
-    model = plan.build(source.read_tensors(dtype))
+    model = plan.build(source.read_tensors(dtype), owned=True)  # read here, held by nothing else
     if isinstance(source, checkpoint.FolderCheckpoint):
         model.eos_token_ids = source.generation_eos() or model.eos_token_ids
     return LoadedModel(model, source.tokenizer, source.path, template)
