@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from qkv.models.empty_init import parameters_on_meta
+
 
 def stack_linears(layers: list[nn.Linear]) -> nn.Linear:
     """One nn.Linear whose output is the layers' outputs concatenated: (sum N_i, K) weight."""
@@ -23,13 +25,14 @@ def stack_linears(layers: list[nn.Linear]) -> nn.Linear:
         raise TypeError("only plain nn.Linear layers are stacked (fuse before quantizing)")
     if len({layer.in_features for layer in layers}) != 1 or len({layer.bias is None for layer in layers}) != 1:
         raise ValueError("stacked layers must share their input size and all have a bias or none")
-    stacked = nn.Linear(first.in_features, sum(layer.out_features for layer in layers), bias=first.bias is not None,
-                        device=first.weight.device, dtype=first.weight.dtype)
+    with parameters_on_meta():  # no random init for weights that are replaced at once
+        stacked = nn.Linear(first.in_features, sum(layer.out_features for layer in layers),
+                            bias=first.bias is not None, dtype=first.weight.dtype)
+    grad = first.weight.requires_grad
     with torch.no_grad():
-        stacked.weight.copy_(torch.cat([layer.weight for layer in layers]))  # (sum N_i, K)
-        if stacked.bias is not None:
-            stacked.bias.copy_(torch.cat([layer.bias for layer in layers]))
-    stacked.requires_grad_(first.weight.requires_grad)
+        stacked.weight = nn.Parameter(torch.cat([layer.weight for layer in layers]), requires_grad=grad)  # (sum N_i, K)
+        if first.bias is not None:
+            stacked.bias = nn.Parameter(torch.cat([layer.bias for layer in layers]), requires_grad=grad)  # (sum N_i,)
     return stacked
 
 

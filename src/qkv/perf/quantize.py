@@ -50,7 +50,7 @@ def quantize_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
     """Symmetric per-row int8: returns q (N, K) int8 and scales (N,) float32, w ~ q * s."""
     w = weight.detach().float()
     scales = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127.0  # (N,)
-    q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)  # (N, K)
+    q = (w / scales[:, None]).round_().clamp_(-127, 127).to(torch.int8)  # (N, K); in place: one temporary
     return q, scales
 
 
