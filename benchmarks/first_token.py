@@ -1,0 +1,116 @@
+"""Where `qkv generate`'s time to the first token goes, phase by phase, in fresh processes.
+
+    .venv/bin/python benchmarks/first_token.py [--runs 5] [--model smollm2]
+
+Each run starts a new Python process that runs the real command,
+`qkv generate --model M --prompt <32 tokens> --max-new-tokens 1` (default flags: int8,
+compiled), with the functions it goes through wrapped in timers. Phases, in order:
+
+- import: from the process start (interpreter included) to `qkv.cli.generate` and what
+  its `run` imports (torch, the loader, generation) imported;
+- header: the GGUF header, config, tensor shapes and tokenizer (`open_gguf_file`);
+- weights: dequantizing every tensor (`read_tensors`);
+- build: the model made and the weights put in (`ModelPlan.build`);
+- prepare: fuse, quantize and compile (`prepare_for_decoding`);
+- compile: the part of prepare in `compile_decoder` (probing the compiler, marking regions);
+- warm-up: the compiled decode step run once (`warm_up`; a cache lookup on a second run);
+- prefill: from the request to the first token (the 32-token prompt, one step);
+- total: from the process start to the first token.
+
+The first run also fills Inductor's on-disk cache, so it is reported apart; the others are
+"second runs" and their medians are printed. Timings of each run are printed as they come.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+
+PROMPT = (
+    "The history of the printing press begins in the fifteenth century, when Johannes "
+    "Gutenberg combined movable metal type, oil-based ink and a wooden press into one machine"
+)
+
+CHILD = r"""
+import json, sys, time
+T0 = float(sys.argv[1])
+marks = {}
+import qkv.cli.generate
+# what generate's run() imports first thing (torch and the modules it loads with)
+import torch, qkv.generation, qkv.models.loader, qkv.perf.prepare, qkv.cli.perplexity
+marks["import"] = time.time() - T0
+from qkv.models import gguf, checkpoint
+from qkv.perf import prepare
+from qkv.perf import compile as compiling
+from qkv import generation
+import qkv.cli.speed
+
+def timed(owner, name, key):
+    original = getattr(owner, name)
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            marks[key] = marks.get(key, 0.0) + time.perf_counter() - start
+    setattr(owner, name, wrapper)
+
+timed(gguf, "open_gguf_file", "header")
+timed(gguf.GGUFFile, "read_tensors", "weights")
+timed(checkpoint.ModelPlan, "build", "build")
+timed(prepare, "prepare_for_decoding", "prepare")
+timed(prepare, "compile_decoder", "compile")
+timed(generation, "warm_up", "warm-up")
+original_stream = generation.stream
+def stream(*args, **kwargs):
+    start = time.perf_counter()
+    tokens = original_stream(*args, **kwargs)
+    def first():
+        for i, token in enumerate(tokens):
+            if i == 0:
+                marks["prefill"] = time.perf_counter() - start
+                marks["total"] = time.time() - T0
+            yield token
+    return first()
+generation.stream = stream
+from qkv.cli.main import main
+code = main(sys.argv[2:])
+print("MARKS " + json.dumps(marks), file=sys.stderr)
+sys.exit(code)
+"""
+
+PHASES = ("import", "header", "weights", "build", "prepare", "compile", "warm-up", "prefill", "total")
+
+
+def run_once(model: str) -> dict[str, float]:
+    import time
+
+    argv = ["generate", "--model", model, "--prompt", PROMPT, "--max-new-tokens", "1"]
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, repr(time.time()), *argv], capture_output=True, text=True, check=True
+    )
+    line = next(l for l in done.stderr.splitlines() if l.startswith("MARKS "))
+    return json.loads(line.removeprefix("MARKS "))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5, help="second runs to take the median of")
+    parser.add_argument("--model", default="smollm2")
+    args = parser.parse_args()
+    from tokenizers import Tokenizer  # noqa: F401 - only to fail early without the venv
+
+    rows = []
+    for i in range(args.runs + 1):
+        marks = run_once(args.model)
+        print(("first " if i == 0 else "second") + "  " + "  ".join(f"{k} {marks.get(k, 0):.2f}" for k in PHASES), flush=True)
+        if i:
+            rows.append(marks)
+    print("median  " + "  ".join(f"{k} {statistics.median(r.get(k, 0) for r in rows):.2f}" for k in PHASES))
+
+
+if __name__ == "__main__":
+    main()
