@@ -98,7 +98,7 @@ def run_once(model: str) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=5, help="second runs to take the median of")
+    parser.add_argument("--runs", type=int, default=5, help="second runs to take the median of (0: only the first)")
     parser.add_argument("--model", default="smollm2")
     args = parser.parse_args()
     from tokenizers import Tokenizer  # noqa: F401 - only to fail early without the venv
@@ -109,7 +109,8 @@ def main() -> None:
         print(("first " if i == 0 else "second") + "  " + "  ".join(f"{k} {marks.get(k, 0):.2f}" for k in PHASES), flush=True)
         if i:
             rows.append(marks)
-    print("median  " + "  ".join(f"{k} {statistics.median(r.get(k, 0) for r in rows):.2f}" for k in PHASES))
+    if rows:
+        print("median  " + "  ".join(f"{k} {statistics.median(r.get(k, 0) for r in rows):.2f}" for k in PHASES))
 
 
 if __name__ == "__main__":
