@@ -1,22 +1,47 @@
-"""Perplexity of SmolLM2-135M-Instruct (float32 weights) read through each KV cache kind.
+"""Perplexity of SmolLM2-135M-Instruct (float32 weights) read through chosen KV cache kinds:
+a quick way to compare options that `qkv bench --only kv-cache` does not sweep.
 
-    .venv/bin/python benchmarks/kv_cache.py TOKENS KIND[:option=value...] ...
-    e.g. benchmarks/kv_cache.py 512 full int4 int2 int2:key_axis=token sink:sinks=4:window=252
+    .venv/bin/python benchmarks/kv_cache.py TEXT TOKENS KIND[:option=value...] ...
+    e.g. benchmarks/kv_cache.py ../shared/data/the-verdict.txt 1024 full int2 int2:rope=before
+         benchmarks/kv_cache.py long 8192 int4 int4:rope=before
 
-The first TOKENS tokens of ../shared/data/the-verdict.txt, fed 32 at a time (see
-qkv.generation.cache_kinds.cached_perplexity). Not a test: numbers go to RESULTS.md.
+TEXT is a file or `long` (qkv.long_text); its first TOKENS tokens are fed 32 at a time
+(qkv.generation.cache_kinds.cached_perplexity). Not a test: numbers go to RESULTS.md.
 """
-import sys, time, torch
-from qkv.perf.prepare import load_for_generation
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+
 from qkv.generation.cache_kinds import cache_kind, cached_perplexity
-torch.set_num_threads(2)
-model, tok, _ = load_for_generation("smollm2", precision="float32", compile=False)
-ids = torch.tensor(tok.encode(open(__import__("pathlib").Path(__file__).resolve().parents[2] / "shared" / "data" / "the-verdict.txt").read()).ids)[: int(sys.argv[1])]
-print("tokens", ids.numel(), "context", model.context_length, flush=True)
-for spec in sys.argv[2:]:
-    name, *opts = spec.split(":")
-    kw = dict(o.split("=") for o in opts)
-    kw = {k: (v if k == "key_axis" else int(v)) for k, v in kw.items()}
-    t = time.time()
-    r = cached_perplexity(model, ids, cache_kind(name, **kw), capacity=ids.numel())
-    print(f"{spec:40s} ppl {r.perplexity:.3f} nll {r.nll:.4f} bytes {r.cache_nbytes} slices {[round(x,2) for x in r.window_nll]} {time.time()-t:.0f}s", flush=True)
+from qkv.long_text import long_text
+from qkv.perf.prepare import load_for_generation
+from qkv.text_file import read_text_file
+
+TEXT_OPTIONS = ("key_axis", "rope")  # the options that are words; the others are integers
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) < 3:
+        raise SystemExit(__doc__)
+    torch.set_num_threads(2)
+    model, tokenizer, _ = load_for_generation("smollm2", precision="float32", compile=False)
+    text = long_text() if argv[0] == "long" else read_text_file(argv[0], when_empty="is empty")
+    ids = torch.tensor(tokenizer.encode(text).ids)[: int(argv[1])]
+    print(f"{ids.numel()} tokens of {argv[0]}, context {model.context_length}", flush=True)
+    for spec in argv[2:]:
+        name, *options = spec.split(":")
+        pairs = dict(option.split("=") for option in options)
+        kw = {key: (value if key in TEXT_OPTIONS else int(value)) for key, value in pairs.items()}
+        start = time.time()
+        result = cached_perplexity(model, ids, cache_kind(name, **kw),
+                                   capacity=min(ids.numel(), model.context_length))
+        print(f"{spec:40s} perplexity {result.perplexity:.3f} nll {result.nll:.4f} "
+              f"bytes {result.cache_nbytes} ({time.time() - start:.0f} s)", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -22,12 +22,13 @@ def tiny_llama() -> LlamaForCausalLM:
     return LlamaForCausalLM(cfg).eval()
 
 
-@pytest.mark.parametrize("name", ["int4", "int2", "sink"])
-def test_generation_with_a_cache_that_holds_everything_exactly_matches_the_full_cache(name: str) -> None:
+@pytest.mark.parametrize(("name", "rope"), [("int4", "after"), ("int2", "after"), ("int2", "before"),
+                                            ("sink", "after")])
+def test_generation_with_a_cache_that_holds_everything_exactly_matches_the_full_cache(name: str, rope: str) -> None:
     model = tiny_llama()
     prompt = torch.randint(0, 97, (1, 12))
     full = generate(model, prompt, 30)
-    kind = cache_kind(name, residual=64, window=64, sinks=4)  # 42 tokens: nothing leaves full precision
+    kind = cache_kind(name, residual=64, window=64, sinks=4, rope=rope)  # 42 tokens: nothing leaves full precision
     assert torch.equal(generate(model, prompt, 30, kv_cache=kind), full)
 
 
@@ -41,6 +42,18 @@ def test_cached_perplexity_of_the_full_cache_is_the_whole_sequence_perplexity() 
     assert math.isclose(result.nll, expected, rel_tol=1e-4) and result.tokens == 79
     sink = cached_perplexity(model, ids, cache_kind("sink", sinks=2, window=16), capacity=80, chunk=5)
     assert sink.tokens == 79 and math.isfinite(sink.nll)
+
+
+def test_keys_quantized_before_rope_are_rotated_at_their_positions_when_read() -> None:
+    """Quantized before RoPE, the keys read back are the rotated dequantized keys: close to
+    the full cache, and not the same as quantizing the rotated keys."""
+    model = tiny_llama()
+    ids = torch.randint(0, 97, (200,))
+    full = cached_perplexity(model, ids, StaticKVCache, capacity=200, chunk=8)
+    before = cached_perplexity(model, ids, cache_kind("int2", residual=16, group_size=16, rope="before"),
+                               capacity=200, chunk=8)
+    after = cached_perplexity(model, ids, cache_kind("int2", residual=16, group_size=16), capacity=200, chunk=8)
+    assert abs(before.nll - full.nll) < 0.05 and before.nll != after.nll
 
 
 @pytest.mark.parametrize(("name", "options", "message"), [

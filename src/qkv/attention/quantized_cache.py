@@ -18,11 +18,12 @@ statistics they add half a bit per number, so a bfloat16 cache shrinks 16 / 4.5 
 quantizes keys per token like values: the ablation that shows why keys want per-channel
 statistics.
 
-Keys are quantized after RoPE (the attention layer hands the cache rotated keys; the
-layer's interface is left as it is). KVQuant quantizes keys before RoPE, where the outlier
-channels are steadier; post-RoPE per-channel quantization over short groups works because
-a group spans few rotation steps of the low-frequency (large) channels: measured on
-SmolLM2, int4 costs +0.6% perplexity and int2 +9% (benchmarks/RESULTS.md).
+Keys are quantized after RoPE by default (the attention layer hands the cache rotated
+keys). With rope="before" on a model with RoPE (`rotates_keys`), the layer hands them over
+unrotated, as KVQuant quantizes them, and the cache rotates the dequantized keys at their
+true positions when it reads them. Per-channel statistics over a group of 64 tokens
+see the large low-frequency channels rotate only a little within a group, which is why
+quantizing after RoPE loses little; benchmarks/RESULTS.md has both measured on SmolLM2.
 
 Layout and shapes. The answer of `update` always has the same layout, whatever the length:
 [sinks | every group slot of the capacity, dequantized | the full-precision tail], with
@@ -49,8 +50,10 @@ from torch import Tensor
 
 from qkv.attention.kv_cache import CacheKind, CacheSpec, KVCache
 from qkv.attention.quantize import check_bits, dequantize, pack, quantize, unpack
+from qkv.attention.rope import apply_rope
 
 KEY_AXES = ("channel", "token")
+ROPE_SIDES = ("after", "before")  # quantize keys after RoPE (as the layer hands them) or before
 
 
 class QuantizedKVCache(KVCache):
@@ -58,8 +61,12 @@ class QuantizedKVCache(KVCache):
     and the first `sinks` tokens in full precision."""
 
     def __init__(self, spec: CacheSpec, *, bits: int = 4, group_size: int = 64, residual: int = 64,
-                 sinks: int = 0, channel_group: int = 64, key_axis: str = "channel") -> None:
+                 sinks: int = 0, channel_group: int = 64, key_axis: str = "channel",
+                 rope: str = "after") -> None:
         super().__init__(spec)
+        if rope not in ROPE_SIDES:
+            raise ValueError(f"rope must be one of {ROPE_SIDES}, got {rope!r}")
+        self.rope = rope
         s = spec
         self.bits = check_bits(bits)
         if group_size < 1 or residual < 0 or sinks < 0:
@@ -117,6 +124,12 @@ class QuantizedKVCache(KVCache):
     @property
     def reads_as_reductions(self) -> bool:
         return True
+
+    @property
+    def rotates_keys(self) -> bool:
+        """With rope="before" (and a model with RoPE) keys arrive unrotated, are quantized so,
+        and are rotated at their true positions when read."""
+        return self.rope == "before" and self.spec.rotary is not None
 
     # -- quantization of whole groups ---------------------------------------------------
     def _per_token(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -247,6 +260,10 @@ class QuantizedKVCache(KVCache):
         tail_pos = self.quantized + self.tail_index  # (P,)
         key_pos = torch.cat([self.sink_pos, self.slot_pos, tail_pos])  # (S,)
         filled = torch.cat([self.sink_pos < self.held, self.slot_pos < self.quantized, tail_pos < self.held])
+        if self.rotates_keys:
+            assert self.spec.rotary is not None
+            cos, sin = self.spec.rotary(key_pos, dtype=keys.dtype)  # (S, D)
+            keys = apply_rope(keys, cos, sin)
         visible = filled[None, :] & (key_pos[None, :] <= positions[:, None])  # (T, S)
         return keys, values, visible[None, None]
 
@@ -263,7 +280,8 @@ class QuantizedKVCache(KVCache):
         self.held.fill_(min(held, length))
 
     def contents(self) -> tuple[Tensor, Tensor]:
-        """Every held position in order: sinks, dequantized groups, the full-precision tail."""
+        """Every held position in order: sinks, dequantized groups, the full-precision tail
+        (keys unrotated with rope="before")."""
         held, quantized = int(self.held), int(self.quantized)
         sinks = min(self.sinks, held)
         qk, qv = self._dequantized()
@@ -286,4 +304,4 @@ class QuantizedKVCache(KVCache):
 
     def extra_repr(self) -> str:
         return (f"bits={self.bits}, group_size={self.group_size}, residual={self.residual}, "
-                f"sinks={self.sinks}, keys per {self.key_axis}, capacity={self.capacity}")
+                f"sinks={self.sinks}, keys per {self.key_axis} {self.rope} RoPE, capacity={self.capacity}")

@@ -31,7 +31,7 @@ KINDS = ("full", "int4", "int2", "sink")
 
 
 def cache_kind(name: str, *, sinks: int = 4, window: int = 252, residual: int = 64,
-               group_size: int = 64, key_axis: str = "channel") -> CacheKind:
+               group_size: int = 64, key_axis: str = "channel", rope: str = "after") -> CacheKind:
     """The cache kind called `name`; bad options raise QkvError naming them."""
     if name == "full":
         return StaticKVCache
@@ -39,7 +39,7 @@ def cache_kind(name: str, *, sinks: int = 4, window: int = 252, residual: int = 
         if residual < 0 or group_size < 1:
             raise QkvError(f"--residual must be >= 0 and the group size >= 1, got {residual}, {group_size}")
         return QuantizedKVCache.kind(bits=int(name[3:]), residual=residual, group_size=group_size,
-                                     sinks=sinks, key_axis=key_axis)
+                                     sinks=sinks, key_axis=key_axis, rope=rope)
     if name == "sink":
         if window < 1:
             raise QkvError(f"--window must be at least 1, got {window}")
