@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     chat = load_chat_model(args.model, dtype=load_dtype(args.dtype), max_memory=args.max_memory)
     if kind is not None:
         check_kind(chat.model, kind)
-    apply_speed_options(chat.model, args)
+    apply_speed_options(chat.model, args, kind)
     session = ChatSession(chat, system=args.system, max_context=args.max_context, seed=args.seed,
                           notice=lambda line: print(f"qkv chat: {line}", file=sys.stderr),
                           kind=kind or StaticKVCache)

@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     if kind is not None:
         check_kind(model, kind)
     check_request(model, input_ids, args.max_new_tokens, kind=kind or StaticKVCache)  # before a compile is paid for
-    speed = apply_speed_options(model, args)
+    speed = apply_speed_options(model, args, kind)
     tokens = stream(
         model, input_ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache,

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from qkv.precision import DEFAULT_PRECISION, PRECISIONS
 
 if TYPE_CHECKING:
+    from qkv.attention.kv_cache import CacheKind
     from qkv.models.decoder import CausalDecoder
     from qkv.perf.prepare import DecodeSetup
 
@@ -34,9 +35,10 @@ def add_speed_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def apply_speed_options(model: CausalDecoder, args: argparse.Namespace) -> DecodeSetup:
-    """Prepare the model as asked and compile its decode step before the first token,
-    saying so once on stderr (with the time it took, apart from tokens/s)."""
+def apply_speed_options(model: CausalDecoder, args: argparse.Namespace, kind: CacheKind | None = None) -> DecodeSetup:
+    """Prepare the model as asked and compile its decode step (with caches of `kind`, the
+    full cache by default) before the first token, saying so once on stderr (with the time
+    it took, apart from tokens/s)."""
     from qkv.generation import warm_up
     from qkv.perf.prepare import prepare_for_decoding
 
@@ -45,6 +47,6 @@ def apply_speed_options(model: CausalDecoder, args: argparse.Namespace) -> Decod
         print(f"decoding eagerly: {setup.compile.reason} (--no-compile hides this line)",
               file=sys.stderr, flush=True)
     elif setup.compiled:
-        seconds = warm_up(model)
+        seconds = warm_up(model) if kind is None else warm_up(model, kind=kind)
         print(f"compiled the decode step in {seconds:.1f} s", file=sys.stderr, flush=True)
     return setup

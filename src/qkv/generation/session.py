@@ -258,13 +258,13 @@ class DecodeSession:
             raise QkvError("the decode session is not open: use it inside `with DecodeSession(...)`")
 
 
-def warm_up(model: CausalDecoder, *, capacity: int = SMALLEST_CAPACITY) -> float:
+def warm_up(model: CausalDecoder, *, capacity: int = SMALLEST_CAPACITY, kind: CacheKind = StaticKVCache) -> float:
     """Run a prompt and two decode steps on a throw-away session, so that a compiled
-    model compiles its decode step (for sessions of `capacity`) before anyone waits on a
-    token. Returns the seconds it took."""
+    model compiles its decode step (for sessions of `capacity` and caches of `kind`)
+    before anyone waits on a token. Returns the seconds it took."""
     start = time.perf_counter()
     token = torch.zeros(1, dtype=torch.long, device=next(model.parameters()).device)
-    with DecodeSession(model, capacity=min(capacity, model.context_length)) as session:
+    with DecodeSession(model, capacity=min(capacity, model.context_length), kind=kind) as session:
         session.prefill(token[None])
         session.decode(token)
         session.decode(token)
