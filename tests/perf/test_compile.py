@@ -112,3 +112,21 @@ def test_key_aware_caches_compile_to_one_set_of_graphs(kind_name: str) -> None:
     assert torch.equal(generate(model, prompt, 30, kv_cache=kind), compiled[:, :36])
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
     assert torch.equal(compiled, generate(reference, prompt, 60, kv_cache=kind))
+
+
+@pytest.mark.slow
+def test_inductor_fuses_the_quantized_cache_and_gives_the_eager_tokens() -> None:
+    """Inductor compiles the int4 cache's decode step (dequantization fused into the
+    attention reductions): the same greedy tokens as eager, past several quantized groups."""
+    from qkv.generation.cache_kinds import cache_kind
+
+    cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    model, reference = _pair(lambda: LlamaForCausalLM(cfg))
+    setup = prepare_for_decoding(model, precision="float32", compile=True)
+    prepare_for_decoding(reference, precision="float32", compile=False)
+    if not setup.compiled:
+        pytest.fail(f"Inductor does not work on this machine: {setup.compile.reason}")
+    kind = cache_kind("int4", residual=8, group_size=8, sinks=2)
+    prompt = torch.tensor([[3, 14, 15, 92, 65, 35]])
+    assert torch.equal(generate(model, prompt, 48, kv_cache=kind), generate(reference, prompt, 48, kv_cache=kind))
