@@ -54,10 +54,14 @@ def test_held_keys_are_within_their_bounds_and_tail_is_exact(bits: int, key_axis
     s = spec()
     k, v = torch.randn(2, 2, 100, 16), torch.randn(2, 2, 100, 16)
     cache = QuantizedKVCache(s, bits=bits, group_size=8, residual=16, sinks=4, key_axis=key_axis)
-    keys, values, visible = feed(cache, k, v, [37, 1, 1, 5, 56])
-    # The answer has one layout at every length: sinks, every group slot, the tail.
+    keys, values, visible = feed(cache, k, v, [37, 1, 1, 5, 55])
+    # A prompt's call answers with the group slots in use: sinks, 72 quantized, the tail.
+    assert int(cache.quantized) == 4 + 72  # 95 tokens past the sinks, the 16 newest kept
+    assert keys.shape == (2, 2, 4 + 72 + 24, 16) and int(visible[0, 0, -1].sum()) == 99
+    keys, values, visible = cache.update(k[:, :, 99:], v[:, :, 99:], torch.tensor([99]))
+    # A decode step has one layout at every length: sinks, every group slot, the tail.
     assert keys.shape == (2, 2, 4 + 128 + 24, 16) and visible.shape[-1] == keys.shape[2]
-    assert int(visible[0, 0, -1].sum()) == 100 and cache.length == 100  # the last query sees all
+    assert int(visible.sum()) == 100 and cache.length == 100  # it sees every position
     keys, values = cache.contents()  # the held positions, in order
     assert keys.shape == (2, 2, 100, 16)
     quantized = int(cache.quantized)

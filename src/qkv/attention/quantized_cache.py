@@ -165,21 +165,23 @@ class QuantizedKVCache(KVCache):
         self.v_scale[:, :, start:start + n] = v_scale
         self.v_zero[:, :, start:start + n] = v_zero
 
-    def _dequantized(self) -> tuple[Tensor, Tensor]:
-        """Every group slot back in the model's dtype (filled or not): (B, H_kv, slots, D)."""
-        n, g, c = self.slots, self.group_size, self.channel_group
-        codes = unpack(self.k_codes, self.bits)  # (B, H_kv, slots, D)
+    def _dequantized(self, n: int | None = None) -> tuple[Tensor, Tensor]:
+        """The first n group slots (default: all, filled or not) back in the model's dtype:
+        (B, H_kv, n, D). n is a multiple of the group size."""
+        n = self.slots if n is None else n
+        g, c = self.group_size, self.channel_group
+        codes = unpack(self.k_codes[:, :, :n], self.bits)  # (B, H_kv, n, D)
         b, h, _, d = codes.shape
         if self.key_axis == "channel":
-            grouped = codes.reshape(b, h, n // g, g, d)  # (B, H_kv, N_g, G, D)
-            k = dequantize(grouped, self.k_scale[:, :, :, None], self.k_zero[:, :, :, None])
+            grouped = codes.reshape(b, h, n // g, g, d)  # (B, H_kv, n/G, G, D)
+            k = dequantize(grouped, self.k_scale[:, :, :n // g, None], self.k_zero[:, :, :n // g, None])
         else:
-            grouped = codes.reshape(b, h, n, d // c, c)  # (B, H_kv, slots, C, D/C)
-            k = dequantize(grouped, self.k_scale[..., None], self.k_zero[..., None])
-        vcodes = unpack(self.v_codes, self.bits)  # (B, H_kv, slots, D_v)
+            grouped = codes.reshape(b, h, n, d // c, c)  # (B, H_kv, n, C, D/C)
+            k = dequantize(grouped, self.k_scale[:, :, :n, :, None], self.k_zero[:, :, :n, :, None])
+        vcodes = unpack(self.v_codes[:, :, :n], self.bits)  # (B, H_kv, n, D_v)
         dv = vcodes.shape[-1]
-        grouped = vcodes.reshape(b, h, n, dv // c, c)  # (B, H_kv, slots, C, D_v/C)
-        v = dequantize(grouped, self.v_scale[..., None], self.v_zero[..., None])
+        grouped = vcodes.reshape(b, h, n, dv // c, c)  # (B, H_kv, n, C, D_v/C)
+        v = dequantize(grouped, self.v_scale[:, :, :n, :, None], self.v_zero[:, :, :n, :, None])
         return k.reshape(b, h, n, d), v.reshape(b, h, n, dv)
 
     # -- the interface ------------------------------------------------------------------
@@ -190,9 +192,9 @@ class QuantizedKVCache(KVCache):
         k, v = k.to(self.spec.dtype), v.to(self.spec.dtype)
         if k.shape[2] == 1:
             self._step(k, v, positions[0])
-        else:
-            self._prompt(k, v, positions)
-        return self._read(positions)
+            return self._read(positions)
+        filled = self._prompt(k, v, positions)
+        return self._read(positions, filled)  # eager: only the group slots in use
 
     def _step(self, k: Tensor, v: Tensor, position: Tensor) -> None:
         """One token at `position` (a tensor: it continues what is held, or rewrites a
@@ -223,8 +225,9 @@ class QuantizedKVCache(KVCache):
             pending.copy_(torch.where(full, pending.roll(-g, dims=2), pending))
         self.quantized.add_(full.long() * g)
 
-    def _prompt(self, k: Tensor, v: Tensor, positions: Tensor) -> None:
-        """Several tokens (a prompt, run eagerly): the counters are read into Python once."""
+    def _prompt(self, k: Tensor, v: Tensor, positions: Tensor) -> int:
+        """Several tokens (a prompt, run eagerly): the counters are read into Python once.
+        Returns how many group slots are filled."""
         held, quantized = int(self.held), int(self.quantized)
         t = k.shape[2]
         start = int(positions[0])
@@ -249,17 +252,21 @@ class QuantizedKVCache(KVCache):
         self.pending_v[:, :, :left] = fresh_v[:, :, done:]
         self.held.fill_(start + t)
         self.quantized.fill_(quantized + done)
+        return quantized + done - self.sinks
 
-    def _read(self, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _read(self, positions: Tensor, slots: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """[sinks | group slots | tail] and the mask: a slot is visible when it holds a
         position (below `quantized` for sinks and groups, below `held` for the tail) that
-        is not after the query's. -> (B, H_kv, S, D), (B, H_kv, S, D_v), (1, 1, T, S)."""
-        qk, qv = self._dequantized()
+        is not after the query's. `slots`: only the first so many group slots (a prompt's
+        eager call; by default all, the one layout of a decode step).
+        -> (B, H_kv, S, D), (B, H_kv, S, D_v), (1, 1, T, S)."""
+        qk, qv = self._dequantized(slots)
+        slot_pos = self.slot_pos[: qk.shape[2]]  # (n,)
         keys = torch.cat([self.sink_k, qk, self.pending_k], dim=2)  # (B, H_kv, S, D)
         values = torch.cat([self.sink_v, qv, self.pending_v], dim=2)  # (B, H_kv, S, D_v)
         tail_pos = self.quantized + self.tail_index  # (P,)
-        key_pos = torch.cat([self.sink_pos, self.slot_pos, tail_pos])  # (S,)
-        filled = torch.cat([self.sink_pos < self.held, self.slot_pos < self.quantized, tail_pos < self.held])
+        key_pos = torch.cat([self.sink_pos, slot_pos, tail_pos])  # (S,)
+        filled = torch.cat([self.sink_pos < self.held, slot_pos < self.quantized, tail_pos < self.held])
         if self.rotates_keys:
             assert self.spec.rotary is not None
             cos, sin = self.spec.rotary(key_pos, dtype=keys.dtype)  # (S, D)
