@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from qkv.attention.kv_cache import CacheSpec, StaticKVCache
 from qkv.attention.sink_cache import SinkKVCache
@@ -119,16 +121,19 @@ def streaming_reference(layer, rotary, x: torch.Tensor, chunks: list[int], sinks
     return layer.o_proj(context)
 
 
-@pytest.mark.parametrize("chunks", [[1] * 60, [13, 1, 1, 30, 5, 10], [9, 9, 9, 9, 9, 9, 6]])
+@settings(max_examples=20, deadline=None)
+@given(chunks=st.lists(st.integers(1, 12), min_size=1, max_size=8), sinks=st.integers(0, 4),
+       window=st.integers(1, 12), seed=st.integers(0, 2**16))
 @torch.no_grad()
-def test_with_rope_keys_are_rotated_by_their_place_in_the_cache(chunks: list[int]) -> None:
+def test_with_rope_keys_are_rotated_by_their_place_in_the_cache(chunks: list[int], sinks: int, window: int,
+                                                                seed: int) -> None:
+    """Any chunking, any sinks and window: StreamingLLM's attention, written out."""
     from qkv.attention.grouped_query import GroupedQueryAttention
     from qkv.attention.rope import RotaryEmbedding
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     layer = GroupedQueryAttention(32, 4, num_kv_heads=2, backend="explicit").eval()
     rotary = RotaryEmbedding(8, theta=100.0)
-    sinks, window = 3, 9
     cache = layer.setup_cache(1, 64, dtype=torch.float32, device=torch.device("cpu"),
                               kind=SinkKVCache.kind(sinks=sinks, window=window), rotary=rotary)
     assert cache.rotates_keys
