@@ -117,7 +117,7 @@ def test_quick_kv_cache_section_is_consistent(tmp_path: Path) -> None:
     assert r["value"] == pytest.approx(rates["int4 cache"] / rates["full cache"])
     facts = section["facts"]
     (scored,) = facts["perplexity through each cache"].values()
-    assert scored["kinds"]["full"]["vs full"] == 0 and len(scored["kinds"]) == 6
+    assert scored["kinds"]["full"]["vs full"] == 0 and len(scored["kinds"]) == 7
     stream = facts["streaming past the context"]
     assert stream["tokens"] > 2 * stream["context length"]
     assert len(stream["loss per slice"]) == -(-stream["tokens"] // stream["slice tokens"])

@@ -2,7 +2,8 @@
 
 - perplexity through each kind (`cached_perplexity`, chunks of 32 tokens) on the text of
   --data (when given) and on the long text (qkv.long_text), with the ratio to the full
-  cache: int4 and int2 (keys per channel), the per-token-keys ablation at 2 bits, a sink
+  cache: int4 and int2 (keys per channel, before RoPE), the per-token-keys ablation and
+  keys quantized after RoPE at 2 bits, a sink
   cache (4 sinks + 252 recent at FULL sizes) and a window as large without sinks;
 - streaming: the sink cache over more than twice the context length, the mean loss of
   each slice of the text and the slope of a line through them (flat: no upward trend);
@@ -55,6 +56,7 @@ class KVSizes:
             ("int4, keys per channel", "int4", {}),
             ("int2, keys per channel", "int2", {}),
             ("int2, keys per token (ablation)", "int2", {"key_axis": "token"}),
+            ("int2, keys quantized after RoPE", "int2", {"rope": "after"}),
             (f"sink, 4 sinks + {w} recent", "sink", {"sinks": 4, "window": w}),
             (f"window of {w + 4}, no sinks", "sink", {"sinks": 0, "window": w + 4}),
         )
@@ -125,7 +127,7 @@ def _perplexities(ctx: Context, section: Section, model: Any, texts: dict[str, t
             row["vs full"] = round(row["perplexity"] / full - 1, 5)
         labels = [label for label, _, _ in sizes.kinds()]
         ablation, per_channel = rows[labels[3]]["vs full"], rows[labels[2]]["vs full"]
-        sink, window = rows[labels[4]], rows[labels[5]]
+        sink, window = rows[labels[5]], rows[labels[6]]
         table[source] = {
             "tokens": ids.numel(), "kinds": rows,
             "int2 per-token / per-channel loss": round(ablation / per_channel, 2) if per_channel > 0 else None,

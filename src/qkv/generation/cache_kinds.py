@@ -31,7 +31,7 @@ KINDS = ("full", "int4", "int2", "sink")
 
 
 def cache_kind(name: str, *, sinks: int = 4, window: int = 252, residual: int = 64,
-               group_size: int = 64, key_axis: str = "channel", rope: str = "after") -> CacheKind:
+               group_size: int = 64, key_axis: str = "channel", rope: str = "before") -> CacheKind:
     """The cache kind called `name`; bad options raise QkvError naming them."""
     if name == "full":
         return StaticKVCache
