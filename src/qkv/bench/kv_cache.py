@@ -200,7 +200,7 @@ def _speed(ctx: Context, section: Section, sizes: KVSizes, encode: Callable[[str
 
     ids = encode(long_text())[: sizes.speed_context][None]  # (1, N)
     rounds = ctx.options.repeats + 1
-    capacity = sizes.speed_context + sizes.speed_steps * rounds + 1
+    capacity = sizes.speed_context + sizes.speed_steps * rounds  # positions 0 .. capacity - 1
     sessions: dict[str, tuple[DecodeSession, list[torch.Tensor]]] = {}
     try:
         for label, name in (("full cache", "full"), ("int4 cache", "int4")):
