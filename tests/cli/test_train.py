@@ -110,6 +110,9 @@ def test_sigint_keeps_the_last_checkpoint_and_resume_finishes(story: Path, tmp_p
         [sys.executable, "-m", "qkv", "train", "--data", str(story), "--out", str(out),
          "--max-steps", "100000", "--save-every", "1", *FAST],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # As from a terminal: Ctrl-C raises KeyboardInterrupt. A process started with SIGINT
+        # ignored (as a test worker's children may be) keeps ignoring it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     checkpoint = out / "checkpoint.safetensors"
     deadline = time.monotonic() + 120

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+from qkv.training.metrics import MetricsLog
 from qkv.training.outdir import LOCK_NAME, RUN_NAME, OutputFolder
 
 TEXT = "Your journey starts with one step. Every effort moves you forward, " * 120
@@ -86,7 +87,7 @@ def test_overwrite_replaces_qkv_files_and_model_folder_files_only(data: Path, tm
     names = sorted(p.name for p in out.iterdir())
     assert "notes.txt" in names and "generation_config.json" not in names and "tokenizer_config.json" not in names
     assert (out / "notes.txt").read_text() == "mine"
-    assert [r["step"] for r in qkv.training.metrics.MetricsLog(out / "metrics.jsonl").read()] == [0, 2]
+    assert [r["step"] for r in MetricsLog(out / "metrics.jsonl").read()] == [0, 2]
     model, _ = qkv.load_pretrained(out)
     assert model.eos_token_ids  # from config.json, not the stray generation_config.json's 0
     one_line(run(train_argv(data, out, "--max-steps", "2")), "already holds a training run")
