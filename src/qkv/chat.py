@@ -209,19 +209,22 @@ class ChatSession:
         self.close()
         self.cached_ids = []
         if self.streams_by_choice:
-            self.session = DecodeSession(self.chat.model, capacity=self.capacity, kind=self.kind).__enter__()
-            self.streaming = True
-            return self.session
+            return self._open_streaming(self.kind)
         capacity = cache_capacity(needed, self.capacity)
         self.session = DecodeSession(self.chat.model, capacity=capacity, kind=self.kind).__enter__()
         return self.session
 
-    def _start_streaming(self, kind: CacheKind) -> None:
-        """Go on in a sink cache: it is empty, so the whole conversation is prefilled next."""
+    def _open_streaming(self, kind: CacheKind) -> DecodeSession:
+        """A session with a sink cache of `kind`, empty: the whole conversation goes in next."""
         self.close()
         self.cached_ids = []
         self.session = DecodeSession(self.chat.model, capacity=self.capacity, kind=kind).__enter__()
         self.streaming = True
+        return self.session
+
+    def _start_streaming(self, kind: CacheKind) -> None:
+        """Go on in a sink cache when the conversation outgrew the context, and say so."""
+        self._open_streaming(kind)
         if self.notice is not None:
             self.notice(f"the conversation outgrew the {self.capacity}-token context: going on with the first "
                         f"{STREAM_SINKS} tokens and a window of the most recent ones (a sink cache); "

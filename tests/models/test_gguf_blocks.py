@@ -81,6 +81,20 @@ def test_every_smollm2_tensor_equals_the_gguf_library(smollm2_file: Path) -> Non
         assert same_bits(ours, gguf.quants.dequantize(tensor.data, tensor.tensor_type)), tensor.name
 
 
+def library_tensors(file):
+    """(HF name, float32 tensor) for every tensor of `file`, dequantized one at a time by the
+    gguf library and with q/k rows unpermuted: the reference for qkv's batched reading."""
+    for tensor in file.reader.tensors:
+        name = hf_name(tensor.name)
+        values = torch.from_numpy(gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32))
+        values = values.reshape(file.shapes[name])
+        if name.endswith("q_proj.weight"):
+            values = unpermute_rows(values, file.config["num_attention_heads"])
+        elif name.endswith("k_proj.weight"):
+            values = unpermute_rows(values, file.config["num_key_value_heads"])
+        yield name, values
+
+
 @smollm2
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_smollm2_state_dict_equals_the_gguf_library_path(smollm2_file: Path, dtype: torch.dtype) -> None:
@@ -89,14 +103,7 @@ def test_smollm2_state_dict_equals_the_gguf_library_path(smollm2_file: Path, dty
     file = open_gguf_file(smollm2_file)
     state = read_state_dict(file.reader, file.config, file.path, dtype)
     assert list(state) == list(file.shapes)
-    for tensor in file.reader.tensors:
-        name = hf_name(tensor.name)
-        reference = torch.from_numpy(gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32))
-        reference = reference.reshape(file.shapes[name])
-        if name.endswith("q_proj.weight"):
-            reference = unpermute_rows(reference, file.config["num_attention_heads"])
-        elif name.endswith("k_proj.weight"):
-            reference = unpermute_rows(reference, file.config["num_key_value_heads"])
+    for name, reference in library_tensors(file):
         assert state[name].dtype == dtype and state[name].is_contiguous()
         assert torch.equal(state[name], reference.to(dtype)), name
 
@@ -113,14 +120,7 @@ def test_smollm2_loads_to_the_logits_of_a_randomly_initialised_copy(smollm2_file
     file = open_gguf_file(smollm2_file)
     reference = LlamaForCausalLM(LlamaConfig.from_hf_config(file.config)).eval()
     with torch.no_grad():
-        for tensor in file.reader.tensors:
-            name = hf_name(tensor.name)
-            values = torch.from_numpy(gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32))
-            values = values.reshape(file.shapes[name])
-            if name.endswith("q_proj.weight"):
-                values = unpermute_rows(values, file.config["num_attention_heads"])
-            elif name.endswith("k_proj.weight"):
-                values = unpermute_rows(values, file.config["num_key_value_heads"])
+        for name, values in library_tensors(file):
             reference.get_parameter(name).copy_(values)
     model = load(smollm2_file).model
     ids = torch.tensor([[1, 504, 3458, 282, 4649, 314, 253, 1345]])
