@@ -16,7 +16,9 @@ from hypothesis import strategies as st
 from torch import nn
 
 from qkv.models.gpt2 import GPTConfig, GPTModel
-from qkv.perf import Int4Linear, Int8Linear, quantize, quantize_groups, quantize_rows
+from qkv.native import native_kernels
+from qkv.native.ops import dequantize_blocks, round_activations, unpack_blocks
+from qkv.perf import Int4Linear, Int8Linear, quantize, quantize_blocks, quantize_rows
 from qkv.perf.prepare import prepare_for_decoding
 from qkv.perplexity import perplexity
 
@@ -33,26 +35,46 @@ def test_int8_rows_are_within_half_a_step(n, k, seed, scale) -> None:
 
 
 @settings(max_examples=25, deadline=None)
-@given(n=st.integers(1, 16), groups=st.integers(1, 4), seed=st.integers(0, 2**16))
-def test_int4_groups_are_within_half_a_step(n, groups, seed) -> None:
-    g = 32
-    w = torch.randn(n, groups * g, generator=torch.Generator().manual_seed(seed))
-    q, scales, zeros = quantize_groups(w, g)
-    assert int(q.min()) >= 0 and int(q.max()) <= 15
-    deq = ((q.float().reshape(n, groups, g) - 8) * scales[..., None] + zeros[..., None]).reshape(n, -1)
-    step = scales.repeat_interleave(g, dim=1)  # (N, K)
-    assert bool(((w - deq).abs() <= step / 2 * (1 + 1e-4) + 1e-6).all())
+@given(n=st.integers(1, 16), groups=st.integers(1, 4), seed=st.integers(0, 2**16), scale=st.floats(1e-3, 1e3),
+       constant_block=st.booleans())
+def test_int4_blocks_are_within_half_a_step(n, groups, seed, scale, constant_block) -> None:
+    w = torch.randn(n, groups * 32, generator=torch.Generator().manual_seed(seed)) * scale
+    if constant_block:
+        w[0, :32] = w[0, 0]  # max == min: the block is m exactly
+    q, d, m = quantize_blocks(w)
+    values = unpack_blocks(q)
+    assert q.shape == (n, groups * 16) and int(values.max()) <= 15
+    deq = dequantize_blocks(q, d, m)
+    step = d.float().repeat_interleave(32, dim=1)  # (N, K)
+    # half a step, plus float16's rounding of d and m (relative 2^-11 each, 15 d at most)
+    slack = (m.float().abs() + 15 * d.float()).repeat_interleave(32, dim=1) * 2.0**-10
+    assert bool(((w - deq).abs() <= step / 2 * (1 + 1e-4) + slack + 1e-30).all())
+    if constant_block:
+        assert bool((deq[0, :32] == m[0, 0].float()).all())
 
 
+NATIVE = [True, False] if native_kernels().available else [False]
+
+
+@pytest.mark.parametrize("native", NATIVE, ids=lambda n: "qkv-kernels" if n else "pytorch-kernels")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("kind", [Int8Linear, Int4Linear])
-def test_kernels_compute_the_dequantized_product(kind, dtype) -> None:
+@pytest.mark.parametrize("rows", [1, 3, 40], ids=lambda r: f"{r}rows")
+def test_kernels_compute_the_dequantized_product(kind, dtype, native, rows) -> None:
+    """Decode-sized calls run the kernels, 40 rows the dequantized float product. qkv's int4
+    kernel multiplies activations rounded to int8 per block of 32 (exactly, up to float
+    summation order); PyTorch's kernels take bfloat16 activations."""
     torch.manual_seed(0)
     linear = nn.Linear(64, 48)
-    layer = kind.from_linear(linear)
-    x = torch.randn(5, 3, 64).to(dtype)
-    expected = F.linear(x.float(), layer.dequantized(torch.float32), linear.bias.detach())
-    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=0.1, rtol=0.05)
+    layer = kind.from_linear(linear, native=native)
+    assert layer.native == native
+    x = torch.randn(rows, 64).to(dtype)
+    through = x.float()
+    if kind is Int4Linear and native and rows <= 16:
+        through = round_activations(through)
+    expected = F.linear(through, layer.dequantized(torch.float32), linear.bias.detach())
+    exact = dtype == torch.float32 and (native or rows > 16)
+    tol = dict(atol=1e-4, rtol=1e-4) if exact else dict(atol=0.1, rtol=0.05)
     torch.testing.assert_close(layer(x).float(), expected, **tol)
     # and the dequantized weight is the float one, within the quantization step
     assert (layer.dequantized() - linear.weight.detach()).abs().max() < 0.05

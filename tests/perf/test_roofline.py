@@ -45,17 +45,17 @@ def test_weight_bytes_untied_tied_and_int8() -> None:
 
 def test_int4_counts_packed_weights_and_group_scales() -> None:
     cfg = GPTConfig(vocab_size=101, context_length=32, emb_dim=64, n_heads=4, n_layers=3, drop_rate=0.0,
-                    qkv_bias=True)  # widths the int4 kernel takes (groups of 32, outputs of 16)
+                    qkv_bias=True)  # widths the int4 kernels take (blocks of 32, outputs of 16)
     model = GPTModel(cfg)
     quantize(model, "int4")
     c, v = cfg.emb_dim, cfg.vocab_size
     packed = cfg.n_layers * (3 * c * c + c * c + 4 * c * c + 4 * c * c) // 2  # two weights a byte
-    groups = cfg.n_layers * (3 * c * c + c * c + 4 * c * c + 4 * c * c) // 32  # per group of 32 inputs
+    blocks = cfg.n_layers * (3 * c * c + c * c + 4 * c * c + 4 * c * c) // 32  # per block of 32 inputs
     head = v * c + 4 * v  # the output head stays int8: a byte a weight and a float32 row scale
     biases = cfg.n_layers * (3 * c + c + 4 * c + c)
     norms = cfg.n_layers * 4 * c + 2 * c
     embeddings = 2 * c
-    expected = packed + 2 * 4 * groups + head + 4 * (biases + norms + embeddings)
+    expected = packed + 2 * 2 * blocks + head + 4 * (biases + norms + embeddings)  # float16 d and m a block
     assert weight_bytes_per_token(model) == expected
 
 

@@ -18,7 +18,7 @@ from qkv.perf.compile import CompileReport, compile_decoder
 from qkv.perf.prepare import (
     DEFAULT_PRECISION, PRECISIONS, DecodeSetup, load_dtype, load_for_generation, prepare_for_decoding,
 )
-from qkv.perf.quantize import QUANTIZATIONS, Int4Linear, Int8Linear, quantize, quantize_groups, quantize_rows
+from qkv.perf.quantize import QUANTIZATIONS, Int4Linear, Int8Linear, quantize, quantize_blocks, quantize_rows
 from qkv.perf.roofline import TokenBytes, kv_bytes_per_token, roofline_tokens_per_s, token_bytes, weight_bytes_per_token
 from qkv.perf.timing import Measurement, Ratio, alternate, ratio
 
@@ -26,5 +26,5 @@ __all__ = [
     "DEFAULT_PRECISION", "PRECISIONS", "QUANTIZATIONS", "Bandwidth", "CompileReport", "DecodeSetup", "Int4Linear",
     "Int8Linear", "Measurement", "Ratio", "TokenBytes", "alternate", "compile_decoder", "kv_bytes_per_token",
     "load_dtype", "load_for_generation", "measure_read_bandwidth", "prepare_for_decoding", "quantize",
-    "quantize_groups", "quantize_rows", "ratio", "roofline_tokens_per_s", "token_bytes", "weight_bytes_per_token",
+    "quantize_blocks", "quantize_rows", "ratio", "roofline_tokens_per_s", "token_bytes", "weight_bytes_per_token",
 ]

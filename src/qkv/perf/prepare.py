@@ -4,12 +4,13 @@
     setup = prepare_for_decoding(model, precision="int8", compile=True)   # in place
     model, tokenizer, setup = load_for_generation("smollm2")             # load + prepare
 
-Precisions (the weights; activations are float32 only with "float32", else bfloat16, which
-PyTorch's int8/int4 CPU kernels need to be fast):
+Precisions (the weights, and the activations they run with):
 - "float32": the exact path, the checkpoint's numbers;
 - "bfloat16": weights and activations in bfloat16;
 - "int8": weight-only int8, one scale per output row (`qkv.perf.quantize`);
-- "int4": weight-only int4, asymmetric groups of 32 inputs.
+- "int4": weight-only 4-bit blocks of 32 inputs (GGUF's Q4_1 layout).
+The quantized ones run float32 activations on qkv's own kernels (`qkv.native`, built for
+the machine on first use) and bfloat16 ones on PyTorch's where qkv's cannot be built.
 
 DEFAULT_PRECISION (qkv.precision) is the fastest of them whose perplexity on the-verdict
 stays within 1% of bfloat16's (measured by `qkv bench`; benchmarks/RESULTS.md).
@@ -36,8 +37,9 @@ import torch
 from qkv.errors import QkvError
 from qkv.fusion import fuse_projections
 from qkv.models.decoder import CausalDecoder
+from qkv.native import NativeStatus, native_kernels
 from qkv.perf.compile import Backend, CompileReport, compile_decoder
-from qkv.perf.quantize import quantize
+from qkv.perf.quantize import activation_dtype, quantize
 from qkv.perf.transposed import store_input_major
 from qkv.precision import DEFAULT_PRECISION, PRECISIONS, QUANTIZED
 
@@ -60,13 +62,17 @@ class DecodeSetup:
 
     precision: str
     compile: CompileReport | None
+    kernels: NativeStatus | None = None  # for quantized precisions: qkv's kernels or why not
 
     @property
     def compiled(self) -> bool:
         return self.compile is not None and self.compile.compiled
 
     def describe(self) -> str:
-        return f"{self.precision}, {'compiled' if self.compiled else 'eager'}"
+        parts = [self.precision, "compiled" if self.compiled else "eager"]
+        if self.kernels is not None:
+            parts.append(self.kernels.describe())
+        return ", ".join(parts)
 
 
 def prepare_for_decoding(
@@ -84,12 +90,13 @@ def prepare_for_decoding(
         quantize(model, precision)  # from the weights as loaded (float32 for these precisions)
     elif precision == "float32":
         store_input_major(model)  # wide layers read faster as x @ W at batch 1 (qkv.perf.transposed)
-    # PyTorch's int8/int4 CPU kernels are 8-15x slower with float32 activations than with
-    # bfloat16 ones (measured: one 1536x576 row product, 717 us against 88 us for int8), so
-    # quantized models run with bfloat16 activations.
-    model.to(torch.float32 if precision == "float32" else torch.bfloat16)
+    if precision in QUANTIZED:
+        model.to(activation_dtype())  # float32 on qkv's kernels, bfloat16 on PyTorch's
+    else:
+        model.to(torch.float32 if precision == "float32" else torch.bfloat16)
     report = compile_decoder(model, backend=backend) if compile else None
-    return DecodeSetup(precision=precision, compile=report)
+    kernels = native_kernels() if precision in QUANTIZED else None
+    return DecodeSetup(precision=precision, compile=report, kernels=kernels)
 
 
 def load_for_generation(

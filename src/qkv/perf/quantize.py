@@ -1,26 +1,31 @@
-"""Weight-only quantized linear layers for decoding: int8 per channel, int4 per group.
+"""Weight-only quantized linear layers for decoding: int8 per channel, int4 per block.
 
 At batch 1 a decode step is a chain of matrix-vector products bound by the bytes of weight
-they read, so fewer bytes per weight is speed. Both layers keep activations in float and
-call PyTorch's own CPU kernels, the same call eagerly and under torch.compile (the
-compiled graph calls the same kernel; it only fuses what lies between them):
+they read, so fewer bytes per weight is speed. Both layers keep activations in float; the
+same kernel runs eagerly and under torch.compile (the compiled graph calls it as one opaque
+op and fuses only what lies between them):
 
 - `Int8Linear`: symmetric, one scale per output row, q = round(w / s), s = max|w_row| / 127,
-  so |w - q s| <= s / 2; `aten._weight_int8pack_mm`. A quarter of float32's bytes.
-- `Int4Linear`: asymmetric, one scale and zero per group of `group_size` inputs of a row,
-  w ~ (q - 8) * scale + zero with q in 0..15; `aten._weight_int4pack_mm_for_cpu` on the
-  packed layout `aten._convert_weight_to_int4pack_for_cpu` makes. An eighth of float32's.
+  so |w - q s| <= s / 2. A quarter of float32's bytes.
+- `Int4Linear`: asymmetric blocks of 32 inputs, GGUF's Q4_1 layout (qkv.native.ops):
+  w = q * d + m with q in 0..15, d = (max - min) / 15 and m = min in float16. Five bits a
+  weight with the scales, against 32 for float32.
+
+Kernels, chosen when a layer is made: qkv's own (`qkv.native`, float32 activations) where
+they build on this machine, else PyTorch's (`_weight_int8pack_mm`, and
+`_weight_int4pack_mm_for_cpu` on its packed copy of the same 4-bit numbers, both with
+bfloat16 activations), else dequantize and `F.linear`. The int4 kernel of qkv rounds the
+activations to int8 per block of 32 (as llama.cpp does); PyTorch's rounds them to bfloat16.
 
 `quantize(model, "int8" | "int4")` replaces every `nn.Linear` of a model, the output head
 included (a tied head gets its own quantized copy; the embedding keeps the float table,
 since a token reads one row of it). With int4 the linear layers outside the stack of
 repeated layers (the output head) are int8: the head is the most sensitive layer (GGUF's
 Q4 files keep it at 8 bits too: SmolLM2's Q4_1 file stores it as Q8_0), and at 4 bits it
-alone cost SmolLM2 about 3% perplexity. A layer the int4 kernel cannot take (input size
-not a multiple of the group, outputs not a multiple of 16) stays int8 as well. The kernels exist on CPU; elsewhere (or on PyTorch without them) the layers
-dequantize and call `F.linear`, the same numbers more slowly.
+alone cost SmolLM2 about 3% perplexity. A layer whose input size is not a multiple of 32
+(or, for PyTorch's int4 kernel, whose outputs are not a multiple of 16) stays int8.
 
-Shape legend: N output features, K input features, G group size, M rows (batch x tokens).
+Shape legend: N output features, K input features, G = K / 32 blocks, M rows (batch x tokens).
 """
 
 from __future__ import annotations
@@ -31,19 +36,33 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from qkv.native import native_kernels
+from qkv.native.ops import BLOCK, dequantize_blocks, int4_linear, int8_linear, pack_blocks, unpack_blocks
 from qkv.perf.compile import repeated_blocks
 
 QUANTIZATIONS: tuple[str, ...] = ("int8", "int4")
-INT4_GROUP = 32  # GGUF's Q4 block size: SmolLM2's Q4_1 weights fall on the same groups
+INT4_GROUP = BLOCK  # GGUF's Q4 block size: SmolLM2's Q4_1 weights fall on the same blocks
 
 # From this many rows on (a prompt, not a decode step) the product is compute-bound: the
-# int8 kernel runs row by row, while dequantizing once and calling the float matrix
-# product is many times faster (measured: a 384-token SmolLM2 window took minutes).
+# weight-only kernels work a row at a time, while dequantizing once and calling the float
+# matrix product is many times faster (measured: a 384-token SmolLM2 window took minutes).
 PROMPT_ROWS = 16
 
 _INT8_MM = getattr(torch.ops.aten, "_weight_int8pack_mm", None)
 _INT4_PACK = getattr(torch.ops.aten, "_convert_weight_to_int4pack_for_cpu", None)
 _INT4_MM = getattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu", None)
+
+
+def uses_native_kernels() -> bool:
+    """Whether layers made now use qkv's kernels (built on first call; qkv.native)."""
+    return native_kernels().available
+
+
+def activation_dtype() -> torch.dtype:
+    """The activations quantized layers made now run fastest with: float32 for qkv's
+    kernels; bfloat16 for PyTorch's, which are 8-15x slower with float32 (measured: one
+    1536x576 row product, 717 us against 88 us for int8)."""
+    return torch.float32 if uses_native_kernels() else torch.bfloat16
 
 
 def quantize_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
@@ -54,17 +73,24 @@ def quantize_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
     return q, scales
 
 
-def quantize_groups(weight: Tensor, group_size: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Asymmetric int4 per group of `group_size` inputs: q (N, K) in 0..15 (int32), scales
-    and zeros (N, K/G) float32 with w ~ (q - 8) * scale + zero. The group's minimum and
-    maximum are represented exactly (up to float rounding)."""
+def quantize_blocks(weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Asymmetric 4-bit blocks of 32 inputs (qkv.native.ops' layout): returns q (N, K/2)
+    uint8, d and m (N, K/32) float16 with w ~ q * d + m. The block's minimum is m; its
+    maximum is m + 15 d, up to float16 rounding of d and m."""
     n, k = weight.shape
-    w = weight.detach().float().reshape(n, k // group_size, group_size)  # (N, K/G, G)
-    low, high = w.amin(dim=-1), w.amax(dim=-1)  # (N, K/G)
-    scales = ((high - low) / 15.0).clamp(min=torch.finfo(torch.float32).tiny)
-    q = torch.round((w - low[..., None]) / scales[..., None]).clamp(0, 15)  # (N, K/G, G)
-    zeros = low + 8.0 * scales  # so that q = 8 stands for low + 8 * scale
-    return q.reshape(n, k).to(torch.int32), scales, zeros
+    w = weight.detach().float().reshape(n, k // BLOCK, BLOCK)  # (N, G, 32)
+    low, high = w.amin(dim=-1), w.amax(dim=-1)  # (N, G)
+    d = ((high - low) / 15.0).half()
+    m = low.half()
+    step = d.float()[..., None]
+    safe = torch.where(step > 0, step, torch.ones_like(step))
+    q = torch.round((w - m.float()[..., None]) / safe).clamp_(0, 15)  # (N, G, 32)
+    q = torch.where(step > 0, q, torch.zeros_like(q))  # a constant block is m exactly
+    return pack_blocks(q.reshape(n, k)), d, m
+
+
+def _bias_after(y: Tensor, bias: Tensor | None, dtype: torch.dtype) -> Tensor:
+    return y if bias is None else y + bias.to(dtype)
 
 
 class Int8Linear(nn.Module):
@@ -75,9 +101,10 @@ class Int8Linear(nn.Module):
     scales: Tensor
 
     def __init__(self, in_features: int, out_features: int, *, bias: bool = True,
-                 bias_dtype: torch.dtype = torch.float32) -> None:
+                 bias_dtype: torch.dtype = torch.float32, native: bool | None = None) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
+        self.native = uses_native_kernels() if native is None else native and uses_native_kernels()
         self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=torch.int8))
         self.register_buffer("scales", torch.ones(out_features, dtype=torch.float32))
         self.bias = (
@@ -85,9 +112,10 @@ class Int8Linear(nn.Module):
         )
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear) -> Int8Linear:
+    def from_linear(cls, linear: nn.Linear, *, native: bool | None = None) -> Int8Linear:
+        """`linear` quantized; native=False takes PyTorch's kernel even where qkv's exist."""
         new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                  bias_dtype=linear.weight.dtype)
+                  bias_dtype=linear.weight.dtype, native=native)
         q, scales = quantize_rows(linear.weight)
         new.weight.copy_(q)
         new.scales.copy_(scales)
@@ -101,78 +129,107 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features)  # (M, K)
-        if _INT8_MM is not None and x.device.type == "cpu" and rows.shape[0] <= PROMPT_ROWS:
-            y = _INT8_MM(rows, self.weight, self.scales.to(x.dtype)).reshape(*x.shape[:-1], self.out_features)
+        decode = x.device.type == "cpu" and rows.shape[0] <= PROMPT_ROWS
+        if decode and self.native:
+            y = int8_linear(rows.float().contiguous(), self.weight, self.scales.float()).to(x.dtype)
+        elif decode and _INT8_MM is not None:
+            y = _INT8_MM(rows, self.weight, self.scales.to(x.dtype))
         else:  # a prompt: float32 products are fast on every CPU (bfloat16 ones need AMX or AVX-512)
-            y = F.linear(x.float(), self.dequantized(torch.float32)).to(x.dtype)
-        return y if self.bias is None else y + self.bias.to(x.dtype)
+            y = F.linear(rows.float(), self.dequantized(torch.float32)).to(x.dtype)
+        return _bias_after(y.reshape(*x.shape[:-1], self.out_features), self.bias, x.dtype)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, int8"
 
 
 class Int4Linear(nn.Module):
-    """Weight-only int4 linear, group-wise asymmetric (see the module docstring).
+    """Weight-only 4-bit linear in blocks of 32 inputs (see the module docstring).
 
-    `packed` is the kernel's layout of the 4-bit values; `scales_and_zeros` (K/G, N, 2) is
-    what the kernel reads, kept in float32 (the activations' dtype is used at call time).
+    `q` and the float16 `d`, `m` are the 4-bit blocks (qkv.native.ops' layout), what qkv's
+    kernel reads. d and m are kept as their float16 bits in int16 buffers (`d_bits`,
+    `m_bits`), so that `model.to(dtype)` leaves them exact. Without qkv's kernels the layer
+    also keeps PyTorch's packed copy of the same numbers (`packed`, `scales_and_zeros`:
+    w = (q - 8) * d + (m + 8 d)) for its int4 kernel.
     """
 
-    packed: Tensor
-    scales_and_zeros: Tensor
+    q: Tensor
+    d_bits: Tensor
+    m_bits: Tensor
 
-    def __init__(self, in_features: int, out_features: int, *, group_size: int = INT4_GROUP,
-                 bias: bool = True, bias_dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, in_features: int, out_features: int, *, bias: bool = True,
+                 bias_dtype: torch.dtype = torch.float32, native: bool | None = None) -> None:
         super().__init__()
-        if in_features % group_size != 0:
-            raise ValueError(f"int4 groups of {group_size} must divide the input size {in_features}")
-        self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
-        self.register_buffer("packed", torch.zeros(out_features, in_features // 2, dtype=torch.uint8))
-        self.register_buffer("scales_and_zeros", torch.zeros(in_features // group_size, out_features, 2))
+        if in_features % BLOCK != 0:
+            raise ValueError(f"int4 blocks of {BLOCK} must divide the input size {in_features}")
+        self.in_features, self.out_features = in_features, out_features
+        self.native = uses_native_kernels() if native is None else native and uses_native_kernels()
+        self.register_buffer("q", torch.zeros(out_features, in_features // 2, dtype=torch.uint8))
+        self.register_buffer("d_bits", torch.zeros(out_features, in_features // BLOCK, dtype=torch.int16))
+        self.register_buffer("m_bits", torch.zeros(out_features, in_features // BLOCK, dtype=torch.int16))
+        self.packed: Tensor | None = None
+        self.scales_and_zeros: Tensor | None = None
         self.bias = (
             nn.Parameter(torch.zeros(out_features, dtype=bias_dtype), requires_grad=False) if bias else None
         )
 
+    @property
+    def d(self) -> Tensor:
+        return self.d_bits.view(torch.float16)  # (N, G)
+
+    @property
+    def m(self) -> Tensor:
+        return self.m_bits.view(torch.float16)  # (N, G)
+
     @classmethod
-    def from_linear(cls, linear: nn.Linear, group_size: int = INT4_GROUP) -> Int4Linear:
-        new = cls(linear.in_features, linear.out_features, group_size=group_size,
-                  bias=linear.bias is not None, bias_dtype=linear.weight.dtype)
-        q, scales, zeros = quantize_groups(linear.weight.cpu(), group_size)
-        new.packed = _pack_int4(q)
-        new.scales_and_zeros = torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous()  # (K/G, N, 2)
+    def from_linear(cls, linear: nn.Linear, *, native: bool | None = None) -> Int4Linear:
+        """`linear` quantized; native=False takes PyTorch's kernel even where qkv's exist."""
+        new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                  bias_dtype=linear.weight.dtype, native=native)
+        new.set_blocks(*quantize_blocks(linear.weight.cpu()))
         if linear.bias is not None:
             new.bias.data.copy_(linear.bias.detach())
         return new
 
+    def set_blocks(self, q: Tensor, d: Tensor, m: Tensor) -> None:
+        """Take 4-bit blocks as they are (from `quantize_blocks`, or a GGUF Q4_1 tensor)."""
+        self.q = q.contiguous()
+        self.d_bits = d.half().contiguous().view(torch.int16)
+        self.m_bits = m.half().contiguous().view(torch.int16)
+        if not self.native and _INT4_PACK is not None and self.out_features % 16 == 0:
+            packed = _INT4_PACK(unpack_blocks(self.q).to(torch.int32).contiguous(), 1)  # (N, K/2) uint8
+            scale, zero = self.d.float(), self.m.float() + 8.0 * self.d.float()  # (N, G) each
+            self.packed = packed
+            self.scales_and_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()  # (G, N, 2)
+
     def dequantized(self, dtype: torch.dtype = torch.float32) -> Tensor:
-        """The (N, K) weight the 4-bit values stand for (through the kernel: x = identity)."""
-        eye = torch.eye(self.in_features, dtype=torch.float32)
-        return _INT4_MM(eye, self.packed, self.group_size, self.scales_and_zeros).t().to(dtype)
+        """The (N, K) weight the 4-bit blocks stand for."""
+        return dequantize_blocks(self.q, self.d, self.m, dtype)
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features)  # (M, K)
-        y = _INT4_MM(rows, self.packed, self.group_size, self.scales_and_zeros.to(x.dtype))  # (M, N)
-        y = y.reshape(*x.shape[:-1], self.out_features)
-        return y if self.bias is None else y + self.bias.to(x.dtype)
+        decode = x.device.type == "cpu" and rows.shape[0] <= PROMPT_ROWS
+        if decode and self.native:
+            y = int4_linear(rows.float().contiguous(), self.q, self.d_bits, self.m_bits).to(x.dtype)
+        elif decode and self.packed is not None and self.scales_and_zeros is not None:
+            y = _INT4_MM(rows, self.packed, BLOCK, self.scales_and_zeros.to(x.dtype))
+        else:
+            y = F.linear(rows.float(), self.dequantized(torch.float32)).to(x.dtype)
+        return _bias_after(y.reshape(*x.shape[:-1], self.out_features), self.bias, x.dtype)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, int4 groups of {self.group_size}")
+                f"bias={self.bias is not None}, int4 blocks of {BLOCK}")
 
 
-def _pack_int4(q: Tensor) -> Tensor:
-    return _INT4_PACK(q.contiguous(), 1)  # (N, K/2) uint8
-
-
-def int4_fits(linear: nn.Linear, group_size: int) -> bool:
-    """The int4 kernel's needs: groups that divide the inputs, outputs in multiples of 16
-    (its packed layout), a CPU tensor."""
-    return (linear.in_features % group_size == 0 and linear.out_features % 16 == 0
-            and linear.weight.device.type == "cpu")
+def int4_fits(linear: nn.Linear) -> bool:
+    """Whether a layer can be made int4: inputs in whole blocks, on the CPU, and outputs in
+    multiples of 16 where PyTorch's kernel (its packed layout) is the one used."""
+    return (linear.in_features % BLOCK == 0 and linear.weight.device.type == "cpu"
+            and (uses_native_kernels() or linear.out_features % 16 == 0))
 
 
 def int4_available() -> bool:
-    return _INT4_PACK is not None and _INT4_MM is not None
+    return uses_native_kernels() or (_INT4_PACK is not None and _INT4_MM is not None)
 
 
 def replace_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module],
@@ -188,7 +245,7 @@ def replace_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module],
     return count
 
 
-def quantize(model: nn.Module, kind: str, *, group_size: int = INT4_GROUP) -> nn.Module:
+def quantize(model: nn.Module, kind: str) -> nn.Module:
     """Replace the model's linear layers (output head included) by `Int8Linear` or
     `Int4Linear`, in place (see the module docstring)."""
     if kind not in QUANTIZATIONS:
@@ -201,8 +258,8 @@ def quantize(model: nn.Module, kind: str, *, group_size: int = INT4_GROUP) -> nn
 
     def make(linear: nn.Linear) -> nn.Module:
         four_bits = kind == "int4" and id(linear) in in_stack
-        if four_bits and int4_fits(linear, group_size):
-            return Int4Linear.from_linear(linear, group_size)
+        if four_bits and int4_fits(linear):
+            return Int4Linear.from_linear(linear)
         return Int8Linear.from_linear(linear)
 
     with torch.no_grad():

@@ -1,0 +1,173 @@
+"""Building and loading `kernels.cpp` once per machine (see qkv.native).
+
+The shared library is written to `<cache>/native/qkv_kernels_<key>.so`, where <cache> is
+`$QKV_CACHE_DIR`, else `$XDG_CACHE_HOME/qkv`, else `~/.cache/qkv`, and <key> hashes the
+source, the compiler's version, the flags and the torch version: a changed source or a new
+torch builds anew, and two processes building at once each write a temporary file and
+rename it into place (the last rename wins, both are the same library).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("kernels.cpp")
+FLAGS = ("-O3", "-std=c++17", "-mavx2", "-mfma", "-mf16c", "-shared", "-fPIC", "-w")
+BUILD_TIMEOUT_S = 300
+_OFF = {"0", "false", "no", "off"}
+
+
+@dataclass(frozen=True)
+class NativeStatus:
+    """Whether qkv's native kernels are loaded in this process, and if not, why."""
+
+    available: bool
+    reason: str | None = None  # why not, in a few words
+    path: Path | None = None  # the shared library loaded
+    built_seconds: float | None = None  # set when this process compiled it
+
+    def describe(self) -> str:
+        if not self.available:
+            return f"PyTorch's kernels ({self.reason})"
+        return "qkv's AVX2 kernels"
+
+
+def cache_folder() -> Path:
+    """Where qkv keeps what it builds per machine."""
+    if os.environ.get("QKV_CACHE_DIR"):
+        return Path(os.environ["QKV_CACHE_DIR"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "qkv"
+
+
+def _torch_dirs() -> tuple[Path, Path]:
+    root = Path(torch.__file__).resolve().parent
+    return root / "include", root / "lib"
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def unavailable_reason() -> str | None:
+    """None when this machine can build and run the kernels, else why not."""
+    if os.environ.get("QKV_NATIVE", "").strip().lower() in _OFF:
+        return "turned off with QKV_NATIVE=0"
+    if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return f"qkv's kernels are built on Linux x86-64 only, this is {sys.platform} {platform.machine()}"
+    missing = {"avx2", "fma", "f16c"} - _cpu_flags()
+    if missing:
+        return f"this CPU lacks {', '.join(sorted(missing))}"
+    include, _ = _torch_dirs()
+    ops = include / "torch" / "csrc" / "stable" / "ops.h"
+    if not ops.is_file() or "torch_parallel_for" not in ops.read_text(encoding="utf-8", errors="replace"):
+        return f"torch {torch.__version__} has no stable C ABI with parallel_for (needs torch 2.10 or later)"
+    if _compiler() is None:
+        return "no C++ compiler found (set CXX, or install g++)"
+    return None
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+
+
+def _key(compiler: str) -> str:
+    try:
+        version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        version = ""
+    digest = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), compiler.encode(), version.encode(), " ".join(FLAGS).encode(),
+                 torch.__version__.encode(), str(_torch_dirs()[1]).encode()):
+        digest.update(part)
+        digest.update(b"\0")
+    return digest.hexdigest()[:16]
+
+
+def _build(compiler: str, target: Path) -> None:
+    """Compile SOURCE into `target`, atomically; raises RuntimeError with the compiler's
+    first error line."""
+    include, lib = _torch_dirs()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(handle)
+    command = [compiler, *FLAGS, f"-I{include}", str(SOURCE), "-o", temporary, f"-L{lib}",
+               "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{lib}"]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        if done.returncode != 0:
+            errors = [line for line in done.stderr.splitlines() if "error" in line] or done.stderr.splitlines()
+            raise RuntimeError(f"the C++ compiler failed: {errors[0].strip() if errors else done.returncode}")
+        os.replace(temporary, target)
+    except subprocess.TimeoutExpired as error:
+        raise RuntimeError(f"the C++ compiler took more than {BUILD_TIMEOUT_S} s") from error
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+
+
+def _self_test() -> str | None:
+    """A tiny product against PyTorch's, so that a library that loads but computes wrong
+    (a broken compiler, a changed ABI) is never used."""
+    from qkv.native.ops import int4_linear_reference, int8_linear, int4_linear
+
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 64, generator=generator)
+    w = torch.randint(-127, 128, (9, 64), dtype=torch.int8, generator=generator)
+    scales, bias = torch.rand(9, generator=generator), torch.randn(9, generator=generator)
+    expected = x @ (w.float() * scales[:, None]).t() + bias
+    if not torch.allclose(int8_linear(x, w, scales, bias), expected, atol=1e-4, rtol=1e-4):
+        return "the int8 kernel's self-test failed"
+    q = torch.randint(0, 256, (9, 32), dtype=torch.uint8, generator=generator)
+    d = torch.rand(9, 2, generator=generator).half()
+    m = torch.randn(9, 2, generator=generator).half()
+    if not torch.allclose(int4_linear(x, q, d, m, bias), int4_linear_reference(x, q, d, m, bias), atol=1e-4, rtol=1e-4):
+        return "the int4 kernel's self-test failed"
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def native_kernels() -> NativeStatus:
+    """Load qkv's kernels, building them first if this machine has not yet (see the module
+    docstring). Never raises: a status says why they are not available."""
+    reason = unavailable_reason()
+    if reason is not None:
+        return NativeStatus(False, reason)
+    compiler = _compiler()
+    assert compiler is not None
+    target = cache_folder() / "native" / f"qkv_kernels_{_key(compiler)}.so"
+    built = None
+    try:
+        if not target.is_file():
+            start = time.perf_counter()
+            _build(compiler, target)
+            built = time.perf_counter() - start
+        torch.ops.load_library(str(target))
+    except (OSError, RuntimeError) as error:
+        return NativeStatus(False, str(error).splitlines()[0] if str(error) else type(error).__name__)
+    from qkv.native.ops import register_fakes
+
+    register_fakes()
+    failure = _self_test()
+    if failure is not None:
+        return NativeStatus(False, failure, target)
+    return NativeStatus(True, None, target, built)

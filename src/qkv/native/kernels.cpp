@@ -1,0 +1,257 @@
+// qkv's weight-only matrix products for decoding on x86-64 CPUs with AVX2, FMA and F16C.
+//
+// A decode step multiplies a few rows of activations by every weight of the model once,
+// so it is bound by how fast the weights stream from memory. These kernels read each
+// weight once for all the rows of x, keep the arithmetic in registers, and split the
+// output features between PyTorch's threads (torch_parallel_for).
+//
+// Built by qkv.native.build with the machine's C++ compiler against PyTorch's stable C
+// ABI (headers only, so it compiles in about 2 seconds), loaded with torch.ops.load_library.
+//
+//   qkv::int8_linear(x (M, K) f32, w (N, K) i8, scales (N,) f32, bias (N,) f32?) -> (M, N) f32
+//       y = (x @ w^T) * scales + bias, in float32 (the exact product of x and the int8 weights)
+//   qkv::int4_linear(x (M, K) f32, q (N, K/2) u8, d (N, K/32) f16, m (N, K/32) f16, bias?) -> (M, N) f32
+//       (d and m may also be their float16 bits held in int16 tensors)
+//       weights in blocks of 32: w = q * d + m, q in 0..15; byte j of a block's 16 holds
+//       element j in its low nibble and element j + 16 in its high one (GGUF's Q4_1 layout).
+//       x is rounded to int8 per block of 32 (one float scale each, as llama.cpp does) and
+//       the product is the exact one of those rounded activations and the 4-bit weights.
+//
+// Shape legend: M rows of x (batch x tokens), K input features, N output features.
+#include <immintrin.h>
+#include <stdint.h>
+#include <math.h>
+#include <algorithm>
+#include <vector>
+
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+
+using torch::stable::Tensor;
+
+namespace {
+
+constexpr int64_t ROWS = 4;    // output features computed together (they share x's loads)
+constexpr int64_t BLOCK = 32;  // int4 block and activation-rounding block
+
+inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+inline __m256 int8x8(const int8_t *p) {  // 8 int8 -> 8 float
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(p))));
+}
+
+void check(bool ok, const char *message) {
+    STD_TORCH_CHECK(ok, message);
+}
+
+int64_t grain(int64_t blocks) {  // row blocks per task: about 4 tasks per thread
+    int64_t threads = std::max<int64_t>(1, torch::stable::get_num_threads());
+    return std::max<int64_t>(1, blocks / (4 * threads));
+}
+
+// -- int8 weights, float32 activations ------------------------------------------------
+void int8_rows(const float *x, const int8_t *w, const float *scales, const float *bias, float *y,
+               int64_t M, int64_t N, int64_t K, int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; n += ROWS) {
+        int64_t rows = std::min(ROWS, n1 - n);
+        for (int64_t m = 0; m < M; m++) {
+            const float *xm = x + m * K;
+            float out[ROWS] = {0.f, 0.f, 0.f, 0.f};
+            if (rows == ROWS) {
+                const int8_t *w0 = w + n * K, *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
+                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+                int64_t k = 0;
+                for (; k + 16 <= K; k += 16) {
+                    __m256 xa = _mm256_loadu_ps(xm + k), xb = _mm256_loadu_ps(xm + k + 8);
+                    a0 = _mm256_fmadd_ps(int8x8(w0 + k), xa, a0); b0 = _mm256_fmadd_ps(int8x8(w0 + k + 8), xb, b0);
+                    a1 = _mm256_fmadd_ps(int8x8(w1 + k), xa, a1); b1 = _mm256_fmadd_ps(int8x8(w1 + k + 8), xb, b1);
+                    a2 = _mm256_fmadd_ps(int8x8(w2 + k), xa, a2); b2 = _mm256_fmadd_ps(int8x8(w2 + k + 8), xb, b2);
+                    a3 = _mm256_fmadd_ps(int8x8(w3 + k), xa, a3); b3 = _mm256_fmadd_ps(int8x8(w3 + k + 8), xb, b3);
+                }
+                out[0] = hsum(_mm256_add_ps(a0, b0)); out[1] = hsum(_mm256_add_ps(a1, b1));
+                out[2] = hsum(_mm256_add_ps(a2, b2)); out[3] = hsum(_mm256_add_ps(a3, b3));
+                for (; k < K; k++) {
+                    out[0] += xm[k] * w0[k]; out[1] += xm[k] * w1[k];
+                    out[2] += xm[k] * w2[k]; out[3] += xm[k] * w3[k];
+                }
+            } else {
+                for (int64_t r = 0; r < rows; r++) {
+                    const int8_t *wr = w + (n + r) * K;
+                    __m256 a = _mm256_setzero_ps();
+                    int64_t k = 0;
+                    for (; k + 8 <= K; k += 8) a = _mm256_fmadd_ps(int8x8(wr + k), _mm256_loadu_ps(xm + k), a);
+                    out[r] = hsum(a);
+                    for (; k < K; k++) out[r] += xm[k] * wr[k];
+                }
+            }
+            for (int64_t r = 0; r < rows; r++)
+                y[m * N + n + r] = out[r] * scales[n + r] + (bias ? bias[n + r] : 0.f);
+        }
+    }
+}
+
+// -- int4 weights, activations rounded to int8 per block ------------------------------
+// xq (M, K) int8 with one scale xd per block of 32 and the block's sum xsum (of xq * xd).
+void round_activations(const float *x, int8_t *xq, float *xd, float *xsum, int64_t count) {
+    for (int64_t i = 0; i < count; i++) {
+        const float *b = x + i * BLOCK;
+        float amax = 0.f;
+        for (int j = 0; j < BLOCK; j++) amax = std::max(amax, fabsf(b[j]));
+        float d = amax / 127.f, inv = d > 0.f ? 1.f / d : 0.f;
+        int total = 0;
+        for (int j = 0; j < BLOCK; j++) {
+            int v = static_cast<int>(lrintf(b[j] * inv));
+            xq[i * BLOCK + j] = static_cast<int8_t>(v);
+            total += v;
+        }
+        xd[i] = d;
+        xsum[i] = d * static_cast<float>(total);  // the sum of the rounded activations
+    }
+}
+
+inline __m256i nibbles(const uint8_t *block) {  // 16 bytes -> 32 values 0..15: low nibbles, then high
+    __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i *>(block));
+    __m256i both = _mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes);
+    return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+}
+
+inline __m256 dot_u4_i8(__m256i q, __m256i x) {  // 32 (0..15) x 32 int8 -> 8 float partial sums
+    __m256i pairs = _mm256_maddubs_epi16(q, x);  // |sum| <= 2 * 15 * 127: no saturation
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+
+void int4_rows(const int8_t *xq, const float *xd, const float *xsum, const uint8_t *q, const uint16_t *d,
+               const uint16_t *mn, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
+               int64_t n0, int64_t n1) {
+    const int64_t G = K / BLOCK;
+    std::vector<float> scale(static_cast<size_t>(ROWS * G + 8));  // d * xd per row and block
+    for (int64_t n = n0; n < n1; n += ROWS) {
+        int64_t rows = std::min(ROWS, n1 - n);
+        for (int64_t m = 0; m < M; m++) {
+            const int8_t *xm = xq + m * K;
+            const float *dm = xd + m * G, *sm = xsum + m * G;
+            float off[ROWS] = {0.f, 0.f, 0.f, 0.f};
+            for (int64_t r = 0; r < rows; r++) {  // the per-block factors, 8 blocks at a time
+                const uint16_t *dr = d + (n + r) * G, *mr = mn + (n + r) * G;
+                float *sr = scale.data() + r * G;
+                __m256 o = _mm256_setzero_ps();
+                int64_t g = 0;
+                for (; g + 8 <= G; g += 8) {
+                    __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(dr + g)));
+                    __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(mr + g)));
+                    _mm256_storeu_ps(sr + g, _mm256_mul_ps(dv, _mm256_loadu_ps(dm + g)));
+                    o = _mm256_fmadd_ps(mv, _mm256_loadu_ps(sm + g), o);
+                }
+                off[r] = hsum(o);
+                for (; g < G; g++) {
+                    sr[g] = _cvtsh_ss(dr[g]) * dm[g];
+                    off[r] += _cvtsh_ss(mr[g]) * sm[g];
+                }
+            }
+            __m256 acc[ROWS] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+            if (rows == ROWS) {
+                const uint8_t *q0 = q + n * G * (BLOCK / 2);
+                for (int64_t g = 0; g < G; g++) {
+                    __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(xm + g * BLOCK));
+                    for (int64_t r = 0; r < ROWS; r++)
+                        acc[r] = _mm256_fmadd_ps(dot_u4_i8(nibbles(q0 + (r * G + g) * (BLOCK / 2)), xv),
+                                                 _mm256_broadcast_ss(scale.data() + r * G + g), acc[r]);
+                }
+            } else {
+                for (int64_t r = 0; r < rows; r++) {
+                    const uint8_t *qr = q + (n + r) * G * (BLOCK / 2);
+                    for (int64_t g = 0; g < G; g++) {
+                        __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(xm + g * BLOCK));
+                        acc[r] = _mm256_fmadd_ps(dot_u4_i8(nibbles(qr + g * (BLOCK / 2)), xv),
+                                                 _mm256_broadcast_ss(scale.data() + r * G + g), acc[r]);
+                    }
+                }
+            }
+            for (int64_t r = 0; r < rows; r++)
+                y[m * N + n + r] = hsum(acc[r]) + off[r] + (bias ? bias[n + r] : 0.f);
+        }
+    }
+}
+
+Tensor new_output(const Tensor &x, int64_t M, int64_t N) {
+    return torch::stable::new_empty(x, {M, N});
+}
+
+const float *optional_bias(const std::optional<Tensor> &bias, int64_t N) {
+    if (!bias.has_value()) return nullptr;
+    check(bias->dim() == 1 && bias->size(0) == N && bias->is_contiguous() &&
+              bias->scalar_type() == torch::headeronly::ScalarType::Float,
+          "qkv native kernels: bias must be a contiguous float32 vector of the output size");
+    return static_cast<const float *>(bias->data_ptr());
+}
+
+Tensor int8_linear(Tensor x, Tensor w, Tensor scales, std::optional<Tensor> bias) {
+    using torch::headeronly::ScalarType;
+    check(x.dim() == 2 && w.dim() == 2 && scales.dim() == 1, "qkv::int8_linear takes x (M, K), w (N, K), scales (N,)");
+    const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+    check(w.size(1) == K && scales.size(0) == N, "qkv::int8_linear: x, w and scales disagree on K or N");
+    check(x.scalar_type() == ScalarType::Float && w.scalar_type() == ScalarType::Char &&
+              scales.scalar_type() == ScalarType::Float,
+          "qkv::int8_linear takes float32 x and scales and int8 w");
+    check(x.is_contiguous() && w.is_contiguous() && scales.is_contiguous(), "qkv::int8_linear takes contiguous tensors");
+    Tensor y = new_output(x, M, N);
+    const float *xp = static_cast<const float *>(x.data_ptr());
+    const int8_t *wp = static_cast<const int8_t *>(w.data_ptr());
+    const float *sp = static_cast<const float *>(scales.data_ptr()), *bp = optional_bias(bias, N);
+    float *yp = static_cast<float *>(y.data_ptr());
+    const int64_t blocks = (N + ROWS - 1) / ROWS;
+    torch::stable::parallel_for(0, blocks, grain(blocks), [&](int64_t b0, int64_t b1) {
+        int8_rows(xp, wp, sp, bp, yp, M, N, K, b0 * ROWS, std::min(N, b1 * ROWS));
+    });
+    return y;
+}
+
+Tensor int4_linear(Tensor x, Tensor q, Tensor d, Tensor mn, std::optional<Tensor> bias) {
+    using torch::headeronly::ScalarType;
+    check(x.dim() == 2 && q.dim() == 2 && d.dim() == 2 && mn.dim() == 2,
+          "qkv::int4_linear takes x (M, K), q (N, K/2), d and m (N, K/32)");
+    const int64_t M = x.size(0), K = x.size(1), N = q.size(0);
+    check(K % BLOCK == 0 && q.size(1) == K / 2 && d.size(0) == N && d.size(1) == K / BLOCK &&
+              mn.size(0) == N && mn.size(1) == K / BLOCK,
+          "qkv::int4_linear: K must be a multiple of 32 and q, d, m must be (N, K/2), (N, K/32), (N, K/32)");
+    auto half_bits = [](const Tensor &t) {  // float16, or its bits in int16 (what qkv's layers keep)
+        return t.scalar_type() == ScalarType::Half || t.scalar_type() == ScalarType::Short;
+    };
+    check(x.scalar_type() == ScalarType::Float && q.scalar_type() == ScalarType::Byte && half_bits(d) && half_bits(mn),
+          "qkv::int4_linear takes float32 x, uint8 q and float16 d and m (or their bits as int16)");
+    check(x.is_contiguous() && q.is_contiguous() && d.is_contiguous() && mn.is_contiguous(),
+          "qkv::int4_linear takes contiguous tensors");
+    const int64_t G = K / BLOCK;
+    std::vector<int8_t> xq(static_cast<size_t>(M * K));
+    std::vector<float> xd(static_cast<size_t>(M * G)), xsum(static_cast<size_t>(M * G));
+    round_activations(static_cast<const float *>(x.data_ptr()), xq.data(), xd.data(), xsum.data(), M * G);
+    Tensor y = new_output(x, M, N);
+    const uint8_t *qp = static_cast<const uint8_t *>(q.data_ptr());
+    const uint16_t *dp = static_cast<const uint16_t *>(d.data_ptr()), *mp = static_cast<const uint16_t *>(mn.data_ptr());
+    const float *bp = optional_bias(bias, N);
+    float *yp = static_cast<float *>(y.data_ptr());
+    const int64_t blocks = (N + ROWS - 1) / ROWS;
+    torch::stable::parallel_for(0, blocks, grain(blocks), [&](int64_t b0, int64_t b1) {
+        int4_rows(xq.data(), xd.data(), xsum.data(), qp, dp, mp, bp, yp, M, N, K, b0 * ROWS,
+                  std::min(N, b1 * ROWS));
+    });
+    return y;
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY(qkv, m) {
+    m.def("int8_linear(Tensor x, Tensor w, Tensor scales, Tensor? bias) -> Tensor");
+    m.def("int4_linear(Tensor x, Tensor q, Tensor d, Tensor m, Tensor? bias) -> Tensor");
+}
+
+STABLE_TORCH_LIBRARY_IMPL(qkv, CPU, m) {
+    m.impl("int8_linear", TORCH_BOX(&int8_linear));
+    m.impl("int4_linear", TORCH_BOX(&int4_linear));
+}

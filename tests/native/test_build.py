@@ -1,0 +1,69 @@
+"""Building qkv's kernels: once per machine into the cache folder (a second process loads what
+the first built), one clear reason where they cannot be built, and a compiler failure that
+leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qkv.native import build
+
+STATUS = ("import json; from qkv.native import native_kernels; s = native_kernels(); "
+          "print(json.dumps({'available': s.available, 'reason': s.reason, 'built': s.built_seconds, "
+          "'path': str(s.path)}))")
+
+
+def _status(env: dict[str, str]) -> dict:
+    done = subprocess.run([sys.executable, "-c", STATUS], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **env})
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(build.unavailable_reason() is not None, reason="this machine cannot build qkv's kernels")
+def test_built_once_then_loaded_from_the_cache_folder(tmp_path: Path) -> None:
+    first = _status({"QKV_CACHE_DIR": str(tmp_path)})
+    second = _status({"QKV_CACHE_DIR": str(tmp_path)})
+    assert first["available"] and second["available"]
+    assert first["built"] is not None and second["built"] is None  # the second process only loads
+    assert first["path"] == second["path"] and Path(first["path"]).parent == tmp_path / "native"
+    assert [p.name for p in (tmp_path / "native").iterdir()] == [Path(first["path"]).name]  # no temporaries
+
+
+def test_turned_off_by_the_environment_with_the_reason(tmp_path: Path) -> None:
+    status = _status({"QKV_NATIVE": "0", "QKV_CACHE_DIR": str(tmp_path)})
+    assert status == {"available": False, "reason": "turned off with QKV_NATIVE=0", "built": None, "path": "None"}
+    assert not (tmp_path / "native").exists()
+
+
+def test_a_failing_compiler_gives_one_line_and_leaves_nothing(tmp_path: Path, monkeypatch) -> None:
+    script = tmp_path / "broken-cxx"
+    script.write_text("#!/bin/sh\necho 'kernels.cpp:1: error: this compiler is broken' >&2\nexit 1\n")
+    script.chmod(0o755)
+    target = tmp_path / "cache" / "native" / "qkv_kernels_x.so"
+    with pytest.raises(RuntimeError, match="^the C\\+\\+ compiler failed: kernels.cpp:1: error: this compiler is broken$"):
+        build._build(str(script), target)
+    assert list((tmp_path / "cache" / "native").iterdir()) == []
+
+
+def test_the_cache_key_follows_the_compiler(tmp_path: Path) -> None:
+    other = tmp_path / "cxx"
+    other.write_text("#!/bin/sh\necho 'another compiler 1.0'\n")
+    other.chmod(0o755)
+    compiler = build._compiler() or "c++"
+    assert build._key(compiler) == build._key(compiler)
+    assert build._key(compiler) != build._key(str(other))
+
+
+def test_cache_folder_follows_the_environment(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("QKV_CACHE_DIR", str(tmp_path / "q"))
+    assert build.cache_folder() == tmp_path / "q"
+    monkeypatch.delenv("QKV_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
+    assert build.cache_folder() == tmp_path / "x" / "qkv"
