@@ -355,6 +355,7 @@ def test_tiny_untied_llama_through_load_pretrained(tmp_path: Path) -> None:
 
     model, tokenizer = qkv.load_pretrained(path)
     assert not model.cfg.tie_word_embeddings
+    assert not model.stored_in_four_bits  # float32 layers: the default decode precision is int8
     ids = torch.tensor([tokenizer.encode(TEXTS[3]).ids])
     assert ids.tolist() == [tok.encode(TEXTS[3]).ids]
     reread = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="tiny.gguf", dtype=torch.float32)

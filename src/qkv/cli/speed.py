@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from qkv.precision import DEFAULT_PRECISION, PRECISIONS
+from qkv.precision import CHOICES, DEFAULT_PRECISION
 
 if TYPE_CHECKING:
     from qkv.attention.kv_cache import CacheKind
@@ -17,11 +17,13 @@ if TYPE_CHECKING:
 
 def add_precision_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--dtype", choices=PRECISIONS, default=DEFAULT_PRECISION,
+        "--dtype", choices=CHOICES, default=DEFAULT_PRECISION,
         help="weights for decoding: float32 (exact: the checkpoint's numbers), bfloat16, int8 "
-        "(weight-only, one scale per row) or int4 (weight-only, groups of 32). The default, "
-        f"{DEFAULT_PRECISION}, is the fastest whose perplexity stays within 1%% of bfloat16's "
-        "(benchmarks/RESULTS.md)",
+        "(weight-only, one scale per row) or int4 (weight-only, blocks of 32). The default, "
+        f"{DEFAULT_PRECISION}, is int4 for a checkpoint already stored in 4-bit blocks (a Q4_0/Q4_1 "
+        "GGUF such as SmolLM2's) and int8 otherwise: the fastest whose perplexity stays within 1%% "
+        "of bfloat16's (benchmarks/RESULTS.md). int8 and int4 run on qkv's own AVX2 kernels, "
+        "built for this machine on first use (QKV_NATIVE=0 takes PyTorch's instead)",
     )
 
 
@@ -43,6 +45,12 @@ def apply_speed_options(model: CausalDecoder, args: argparse.Namespace, kind: Ca
     from qkv.perf.prepare import prepare_for_decoding
 
     setup = prepare_for_decoding(model, precision=args.dtype, compile=not args.no_compile)
+    kernels = setup.kernels
+    if kernels is not None and kernels.built_seconds is not None:
+        print(f"built qkv's kernels for this CPU in {kernels.built_seconds:.1f} s (once per machine: "
+              f"{kernels.path})", file=sys.stderr, flush=True)
+    elif kernels is not None and not kernels.available and "QKV_NATIVE" not in (kernels.reason or ""):
+        print(f"using PyTorch's {setup.precision} kernels: {kernels.reason}", file=sys.stderr, flush=True)
     if setup.compile is not None and not setup.compile.compiled:
         print(f"decoding eagerly: {setup.compile.reason} (--no-compile hides this line)",
               file=sys.stderr, flush=True)

@@ -50,6 +50,9 @@ class CausalDecoder(nn.Module, metaclass=ABCMeta):
     """
 
     eos_token_ids: tuple[int, ...] = ()
+    # True when the loader read the layer weights from 4-bit blocks (a Q4_0/Q4_1 GGUF file):
+    # the default decode precision is then int4 (qkv.precision).
+    stored_in_four_bits: bool = False
 
     @abstractmethod
     def attention_layers(self) -> Iterator[nn.Module]:

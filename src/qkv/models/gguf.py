@@ -421,6 +421,14 @@ class GGUFFile:
     def read_tensors(self, dtype: torch.dtype = torch.float32) -> dict[str, Tensor]:
         return read_state_dict(self.reader, self.config, self.path, dtype)
 
+    @property
+    def stored_in_four_bits(self) -> bool:
+        """Whether every matrix of the repeated layers is stored in 4-bit blocks (Q4_0 or
+        Q4_1), which qkv's int4 layers hold without further loss."""
+        layers = [t for t in self.reader.tensors if t.name.startswith("blk.") and len(t.shape) == 2]
+        four_bits = {gguf_blocks.Q.Q4_0, gguf_blocks.Q.Q4_1}
+        return bool(layers) and all(t.tensor_type in four_bits for t in layers)
+
 
 def open_gguf_file(path_or_folder: str | os.PathLike[str]) -> GGUFFile:
     """Read and check the metadata, tokenizer and tensor shapes of a GGUF file."""

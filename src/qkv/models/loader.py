@@ -128,6 +128,8 @@ def load(
     model = plan.build(source.read_tensors(dtype), owned=True)  # read here, held by nothing else
     if isinstance(source, checkpoint.FolderCheckpoint):
         model.eos_token_ids = source.generation_eos() or model.eos_token_ids
+    else:
+        model.stored_in_four_bits = source.stored_in_four_bits
     return LoadedModel(model, source.tokenizer, source.path, template)
 
 

@@ -12,8 +12,9 @@ Precisions (the weights, and the activations they run with):
 The quantized ones run float32 activations on qkv's own kernels (`qkv.native`, built for
 the machine on first use) and bfloat16 ones on PyTorch's where qkv's cannot be built.
 
-DEFAULT_PRECISION (qkv.precision) is the fastest of them whose perplexity on the-verdict
-stays within 1% of bfloat16's (measured by `qkv bench`; benchmarks/RESULTS.md).
+DEFAULT_PRECISION (qkv.precision) is "auto": int4 for a checkpoint stored in 4-bit blocks,
+else int8, the fastest whose perplexity on the-verdict stays within 1% of bfloat16's
+(benchmarks/RESULTS.md).
 
 Every precision first stacks the projections that read the same input (query, key and
 value; a SwiGLU's gate and up) into one layer each (`qkv.fusion`): the same numbers in
@@ -41,7 +42,7 @@ from qkv.native import NativeStatus, native_kernels
 from qkv.perf.compile import Backend, CompileReport, compile_decoder
 from qkv.perf.quantize import activation_dtype, quantize
 from qkv.perf.transposed import store_input_major
-from qkv.precision import DEFAULT_PRECISION, PRECISIONS, QUANTIZED
+from qkv.precision import AUTO, DEFAULT_PRECISION, PRECISIONS, QUANTIZED, resolve_precision
 
 
 
@@ -52,8 +53,8 @@ def load_dtype(precision: str) -> torch.dtype:
 
 
 def check_precision(precision: str) -> None:
-    if precision not in PRECISIONS:
-        raise QkvError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    if precision not in PRECISIONS and precision != AUTO:
+        raise QkvError(f"unknown precision {precision!r}; choose one of {AUTO}, {', '.join(PRECISIONS)}")
 
 
 @dataclass(frozen=True)
@@ -82,8 +83,10 @@ def prepare_for_decoding(
     compile: bool = True,
     backend: Backend = "inductor",
 ) -> DecodeSetup:
-    """Bring `model` to `precision` and compile it, in place (see the module docstring)."""
+    """Bring `model` to `precision` and compile it, in place (see the module docstring).
+    "auto" is int4 for a model loaded from 4-bit blocks, else int8 (qkv.precision)."""
     check_precision(precision)
+    precision = resolve_precision(precision, stored_in_four_bits=model.stored_in_four_bits)
     model.eval()
     fuse_projections(model)  # q/k/v and gate/up: one product each (qkv.fusion)
     if precision in QUANTIZED:
