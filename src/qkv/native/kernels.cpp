@@ -66,8 +66,10 @@ void int8_rows(const float *x, const int8_t *w, const float *scales, const float
             if (rows == ROWS) {
                 const int8_t *w0 = w + n * K, *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
                 __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+                const int8_t *ahead = w0 + ROWS * K;  // the next row block, read early
                 int64_t k = 0;
                 for (; k + 16 <= K; k += 16) {
+                    _mm_prefetch(reinterpret_cast<const char *>(ahead + 4 * k), _MM_HINT_T0);
                     __m256 xa = _mm256_loadu_ps(xm + k), xb = _mm256_loadu_ps(xm + k + 8);
                     a0 = _mm256_fmadd_ps(int8x8(w0 + k), xa, a0); b0 = _mm256_fmadd_ps(int8x8(w0 + k + 8), xb, b0);
                     a1 = _mm256_fmadd_ps(int8x8(w1 + k), xa, a1); b1 = _mm256_fmadd_ps(int8x8(w1 + k + 8), xb, b1);
@@ -99,19 +101,33 @@ void int8_rows(const float *x, const int8_t *w, const float *scales, const float
 // -- int4 weights, activations rounded to int8 per block ------------------------------
 // xq (M, K) int8 with one scale xd per block of 32 and the block's sum xsum (of xq * xd).
 void round_activations(const float *x, int8_t *xq, float *xd, float *xsum, int64_t count) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int64_t i = 0; i < count; i++) {
         const float *b = x + i * BLOCK;
-        float amax = 0.f;
-        for (int j = 0; j < BLOCK; j++) amax = std::max(amax, fabsf(b[j]));
-        float d = amax / 127.f, inv = d > 0.f ? 1.f / d : 0.f;
-        int total = 0;
-        for (int j = 0; j < BLOCK; j++) {
-            int v = static_cast<int>(lrintf(b[j] * inv));
-            xq[i * BLOCK + j] = static_cast<int8_t>(v);
-            total += v;
+        __m256 v[4], amax = _mm256_setzero_ps();
+        for (int j = 0; j < 4; j++) {
+            v[j] = _mm256_loadu_ps(b + 8 * j);
+            amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[j]));
         }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float d = _mm_cvtss_f32(m4) / 127.f, inv = d > 0.f ? 1.f / d : 0.f;
+        const __m256 scale = _mm256_set1_ps(inv);
+        __m256i n[4];  // rounded to nearest, ties to even (the default rounding mode), as lrintf
+        for (int j = 0; j < 4; j++) n[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], scale));
+        __m256i total = _mm256_add_epi32(_mm256_add_epi32(n[0], n[1]), _mm256_add_epi32(n[2], n[3]));
+        __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+        t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, _MM_SHUFFLE(1, 0, 3, 2)));
+        t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, _MM_SHUFFLE(2, 3, 0, 1)));
+        // int32 -> int16 -> int8 with saturation (values are within -127..127); packs work per
+        // 128-bit lane, so the permute puts the 32 bytes back in order
+        __m256i w01 = _mm256_packs_epi32(n[0], n[1]), w23 = _mm256_packs_epi32(n[2], n[3]);
+        __m256i bytes = _mm256_packs_epi16(w01, w23);
+        bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(xq + i * BLOCK), bytes);
         xd[i] = d;
-        xsum[i] = d * static_cast<float>(total);  // the sum of the rounded activations
+        xsum[i] = d * static_cast<float>(_mm_cvtsi128_si32(t4));  // the sum of the rounded activations
     }
 }
 
@@ -155,22 +171,32 @@ void int4_rows(const int8_t *xq, const float *xd, const float *xsum, const uint8
                 }
             }
             __m256 acc[ROWS] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-            if (rows == ROWS) {
-                const uint8_t *q0 = q + n * G * (BLOCK / 2);
+            if (rows == ROWS) {  // four named accumulators: the compiler keeps them in registers
+                const uint8_t *q0 = q + n * G * (BLOCK / 2), *q1 = q0 + G * (BLOCK / 2),
+                              *q2 = q1 + G * (BLOCK / 2), *q3 = q2 + G * (BLOCK / 2);
+                const float *s0 = scale.data(), *s1 = s0 + G, *s2 = s1 + G, *s3 = s2 + G;
+                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+                const uint8_t *ahead = q0 + ROWS * G * (BLOCK / 2);  // the next row block, read early
                 for (int64_t g = 0; g < G; g++) {
                     __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(xm + g * BLOCK));
-                    for (int64_t r = 0; r < ROWS; r++)
-                        acc[r] = _mm256_fmadd_ps(dot_u4_i8(nibbles(q0 + (r * G + g) * (BLOCK / 2)), xv),
-                                                 _mm256_broadcast_ss(scale.data() + r * G + g), acc[r]);
+                    const int64_t at = g * (BLOCK / 2);
+                    _mm_prefetch(reinterpret_cast<const char *>(ahead + 4 * at), _MM_HINT_T0);
+                    a0 = _mm256_fmadd_ps(dot_u4_i8(nibbles(q0 + at), xv), _mm256_broadcast_ss(s0 + g), a0);
+                    a1 = _mm256_fmadd_ps(dot_u4_i8(nibbles(q1 + at), xv), _mm256_broadcast_ss(s1 + g), a1);
+                    a2 = _mm256_fmadd_ps(dot_u4_i8(nibbles(q2 + at), xv), _mm256_broadcast_ss(s2 + g), a2);
+                    a3 = _mm256_fmadd_ps(dot_u4_i8(nibbles(q3 + at), xv), _mm256_broadcast_ss(s3 + g), a3);
                 }
+                acc[0] = a0; acc[1] = a1; acc[2] = a2; acc[3] = a3;
             } else {
                 for (int64_t r = 0; r < rows; r++) {
                     const uint8_t *qr = q + (n + r) * G * (BLOCK / 2);
+                    __m256 a = _mm256_setzero_ps();
                     for (int64_t g = 0; g < G; g++) {
                         __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(xm + g * BLOCK));
-                        acc[r] = _mm256_fmadd_ps(dot_u4_i8(nibbles(qr + g * (BLOCK / 2)), xv),
-                                                 _mm256_broadcast_ss(scale.data() + r * G + g), acc[r]);
+                        a = _mm256_fmadd_ps(dot_u4_i8(nibbles(qr + g * (BLOCK / 2)), xv),
+                                            _mm256_broadcast_ss(scale.data() + r * G + g), a);
                     }
+                    acc[r] = a;
                 }
             }
             for (int64_t r = 0; r < rows; r++)
