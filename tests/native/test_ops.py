@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qkv.native import native_kernels
-from qkv.native.ops import (dequantize_blocks, int4_linear, int4_linear_reference, int8_linear, pack_blocks,
-                            round_activations, unpack_blocks)
+from qkv.native.ops import (dequantize_blocks, f32_linear, int4_linear, int4_linear_reference, int8_linear,
+                            pack_blocks, round_activations, unpack_blocks)
 
 needs_kernels = pytest.mark.skipif(not native_kernels().available,
                                    reason=f"qkv's kernels are not available here: {native_kernels().reason}")
@@ -56,6 +56,20 @@ def test_int8_kernel_is_the_float_product_of_the_int8_weights(m, n, k, seed, bia
     got = int8_linear(x, w, scales, b)
     assert got.shape == (m, n) and got.dtype == torch.float32
     torch.testing.assert_close(got.double(), expected, atol=1e-4 * (1 + k ** 0.5), rtol=1e-5)
+
+
+@needs_kernels
+@settings(max_examples=40, deadline=None)
+@given(m=st.integers(1, 20), n=st.integers(1, 41), k=st.integers(1, 150), seed=st.integers(0, 2**16),
+       bias=st.booleans())
+def test_float32_kernel_is_the_linear_layers_product(m, n, k, seed, bias) -> None:
+    g = torch.Generator().manual_seed(seed)
+    x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
+    b = torch.randn(n, generator=g) if bias else None
+    expected = torch.nn.functional.linear(x.double(), w.double(), None if b is None else b.double())
+    got = f32_linear(x, w, b)
+    assert got.shape == (m, n) and got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), expected, atol=1e-5 * (1 + k ** 0.5), rtol=1e-5)
 
 
 @needs_kernels

@@ -7,7 +7,6 @@ import torch
 from torch import nn
 
 from qkv.models.gpt2 import GPTConfig, GPTModel
-from qkv.perf.prepare import prepare_for_decoding
 from qkv.perf.transposed import InputMajorLinear, store_input_major
 
 
@@ -29,7 +28,7 @@ def test_only_wide_layers_are_stored_input_major_and_the_model_is_unchanged() ->
     ids = torch.randint(0, 96, (2, 9))
     with torch.no_grad():
         before = model(ids)
-        prepare_for_decoding(model, precision="float32", compile=False)
+        store_input_major(model)  # what prepare_for_decoding does where qkv's kernels cannot be built
         after = model(ids)
     torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-5)
     wide = [m for m in model.modules() if isinstance(m, InputMajorLinear)]

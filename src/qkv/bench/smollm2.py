@@ -8,9 +8,9 @@ round by round; medians; ratios from the same run. A contender that is not insta
 skipped with a one-line message.
 
 Also: the compile (warm-up) time in this process; the time to the first token of a fresh
-`qkv generate`-like process, first with an empty Inductor cache (the first-ever compile),
-then again with the cache that run left (the warm start users get); and whether qkv's
-float32 greedy tokens equal transformers'.
+`qkv generate`-like process, first with empty caches (the first-ever compile),
+then again with the cache that run left (the warm start users get), qkv's kernels built and
+cached the same way; and whether qkv's float32 greedy tokens equal transformers'.
 
 Shape legend: B batch (1), T prompt tokens, N new tokens.
 """
@@ -44,7 +44,7 @@ PROMPT_TEXT = (
     "to me? The answers are weights, and the weighted sum of values is what the token carries on. "
     "Write a short story about a robot who learns to paint, and tell it slowly."
 )
-QKV = f"qkv (qkv generate defaults: {DEFAULT_PRECISION}, compiled)"
+QKV = f"qkv (qkv generate defaults: {DEFAULT_PRECISION} precision, compiled)"
 LLAMA = "llama.cpp (same GGUF)"
 TRANSFORMERS = "transformers float32"
 
@@ -74,8 +74,10 @@ def prompt_ids(tokenizer: Any, tokens: int) -> list[int]:
 
 def first_token(ids: list[int], threads: int, cache_dir: Path) -> dict[str, Any]:
     """A fresh process loads SmolLM2 as `qkv generate` does and makes one token; seconds
-    from launching it to that token, with Inductor's caches in `cache_dir`."""
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir), "OMP_NUM_THREADS": str(threads)}
+    from launching it to that token, with Inductor's caches and qkv's built kernels in
+    `cache_dir` (so an empty one times everything a first run on a new machine does)."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir), "QKV_CACHE_DIR": str(cache_dir / "qkv"),
+           "OMP_NUM_THREADS": str(threads)}
     start = time.time()
     done = subprocess.run([sys.executable, "-c", FIRST_TOKEN_SCRIPT, str(threads), json.dumps(ids)],
                           capture_output=True, text=True, env=env, check=False)

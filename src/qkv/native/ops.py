@@ -22,6 +22,11 @@ def int8_linear(x: Tensor, w: Tensor, scales: Tensor, bias: Tensor | None = None
     return torch.ops.qkv.int8_linear.default(x, w, scales, bias)
 
 
+def f32_linear(x: Tensor, w: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x @ w^T + bias: x (M, K) and w (N, K) float32 (nn.Linear's product)."""
+    return torch.ops.qkv.f32_linear.default(x, w, bias)
+
+
 def int4_linear(x: Tensor, q: Tensor, d: Tensor, m: Tensor, bias: Tensor | None = None) -> Tensor:
     """x @ w^T + bias for 4-bit blocks (module docstring), x (M, K) float32 rounded to int8
     per block of 32 inputs inside the kernel; d and m float16, or their bits in int16."""
@@ -71,6 +76,10 @@ def register_fakes() -> None:
 
     @torch.library.register_fake("qkv::int8_linear")
     def _int8(x: Tensor, w: Tensor, scales: Tensor, bias: Tensor | None) -> Tensor:
+        return x.new_empty(x.shape[0], w.shape[0])
+
+    @torch.library.register_fake("qkv::f32_linear")
+    def _f32(x: Tensor, w: Tensor, bias: Tensor | None) -> Tensor:
         return x.new_empty(x.shape[0], w.shape[0])
 
     @torch.library.register_fake("qkv::int4_linear")

@@ -18,8 +18,10 @@ else int8, the fastest whose perplexity on the-verdict stays within 1% of bfloat
 
 Every precision first stacks the projections that read the same input (query, key and
 value; a SwiGLU's gate and up) into one layer each (`qkv.fusion`): the same numbers in
-fewer matrix products. With "float32", layers with at least as many outputs as inputs are
-then stored input-major (`qkv.perf.transposed`), which PyTorch reads faster at batch 1.
+fewer matrix products. With "float32", decode-sized products then run on qkv's float32
+kernel (`qkv.perf.float_linear`); where it cannot be built, layers with at least as many
+outputs as inputs are stored input-major (`qkv.perf.transposed`), which PyTorch reads
+faster at batch 1.
 
 compile=True compiles each repeated layer once (`qkv.perf.compile`); where compiling is not
 possible the model stays eager and the report says why. `qkv.generation.warm_up` runs the
@@ -41,6 +43,7 @@ from qkv.models.decoder import CausalDecoder
 from qkv.native import NativeStatus, native_kernels
 from qkv.perf.compile import Backend, CompileReport, compile_decoder
 from qkv.perf.quantize import activation_dtype, quantize
+from qkv.perf.float_linear import use_native_float
 from qkv.perf.transposed import store_input_major
 from qkv.precision import AUTO, DEFAULT_PRECISION, PRECISIONS, QUANTIZED, resolve_precision
 
@@ -91,6 +94,9 @@ def prepare_for_decoding(
     fuse_projections(model)  # q/k/v and gate/up: one product each (qkv.fusion)
     if precision in QUANTIZED:
         quantize(model, precision)  # from the weights as loaded (float32 for these precisions)
+    elif precision == "float32" and native_kernels().available:
+        model.float()
+        use_native_float(model)  # qkv's kernel for decode-sized products (qkv.perf.float_linear)
     elif precision == "float32":
         store_input_major(model)  # wide layers read faster as x @ W at batch 1 (qkv.perf.transposed)
     if precision in QUANTIZED:
@@ -98,7 +104,7 @@ def prepare_for_decoding(
     else:
         model.to(torch.float32 if precision == "float32" else torch.bfloat16)
     report = compile_decoder(model, backend=backend) if compile else None
-    kernels = native_kernels() if precision in QUANTIZED else None
+    kernels = native_kernels() if precision in (*QUANTIZED, "float32") else None
     return DecodeSetup(precision=precision, compile=report, kernels=kernels)
 
 
