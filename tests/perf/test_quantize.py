@@ -19,6 +19,7 @@ from qkv.models.gpt2 import GPTConfig, GPTModel
 from qkv.native import native_kernels
 from qkv.native.ops import dequantize_blocks, round_activations, unpack_blocks
 from qkv.perf import Int4Linear, Int8Linear, quantize, quantize_blocks, quantize_rows
+from qkv.perf.quantize import NATIVE_ROWS, PROMPT_ROWS
 from qkv.perf.prepare import prepare_for_decoding
 from qkv.perplexity import perplexity
 
@@ -59,21 +60,23 @@ NATIVE = [True, False] if native_kernels().available else [False]
 @pytest.mark.parametrize("native", NATIVE, ids=lambda n: "qkv-kernels" if n else "pytorch-kernels")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("kind", [Int8Linear, Int4Linear])
-@pytest.mark.parametrize("rows", [1, 3, 40], ids=lambda r: f"{r}rows")
+@pytest.mark.parametrize("rows", [1, 3, 40, 200], ids=lambda r: f"{r}rows")
 def test_kernels_compute_the_dequantized_product(kind, dtype, native, rows) -> None:
-    """Decode-sized calls run the kernels, 40 rows the dequantized float product. qkv's int4
-    kernel multiplies activations rounded to int8 per block of 32 (exactly, up to float
-    summation order); PyTorch's kernels take bfloat16 activations."""
+    """Decode-sized calls run the kernels (qkv's up to NATIVE_ROWS rows, PyTorch's up to
+    PROMPT_ROWS), longer prompts the dequantized float product. qkv's int4 kernel multiplies
+    activations rounded to int8 per block of 32 (exactly, up to float summation order);
+    PyTorch's kernels take bfloat16 activations."""
     torch.manual_seed(0)
     linear = nn.Linear(64, 48)
     layer = kind.from_linear(linear, native=native)
     assert layer.native == native
     x = torch.randn(rows, 64).to(dtype)
     through = x.float()
-    if kind is Int4Linear and native and rows <= 16:
+    kernel = rows <= (NATIVE_ROWS if native else PROMPT_ROWS)
+    if kind is Int4Linear and native and kernel:
         through = round_activations(through)
     expected = F.linear(through, layer.dequantized(torch.float32), linear.bias.detach())
-    exact = dtype == torch.float32 and (native or rows > 16)
+    exact = dtype == torch.float32 and (native or not kernel)
     tol = dict(atol=1e-4, rtol=1e-4) if exact else dict(atol=0.1, rtol=0.05)
     torch.testing.assert_close(layer(x).float(), expected, **tol)
     # and the dequantized weight is the float one, within the quantization step

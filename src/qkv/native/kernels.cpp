@@ -70,7 +70,31 @@ void weight_rows(const float *x, const W *w, const float *scales, const float *b
     constexpr int64_t LINES = (ROWS * 16 * sizeof(W) + 63) / 64;  // cache lines of the next block per step
     for (int64_t n = n0; n < n1; n += ROWS) {
         int64_t rows = std::min(ROWS, n1 - n);
-        for (int64_t m = 0; m < M; m++) {
+        int64_t m = 0;
+        // Two rows of x at a time: each weight is loaded (and converted) once for both.
+        for (; rows == ROWS && m + 2 <= M && K % 8 == 0; m += 2) {
+            const float *xa = x + m * K, *xb = xa + K;
+            const W *w0 = w + n * K, *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
+            const char *ahead = reinterpret_cast<const char *>(w0 + ROWS * K);
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+            for (int64_t k = 0; k < K; k += 8) {
+                for (int64_t line = 0; line < (LINES + 1) / 2; line++)
+                    _mm_prefetch(ahead + (ROWS * sizeof(W)) * k + 64 * line, _MM_HINT_T0);
+                __m256 va = _mm256_loadu_ps(xa + k), vb = _mm256_loadu_ps(xb + k);
+                __m256 v0 = load8(w0 + k), v1 = load8(w1 + k), v2 = load8(w2 + k), v3 = load8(w3 + k);
+                a0 = _mm256_fmadd_ps(v0, va, a0); b0 = _mm256_fmadd_ps(v0, vb, b0);
+                a1 = _mm256_fmadd_ps(v1, va, a1); b1 = _mm256_fmadd_ps(v1, vb, b1);
+                a2 = _mm256_fmadd_ps(v2, va, a2); b2 = _mm256_fmadd_ps(v2, vb, b2);
+                a3 = _mm256_fmadd_ps(v3, va, a3); b3 = _mm256_fmadd_ps(v3, vb, b3);
+            }
+            const __m256 ra[ROWS] = {a0, a1, a2, a3}, rb[ROWS] = {b0, b1, b2, b3};
+            for (int64_t r = 0; r < ROWS; r++) {
+                const float scale = scales ? scales[n + r] : 1.f, extra = bias ? bias[n + r] : 0.f;
+                y[m * N + n + r] = hsum(ra[r]) * scale + extra;
+                y[(m + 1) * N + n + r] = hsum(rb[r]) * scale + extra;
+            }
+        }
+        for (; m < M; m++) {  // one row of x (a decode step, or the last of an odd count)
             const float *xm = x + m * K;
             float out[ROWS] = {0.f, 0.f, 0.f, 0.f};
             if (rows == ROWS) {
@@ -153,59 +177,93 @@ inline __m256 dot_u4_i8(__m256i q, __m256i x) {  // 32 (0..15) x 32 int8 -> 8 fl
     return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
 }
 
+// Per-block factors of rows [n, n + rows) for activation row m: scale[r * G + g] = d * xd and
+// off[r] = sum over blocks of m_block * xsum (the minimum's share), 8 blocks at a time.
+void block_factors(const uint16_t *d, const uint16_t *mn, const float *dm, const float *sm, int64_t G,
+                   int64_t n, int64_t rows, float *scale, float *off) {
+    for (int64_t r = 0; r < rows; r++) {
+        const uint16_t *dr = d + (n + r) * G, *mr = mn + (n + r) * G;
+        float *sr = scale + r * G;
+        __m256 o = _mm256_setzero_ps();
+        int64_t g = 0;
+        for (; g + 8 <= G; g += 8) {
+            __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(dr + g)));
+            __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(mr + g)));
+            _mm256_storeu_ps(sr + g, _mm256_mul_ps(dv, _mm256_loadu_ps(dm + g)));
+            o = _mm256_fmadd_ps(mv, _mm256_loadu_ps(sm + g), o);
+        }
+        off[r] = hsum(o);
+        for (; g < G; g++) {
+            sr[g] = _cvtsh_ss(dr[g]) * dm[g];
+            off[r] += _cvtsh_ss(mr[g]) * sm[g];
+        }
+    }
+}
+
 void int4_rows(const int8_t *xq, const float *xd, const float *xsum, const uint8_t *q, const uint16_t *d,
                const uint16_t *mn, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
                int64_t n0, int64_t n1) {
-    const int64_t G = K / BLOCK;
-    std::vector<float> scale(static_cast<size_t>(ROWS * G + 8));  // d * xd per row and block
+    const int64_t G = K / BLOCK, S = BLOCK / 2;
+    std::vector<float> scale(static_cast<size_t>(2 * ROWS * G + 8));  // d * xd per row and block, two rows of x
+    float *sa = scale.data(), *sb = sa + ROWS * G;
     for (int64_t n = n0; n < n1; n += ROWS) {
-        int64_t rows = std::min(ROWS, n1 - n);
-        for (int64_t m = 0; m < M; m++) {
-            const int8_t *xm = xq + m * K;
-            const float *dm = xd + m * G, *sm = xsum + m * G;
-            float off[ROWS] = {0.f, 0.f, 0.f, 0.f};
-            for (int64_t r = 0; r < rows; r++) {  // the per-block factors, 8 blocks at a time
-                const uint16_t *dr = d + (n + r) * G, *mr = mn + (n + r) * G;
-                float *sr = scale.data() + r * G;
-                __m256 o = _mm256_setzero_ps();
-                int64_t g = 0;
-                for (; g + 8 <= G; g += 8) {
-                    __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(dr + g)));
-                    __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(mr + g)));
-                    _mm256_storeu_ps(sr + g, _mm256_mul_ps(dv, _mm256_loadu_ps(dm + g)));
-                    o = _mm256_fmadd_ps(mv, _mm256_loadu_ps(sm + g), o);
-                }
-                off[r] = hsum(o);
-                for (; g < G; g++) {
-                    sr[g] = _cvtsh_ss(dr[g]) * dm[g];
-                    off[r] += _cvtsh_ss(mr[g]) * sm[g];
-                }
+        const int64_t rows = std::min(ROWS, n1 - n);
+        const uint8_t *q0 = q + n * G * S, *q1 = q0 + G * S, *q2 = q1 + G * S, *q3 = q2 + G * S;
+        const uint8_t *ahead = q0 + ROWS * G * S;  // the next row block, read early
+        int64_t m = 0;
+        // Two rows of x at a time: each block of weights is unpacked once for both.
+        for (; rows == ROWS && m + 2 <= M; m += 2) {
+            float offa[ROWS], offb[ROWS];
+            block_factors(d, mn, xd + m * G, xsum + m * G, G, n, rows, sa, offa);
+            block_factors(d, mn, xd + (m + 1) * G, xsum + (m + 1) * G, G, n, rows, sb, offb);
+            const int8_t *xa = xq + m * K, *xb = xa + K;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+            for (int64_t g = 0; g < G; g++) {
+                const int64_t at = g * S;
+                _mm_prefetch(reinterpret_cast<const char *>(ahead + 4 * at), _MM_HINT_T0);
+                __m256i va = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(xa + g * BLOCK));
+                __m256i vb = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(xb + g * BLOCK));
+                __m256i w0 = nibbles(q0 + at), w1 = nibbles(q1 + at), w2 = nibbles(q2 + at), w3 = nibbles(q3 + at);
+                a0 = _mm256_fmadd_ps(dot_u4_i8(w0, va), _mm256_broadcast_ss(sa + g), a0);
+                a1 = _mm256_fmadd_ps(dot_u4_i8(w1, va), _mm256_broadcast_ss(sa + G + g), a1);
+                a2 = _mm256_fmadd_ps(dot_u4_i8(w2, va), _mm256_broadcast_ss(sa + 2 * G + g), a2);
+                a3 = _mm256_fmadd_ps(dot_u4_i8(w3, va), _mm256_broadcast_ss(sa + 3 * G + g), a3);
+                b0 = _mm256_fmadd_ps(dot_u4_i8(w0, vb), _mm256_broadcast_ss(sb + g), b0);
+                b1 = _mm256_fmadd_ps(dot_u4_i8(w1, vb), _mm256_broadcast_ss(sb + G + g), b1);
+                b2 = _mm256_fmadd_ps(dot_u4_i8(w2, vb), _mm256_broadcast_ss(sb + 2 * G + g), b2);
+                b3 = _mm256_fmadd_ps(dot_u4_i8(w3, vb), _mm256_broadcast_ss(sb + 3 * G + g), b3);
             }
+            const __m256 ra[ROWS] = {a0, a1, a2, a3}, rb[ROWS] = {b0, b1, b2, b3};
+            for (int64_t r = 0; r < ROWS; r++) {
+                const float extra = bias ? bias[n + r] : 0.f;
+                y[m * N + n + r] = hsum(ra[r]) + offa[r] + extra;
+                y[(m + 1) * N + n + r] = hsum(rb[r]) + offb[r] + extra;
+            }
+        }
+        for (; m < M; m++) {  // one row of x (a decode step, or the last of an odd count)
+            const int8_t *xm = xq + m * K;
+            float off[ROWS] = {0.f, 0.f, 0.f, 0.f};
+            block_factors(d, mn, xd + m * G, xsum + m * G, G, n, rows, sa, off);
             __m256 acc[ROWS] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
             if (rows == ROWS) {  // four named accumulators: the compiler keeps them in registers
-                const uint8_t *q0 = q + n * G * (BLOCK / 2), *q1 = q0 + G * (BLOCK / 2),
-                              *q2 = q1 + G * (BLOCK / 2), *q3 = q2 + G * (BLOCK / 2);
-                const float *s0 = scale.data(), *s1 = s0 + G, *s2 = s1 + G, *s3 = s2 + G;
                 __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-                const uint8_t *ahead = q0 + ROWS * G * (BLOCK / 2);  // the next row block, read early
                 for (int64_t g = 0; g < G; g++) {
                     __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(xm + g * BLOCK));
-                    const int64_t at = g * (BLOCK / 2);
+                    const int64_t at = g * S;
                     _mm_prefetch(reinterpret_cast<const char *>(ahead + 4 * at), _MM_HINT_T0);
-                    a0 = _mm256_fmadd_ps(dot_u4_i8(nibbles(q0 + at), xv), _mm256_broadcast_ss(s0 + g), a0);
-                    a1 = _mm256_fmadd_ps(dot_u4_i8(nibbles(q1 + at), xv), _mm256_broadcast_ss(s1 + g), a1);
-                    a2 = _mm256_fmadd_ps(dot_u4_i8(nibbles(q2 + at), xv), _mm256_broadcast_ss(s2 + g), a2);
-                    a3 = _mm256_fmadd_ps(dot_u4_i8(nibbles(q3 + at), xv), _mm256_broadcast_ss(s3 + g), a3);
+                    a0 = _mm256_fmadd_ps(dot_u4_i8(nibbles(q0 + at), xv), _mm256_broadcast_ss(sa + g), a0);
+                    a1 = _mm256_fmadd_ps(dot_u4_i8(nibbles(q1 + at), xv), _mm256_broadcast_ss(sa + G + g), a1);
+                    a2 = _mm256_fmadd_ps(dot_u4_i8(nibbles(q2 + at), xv), _mm256_broadcast_ss(sa + 2 * G + g), a2);
+                    a3 = _mm256_fmadd_ps(dot_u4_i8(nibbles(q3 + at), xv), _mm256_broadcast_ss(sa + 3 * G + g), a3);
                 }
                 acc[0] = a0; acc[1] = a1; acc[2] = a2; acc[3] = a3;
             } else {
                 for (int64_t r = 0; r < rows; r++) {
-                    const uint8_t *qr = q + (n + r) * G * (BLOCK / 2);
+                    const uint8_t *qr = q + (n + r) * G * S;
                     __m256 a = _mm256_setzero_ps();
                     for (int64_t g = 0; g < G; g++) {
                         __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(xm + g * BLOCK));
-                        a = _mm256_fmadd_ps(dot_u4_i8(nibbles(qr + g * (BLOCK / 2)), xv),
-                                            _mm256_broadcast_ss(scale.data() + r * G + g), a);
+                        a = _mm256_fmadd_ps(dot_u4_i8(nibbles(qr + g * S), xv), _mm256_broadcast_ss(sa + r * G + g), a);
                     }
                     acc[r] = a;
                 }

@@ -47,6 +47,10 @@ INT4_GROUP = BLOCK  # GGUF's Q4 block size: SmolLM2's Q4_1 weights fall on the s
 # weight-only kernels work a row at a time, while dequantizing once and calling the float
 # matrix product is many times faster (measured: a 384-token SmolLM2 window took minutes).
 PROMPT_ROWS = 16
+# qkv's kernels take two rows of x per pass over the weights, and dequantizing a layer for
+# `F.linear` costs about 10 ms for SmolLM2's largest (fresh pages for the float copy), so
+# they are used up to this many rows (measured: 32 rows of a 3072x576 layer, 1.3 ms).
+NATIVE_ROWS = 128
 
 _INT8_MM = getattr(torch.ops.aten, "_weight_int8pack_mm", None)
 _INT4_PACK = getattr(torch.ops.aten, "_convert_weight_to_int4pack_for_cpu", None)
@@ -129,7 +133,7 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features)  # (M, K)
-        decode = x.device.type == "cpu" and rows.shape[0] <= PROMPT_ROWS
+        decode = x.device.type == "cpu" and rows.shape[0] <= (NATIVE_ROWS if self.native else PROMPT_ROWS)
         if decode and self.native:
             y = int8_linear(rows.float().contiguous(), self.weight, self.scales.float()).to(x.dtype)
         elif decode and _INT8_MM is not None:
@@ -207,7 +211,7 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features)  # (M, K)
-        decode = x.device.type == "cpu" and rows.shape[0] <= PROMPT_ROWS
+        decode = x.device.type == "cpu" and rows.shape[0] <= (NATIVE_ROWS if self.native else PROMPT_ROWS)
         if decode and self.native:
             y = int4_linear(rows.float().contiguous(), self.q, self.d_bits, self.m_bits).to(x.dtype)
         elif decode and self.packed is not None and self.scales_and_zeros is not None:
