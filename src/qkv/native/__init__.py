@@ -6,12 +6,13 @@ each weight once, built for this machine on first use.
 
 At batch 1 a decode step streams every weight of the model from memory once, so its speed
 is the weight bytes over the memory bandwidth. PyTorch's CPU kernels for this
-(`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`) reach 7-9 and about 5 GB/s here on
-SmolLM2's layers, against about 30 GB/s of read bandwidth; `kernels.cpp` reaches 10-18 GB/s
-(benchmarks/RESULTS.md). The source ships with qkv and is compiled by the machine's C++
+(`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`) reach 5-9 GB/s here on SmolLM2's
+layers, against about 30 GB/s of read bandwidth; `kernels.cpp` reaches 11-23 GB/s for int8,
+9-12 for int4 and 17-23 for float32, mostly by prefetching the next rows while it computes
+(benchmarks/RESULTS.md, `benchmarks/kernels.py`). The source ships with qkv and is compiled by the machine's C++
 compiler against PyTorch's stable C ABI (headers only: about 3 seconds), into a per-user
 cache folder keyed by the source, the compiler and the torch version, so it is built once
-per machine. The ops are `torch.ops.qkv.int8_linear` and `torch.ops.qkv.int4_linear`; they
+per machine. The ops are `torch.ops.qkv.int8_linear`, `int4_linear` and `f32_linear`; they
 have fake implementations, so torch.compile traces them as one opaque call each.
 
 They need an x86-64 CPU with AVX2, FMA and F16C, PyTorch 2.10 or later (the stable ABI),
