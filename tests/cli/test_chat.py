@@ -3,6 +3,7 @@ library's conversation; /reset and /exit work; bad input is one line and exit co
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import pytest
 
 from qkv.chat import ChatModel, ChatSession, ChatTemplate, Sampling
 from qkv.cli.main import main
+from qkv.perf.prepare import prepare_for_decoding
 
 smollm2 = pytest.mark.xdist_group("smollm2")
 SRC = Path(__file__).parents[2] / "src"
@@ -28,6 +30,17 @@ def qkv_process(args: list[str], stdin: str, env: dict[str, str] | None = None, 
     )
 
 
+def _as_the_cli_prepares_it(smollm2_model):
+    """A copy of the float32 SmolLM2 prepared at the CLI's default precision for it (int4:
+    the file's layers are 4-bit blocks), eagerly, as `--no-compile` runs it."""
+    model, tokenizer = smollm2_model
+    prepared = copy.deepcopy(model)
+    prepared.stored_in_four_bits = True  # what the loader records for SmolLM2's Q4_1 file
+    setup = prepare_for_decoding(prepared, compile=False)
+    assert setup.precision == "int4"
+    return prepared, tokenizer
+
+
 @smollm2
 @pytest.mark.slow
 def test_piped_conversation_matches_the_library(smollm2_model, smollm2_checkpoint) -> None:
@@ -38,7 +51,7 @@ def test_piped_conversation_matches_the_library(smollm2_model, smollm2_checkpoin
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
 
-    model, tokenizer = smollm2_model
+    model, tokenizer = _as_the_cli_prepares_it(smollm2_model)
     ck = smollm2_checkpoint
     template = ChatTemplate(ck.chat_template, bos_token=ck.bos_token, eos_token=ck.eos_token)
     chat = ChatModel(model, tokenizer, template, frozenset({tokenizer.token_to_id(ck.eos_token)}))
@@ -60,7 +73,7 @@ def test_generate_defaults_to_smollm2_and_applies_the_chat_template(smollm2_mode
     out, err = capsys.readouterr()
     assert code == 0, err
 
-    model, tokenizer = smollm2_model
+    model, tokenizer = _as_the_cli_prepares_it(smollm2_model)
     ck = smollm2_checkpoint
     template = ChatTemplate(ck.chat_template, bos_token=ck.bos_token, eos_token=ck.eos_token)
     chat = ChatModel(model, tokenizer, template, frozenset({tokenizer.token_to_id(ck.eos_token)}))
