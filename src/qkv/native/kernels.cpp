@@ -172,6 +172,21 @@ inline __m256i nibbles(const uint8_t *block) {  // 16 bytes -> 32 values 0..15: 
     return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
 }
 
+// Two consecutive blocks of a row (32 bytes) against x arranged as [x_g 0..15 | x_g+1 0..15]
+// (xlo) and [x_g 16..31 | x_g+1 16..31] (xhi): lanes 0-3 sum block g, lanes 4-7 block g + 1.
+inline __m256 dot_pair(const uint8_t *blocks, __m256i xlo, __m256i xhi) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(blocks));
+    __m256i lo = _mm256_and_si256(bytes, low), hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
+    // each int16 is at most 2 * 15 * 127 in size, so two of them add without overflow
+    __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi));
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+
+inline __m256 pair_scale(const float *scale) {  // [scale[0] x4 | scale[1] x4]
+    return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_broadcast_ss(scale)), _mm_broadcast_ss(scale + 1), 1);
+}
+
 inline __m256 dot_u4_i8(__m256i q, __m256i x) {  // 32 (0..15) x 32 int8 -> 8 float partial sums
     __m256i pairs = _mm256_maddubs_epi16(q, x);  // |sum| <= 2 * 15 * 127: no saturation
     return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
@@ -247,7 +262,23 @@ void int4_rows(const int8_t *xq, const float *xd, const float *xsum, const uint8
             __m256 acc[ROWS] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
             if (rows == ROWS) {  // four named accumulators: the compiler keeps them in registers
                 __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-                for (int64_t g = 0; g < G; g++) {
+                int64_t g = 0;
+                // Two blocks per step: one 32-byte load holds blocks g and g + 1 of a row, whose
+                // low nibbles are elements 0..15 of each (lanes 0 and 1) and high nibbles
+                // elements 16..31; x is arranged the same way once for the four rows.
+                for (; g + 2 <= G; g += 2) {
+                    const int64_t at = g * S;
+                    _mm_prefetch(reinterpret_cast<const char *>(ahead + 4 * at), _MM_HINT_T0);
+                    _mm_prefetch(reinterpret_cast<const char *>(ahead + 4 * at + 64), _MM_HINT_T0);
+                    __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(xm + g * BLOCK));
+                    __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(xm + (g + 1) * BLOCK));
+                    __m256i xlo = _mm256_permute2x128_si256(x0, x1, 0x20), xhi = _mm256_permute2x128_si256(x0, x1, 0x31);
+                    a0 = _mm256_fmadd_ps(dot_pair(q0 + at, xlo, xhi), pair_scale(sa + g), a0);
+                    a1 = _mm256_fmadd_ps(dot_pair(q1 + at, xlo, xhi), pair_scale(sa + G + g), a1);
+                    a2 = _mm256_fmadd_ps(dot_pair(q2 + at, xlo, xhi), pair_scale(sa + 2 * G + g), a2);
+                    a3 = _mm256_fmadd_ps(dot_pair(q3 + at, xlo, xhi), pair_scale(sa + 3 * G + g), a3);
+                }
+                for (; g < G; g++) {
                     __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(xm + g * BLOCK));
                     const int64_t at = g * S;
                     _mm_prefetch(reinterpret_cast<const char *>(ahead + 4 * at), _MM_HINT_T0);
