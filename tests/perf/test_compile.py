@@ -130,3 +130,26 @@ def test_inductor_fuses_the_quantized_cache_and_gives_the_eager_tokens() -> None
     kind = cache_kind("int4", residual=8, group_size=8, sinks=2)
     prompt = torch.tensor([[3, 14, 15, 92, 65, 35]])
     assert torch.equal(generate(model, prompt, 48, kv_cache=kind), generate(reference, prompt, 48, kv_cache=kind))
+
+
+def test_a_working_inductor_is_probed_once_per_machine(tmp_path, monkeypatch) -> None:
+    """The first process probes and leaves a marker; the next one trusts it and skips the probe.
+    A failing backend is never remembered."""
+    from qkv.perf import compile as compiling
+
+    monkeypatch.setenv("QKV_CACHE_DIR", str(tmp_path))
+    calls: list[object] = []
+
+    def counted(backend):
+        calls.append(backend)
+        return None if backend == "inductor" else "no compiler"
+
+    monkeypatch.setattr(compiling, "_probe", counted)
+    marker = compiling._probe_marker()
+    if marker is None:
+        pytest.skip("no C++ compiler on PATH to key the marker on")
+    assert compiling.probe_once("inductor") is None and calls == ["inductor"]
+    assert marker.is_file() and marker.parent.parent == tmp_path
+    assert compiling.probe_once("inductor") is None and calls == ["inductor"]  # skipped the second time
+    assert compiling.probe_once("eager") == "no compiler" and compiling.probe_once("eager") == "no compiler"
+    assert calls == ["inductor", "eager", "eager"]  # other backends are probed every time

@@ -14,14 +14,22 @@ tensors), so one set of graphs serves every length up to the cache's capacity;
 are compiled.
 
 Where no compiler works (Inductor writes and builds C++), `compile_decoder` finds out
-first with a tiny probe and leaves the model eager, saying why in its report.
+first with a tiny probe and leaves the model eager, saying why in its report. The probe
+takes over a second even with warm caches, so a success with Inductor is remembered per
+machine (a marker in qkv's cache folder, keyed by the torch and Python versions and the C++
+compiler's path and modification time): the next process skips it.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import os
+import shutil
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -75,6 +83,38 @@ def _probe(backend: Backend) -> str | None:
     return None
 
 
+def _probe_marker() -> Path | None:
+    """Where a successful Inductor probe is remembered, or None where there is no compiler
+    to key it on."""
+    from qkv.native.build import cache_folder
+
+    compiler = shutil.which(os.environ.get("CXX") or "g++") or shutil.which("c++")
+    if compiler is None:
+        return None
+    try:
+        stamp = os.stat(compiler).st_mtime_ns
+    except OSError:
+        return None
+    key = hashlib.sha256(f"{torch.__version__}|{sys.version}|{compiler}|{stamp}".encode()).hexdigest()[:16]
+    return cache_folder() / "compiler-probe" / f"inductor-{key}.ok"
+
+
+def probe_once(backend: Backend) -> str | None:
+    """`_probe`, skipped when an earlier process on this machine saw Inductor work with the
+    same torch, Python and compiler (see the module docstring)."""
+    marker = _probe_marker() if backend == "inductor" else None
+    if marker is not None and marker.is_file():
+        return None
+    reason = _probe(backend)
+    if reason is None and marker is not None:
+        try:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
+        except OSError:
+            pass  # a read-only cache folder: probe again next time
+    return reason
+
+
 def repeated_blocks(model: nn.Module) -> nn.ModuleList | None:
     """The model's stack of identical layers: the longest ModuleList of one module type."""
     best: nn.ModuleList | None = None
@@ -100,7 +140,7 @@ def regions(model: nn.Module) -> list[nn.Module]:
 def compile_decoder(model: nn.Module, *, backend: Backend = "inductor") -> CompileReport:
     """Compile `model`'s repeated layers and output head in place (see the module
     docstring); or leave it eager when `backend` does not work here."""
-    reason = _probe(backend)
+    reason = probe_once(backend)
     if reason is not None:
         return CompileReport(compiled=False, backend=_name(backend), reason=reason)
     chosen = regions(model)
