@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qkv.native import native_kernels
-from qkv.native.ops import (dequantize_blocks, f32_linear, int4_linear, int4_linear_reference, int8_linear,
+from qkv.attention.kernels import one_query_attention, reduction_attention
+from qkv.native.ops import (decode_attention, dequantize_blocks, f32_linear, int4_linear, int4_linear_reference, int8_linear,
                             pack_blocks, round_activations, unpack_blocks)
 
 needs_kernels = pytest.mark.skipif(not native_kernels().available,
@@ -138,3 +139,27 @@ def test_the_ops_compile_as_one_graph_with_the_eager_numbers() -> None:
     x = torch.randn(3, 64)
     compiled = torch.compile(both, fullgraph=True, backend="aot_eager")  # fails on a graph break
     torch.testing.assert_close(compiled(x), both(x), rtol=0, atol=0)
+
+
+@needs_kernels
+@settings(max_examples=40, deadline=None)
+@given(b=st.integers(1, 3), groups=st.integers(1, 4), h_kv=st.integers(1, 3), s=st.integers(1, 70),
+       d=st.sampled_from([3, 8, 16, 64]), masked=st.sampled_from(["none", "per row", "per head"]),
+       seed=st.integers(0, 2**16))
+def test_decode_attention_is_the_reductions_softmax(b, groups, h_kv, s, d, masked, seed) -> None:
+    """Against `reduction_attention` (PyTorch's softmax and sums): grouped heads, any key count,
+    masks per row or per head, rows that see no key at all (zeros)."""
+    g = torch.Generator().manual_seed(seed)
+    h = groups * h_kv
+    q, k, v = torch.randn(b, h, 1, d, generator=g), torch.randn(b, h_kv, s, d, generator=g), torch.randn(b, h_kv, s, d, generator=g)
+    mask = None
+    if masked == "per row":
+        mask = torch.rand(b, 1, 1, s, generator=g) > 0.4
+        mask[0] = False  # the first row sees nothing
+    elif masked == "per head":
+        mask = torch.rand(b, h, 1, s, generator=g) > 0.4
+    expected = reduction_attention(q, k, v, mask=mask)
+    visible = None if mask is None else mask.expand(b, h, 1, s).reshape(b, h, s).contiguous()
+    got = decode_attention(q.reshape(b, h, d).contiguous(), k, v, visible, d ** -0.5).unsqueeze(2)
+    torch.testing.assert_close(got, expected, atol=2e-6, rtol=2e-5)
+    torch.testing.assert_close(one_query_attention(q, k, v, mask=mask), expected, atol=2e-6, rtol=2e-5)

@@ -27,6 +27,7 @@ SOURCE = Path(__file__).with_name("kernels.cpp")
 FLAGS = ("-O3", "-std=c++17", "-mavx2", "-mfma", "-mf16c", "-shared", "-fPIC", "-w")
 BUILD_TIMEOUT_S = 300
 _OFF = {"0", "false", "no", "off"}
+LOADED = False  # set once the kernels are loaded and self-tested in this process
 
 
 @dataclass(frozen=True)
@@ -170,4 +171,6 @@ def native_kernels() -> NativeStatus:
     failure = _self_test()
     if failure is not None:
         return NativeStatus(False, failure, target)
+    global LOADED
+    LOADED = True
     return NativeStatus(True, None, target, built)

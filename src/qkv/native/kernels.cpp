@@ -12,6 +12,9 @@
 //       y = (x @ w^T) * scales + bias, in float32 (the exact product of x and the int8 weights)
 //   qkv::f32_linear(x (M, K) f32, w (N, K) f32, bias (N,) f32?) -> (M, N) f32
 //       y = x @ w^T + bias, nn.Linear's product in another summation order
+//   qkv::decode_attention(q (B, H, D), k (B, H_kv, S, D), v (B, H_kv, S, D_v), visible (B, H, S) bool?,
+//                         scale) -> (B, H, D_v): one query per head over a KV cache, grouped heads
+//       sharing keys; softmax over the visible keys, zeros where none is visible
 //   qkv::int4_linear(x (M, K) f32, q (N, K/2) u8, d (N, K/32) f16, m (N, K/32) f16, bias?) -> (M, N) f32
 //       (d and m may also be their float16 bits held in int16 tensors)
 //       weights in blocks of 32: w = q * d + m, q in 0..15; byte j of a block's 16 holds
@@ -389,16 +392,121 @@ Tensor int4_linear(Tensor x, Tensor q, Tensor d, Tensor mn, std::optional<Tensor
     return y;
 }
 
+// -- one-query attention over a KV cache ------------------------------------------------
+// exp of 8 floats (Cephes' polynomial on [-ln2/2, ln2/2], relative error about 1e-7).
+inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+    __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+inline float dot(const float *a, const float *b, int64_t n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    float total = hsum(_mm256_add_ps(s0, s1));
+    for (; i < n; i++) total += a[i] * b[i];
+    return total;
+}
+
+// One (row, head): softmax over the visible keys of scale * q.k, then the weighted sum of
+// the values; a query that sees no key gets zeros.
+void attend_one(const float *q, const float *k, const float *v, const bool *visible, float *out,
+                int64_t S, int64_t D, int64_t Dv, float scale, float *w) {
+    float top = -INFINITY;
+    for (int64_t s = 0; s < S; s++) {
+        if (visible && !visible[s]) { w[s] = -INFINITY; continue; }
+        w[s] = dot(q, k + s * D, D) * scale;
+        top = std::max(top, w[s]);
+    }
+    for (int64_t j = 0; j < Dv; j++) out[j] = 0.f;
+    if (top == -INFINITY) return;
+    const __m256 shift = _mm256_set1_ps(top), hidden = _mm256_set1_ps(-INFINITY);
+    __m256 sums = _mm256_setzero_ps();
+    int64_t s = 0;
+    for (; s + 8 <= S; s += 8) {
+        __m256 x = _mm256_loadu_ps(w + s);
+        __m256 e = _mm256_andnot_ps(_mm256_cmp_ps(x, hidden, _CMP_EQ_OQ), exp8(_mm256_sub_ps(x, shift)));
+        _mm256_storeu_ps(w + s, e);
+        sums = _mm256_add_ps(sums, e);
+    }
+    float total = hsum(sums);
+    for (; s < S; s++) {
+        w[s] = w[s] == -INFINITY ? 0.f : expf(w[s] - top);
+        total += w[s];
+    }
+    const float inv = 1.f / total;
+    for (s = 0; s < S; s++) {
+        if (w[s] == 0.f) continue;
+        const __m256 ws = _mm256_set1_ps(w[s] * inv);
+        const float *vs = v + s * Dv;
+        int64_t j = 0;
+        for (; j + 8 <= Dv; j += 8)
+            _mm256_storeu_ps(out + j, _mm256_fmadd_ps(ws, _mm256_loadu_ps(vs + j), _mm256_loadu_ps(out + j)));
+        for (; j < Dv; j++) out[j] += w[s] * inv * vs[j];
+    }
+}
+
+Tensor decode_attention(Tensor q, Tensor k, Tensor v, std::optional<Tensor> visible, double scale) {
+    using torch::headeronly::ScalarType;
+    check(q.dim() == 3 && k.dim() == 4 && v.dim() == 4,
+          "qkv::decode_attention takes q (B, H, D), k (B, H_kv, S, D), v (B, H_kv, S, D_v)");
+    const int64_t B = q.size(0), H = q.size(1), D = q.size(2), Hkv = k.size(1), S = k.size(2), Dv = v.size(3);
+    check(k.size(0) == B && v.size(0) == B && v.size(1) == Hkv && v.size(2) == S && k.size(3) == D && Hkv > 0 &&
+              H % Hkv == 0,
+          "qkv::decode_attention: q, k and v disagree on B, S, D or the head groups");
+    check(q.scalar_type() == ScalarType::Float && k.scalar_type() == ScalarType::Float &&
+              v.scalar_type() == ScalarType::Float,
+          "qkv::decode_attention takes float32 q, k and v");
+    check(q.is_contiguous() && k.is_contiguous() && v.is_contiguous(), "qkv::decode_attention takes contiguous tensors");
+    const bool *vis = nullptr;
+    if (visible.has_value()) {
+        check(visible->dim() == 3 && visible->size(0) == B && visible->size(1) == H && visible->size(2) == S &&
+                  visible->scalar_type() == ScalarType::Bool && visible->is_contiguous(),
+              "qkv::decode_attention: visible must be a contiguous bool (B, H, S)");
+        vis = static_cast<const bool *>(visible->data_ptr());
+    }
+    Tensor out = torch::stable::new_empty(q, {B, H, Dv});
+    const float *qp = static_cast<const float *>(q.data_ptr()), *kp = static_cast<const float *>(k.data_ptr()),
+                *vp = static_cast<const float *>(v.data_ptr());
+    float *op = static_cast<float *>(out.data_ptr());
+    const int64_t group = H / Hkv;
+    torch::stable::parallel_for(0, B * H, 1, [&](int64_t i0, int64_t i1) {
+        std::vector<float> w(static_cast<size_t>(S));
+        for (int64_t i = i0; i < i1; i++) {
+            const int64_t b = i / H, h = i % H, kv = b * Hkv + h / group;
+            attend_one(qp + i * D, kp + kv * S * D, vp + kv * S * Dv, vis ? vis + i * S : nullptr, op + i * Dv, S, D,
+                       Dv, static_cast<float>(scale), w.data());
+        }
+    });
+    return out;
+}
+
 }  // namespace
 
 STABLE_TORCH_LIBRARY(qkv, m) {
     m.def("int8_linear(Tensor x, Tensor w, Tensor scales, Tensor? bias) -> Tensor");
     m.def("int4_linear(Tensor x, Tensor q, Tensor d, Tensor m, Tensor? bias) -> Tensor");
     m.def("f32_linear(Tensor x, Tensor w, Tensor? bias) -> Tensor");
+    m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor? visible, float scale) -> Tensor");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(qkv, CPU, m) {
     m.impl("int8_linear", TORCH_BOX(&int8_linear));
     m.impl("int4_linear", TORCH_BOX(&int4_linear));
     m.impl("f32_linear", TORCH_BOX(&f32_linear));
+    m.impl("decode_attention", TORCH_BOX(&decode_attention));
 }

@@ -22,6 +22,12 @@ def int8_linear(x: Tensor, w: Tensor, scales: Tensor, bias: Tensor | None = None
     return torch.ops.qkv.int8_linear.default(x, w, scales, bias)
 
 
+def decode_attention(q: Tensor, k: Tensor, v: Tensor, visible: Tensor | None, scale: float) -> Tensor:
+    """One query per head over a KV cache: q (B, H, D), k (B, H_kv, S, D), v (B, H_kv, S, D_v)
+    float32, visible (B, H, S) bool or None -> (B, H, D_v); zeros where no key is visible."""
+    return torch.ops.qkv.decode_attention.default(q, k, v, visible, scale)
+
+
 def f32_linear(x: Tensor, w: Tensor, bias: Tensor | None = None) -> Tensor:
     """x @ w^T + bias: x (M, K) and w (N, K) float32 (nn.Linear's product)."""
     return torch.ops.qkv.f32_linear.default(x, w, bias)
@@ -77,6 +83,10 @@ def register_fakes() -> None:
     @torch.library.register_fake("qkv::int8_linear")
     def _int8(x: Tensor, w: Tensor, scales: Tensor, bias: Tensor | None) -> Tensor:
         return x.new_empty(x.shape[0], w.shape[0])
+
+    @torch.library.register_fake("qkv::decode_attention")
+    def _attention(q: Tensor, k: Tensor, v: Tensor, visible: Tensor | None, scale: float) -> Tensor:
+        return q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
 
     @torch.library.register_fake("qkv::f32_linear")
     def _f32(x: Tensor, w: Tensor, bias: Tensor | None) -> Tensor:
