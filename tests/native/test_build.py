@@ -56,7 +56,7 @@ def test_the_cache_key_follows_the_compiler(tmp_path: Path) -> None:
     other = tmp_path / "cxx"
     other.write_text("#!/bin/sh\necho 'another compiler 1.0'\n")
     other.chmod(0o755)
-    compiler = build._compiler() or "c++"
+    compiler = build.cxx_compiler() or "c++"
     assert build._key(compiler) == build._key(compiler)
     assert build._key(compiler) != build._key(str(other))
 

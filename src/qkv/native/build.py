@@ -82,12 +82,12 @@ def unavailable_reason() -> str | None:
     ops = include / "torch" / "csrc" / "stable" / "ops.h"
     if not ops.is_file() or "torch_parallel_for" not in ops.read_text(encoding="utf-8", errors="replace"):
         return f"torch {torch.__version__} has no stable C ABI with parallel_for (needs torch 2.10 or later)"
-    if _compiler() is None:
+    if cxx_compiler() is None:
         return "no C++ compiler found (set CXX, or install g++)"
     return None
 
 
-def _compiler() -> str | None:
+def cxx_compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
 
 
@@ -153,7 +153,7 @@ def native_kernels() -> NativeStatus:
     reason = unavailable_reason()
     if reason is not None:
         return NativeStatus(False, reason)
-    compiler = _compiler()
+    compiler = cxx_compiler()
     assert compiler is not None
     target = cache_folder() / "native" / f"qkv_kernels_{_key(compiler)}.so"
     built = None

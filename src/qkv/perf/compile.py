@@ -86,9 +86,10 @@ def _probe(backend: Backend) -> str | None:
 def _probe_marker() -> Path | None:
     """Where a successful Inductor probe is remembered, or None where there is no compiler
     to key it on."""
-    from qkv.native.build import cache_folder
+    from qkv.native.build import cache_folder, cxx_compiler
 
-    compiler = shutil.which(os.environ.get("CXX") or "g++") or shutil.which("c++")
+    named = cxx_compiler()
+    compiler = shutil.which(named) if named is not None else None
     if compiler is None:
         return None
     try:

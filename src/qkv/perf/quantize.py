@@ -69,6 +69,17 @@ def activation_dtype() -> torch.dtype:
     return torch.float32 if uses_native_kernels() else torch.bfloat16
 
 
+def _chooses_native(native: bool | None) -> bool:
+    """A layer's kernel: qkv's where they are loaded, unless native=False asks for PyTorch's."""
+    return uses_native_kernels() if native is None else native and uses_native_kernels()
+
+
+def _on_kernel(x: Tensor, rows: Tensor, native: bool) -> bool:
+    """Whether a call of `rows` (M, K) runs on a weight-only kernel (qkv's up to NATIVE_ROWS
+    rows, PyTorch's up to PROMPT_ROWS), rather than dequantizing for F.linear."""
+    return x.device.type == "cpu" and rows.shape[0] <= (NATIVE_ROWS if native else PROMPT_ROWS)
+
+
 def quantize_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
     """Symmetric per-row int8: returns q (N, K) int8 and scales (N,) float32, w ~ q * s."""
     w = weight.detach().float()
@@ -108,7 +119,7 @@ class Int8Linear(nn.Module):
                  bias_dtype: torch.dtype = torch.float32, native: bool | None = None) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
-        self.native = uses_native_kernels() if native is None else native and uses_native_kernels()
+        self.native = _chooses_native(native)
         self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=torch.int8))
         self.register_buffer("scales", torch.ones(out_features, dtype=torch.float32))
         self.bias = (
@@ -133,7 +144,7 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features)  # (M, K)
-        decode = x.device.type == "cpu" and rows.shape[0] <= (NATIVE_ROWS if self.native else PROMPT_ROWS)
+        decode = _on_kernel(x, rows, self.native)
         if decode and self.native:
             y = int8_linear(rows.float().contiguous(), self.weight, self.scales.float()).to(x.dtype)
         elif decode and _INT8_MM is not None:
@@ -166,7 +177,7 @@ class Int4Linear(nn.Module):
         if in_features % BLOCK != 0:
             raise ValueError(f"int4 blocks of {BLOCK} must divide the input size {in_features}")
         self.in_features, self.out_features = in_features, out_features
-        self.native = uses_native_kernels() if native is None else native and uses_native_kernels()
+        self.native = _chooses_native(native)
         self.register_buffer("q", torch.zeros(out_features, in_features // 2, dtype=torch.uint8))
         self.register_buffer("d_bits", torch.zeros(out_features, in_features // BLOCK, dtype=torch.int16))
         self.register_buffer("m_bits", torch.zeros(out_features, in_features // BLOCK, dtype=torch.int16))
@@ -211,7 +222,7 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features)  # (M, K)
-        decode = x.device.type == "cpu" and rows.shape[0] <= (NATIVE_ROWS if self.native else PROMPT_ROWS)
+        decode = _on_kernel(x, rows, self.native)
         if decode and self.native:
             y = int4_linear(rows.float().contiguous(), self.q, self.d_bits, self.m_bits).to(x.dtype)
         elif decode and self.packed is not None and self.scales_and_zeros is not None:
