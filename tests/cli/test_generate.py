@@ -72,17 +72,20 @@ def test_no_cache_and_bfloat16_run(folder: Path, capsys) -> None:
 
 @pytest.mark.slow
 def test_default_is_int8_compiled_and_float32_compiled_gives_the_eager_text(folder: Path, capsys) -> None:
-    """No flags on a float checkpoint: int8 weights, compiled (Inductor), said on stderr with
-    the compile time apart from tokens/s. --dtype float32 compiled gives the exact eager text."""
+    """No flags on a float checkpoint: int8 weights, the decode step compiled (qkv's fused
+    layers), said on stderr apart from tokens/s. --dtype float32 compiled gives the exact
+    eager text, fused and through Inductor (bfloat16 compiles with Inductor)."""
     args = ["--model", str(folder), "--prompt", PROMPT, "--max-new-tokens", "12"]
     code, default, err = run(capsys, *args)
     assert code == 0 and default.startswith(PROMPT)
-    assert "compiled the decode step in" in err and "(int8, compiled, " in err and "KV cache, " in err
+    assert "one call of qkv's kernels per layer" in err and "(int8, fused layers, " in err and "KV cache, " in err
     _, eager, err = run(capsys, *args, "--dtype", "float32", "--no-compile")
-    assert "(float32, eager, " in err and "KV cache, " in err and "compiled the decode step" not in err
+    assert "(float32, eager, " in err and "KV cache, " in err and "qkv's kernels per layer" not in err
     torch._dynamo.reset()
     code, compiled, err = run(capsys, *args, "--dtype", "float32")
-    assert code == 0 and compiled == eager and "(float32, compiled, " in err
+    assert code == 0 and compiled == eager and "(float32, fused layers, " in err
+    code, _, err = run(capsys, *args, "--dtype", "bfloat16")
+    assert code == 0 and "compiled the decode step in" in err and "(bfloat16, compiled, " in err
     code, four_bits, err = run(capsys, *args, "--dtype", "int4", "--no-compile")
     assert code == 0 and four_bits.startswith(PROMPT) and "(int4, eager, " in err
     with pytest.raises(SystemExit) as exit_:

@@ -78,15 +78,17 @@ def test_bad_input_still_raises_on_a_compiled_model() -> None:
 @pytest.mark.parametrize("precision", ["float32", "int8"])
 def test_inductor_compiled_tokens_equal_eager_tokens(precision: str) -> None:
     """The real compiler (Inductor, C++): the same greedy tokens as the same model eager,
-    for a grouped-query Llama, in float32 and with int8 weights."""
+    for a grouped-query Llama, in float32 and with int8 weights (the layers compiled as
+    modules, as for cache kinds qkv's fused layers do not take)."""
     cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     model, reference = _pair(lambda: LlamaForCausalLM(cfg))
     eager = prepare_for_decoding(reference, precision=precision, compile=False)
-    setup = prepare_for_decoding(model, precision=precision, compile=True)
-    assert eager.compile is None
-    if not setup.compiled:
-        pytest.fail(f"Inductor does not work on this machine: {setup.compile.reason}")
+    prepare_for_decoding(model, precision=precision, compile=False)
+    report = compile_decoder(model)
+    assert eager.compile is None and model.fused_layers is None
+    if not report.compiled:
+        pytest.fail(f"Inductor does not work on this machine: {report.reason}")
     prompt = torch.tensor([[3, 14, 15, 92, 65, 35]])
     assert torch.equal(generate(model, prompt, 24), generate(reference, prompt, 24))
 
@@ -117,7 +119,9 @@ def test_key_aware_caches_compile_to_one_set_of_graphs(kind_name: str) -> None:
 @pytest.mark.slow
 def test_inductor_fuses_the_quantized_cache_and_gives_the_eager_tokens() -> None:
     """Inductor compiles the int4 cache's decode step (dequantization fused into the
-    attention reductions): the same greedy tokens as eager, past several quantized groups."""
+    attention reductions): the same greedy tokens as eager, past several quantized groups.
+    The model prepared with compile=True has qkv's fused layers, which hand this cache kind
+    to Inductor's regions when the first session opens."""
     from qkv.generation.cache_kinds import cache_kind
 
     cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -130,6 +134,7 @@ def test_inductor_fuses_the_quantized_cache_and_gives_the_eager_tokens() -> None
     kind = cache_kind("int4", residual=8, group_size=8, sinks=2)
     prompt = torch.tensor([[3, 14, 15, 92, 65, 35]])
     assert torch.equal(generate(model, prompt, 48, kv_cache=kind), generate(reference, prompt, 48, kv_cache=kind))
+    assert setup.fused is not None and setup.fused.fallback.compiled
 
 
 def test_a_working_inductor_is_probed_once_per_machine(tmp_path, monkeypatch) -> None:

@@ -135,6 +135,13 @@ class KVCache(nn.Module, ABC):
         compiler fuses with that computation, however many keys there are."""
         return False
 
+    def fused_buffers(self) -> tuple[Tensor, Tensor, Tensor] | None:
+        """For a kernel that runs a whole decode step itself (`qkv.perf.fused_layers`): the
+        buffers (keys (B, H_kv, S, D), values (B, H_kv, S, D_v), lengths (B,) int64) when this
+        kind stores position p of row b at slot p, and a query at p reads slots <= p; else
+        None (the layer then calls `update`)."""
+        return None
+
     @property
     def prefill_chunk(self) -> int | None:
         """The most new tokens one call may carry (None: no limit)."""
@@ -219,6 +226,9 @@ class StaticKVCache(KVCache):
         self.lengths.copy_(torch.maximum(self.lengths, furthest))
         return self.k_cache, self.v_cache, visible_keys(self.slots, positions)
 
+    def fused_buffers(self) -> tuple[Tensor, Tensor, Tensor]:
+        return self.k_cache, self.v_cache, self.lengths
+
     def reset(self) -> None:
         self.lengths.zero_()
 
@@ -263,6 +273,9 @@ class SlotKVCache(StaticKVCache):
         # server sets it to what its longest row needs, so a short chat in a long-context
         # slot does not read the whole slot every step.
         self.limit: int | None = None
+
+    def fused_buffers(self) -> None:
+        return None  # calls may carry some rows only (`rows`): they go through `update`
 
     def update(self, k: Tensor, v: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         rows = self.rows

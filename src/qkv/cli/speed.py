@@ -31,9 +31,11 @@ def add_speed_arguments(parser: argparse.ArgumentParser) -> None:
     add_precision_argument(parser)
     parser.add_argument(
         "--no-compile", action="store_true",
-        help="decode eagerly instead of compiling each layer with torch.compile (compiling is "
-        "on by default wherever a C++ compiler works: a one-off 10-20 s, then seconds, kept in "
-        "Inductor's on-disk cache)",
+        help="decode with the layers as PyTorch modules, one operation at a time. By default the "
+        "decode step is compiled wherever a C++ compiler works: float32, int8 and int4 models run "
+        "each layer as one call of qkv's own kernels (built once per machine), and other cases "
+        "(bfloat16, a quantized or sink KV cache) compile each layer with torch.compile (a "
+        "one-off 10-20 s, then seconds, kept in Inductor's on-disk cache)",
     )
 
 
@@ -42,6 +44,7 @@ def apply_speed_options(model: CausalDecoder, args: argparse.Namespace, kind: Ca
     full cache by default) before the first token, saying so once on stderr (with the time
     it took, apart from tokens/s)."""
     from qkv.generation import warm_up
+    from qkv.perf.compile import CompileReport
     from qkv.perf.prepare import prepare_for_decoding
 
     setup = prepare_for_decoding(model, precision=args.dtype, compile=not args.no_compile)
@@ -56,5 +59,12 @@ def apply_speed_options(model: CausalDecoder, args: argparse.Namespace, kind: Ca
               file=sys.stderr, flush=True)
     elif setup.compiled:
         seconds = warm_up(model) if kind is None else warm_up(model, kind=kind)
-        print(f"compiled the decode step in {seconds:.1f} s", file=sys.stderr, flush=True)
+        fallback = setup.fused.fallback if setup.fused is not None else None
+        if setup.fused is not None and fallback is None:
+            print(f"decode steps run as one call of qkv's kernels per layer (ready in {seconds:.1f} s)",
+                  file=sys.stderr, flush=True)
+        elif isinstance(fallback, CompileReport) and not fallback.compiled:
+            print(f"decoding eagerly: {fallback.reason} (--no-compile hides this line)", file=sys.stderr, flush=True)
+        else:
+            print(f"compiled the decode step in {seconds:.1f} s", file=sys.stderr, flush=True)
     return setup

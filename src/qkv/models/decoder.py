@@ -23,12 +23,18 @@ from __future__ import annotations
 
 from abc import ABCMeta, abstractmethod
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import Tensor, nn
 
 from qkv.attention.kv_cache import CacheKind, KVCache, StaticKVCache
 from qkv.attention.rope import RotaryEmbedding
+
+if TYPE_CHECKING:
+    from qkv.attention.grouped_query import GroupedQueryAttention
+    from qkv.perf.fused_layers import FusedLayers
 
 
 def key_mask(mask: Tensor | None) -> Tensor | None:
@@ -42,6 +48,20 @@ def key_mask(mask: Tensor | None) -> Tensor | None:
     return mask
 
 
+@dataclass(frozen=True)
+class LayerParts:
+    """One decoder layer told in family-neutral terms, for a kernel that runs its whole
+    decode step (`qkv.perf.fused_layers`): x + attention(norm(x)), then + down(act(up(norm(x))))."""
+
+    attn_norm: tuple[Tensor, ...]  # (weight,): RMSNorm; (weight, bias): LayerNorm
+    attention: GroupedQueryAttention
+    mlp_norm: tuple[Tensor, ...]
+    up: nn.Module  # a SwiGLU's stacked gate_up_proj, or GPT-2's first feed-forward layer
+    down: nn.Module
+    activation: Literal["silu_gated", "gelu_tanh"]
+    eps: float  # the norms' (q/k norms included)
+
+
 class CausalDecoder(nn.Module, metaclass=ABCMeta):
     """Cache management shared by the decoders; subclasses list their attention layers.
 
@@ -53,6 +73,9 @@ class CausalDecoder(nn.Module, metaclass=ABCMeta):
     # True when the loader read the layer weights from 4-bit blocks (a Q4_0/Q4_1 GGUF file):
     # the default decode precision is then int4 (qkv.precision).
     stored_in_four_bits: bool = False
+    # Set by qkv.perf.prepare_for_decoding where qkv's kernels run whole layers: decode
+    # steps then go through it (`fused_step`), everything else through the layers.
+    fused_layers: FusedLayers | None = None
 
     @abstractmethod
     def attention_layers(self) -> Iterator[nn.Module]:
@@ -62,6 +85,18 @@ class CausalDecoder(nn.Module, metaclass=ABCMeta):
     @abstractmethod
     def context_length(self) -> int:
         """The most positions the model can attend over."""
+
+    def layer_parts(self) -> list[LayerParts] | None:
+        """The layers as `LayerParts`, or None when this family's layers cannot be told so."""
+        return None
+
+    def fused_step(self, x: Tensor, positions: Tensor, mask: Tensor | None) -> Tensor | None:
+        """x (B, 1, C) after every layer when the fused layers take this call (a decode
+        step, float32, no grad, caches they can write), else None: run the layers."""
+        fused = self.fused_layers
+        if fused is None or self.training or not fused.takes(x, positions, mask):
+            return None
+        return fused(x, positions)
 
     def rotary_embedding(self) -> RotaryEmbedding | None:
         """The model's RoPE, handed to caches that rotate keys themselves (None: no RoPE)."""
@@ -111,6 +146,8 @@ class CausalDecoder(nn.Module, metaclass=ABCMeta):
         for index, layer in enumerate(self.attention_layers()):
             layer.setup_cache(batch_size, capacity, dtype=dtype, device=device, kind=kind, layer_index=index,
                               rotary=rotary)
+        if self.fused_layers is not None:
+            self.fused_layers.bind(self)
 
     def caches(self) -> list[KVCache]:
         return [layer.kv_cache for layer in self.attention_layers() if layer.kv_cache is not None]
@@ -124,6 +161,8 @@ class CausalDecoder(nn.Module, metaclass=ABCMeta):
         """Detach the caches: the model runs on whole sequences again."""
         for layer in self.attention_layers():
             layer.kv_cache = None
+        if self.fused_layers is not None:
+            self.fused_layers.unbind()
 
     def cache_length(self) -> int:
         """How many positions the attached caches hold (0 without caches)."""

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from qkv.attention.grouped_query import GroupedQueryAttention
-from qkv.models.decoder import CausalDecoder
+from qkv.models.decoder import CausalDecoder, LayerParts
 from qkv.models.gpt2_config import GPT_CONFIG_124M, GPTConfig  # noqa: F401  (re-exported; torch-free home)
 
 
@@ -103,6 +103,16 @@ class GPTModel(CausalDecoder):
     def attention_layers(self) -> Iterator[GroupedQueryAttention]:
         return (block.att for block in self.trf_blocks)
 
+    def layer_parts(self) -> list[LayerParts]:
+        return [
+            LayerParts(
+                attn_norm=(block.norm1.scale, block.norm1.shift), attention=block.att,
+                mlp_norm=(block.norm2.scale, block.norm2.shift), up=block.ff.layers[0],
+                down=block.ff.layers[2], activation="gelu_tanh", eps=block.norm1.eps,
+            )
+            for block in self.trf_blocks
+        ]
+
     def tie_weights(self) -> None:
         """Share the output head's weight with the token embedding (as GPT-2 does)."""
         self.out_head.weight = self.tok_emb.weight
@@ -116,6 +126,10 @@ class GPTModel(CausalDecoder):
     ) -> Tensor:
         positions, mask = self.call_arguments(input_ids, positions, mask)  # (T,) or (B, T); bool
         x = self.drop_emb(self.tok_emb(input_ids) + self.pos_emb(positions))  # (B, T, C)
-        for block in self.trf_blocks:
-            x = block(x, mask=mask, positions=positions)
+        fused = self.fused_step(x, positions, mask)  # a decode step in qkv's whole-layer kernel
+        if fused is not None:
+            x = fused
+        else:
+            for block in self.trf_blocks:
+                x = block(x, mask=mask, positions=positions)
         return self.out_head(self.final_norm(x))  # (B, T, V)

@@ -25,7 +25,7 @@ from qkv.attention.grouped_query import GroupedQueryAttention
 from qkv.attention.rmsnorm import RMSNorm
 from qkv.attention.rope import RotaryEmbedding
 from qkv.fusion import stack_linears
-from qkv.models.decoder import CausalDecoder
+from qkv.models.decoder import CausalDecoder, LayerParts
 from qkv.models.llama_config import LlamaConfig
 
 
@@ -115,12 +115,28 @@ class LlamaForCausalLM(CausalDecoder):
     def attention_layers(self) -> Iterator[GroupedQueryAttention]:
         return (layer.self_attn for layer in self.model.layers)
 
+    def layer_parts(self) -> list[LayerParts] | None:
+        parts = []
+        for layer in self.model.layers:
+            if layer.mlp.gate_up_proj is None:  # the fused kernel reads gate and up stacked
+                return None
+            parts.append(LayerParts(
+                attn_norm=(layer.input_layernorm.weight,), attention=layer.self_attn,
+                mlp_norm=(layer.post_attention_layernorm.weight,), up=layer.mlp.gate_up_proj,
+                down=layer.mlp.down_proj, activation="silu_gated", eps=layer.input_layernorm.eps,
+            ))
+        return parts
+
     def forward(
         self, input_ids: Tensor, *, positions: Tensor | None = None, mask: Tensor | None = None
     ) -> Tensor:
         positions, mask = self.call_arguments(input_ids, positions, mask)  # (T,) or (B, T); bool
         x = self.model.embed_tokens(input_ids)  # (B, T, C)
-        cos, sin = self.model.rotary_emb(self.rope_positions(positions), dtype=x.dtype)  # (T, D) or (B, T, D)
-        for layer in self.model.layers:
-            x = layer(x, cos=cos, sin=sin, mask=mask, positions=positions)
+        fused = self.fused_step(x, positions, mask)  # a decode step in qkv's whole-layer kernel
+        if fused is not None:
+            x = fused
+        else:
+            cos, sin = self.model.rotary_emb(self.rope_positions(positions), dtype=x.dtype)  # (T, D) or (B, T, D)
+            for layer in self.model.layers:
+                x = layer(x, cos=cos, sin=sin, mask=mask, positions=positions)
         return self.lm_head(self.model.norm(x))  # (B, T, V)

@@ -26,6 +26,7 @@
 #include <immintrin.h>
 #include <stdint.h>
 #include <math.h>
+#include <cmath>
 #include <algorithm>
 #include <vector>
 
@@ -495,6 +496,278 @@ Tensor decode_attention(Tensor q, Tensor k, Tensor v, std::optional<Tensor> visi
     return out;
 }
 
+
+// -- one decoder layer's decode step ------------------------------------------------------
+// A layer is a dozen small operations around four weight products; called one by one from
+// Python each costs more in dispatch than in arithmetic (about 0.8 ms a layer against 0.2 ms
+// of products on SmolLM2). Here the whole layer is one call: the same products, the same
+// attention, with the norms, RoPE, the cache write and the activation in between.
+
+// A linear layer as qkv's layers hold it, told apart by the first tensor's dtype:
+// float32 [w (N, K), bias?], int8 [w (N, K), scales (N,), bias?], 4-bit blocks [q (N, K/2),
+// d (N, K/32), m (N, K/32), bias?].
+struct Linear {
+    enum Kind { F32, INT8, INT4 } kind;
+    const void *w = nullptr;
+    const float *scales = nullptr, *bias = nullptr;
+    const uint16_t *d = nullptr, *m = nullptr;
+    int64_t N = 0, K = 0;
+};
+
+Linear linear_of(const std::vector<Tensor> &parts, int64_t K, const char *message) {
+    using torch::headeronly::ScalarType;
+    check(!parts.empty(), message);
+    const Tensor &w = parts[0];
+    Linear L;
+    size_t base = 1;
+    if (w.scalar_type() == ScalarType::Float) {
+        L.kind = Linear::F32;
+    } else if (w.scalar_type() == ScalarType::Char) {
+        L.kind = Linear::INT8;
+        base = 2;
+    } else {
+        check(w.scalar_type() == ScalarType::Byte, message);
+        L.kind = Linear::INT4;
+        base = 3;
+    }
+    check(w.dim() == 2 && w.is_contiguous() && (parts.size() == base || parts.size() == base + 1), message);
+    L.N = w.size(0);
+    L.K = K;
+    L.w = w.data_ptr();
+    if (L.kind == Linear::INT4) {
+        const Tensor &d = parts[1], &m = parts[2];
+        auto half_bits = [](const Tensor &t) {
+            return t.scalar_type() == ScalarType::Half || t.scalar_type() == ScalarType::Short;
+        };
+        check(K % BLOCK == 0 && w.size(1) == K / 2 && d.dim() == 2 && m.dim() == 2 && d.size(0) == L.N &&
+                  d.size(1) == K / BLOCK && m.size(0) == L.N && m.size(1) == K / BLOCK && half_bits(d) &&
+                  half_bits(m) && d.is_contiguous() && m.is_contiguous(),
+              message);
+        L.d = static_cast<const uint16_t *>(d.data_ptr());
+        L.m = static_cast<const uint16_t *>(m.data_ptr());
+    } else {
+        check(w.size(1) == K, message);
+    }
+    if (L.kind == Linear::INT8) {
+        const Tensor &s = parts[1];
+        check(s.dim() == 1 && s.size(0) == L.N && s.is_contiguous() && s.scalar_type() == ScalarType::Float, message);
+        L.scales = static_cast<const float *>(s.data_ptr());
+    }
+    if (parts.size() == base + 1) L.bias = optional_bias(parts[base], L.N);
+    return L;
+}
+
+// y (M, N) = x (M, K) through L, on PyTorch's threads.
+void apply(const Linear &L, const float *x, float *y, int64_t M) {
+    const int64_t N = L.N, K = L.K, blocks = (N + ROWS - 1) / ROWS;
+    if (L.kind == Linear::INT4) {
+        const int64_t G = K / BLOCK;
+        std::vector<int8_t> xq(static_cast<size_t>(M * K));
+        std::vector<float> xd(static_cast<size_t>(M * G)), xsum(static_cast<size_t>(M * G));
+        round_activations(x, xq.data(), xd.data(), xsum.data(), M * G);
+        torch::stable::parallel_for(0, blocks, grain(blocks), [&](int64_t b0, int64_t b1) {
+            int4_rows(xq.data(), xd.data(), xsum.data(), static_cast<const uint8_t *>(L.w), L.d, L.m, L.bias, y, M,
+                      N, K, b0 * ROWS, std::min(N, b1 * ROWS));
+        });
+    } else if (L.kind == Linear::INT8) {
+        torch::stable::parallel_for(0, blocks, grain(blocks), [&](int64_t b0, int64_t b1) {
+            weight_rows(x, static_cast<const int8_t *>(L.w), L.scales, L.bias, y, M, N, K, b0 * ROWS,
+                        std::min(N, b1 * ROWS));
+        });
+    } else {
+        torch::stable::parallel_for(0, blocks, grain(blocks), [&](int64_t b0, int64_t b1) {
+            weight_rows(x, static_cast<const float *>(L.w), static_cast<const float *>(nullptr), L.bias, y, M, N, K,
+                        b0 * ROWS, std::min(N, b1 * ROWS));
+        });
+    }
+}
+
+// A norm as the layer holds it: [weight] is RMSNorm (Llama), [weight, bias] LayerNorm (GPT-2).
+struct Norm {
+    const float *weight = nullptr, *bias = nullptr;
+    int64_t size = 0;
+};
+
+Norm norm_of(const std::vector<Tensor> &parts, int64_t size, const char *message) {
+    using torch::headeronly::ScalarType;
+    check(parts.size() == 1 || parts.size() == 2, message);
+    Norm n;
+    n.size = size;
+    for (size_t i = 0; i < parts.size(); i++) {
+        const Tensor &t = parts[i];
+        check(t.dim() == 1 && t.size(0) == size && t.is_contiguous() && t.scalar_type() == ScalarType::Float, message);
+        (i == 0 ? n.weight : n.bias) = static_cast<const float *>(t.data_ptr());
+    }
+    return n;
+}
+
+// out = norm(x) for one vector of n.size: RMSNorm x / sqrt(mean(x^2) + eps) * weight, or
+// LayerNorm (x - mean) / sqrt(var + eps) * weight + bias; sums in double.
+void normalize(const Norm &n, const float *x, float *out, float eps) {
+    const int64_t C = n.size;
+    double mean = 0.0;
+    if (n.bias) {
+        for (int64_t i = 0; i < C; i++) mean += x[i];
+        mean /= static_cast<double>(C);
+    }
+    double squares = 0.0;
+    for (int64_t i = 0; i < C; i++) {
+        const double centred = x[i] - mean;
+        squares += centred * centred;
+    }
+    const float inv = static_cast<float>(1.0 / std::sqrt(squares / static_cast<double>(C) + eps));
+    const float shift = static_cast<float>(mean);
+    for (int64_t i = 0; i < C; i++) {
+        const float v = (x[i] - shift) * inv * n.weight[i];
+        out[i] = n.bias ? v + n.bias[i] : v;
+    }
+}
+
+// RoPE in the rotate-half layout: pair (x[i], x[i + D/2]) turned by position * inv_freq[i].
+void rotate(float *x, const float *cos_, const float *sin_, int64_t D) {
+    const int64_t half = D / 2;
+    for (int64_t i = 0; i < half; i++) {
+        const float a = x[i], b = x[i + half];
+        x[i] = a * cos_[i] - b * sin_[i];
+        x[i + half] = b * cos_[i] + a * sin_[i];
+    }
+}
+
+enum Activation : int64_t { SILU_GATED = 0, GELU_TANH = 1 };
+
+// The feed-forward's activation: silu(gate) * up with up (M, 2F) = [gate | up] per row, or
+// GPT-2's tanh GELU of up (M, F). out (M, F).
+void activate(int64_t kind, const float *up, float *out, int64_t M, int64_t F) {
+    const __m256 one = _mm256_set1_ps(1.f), half = _mm256_set1_ps(0.5f), two = _mm256_set1_ps(2.f);
+    const __m256 c0 = _mm256_set1_ps(0.7978845608028654f), c1 = _mm256_set1_ps(0.044715f);
+    for (int64_t r = 0; r < M; r++) {
+        const float *g = up + r * (kind == SILU_GATED ? 2 * F : F), *u = g + F;
+        float *o = out + r * F;
+        int64_t i = 0;
+        for (; i + 8 <= F; i += 8) {
+            const __m256 x = _mm256_loadu_ps(g + i);
+            if (kind == SILU_GATED) {
+                const __m256 s = _mm256_div_ps(x, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+                _mm256_storeu_ps(o + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
+            } else {  // tanh(z) = 1 - 2 / (exp(2z) + 1)
+                const __m256 z = _mm256_mul_ps(c0, _mm256_fmadd_ps(_mm256_mul_ps(c1, x), _mm256_mul_ps(x, x), x));
+                const __m256 t = _mm256_sub_ps(one, _mm256_div_ps(two, _mm256_add_ps(exp8(_mm256_mul_ps(two, z)), one)));
+                _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_mul_ps(half, x), _mm256_add_ps(one, t)));
+            }
+        }
+        for (; i < F; i++) {
+            const float x = g[i];
+            o[i] = kind == SILU_GATED ? x / (1.f + expf(-x)) * u[i]
+                                      : 0.5f * x * (1.f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+        }
+    }
+}
+
+Tensor decoder_layer(Tensor x, std::vector<Tensor> attn_norm, std::vector<Tensor> qkv, std::vector<Tensor> o,
+                     std::vector<Tensor> mlp_norm, std::vector<Tensor> up, std::vector<Tensor> down,
+                     std::optional<Tensor> q_norm, std::optional<Tensor> k_norm, std::optional<Tensor> inv_freq,
+                     Tensor k_cache, Tensor v_cache, Tensor lengths, Tensor positions, int64_t num_heads,
+                     int64_t activation, double eps, double scale) {
+    using torch::headeronly::ScalarType;
+    check(x.dim() == 2 && x.scalar_type() == ScalarType::Float && x.is_contiguous(),
+          "qkv::decoder_layer takes x (B, C) contiguous float32");
+    const int64_t M = x.size(0), C = x.size(1);
+    check(k_cache.dim() == 4 && v_cache.dim() == 4 && k_cache.size(0) == M && v_cache.size(0) == M &&
+              v_cache.size(1) == k_cache.size(1) && v_cache.size(2) == k_cache.size(2) &&
+              k_cache.scalar_type() == ScalarType::Float && v_cache.scalar_type() == ScalarType::Float &&
+              k_cache.is_contiguous() && v_cache.is_contiguous(),
+          "qkv::decoder_layer: the caches must be contiguous float32 (B, H_kv, S, D) with the rows of x");
+    const int64_t Hkv = k_cache.size(1), S = k_cache.size(2), D = k_cache.size(3), Dv = v_cache.size(3);
+    const int64_t H = num_heads;
+    check(Hkv > 0 && H % Hkv == 0 && D == Dv, "qkv::decoder_layer: num_heads must be a multiple of the cache's heads");
+    check(positions.dim() == 1 && positions.size(0) == M && positions.scalar_type() == ScalarType::Long &&
+              positions.is_contiguous() && lengths.dim() == 1 && lengths.size(0) == M &&
+              lengths.scalar_type() == ScalarType::Long && lengths.is_contiguous(),
+          "qkv::decoder_layer: positions and lengths must be contiguous int64 (B,)");
+    check(activation == SILU_GATED || activation == GELU_TANH, "qkv::decoder_layer: unknown activation");
+    const int64_t Q = H * D, KV = Hkv * D;
+    const Norm n1 = norm_of(attn_norm, C, "qkv::decoder_layer: attn_norm must be [weight] or [weight, bias] (C,)");
+    const Norm n2 = norm_of(mlp_norm, C, "qkv::decoder_layer: mlp_norm must be [weight] or [weight, bias] (C,)");
+    const Linear Lqkv = linear_of(qkv, C, "qkv::decoder_layer: qkv is not a linear layer of C inputs");
+    const Linear Lo = linear_of(o, Q, "qkv::decoder_layer: o is not a linear layer of H*D inputs");
+    const Linear Lup = linear_of(up, C, "qkv::decoder_layer: up is not a linear layer of C inputs");
+    const int64_t F = activation == SILU_GATED ? Lup.N / 2 : Lup.N;
+    const Linear Ldown = linear_of(down, F, "qkv::decoder_layer: down is not a linear layer of the feed-forward's size");
+    check(Lqkv.N == Q + 2 * KV && Lo.N == C && Ldown.N == C && (activation != SILU_GATED || Lup.N % 2 == 0),
+          "qkv::decoder_layer: the layers' sizes disagree with C, the heads and the head size");
+    const float *qn = nullptr, *kn = nullptr, *freq = nullptr;
+    auto vector_of = [&](const std::optional<Tensor> &t, int64_t size, const char *message) -> const float * {
+        if (!t.has_value()) return nullptr;
+        check(t->dim() == 1 && t->size(0) == size && t->is_contiguous() && t->scalar_type() == ScalarType::Float,
+              message);
+        return static_cast<const float *>(t->data_ptr());
+    };
+    qn = vector_of(q_norm, D, "qkv::decoder_layer: q_norm must be float32 (D,)");
+    kn = vector_of(k_norm, D, "qkv::decoder_layer: k_norm must be float32 (D,)");
+    freq = vector_of(inv_freq, D / 2, "qkv::decoder_layer: inv_freq must be float32 (D/2,)");
+    const int64_t *pos = static_cast<const int64_t *>(positions.data_ptr());
+    for (int64_t r = 0; r < M; r++)
+        check(pos[r] >= 0 && pos[r] < S, "qkv::decoder_layer: a position lies outside the KV cache");
+
+    const float *xp = static_cast<const float *>(x.data_ptr());
+    std::vector<float> h(static_cast<size_t>(M * C)), proj(static_cast<size_t>(M * (Q + 2 * KV))),
+        context(static_cast<size_t>(M * Q)), res(static_cast<size_t>(M * C));
+    // attention
+    for (int64_t r = 0; r < M; r++) normalize(n1, xp + r * C, h.data() + r * C, static_cast<float>(eps));
+    apply(Lqkv, h.data(), proj.data(), M);
+    float *kc = static_cast<float *>(k_cache.data_ptr()), *vc = static_cast<float *>(v_cache.data_ptr());
+    int64_t *held = static_cast<int64_t *>(lengths.data_ptr());
+    const Norm qnorm{qn, nullptr, D}, knorm{kn, nullptr, D};
+    std::vector<float> cos_(static_cast<size_t>(D / 2)), sin_(static_cast<size_t>(D / 2)), head(static_cast<size_t>(D));
+    for (int64_t r = 0; r < M; r++) {
+        float *row = proj.data() + r * (Q + 2 * KV), *keys = row + Q, *values = keys + KV;
+        if (freq) {
+            for (int64_t i = 0; i < D / 2; i++) {
+                const float angle = static_cast<float>(pos[r]) * freq[i];
+                cos_[i] = cosf(angle);
+                sin_[i] = sinf(angle);
+            }
+        }
+        for (int64_t hd = 0; hd < H + Hkv; hd++) {  // query heads, then key heads
+            float *vec = hd < H ? row + hd * D : keys + (hd - H) * D;
+            const float *weight = hd < H ? qn : kn;
+            if (weight) {
+                normalize(hd < H ? qnorm : knorm, vec, head.data(), static_cast<float>(eps));
+                std::copy(head.begin(), head.end(), vec);
+            }
+            if (freq) rotate(vec, cos_.data(), sin_.data(), D);
+        }
+        for (int64_t g = 0; g < Hkv; g++) {
+            const int64_t slot = ((r * Hkv + g) * S + pos[r]) * D;
+            std::copy(keys + g * D, keys + (g + 1) * D, kc + slot);
+            std::copy(values + g * D, values + (g + 1) * D, vc + slot);
+        }
+        held[r] = std::max(held[r], pos[r] + 1);
+    }
+    const int64_t group = H / Hkv;
+    torch::stable::parallel_for(0, M * H, 1, [&](int64_t i0, int64_t i1) {
+        std::vector<float> w(static_cast<size_t>(S));
+        for (int64_t i = i0; i < i1; i++) {
+            const int64_t r = i / H, hq = i % H, kv = r * Hkv + hq / group;
+            // the keys this query may see are the slots up to its own position
+            attend_one(proj.data() + r * (Q + 2 * KV) + hq * D, kc + kv * S * D, vc + kv * S * D, nullptr,
+                       context.data() + r * Q + hq * D, pos[r] + 1, D, D, static_cast<float>(scale), w.data());
+        }
+    });
+    apply(Lo, context.data(), res.data(), M);
+    Tensor out = torch::stable::new_empty(x, {M, C});
+    float *y = static_cast<float *>(out.data_ptr());
+    for (int64_t i = 0; i < M * C; i++) y[i] = xp[i] + res[i];
+    // feed-forward
+    for (int64_t r = 0; r < M; r++) normalize(n2, y + r * C, h.data() + r * C, static_cast<float>(eps));
+    std::vector<float> hidden(static_cast<size_t>(M * Lup.N)), act(static_cast<size_t>(M * F));
+    apply(Lup, h.data(), hidden.data(), M);
+    activate(activation, hidden.data(), act.data(), M, F);
+    apply(Ldown, act.data(), res.data(), M);
+    for (int64_t i = 0; i < M * C; i++) y[i] += res[i];
+    return out;
+}
+
 }  // namespace
 
 STABLE_TORCH_LIBRARY(qkv, m) {
@@ -502,6 +775,9 @@ STABLE_TORCH_LIBRARY(qkv, m) {
     m.def("int4_linear(Tensor x, Tensor q, Tensor d, Tensor m, Tensor? bias) -> Tensor");
     m.def("f32_linear(Tensor x, Tensor w, Tensor? bias) -> Tensor");
     m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor? visible, float scale) -> Tensor");
+    m.def("decoder_layer(Tensor x, Tensor[] attn_norm, Tensor[] qkv, Tensor[] o, Tensor[] mlp_norm, Tensor[] up, "
+          "Tensor[] down, Tensor? q_norm, Tensor? k_norm, Tensor? inv_freq, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+          "Tensor(c!) lengths, Tensor positions, int num_heads, int activation, float eps, float scale) -> Tensor");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(qkv, CPU, m) {
@@ -509,4 +785,5 @@ STABLE_TORCH_LIBRARY_IMPL(qkv, CPU, m) {
     m.impl("int4_linear", TORCH_BOX(&int4_linear));
     m.impl("f32_linear", TORCH_BOX(&f32_linear));
     m.impl("decode_attention", TORCH_BOX(&decode_attention));
+    m.impl("decoder_layer", TORCH_BOX(&decoder_layer));
 }

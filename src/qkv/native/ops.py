@@ -92,6 +92,10 @@ def register_fakes() -> None:
     def _f32(x: Tensor, w: Tensor, bias: Tensor | None) -> Tensor:
         return x.new_empty(x.shape[0], w.shape[0])
 
+    @torch.library.register_fake("qkv::decoder_layer")
+    def _layer(x: Tensor, *args: object) -> Tensor:
+        return x.new_empty(x.shape)
+
     @torch.library.register_fake("qkv::int4_linear")
     def _int4(x: Tensor, q: Tensor, d: Tensor, m: Tensor, bias: Tensor | None) -> Tensor:
         return x.new_empty(x.shape[0], q.shape[0])

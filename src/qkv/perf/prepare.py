@@ -23,8 +23,13 @@ kernel (`qkv.perf.float_linear`); where it cannot be built, layers with at least
 outputs as inputs are stored input-major (`qkv.perf.transposed`), which PyTorch reads
 faster at batch 1.
 
-compile=True compiles each repeated layer once (`qkv.perf.compile`); where compiling is not
-possible the model stays eager and the report says why. `qkv.generation.warm_up` runs the
+compile=True compiles the decode step. Where qkv's kernels run every layer of a float32 or
+quantized model, each layer's decode step is one call of qkv's compiled C++
+(`qkv.perf.fused_layers`: about 1 ms of overhead a step, against 14 ms for Inductor's
+regions), and Inductor compiles the layers only if a session uses a cache kind those
+calls cannot write (`qkv.perf.compile`, then). Elsewhere each repeated layer is compiled
+once with Inductor; where compiling is not possible the model stays eager and the report
+says why. compile=False runs the layers as PyTorch modules (the reference path). `qkv.generation.warm_up` runs the
 compilation before a timed or interactive generation, so the first token a user waits
 for, or a tokens/s figure, does not include it.
 """
@@ -41,6 +46,7 @@ from qkv.errors import QkvError
 from qkv.fusion import fuse_projections
 from qkv.models.decoder import CausalDecoder
 from qkv.native import NativeStatus, native_kernels
+from qkv.perf.fused_layers import FusedLayers
 from qkv.perf.compile import Backend, CompileReport, compile_decoder
 from qkv.perf.quantize import activation_dtype, quantize
 from qkv.perf.float_linear import use_native_float
@@ -65,15 +71,17 @@ class DecodeSetup:
     """How a model was prepared: its precision and what compiling did."""
 
     precision: str
-    compile: CompileReport | None
+    compile: CompileReport | None  # Inductor's, None when it was not asked for (or not yet)
     kernels: NativeStatus | None = None  # for quantized precisions: qkv's kernels or why not
+    fused: FusedLayers | None = None  # decode steps as qkv's whole-layer calls (qkv.perf.fused_layers)
 
     @property
     def compiled(self) -> bool:
-        return self.compile is not None and self.compile.compiled
+        return self.fused is not None or (self.compile is not None and self.compile.compiled)
 
     def describe(self) -> str:
-        parts = [self.precision, "compiled" if self.compiled else "eager"]
+        how = "fused layers" if self.fused is not None else "compiled" if self.compiled else "eager"
+        parts = [self.precision, how]
         if self.kernels is not None:
             parts.append(self.kernels.describe())
         return ", ".join(parts)
@@ -103,9 +111,13 @@ def prepare_for_decoding(
         model.to(activation_dtype())  # float32 on qkv's kernels, bfloat16 on PyTorch's
     else:
         model.to(torch.float32 if precision == "float32" else torch.bfloat16)
-    report = compile_decoder(model, backend=backend) if compile else None
+    model.fused_layers = None
+    fused = FusedLayers.for_model(model, on_unfused=lambda: compile_decoder(model, backend=backend)) if compile else None
+    if fused is not None:
+        model.fused_layers = fused  # Inductor waits for a cache kind the fused layers cannot write
+    report = compile_decoder(model, backend=backend) if compile and fused is None else None
     kernels = native_kernels() if precision in (*QUANTIZED, "float32") else None
-    return DecodeSetup(precision=precision, compile=report, kernels=kernels)
+    return DecodeSetup(precision=precision, compile=report, kernels=kernels, fused=fused)
 
 
 def load_for_generation(

@@ -1,0 +1,167 @@
+"""Whole decoder layers on qkv's kernel: a decode step is one native call per layer.
+
+A decode step of a small model is mostly dispatch: SmolLM2's 30 layers are about 40
+PyTorch operations each (norms, RoPE, the cache write, the attention, the shortcuts), each
+a few microseconds of Python and dispatcher around a few hundred nanoseconds of work,
+against one pass over the weights that qkv's kernels make in 6-8 ms. Compiling each layer
+with Inductor fuses the small operations but leaves its own Python around every region
+(Dynamo's guards, the wrappers): 14 ms a step of overhead, measured, against about 1 ms
+for the same step as 30 calls of `qkv::decoder_layer`, which runs a layer's norms,
+products, RoPE, cache write, attention, activation and shortcuts in C++ (kernels.cpp).
+
+    model.fused_layers = FusedLayers.for_model(model)   # qkv.perf.prepare_for_decoding does this
+    # then: model.setup_cache(...) binds the caches; model.forward() takes decode steps here
+
+Which calls it takes: one new token per row, float32, no gradients, no extra mask, and
+caches whose kind gives `fused_buffers()` (StaticKVCache; other kinds and prompts run the
+layers as modules). The math is the layers': the same weights through the same kernels
+(`qkv::int4_linear`'s activation rounding included) in the same order, so its logits match
+the module path to float rounding (tests/native/test_layers.py).
+
+Shape legend: B batch (rows), C hidden size, H query heads, D head size.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+
+from qkv.native import native_kernels
+from qkv.perf.float_linear import NativeFloatLinear
+from qkv.perf.quantize import Int4Linear, Int8Linear
+
+if TYPE_CHECKING:
+    from qkv.models.decoder import CausalDecoder, LayerParts
+
+ACTIVATIONS = {"silu_gated": 0, "gelu_tanh": 1}  # kernels.cpp's Activation
+
+
+def linear_tensors(layer: nn.Module) -> list[Tensor] | None:
+    """A linear layer as the kernel reads it (kernels.cpp's `Linear`), or None when it is
+    not one qkv's kernels run: float32 [w, bias?], int8 [w, scales, bias?], 4-bit blocks
+    [q, d_bits, m_bits, bias?]."""
+    if isinstance(layer, Int4Linear) and layer.native:
+        parts = [layer.q, layer.d_bits, layer.m_bits]
+    elif isinstance(layer, Int8Linear) and layer.native and layer.scales.dtype == torch.float32:
+        parts = [layer.weight, layer.scales]
+    elif isinstance(layer, (NativeFloatLinear, nn.Linear)) and layer.weight.dtype == torch.float32:
+        parts = [layer.weight]
+    else:
+        return None
+    bias = layer.bias
+    if bias is not None and bias.dtype != torch.float32:
+        return None
+    parts = parts if bias is None else [*parts, bias]
+    return parts if all(t.is_contiguous() and t.device.type == "cpu" for t in parts) else None
+
+
+def _norm_weight(norm: nn.Module, eps: float) -> Tensor | None | bool:
+    """A q/k norm's weight, None for none, False for one the kernel cannot run."""
+    if isinstance(norm, nn.Identity):
+        return None
+    weight = getattr(norm, "weight", None)
+    if getattr(norm, "eps", None) != eps or not isinstance(weight, Tensor) or weight.dtype != torch.float32:
+        return False
+    return weight
+
+
+def _layer_arguments(parts: LayerParts, inv_freq: Tensor | None, buffers: tuple[Tensor, Tensor, Tensor]
+                     ) -> tuple[tuple[Any, ...], tuple[Any, ...]] | None:
+    """The op's arguments before and after `positions`, or None when the layer cannot run."""
+    att = parts.attention
+    qkv = att.qkv_proj
+    linears = [linear_tensors(m) if m is not None else None for m in (qkv, att.o_proj, parts.up, parts.down)]
+    q_norm, k_norm = _norm_weight(att.q_norm, parts.eps), _norm_weight(att.k_norm, parts.eps)
+    norms = [*parts.attn_norm, *parts.mlp_norm]
+    if (any(x is None for x in linears) or q_norm is False or k_norm is False or att.ring is not None
+            or parts.activation not in ACTIVATIONS
+            or any(t.dtype != torch.float32 or not t.is_contiguous() for t in norms)):
+        return None
+    k_cache, v_cache, lengths = buffers
+    if k_cache.dtype != torch.float32 or k_cache.shape[-1] != v_cache.shape[-1]:
+        return None
+    head = (list(parts.attn_norm), *linears[:2], list(parts.mlp_norm), *linears[2:], q_norm, k_norm, inv_freq,
+            k_cache, v_cache, lengths)
+    tail = (att.num_heads, ACTIVATIONS[parts.activation], float(parts.eps), 1.0 / math.sqrt(att.head_dim))
+    return head, tail
+
+
+class FusedLayers:
+    """A model's decode steps as one `qkv::decoder_layer` call per layer (module docstring).
+
+    `bind(model)` (called by `CausalDecoder.setup_cache`) gathers each layer's tensors and
+    its cache's buffers; when the cache kind or a layer does not fit, the model runs its
+    layers as before and `on_unfused` is called once (prepare_for_decoding compiles the
+    layers with Inductor then, for those other kinds).
+    """
+
+    def __init__(self, on_unfused: Callable[[], object] | None = None) -> None:
+        self._layers: list[tuple[tuple[Any, ...], tuple[Any, ...]]] | None = None
+        self._on_unfused = on_unfused
+        self.fallback: object = None  # what on_unfused returned, once called
+
+    @staticmethod
+    def for_model(model: CausalDecoder, on_unfused: Callable[[], object] | None = None) -> FusedLayers | None:
+        """FusedLayers for `model` when qkv's kernels are loaded and its layers can run as
+        one call each (checked on a one-row static cache), else None."""
+        if not native_kernels().available or model.layer_parts() is None:
+            return None
+        fused = FusedLayers()
+        try:
+            model.fused_layers = fused
+            model.setup_cache(1, 1)
+            ready = fused.bound
+        finally:
+            model.remove_cache()
+            model.fused_layers = None
+        if not ready:
+            return None
+        fused._on_unfused = on_unfused
+        return fused
+
+    @property
+    def bound(self) -> bool:
+        return self._layers is not None
+
+    def bind(self, model: CausalDecoder) -> None:
+        parts = model.layer_parts()
+        caches = [layer.kv_cache for layer in model.attention_layers()]
+        rotary = model.rotary_embedding()
+        inv_freq = None if rotary is None else rotary.inv_freq.float().contiguous()
+        layers = []
+        for index, part in enumerate(parts or []):
+            cache = caches[index] if index < len(caches) else None
+            buffers = cache.fused_buffers() if cache is not None else None
+            arguments = None if buffers is None else _layer_arguments(part, inv_freq, buffers)
+            if arguments is None:
+                layers = None
+                break
+            layers.append(arguments)
+        self._layers = layers if parts and layers else None
+        if self._layers is None and self._on_unfused is not None:
+            on_unfused, self._on_unfused = self._on_unfused, None
+            self.fallback = on_unfused()
+
+    def unbind(self) -> None:
+        self._layers = None
+
+    def takes(self, x: Tensor, positions: Tensor, mask: Tensor | None) -> bool:
+        """Whether a call with these inputs is a decode step the fused layers run."""
+        return (self._layers is not None and mask is None and x.shape[1] == 1 and x.dtype == torch.float32
+                and x.device.type == "cpu" and not torch.is_grad_enabled() and positions.numel() in (1, x.shape[0]))
+
+    def __call__(self, x: Tensor, positions: Tensor) -> Tensor:
+        """x (B, 1, C), positions (1,) or (B, 1) -> x after every layer, (B, 1, C); the caches
+        hold the new keys and values."""
+        assert self._layers is not None
+        b, _, c = x.shape
+        rows = x.reshape(b, c).contiguous()  # (B, C)
+        where = positions.reshape(-1).to(torch.int64).expand(b).contiguous()  # (B,)
+        layer = torch.ops.qkv.decoder_layer.default
+        for head, tail in self._layers:
+            rows = layer(rows, *head, where, *tail)
+        return rows.reshape(b, 1, c)  # (B, 1, C)

@@ -1,0 +1,160 @@
+"""qkv's whole-layer decode step (`qkv.perf.fused_layers`) against the same model running its
+layers as PyTorch modules: Llama with grouped heads, Qwen2's biases, Qwen3's q/k norms and
+GPT-2's LayerNorm, GELU and biases, in float32, int8 and int4, one row or ragged rows.
+Kinds of cache the fused calls cannot write run the modules (and compile them, once)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from qkv.generation import DecodeSession, generate
+from qkv.generation.cache_kinds import cache_kind
+from qkv.models.gpt2 import GPTModel
+from qkv.models.gpt2_config import GPTConfig
+from qkv.models.llama import LlamaForCausalLM
+from qkv.models.llama_config import LlamaConfig
+from qkv.models.qwen import Qwen2Config, Qwen3Config
+from qkv.native import native_kernels
+from qkv.perf.fused_layers import FusedLayers
+from qkv.perf.prepare import prepare_for_decoding
+
+pytestmark = pytest.mark.skipif(not native_kernels().available,
+                                reason=f"qkv's kernels are not available here: {native_kernels().reason}")
+
+FAMILIES = ("llama", "qwen2", "qwen3", "gpt2")
+
+
+def _model(family: str, heads: int, kv_heads: int, head_dim: int, seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    if family == "gpt2":
+        model = GPTModel(GPTConfig(vocab_size=101, context_length=64, emb_dim=heads * head_dim, n_heads=heads,
+                                   n_layers=2, drop_rate=0.0, qkv_bias=True))
+    else:
+        config = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[family]
+        model = LlamaForCausalLM(config(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+                                        max_position_embeddings=64, rms_norm_eps=1e-5))
+    with torch.no_grad():  # every weight and norm away from its initial value, biases included
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.1)
+    return model.eval()
+
+
+def _pair(family: str, precision: str, heads: int = 4, kv_heads: int = 2, head_dim: int = 16, seed: int = 0):
+    fused = _model(family, heads, kv_heads, head_dim, seed)
+    modules = copy.deepcopy(fused)
+    setup = prepare_for_decoding(fused, precision=precision, compile=True)
+    prepare_for_decoding(modules, precision=precision, compile=False)
+    assert setup.fused is not None and modules.fused_layers is None
+    return fused, modules
+
+
+def _steps(model, prompts: torch.Tensor, lengths: list[int], steps: int) -> list[torch.Tensor]:
+    """Logits of a prefill then `steps` greedy decode steps, each row at its own length."""
+    out = []
+    with DecodeSession(model, batch_size=prompts.shape[0], capacity=64) as session:
+        logits = session.prefill(prompts, lengths=lengths)
+        for _ in range(steps):
+            out.append(logits)
+            logits = session.decode(logits.argmax(-1))
+    return out
+
+
+def _tolerance(precision: str, reference: torch.Tensor) -> float:
+    # int4 rounds activations to int8 per block: a float-rounding difference in a norm can move
+    # one activation by a step (1/127 of its block's largest), so its bound is looser
+    return (2e-2 if precision == "int4" else 1e-4) * (1.0 + float(reference.abs().max()))
+
+
+@settings(max_examples=12, deadline=None)
+@given(family=st.sampled_from(FAMILIES), precision=st.sampled_from(["float32", "int8", "int4"]),
+       shape=st.sampled_from([(4, 2, 16), (4, 4, 16), (2, 1, 32), (8, 2, 8)]), ragged=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_fused_steps_give_the_module_logits(family, precision, shape, ragged, seed) -> None:
+    heads, kv_heads, head_dim = shape
+    if family == "gpt2":
+        kv_heads = heads  # GPT-2 is multi-head
+    if precision == "int4" and (heads * head_dim) % 32:
+        precision = "int8"  # int4 blocks need inputs in 32s
+    fused, modules = _pair(family, precision, heads, kv_heads, head_dim, seed)
+    prompts = torch.randint(0, 101, (2, 7), generator=torch.Generator().manual_seed(seed))
+    lengths = [7, 4] if ragged else [7, 7]
+    with torch.inference_mode():
+        expected = _steps(modules, prompts, lengths, 6)
+        got = _steps(fused, prompts, lengths, 6)
+    for want, have in zip(expected, got):
+        assert torch.allclose(have, want, rtol=0, atol=_tolerance(precision, want))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fused_float32_greedy_tokens_equal_the_modules(family: str) -> None:
+    fused, modules = _pair(family, "float32")
+    prompt = torch.tensor([[3, 14, 15, 92, 65, 35]])
+    assert torch.equal(generate(fused, prompt, 40), generate(modules, prompt, 40))
+
+
+def test_the_fused_calls_write_the_cache_as_the_layers_do() -> None:
+    fused, modules = _pair("qwen3", "float32")
+    prompt = torch.tensor([[5, 6, 7, 8]])
+    caches = []
+    for model in (fused, modules):
+        with torch.inference_mode(), DecodeSession(model, capacity=64) as session:
+            token = session.prefill(prompt).argmax(-1)
+            for _ in range(3):
+                token = session.decode(token).argmax(-1)
+            caches.append([(c.contents(), c.length) for c in model.caches()])
+    for ((k1, v1), n1), ((k2, v2), n2) in zip(*caches):
+        assert n1 == n2 == 7
+        assert torch.allclose(k1, k2, atol=1e-4) and torch.allclose(v1, v2, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind_name", ["int4", "sink"])
+def test_other_cache_kinds_run_the_modules_and_compile_them_once(kind_name: str) -> None:
+    """A quantized or sink cache has no fused buffers: the model runs its layers (the same
+    tokens as the unprepared path) and `on_unfused` is called once, for the first session."""
+    model = _model("llama", 4, 2, 16, seed=1)
+    reference = copy.deepcopy(model)
+    prepare_for_decoding(reference, precision="float32", compile=False)
+    calls = []
+    prepare_for_decoding(model, precision="float32", compile=False)
+    model.fused_layers = FusedLayers.for_model(model, on_unfused=lambda: calls.append(1))
+    kind = cache_kind(kind_name, residual=8, group_size=8, sinks=2, window=16)
+    prompt = torch.tensor([[3, 14, 15, 92, 65, 35]])
+    assert torch.equal(generate(model, prompt, 24, kv_cache=kind), generate(reference, prompt, 24, kv_cache=kind))
+    generate(model, prompt, 4, kv_cache=kind)
+    assert calls == [1]
+    assert torch.equal(generate(model, prompt, 24), generate(reference, prompt, 24))  # static again: fused
+
+
+def test_calls_with_gradients_or_prompts_run_the_modules() -> None:
+    fused, _ = _pair("llama", "float32")
+    layers = fused.fused_layers
+    x = torch.zeros(1, 1, 64)
+    with DecodeSession(fused, capacity=64):
+        with torch.inference_mode():
+            assert layers.takes(x, torch.tensor([0]), None)
+            assert not layers.takes(torch.zeros(1, 3, 64), torch.arange(3), None)  # a prompt
+            assert not layers.takes(x, torch.tensor([0]), torch.ones(1, 1, 1, 64, dtype=torch.bool))
+            assert not layers.takes(x.bfloat16(), torch.tensor([0]), None)
+        assert not layers.takes(x, torch.tensor([0]), None)  # gradients on
+    assert not layers.takes(x, torch.tensor([0]), None)  # no caches bound
+
+
+def test_models_the_kernels_cannot_run_whole_are_not_fused() -> None:
+    model = _model("llama", 4, 2, 16, seed=2)
+    prepare_for_decoding(model, precision="bfloat16", compile=False)
+    assert FusedLayers.for_model(model) is None  # bfloat16 activations: the modules (and Inductor)
+    unfused = _model("llama", 4, 2, 16, seed=2)  # gate and up not stacked: no layer parts
+    assert unfused.layer_parts() is None and FusedLayers.for_model(unfused) is None
+
+
+def test_a_position_outside_the_cache_is_refused_in_one_line() -> None:
+    fused, _ = _pair("llama", "int8")
+    with torch.inference_mode(), DecodeSession(fused, capacity=64):
+        with pytest.raises(RuntimeError, match="a position lies outside the KV cache"):
+            fused.fused_layers(torch.zeros(1, 1, 64), torch.tensor([64]))
