@@ -23,6 +23,7 @@ Shape legend: B batch, T prompt tokens, S cache capacity, V vocabulary.
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from collections.abc import Iterator
 from types import TracebackType
@@ -53,6 +54,8 @@ def cache_capacity(tokens: int, context_length: int) -> int:
 
 
 def _eager_prompts() -> contextlib.AbstractContextManager[object]:
+    if "torch._dynamo" not in sys.modules:  # nothing can be compiled; set_stance would import Dynamo (1.6 s)
+        return contextlib.nullcontext()
     set_stance = getattr(torch.compiler, "set_stance", None)
     return set_stance("force_eager") if set_stance is not None else contextlib.nullcontext()
 
