@@ -1,0 +1,84 @@
+"""A prepared model's weights moved onto 2 MB pages, where Linux gives them.
+
+A decode step reads every weight once, as a stream of hundreds of megabytes. On 4 KB pages
+that stream crosses a page every 4 KB, and the TLB (2048 entries, 8 MB here) misses on most
+of them; on 2 MB pages it crosses one every 2 MB. Measured here on GPT-2's output head (154
+MB of float32, qkv's kernel, 2 threads): 24-26 GB/s on 4 KB pages, 28-31 GB/s on 2 MB pages.
+
+Linux backs memory with 2 MB pages when transparent huge pages are "always" on, or, in the
+common "madvise" mode, for memory that asked with madvise(MADV_HUGEPAGE). PyTorch's
+allocator does not ask, so `place_on_huge_pages` copies the large tensors of a model into
+one anonymous mapping that does (Python's `mmap`), and points each tensor at its copy
+(`tensor.data = ...`: the same Parameter and buffer objects, so the layers and anything
+holding them see the move). The mapping lives as long as the tensors viewing it.
+
+Elsewhere (no `madvise`, THP "never", not Linux) the copy is skipped: nothing else changes.
+"""
+
+from __future__ import annotations
+
+import mmap
+
+import torch
+from torch import Tensor, nn
+
+HUGE_PAGE = 2 << 20
+SMALLEST = 1 << 20  # tensors below this are read from cache or once a step: not worth a move
+ALIGN = 64  # each tensor starts on a cache line
+
+
+def huge_pages_supported() -> bool:
+    return hasattr(mmap, "MADV_HUGEPAGE") and hasattr(mmap.mmap, "madvise") and hasattr(mmap, "MAP_ANONYMOUS")
+
+
+def _arena(nbytes: int) -> Tensor:
+    """nbytes of zeroed memory starting on a 2 MB boundary, advised to be huge pages."""
+    mapping = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    mapping.madvise(mmap.MADV_HUGEPAGE)
+    raw = torch.frombuffer(mapping, dtype=torch.uint8)  # keeps `mapping` alive
+    start = (-raw.data_ptr()) % HUGE_PAGE
+    return raw[start:start + nbytes]
+
+
+def place_on_huge_pages(model: nn.Module) -> int:
+    """Move `model`'s CPU parameters and buffers of at least SMALLEST bytes onto 2 MB pages
+    (module docstring); tensors that share storage move together. Returns the bytes moved."""
+    if not huge_pages_supported():
+        return 0
+    chosen: dict[int, list[Tensor]] = {}  # storage -> the tensors on it
+    for tensor in (*model.parameters(), *model.buffers()):
+        if tensor.device.type != "cpu" or tensor.is_meta or not tensor.is_contiguous():
+            continue
+        storage = tensor.untyped_storage()
+        if storage.nbytes() >= SMALLEST:
+            chosen.setdefault(storage.data_ptr(), []).append(tensor)
+    # a storage moves whole, so views of it (tied weights, batched loads) stay views of one
+    layout, total = [], 0
+    for tensors in chosen.values():
+        storage = tensors[0].untyped_storage()
+        layout.append((storage, tensors, total))
+        total += -(-storage.nbytes() // ALIGN) * ALIGN
+    if total == 0:
+        return 0
+    try:
+        arena = _arena(total)
+    except (OSError, ValueError):
+        return 0
+    with torch.no_grad():
+        for storage, tensors, offset in layout:
+            moved = arena[offset:offset + storage.nbytes()]
+            moved.copy_(_bytes_of(storage))
+            seen: set[int] = set()
+            for tensor in tensors:
+                if id(tensor) in seen:
+                    continue
+                seen.add(id(tensor))
+                start = tensor.storage_offset() * tensor.element_size()
+                view = moved[start:start + tensor.numel() * tensor.element_size()]
+                tensor.data = view.view(tensor.dtype).view(tensor.shape)
+    return total
+
+
+def _bytes_of(storage: torch.UntypedStorage) -> Tensor:
+    """A storage's bytes as a uint8 tensor (no copy)."""
+    return torch.empty(0, dtype=torch.uint8).set_(storage)
