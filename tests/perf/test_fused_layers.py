@@ -158,3 +158,48 @@ def test_a_position_outside_the_cache_is_refused_in_one_line() -> None:
     with torch.inference_mode(), DecodeSession(fused, capacity=64):
         with pytest.raises(RuntimeError, match="a position lies outside the KV cache"):
             fused.fused_layers(torch.zeros(1, 1, 64), torch.tensor([64]))
+
+
+def test_a_session_opened_under_a_forward_hook_runs_the_modules() -> None:
+    """A hook (a trace) sees every decode step: the fused calls stand aside while it is on."""
+    fused, _ = _pair("llama", "float32")
+    seen = []
+    handle = fused.model.layers[1].self_attn.register_forward_hook(lambda m, args, out: seen.append(out.shape))
+    try:
+        generate(fused, torch.tensor([[3, 14, 15]]), 5)
+    finally:
+        handle.remove()
+    assert len(seen) == 5  # the prompt, then four decode steps (the fifth token needs no step)
+    assert fused.fused_layers.takes(torch.zeros(1, 1, 64), torch.tensor([0]), None) is False  # unbound after
+
+
+FALLBACK = """
+import json, torch
+from qkv.generation import generate
+from qkv.models.llama import LlamaForCausalLM
+from qkv.models.llama_config import LlamaConfig
+from qkv.perf.prepare import prepare_for_decoding
+cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+torch.manual_seed(0)
+model, reference = LlamaForCausalLM(cfg).eval(), LlamaForCausalLM(cfg).eval()
+reference.load_state_dict(model.state_dict())
+setup = prepare_for_decoding(model, precision="int8")
+prepare_for_decoding(reference, precision="int8", compile=False)
+prompt = torch.tensor([[3, 14, 15, 92]])
+print(json.dumps({"fused": setup.fused is not None, "kernels": setup.kernels.reason,
+                  "same": torch.equal(generate(model, prompt, 12), generate(reference, prompt, 12))}))
+"""
+
+
+def test_without_a_compiler_for_the_kernels_decoding_falls_back_to_the_modules(tmp_path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "CXX": str(tmp_path / "no-such-compiler"), "QKV_CACHE_DIR": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-c", FALLBACK], capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["fused"] is False and "compiler" in result["kernels"] and result["same"] is True

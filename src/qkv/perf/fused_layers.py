@@ -14,7 +14,8 @@ products, RoPE, cache write, attention, activation and shortcuts in C++ (kernels
 
 Which calls it takes: one new token per row, float32, no gradients, no extra mask, and
 caches whose kind gives `fused_buffers()` (StaticKVCache; other kinds and prompts run the
-layers as modules). The math is the layers': the same weights through the same kernels
+layers as modules). A session opened while a forward hook is on any module of the layers
+(a trace recording them, `qkv.trace`) runs the modules too, so the hooks see every step. The math is the layers': the same weights through the same kernels
 (`qkv::int4_linear`'s activation rounding included) in the same order, so its logits match
 the module path to float rounding (tests/native/test_layers.py).
 
@@ -90,6 +91,16 @@ def _layer_arguments(parts: LayerParts, inv_freq: Tensor | None, buffers: tuple[
     return head, tail
 
 
+def _hooked(parts: list[LayerParts]) -> bool:
+    """Whether a forward hook is registered on any module of the layers (or globally)."""
+    from torch.nn.modules import module as torch_module
+
+    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks
+               for part in parts for root in (part.attention, part.up, part.down) for m in root.modules())
+
+
 class FusedLayers:
     """A model's decode steps as one `qkv::decoder_layer` call per layer (module docstring).
 
@@ -129,6 +140,9 @@ class FusedLayers:
 
     def bind(self, model: CausalDecoder) -> None:
         parts = model.layer_parts()
+        if parts is not None and _hooked(parts):
+            self._layers = None  # someone watches the modules: let them run (not a fallback)
+            return
         caches = [layer.kv_cache for layer in model.attention_layers()]
         rotary = model.rotary_embedding()
         inv_freq = None if rotary is None else rotary.inv_freq.float().contiguous()
