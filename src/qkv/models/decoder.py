@@ -111,17 +111,23 @@ class CausalDecoder(nn.Module, metaclass=ABCMeta):
 
     def rope_positions(self, positions: Tensor) -> Tensor:
         """The positions RoPE rotates the new tokens by (the caches' say; see KVCache)."""
-        caches = self.caches()
-        return caches[0].rope_positions(positions) if caches else positions
+        cache = self.first_cache()
+        return cache.rope_positions(positions) if cache is not None else positions
+
+    def first_cache(self) -> KVCache | None:
+        """The first attention layer's cache (every layer has one of the same kind, or none):
+        what per-call checks ask, without walking every layer."""
+        first = next(iter(self.attention_layers()), None)
+        return None if first is None else first.kv_cache
 
     def position_limit(self) -> int:
         """One past the furthest true position a call may reach with the attached caches."""
-        caches = self.caches()
-        if not caches:
+        cache = self.first_cache()
+        if cache is None:
             return self.context_length
-        if caches[0].rotates_keys:  # rotation stays inside the cache: no context limit
-            return caches[0].max_position
-        return min(self.context_length, caches[0].max_position)
+        if cache.rotates_keys:  # rotation stays inside the cache: no context limit
+            return cache.max_position
+        return min(self.context_length, cache.max_position)
 
     def setup_cache(
         self,
@@ -187,10 +193,10 @@ class CausalDecoder(nn.Module, metaclass=ABCMeta):
         follow the cached tokens. Checks them against the context length and the caches'
         capacity (one small read of a tensor per call, outside any compiled region)."""
         t = input_ids.shape[1]
-        caches = self.caches()
+        cache = self.first_cache()
         if positions is None:
-            if caches:
-                start = caches[0].length
+            if cache is not None:
+                start = cache.length
                 positions = torch.arange(start, start + t, device=input_ids.device)  # (T,)
             else:
                 positions = torch.arange(t, device=input_ids.device)  # (T,)
@@ -199,8 +205,11 @@ class CausalDecoder(nn.Module, metaclass=ABCMeta):
                 f"positions must have shape ({t},) or (batch, {t}), got {tuple(positions.shape)}"
             )
         if positions.numel():
-            rope = caches[0].rope_positions(positions) if caches else positions
-            furthest, rope_furthest = (int(n) + 1 for n in torch.stack([positions.max(), rope.max()]).tolist())
+            rope = cache.rope_positions(positions) if cache is not None else positions
+            if rope is positions:  # one read of a tensor instead of two
+                furthest = rope_furthest = int(positions.max()) + 1
+            else:
+                furthest, rope_furthest = (int(n) + 1 for n in torch.stack([positions.max(), rope.max()]).tolist())
         else:
             furthest = rope_furthest = 0
         limit = self.position_limit()
