@@ -10,7 +10,7 @@ import torch
 
 from qkv.models.gpt2 import GPTModel
 from qkv.models.gpt2_config import GPTConfig
-from qkv.perf.huge_pages import SMALLEST, huge_pages_supported, place_on_huge_pages
+from qkv.perf.huge_pages import SMALLEST, huge_ones, huge_pages_supported, place_on_huge_pages
 
 pytestmark = pytest.mark.skipif(not huge_pages_supported(), reason="this Python has no mmap.madvise(MADV_HUGEPAGE)")
 
@@ -59,3 +59,10 @@ def test_views_of_one_storage_stay_views_of_one_storage() -> None:
     place_on_huge_pages(module)
     assert module.first.untyped_storage().data_ptr() == module.second.untyped_storage().data_ptr()
     assert torch.equal(torch.cat([module.first, module.second]), torch.arange(2 * SMALLEST // 4, dtype=torch.float32))
+
+
+def test_huge_ones_are_ones_on_advised_memory() -> None:
+    probe = huge_ones(SMALLEST)  # 4 MB of float32
+    assert probe.shape == (SMALLEST,) and probe.dtype == torch.float32 and bool((probe == 1).all())
+    if sys.platform.startswith("linux"):
+        assert any(start <= probe.data_ptr() < end for start, end in _advised_ranges())

@@ -17,6 +17,7 @@ from qkv.bench.common import Context, Section
 from qkv.bench.gpt2 import hf_generate, load_hf, load_qkv, qkv_generate
 from qkv.generation import DecodeSession, warm_up
 from qkv.models.decoder import CausalDecoder
+from qkv.perf.huge_pages import huge_ones
 from qkv.perf.timing import Measurement, alternate, ratio
 
 BANDWIDTH_PROBE = "memory read (torch.sum)"
@@ -39,7 +40,7 @@ class DecodeRun:
 
 def bandwidth_probe(nbytes: int) -> Callable[[], object]:
     """A contender that reads `nbytes` of float32 PROBE_SUMS times (see qkv.perf.bandwidth)."""
-    probe = torch.ones(nbytes // 4, dtype=torch.float32)  # (N,)
+    probe = huge_ones(nbytes // 4)  # (N,) float32, on 2 MB pages as the prepared weights (qkv.perf.huge_pages)
 
     def run() -> object:
         for _ in range(PROBE_SUMS):

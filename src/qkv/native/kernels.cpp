@@ -21,6 +21,11 @@
 //       element j in its low nibble and element j + 16 in its high one (GGUF's Q4_1 layout).
 //       x is rounded to int8 per block of 32 (one float scale each, as llama.cpp does) and
 //       the product is the exact one of those rounded activations and the 4-bit weights.
+//   qkv::decoder_layer(x (B, C), attn_norm, qkv, o, mlp_norm, up, down, q_norm?, k_norm?, inv_freq?,
+//                      k_cache!, v_cache!, lengths!, positions (B,), num_heads, activation, eps, scale)
+//       -> (B, C): one decode step of a pre-norm decoder layer (Llama/Qwen or GPT-2), one new token
+//       per row, through the products above; the new keys and values are written at `positions`
+//       (qkv.perf.fused_layers describes the arguments)
 //
 // Shape legend: M rows of x (batch x tokens), K input features, N output features.
 #include <immintrin.h>

@@ -3,7 +3,9 @@
 A reduction over a tensor much larger than the last-level cache reads every byte once
 from main memory and does almost no arithmetic per byte, so its speed is the machine's
 read bandwidth as PyTorch (with the current thread count) can use it. The median over
-several runs is robust to a noisy neighbour.
+several runs is robust to a noisy neighbour. The tensor lies on 2 MB pages where Linux
+gives them, as prepared weights do (qkv.perf.huge_pages): on 4 KB pages the probe reads
+slower than a decode step, and the roofline would not be one.
 
 Shape legend: N elements of the float32 probe tensor.
 """
@@ -15,6 +17,8 @@ import time
 from dataclasses import dataclass
 
 import torch
+
+from qkv.perf.huge_pages import huge_ones
 
 
 @dataclass(frozen=True)
@@ -33,7 +37,7 @@ def measure_read_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 7) -> Bandw
     """
     if nbytes < 4 * 2**20 or repeats < 1:
         raise ValueError(f"need nbytes >= 4 MiB and repeats >= 1, got {nbytes}, {repeats}")
-    probe = torch.ones(nbytes // 4, dtype=torch.float32)  # (N,)
+    probe = huge_ones(nbytes // 4)  # (N,) float32
     probe.sum()  # touch every page once before timing
     samples = []
     for _ in range(repeats):

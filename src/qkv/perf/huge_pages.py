@@ -40,6 +40,18 @@ def _arena(nbytes: int) -> Tensor:
     return raw[start:start + nbytes]
 
 
+def huge_ones(count: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """`torch.ones(count)` on memory advised for 2 MB pages (plain memory where that is not
+    supported): the bandwidth probes read what prepared weights live on."""
+    size = count * torch.empty((), dtype=dtype).element_size()
+    if not huge_pages_supported():
+        return torch.ones(count, dtype=dtype)
+    try:
+        return _arena(size).view(dtype).fill_(1)
+    except (OSError, ValueError):
+        return torch.ones(count, dtype=dtype)
+
+
 def place_on_huge_pages(model: nn.Module) -> int:
     """Move `model`'s CPU parameters and buffers of at least SMALLEST bytes onto 2 MB pages
     (module docstring); tensors that share storage move together. Returns the bytes moved."""
