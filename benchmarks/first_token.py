@@ -3,22 +3,28 @@
     .venv/bin/python benchmarks/first_token.py [--runs 5] [--model smollm2]
 
 Each run starts a new Python process that runs the real command,
-`qkv generate --model M --prompt <32 tokens> --max-new-tokens 1` (default flags: int8,
-compiled), with the functions it goes through wrapped in timers. Phases, in order:
+`qkv generate --model M --prompt <32 tokens> --max-new-tokens 1` (default flags: auto
+precision, compiled), with the functions it goes through wrapped in timers, in a fresh
+cache folder ($QKV_CACHE_DIR, so the first run builds qkv's kernels and keeps the prepared
+weights as a first-ever run does). Phases, in order:
 
 - import: from the process start (interpreter included) to `qkv.cli.generate` and what
   its `run` imports (torch, the loader, generation) imported;
 - header: the GGUF header, config, tensor shapes and tokenizer (`open_gguf_file`);
-- weights: dequantizing every tensor (`read_tensors`);
-- build: the model made and the weights put in (`ModelPlan.build`);
-- prepare: fuse, quantize and compile (`prepare_for_decoding`);
-- compile: the part of prepare in `compile_decoder` (probing the compiler, marking regions);
+- cached: reading the prepared weights kept by an earlier run (`read_prepared`,
+  qkv.perf.prepared_cache; 0 on a run that prepares from the file);
+- weights: dequantizing every tensor (`read_tensors`; 0 when the prepared weights were kept);
+- build: the model made and the weights put in (`ModelPlan.build`, or its skeleton);
+- prepare: fuse and quantize, or make the same layers empty for the kept weights (`_shape_layers`);
+- keep: writing the prepared weights for the next run (`keep_prepared`, the first run only);
+- finish: weights onto 2 MB pages, the fused layers or Inductor's regions (`_finish`);
+- compile: the part of finish in `compile_decoder` (probing the compiler, marking regions);
 - warm-up: the compiled decode step run once (`warm_up`; a cache lookup on a second run);
 - prefill: from the request to the first token (the 32-token prompt, one step);
 - total: from the process start to the first token.
 
-The first run also fills Inductor's on-disk cache, so it is reported apart; the others are
-"second runs" and their medians are printed. Timings of each run are printed as they come.
+The first run also fills the caches (qkv's kernels, the prepared weights, Inductor's), so it
+is reported apart; the others are "second runs" and their medians are printed. Timings of each run are printed as they come.
 """
 
 from __future__ import annotations
@@ -61,7 +67,11 @@ def timed(owner, name, key):
 timed(gguf, "open_gguf_file", "header")
 timed(gguf.GGUFFile, "read_tensors", "weights")
 timed(checkpoint.ModelPlan, "build", "build")
-timed(prepare, "prepare_for_decoding", "prepare")
+timed(checkpoint.ModelPlan, "skeleton", "build")
+timed(prepare, "read_prepared", "cached")
+timed(prepare, "_shape_layers", "prepare")
+timed(prepare, "keep_prepared", "keep")
+timed(prepare, "_finish", "finish")
 timed(prepare, "compile_decoder", "compile")
 timed(generation, "warm_up", "warm-up")
 original_stream = generation.stream
@@ -82,15 +92,18 @@ print("MARKS " + json.dumps(marks), file=sys.stderr)
 sys.exit(code)
 """
 
-PHASES = ("import", "header", "weights", "build", "prepare", "compile", "warm-up", "prefill", "total")
+PHASES = ("import", "header", "cached", "weights", "build", "prepare", "keep", "finish", "compile", "warm-up",
+          "prefill", "total")
 
 
-def run_once(model: str) -> dict[str, float]:
+def run_once(model: str, cache: str) -> dict[str, float]:
+    import os
     import time
 
     argv = ["generate", "--model", model, "--prompt", PROMPT, "--max-new-tokens", "1"]
     done = subprocess.run(
-        [sys.executable, "-c", CHILD, repr(time.time()), *argv], capture_output=True, text=True, check=True
+        [sys.executable, "-c", CHILD, repr(time.time()), *argv], capture_output=True, text=True, check=True,
+        env={**os.environ, "QKV_CACHE_DIR": cache},
     )
     line = next(l for l in done.stderr.splitlines() if l.startswith("MARKS "))
     return json.loads(line.removeprefix("MARKS "))
@@ -103,14 +116,18 @@ def main() -> None:
     args = parser.parse_args()
     from tokenizers import Tokenizer  # noqa: F401 - only to fail early without the venv
 
+    import tempfile
+
     rows = []
+    cache = tempfile.TemporaryDirectory(prefix="qkv-first-token-")
     for i in range(args.runs + 1):
-        marks = run_once(args.model)
+        marks = run_once(args.model, cache.name)
         print(("first " if i == 0 else "second") + "  " + "  ".join(f"{k} {marks.get(k, 0):.2f}" for k in PHASES), flush=True)
         if i:
             rows.append(marks)
     if rows:
         print("median  " + "  ".join(f"{k} {statistics.median(r.get(k, 0) for r in rows):.2f}" for k in PHASES))
+    cache.cleanup()
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -34,6 +34,9 @@ from qkv.attention.sink_cache import SinkKVCache
 from qkv.errors import QkvError
 from qkv.generation import DecodeSession, Sampling as Choice, cache_capacity, continue_from
 from qkv.models.decoder import CausalDecoder
+
+if TYPE_CHECKING:
+    from qkv.models.loader import LoadedModel
 
 Message = dict[str, str]
 
@@ -118,7 +121,11 @@ def load_chat_model(
     through the one loader (qkv.models.loader)."""
     from qkv.models.loader import load
 
-    loaded = load(path_or_name, dtype, max_memory=max_memory, chat=True)
+    return chat_model_from(load(path_or_name, dtype, max_memory=max_memory, chat=True))
+
+
+def chat_model_from(loaded: LoadedModel) -> ChatModel:
+    """A ChatModel from what the loader gave (loaded with chat=True: it has a template)."""
     found = loaded.chat_template
     assert found is not None  # load(chat=True) refuses a model without one
     template = ChatTemplate(found.source, bos_token=found.bos_token, eos_token=found.eos_token)

@@ -29,6 +29,9 @@ def stack_linears(layers: list[nn.Linear]) -> nn.Linear:
         stacked = nn.Linear(first.in_features, sum(layer.out_features for layer in layers),
                             bias=first.bias is not None, dtype=first.weight.dtype)
     grad = first.weight.requires_grad
+    if first.weight.is_meta:  # a skeleton whose weights are assigned next: parameters_on_meta gave shapes
+        stacked.requires_grad_(grad)  # (torch.cat of meta tensors would import Dynamo: 2 s of start-up)
+        return stacked
     with torch.no_grad():
         stacked.weight = nn.Parameter(torch.cat([layer.weight for layer in layers]), requires_grad=grad)  # (sum N_i, K)
         if first.bias is not None:

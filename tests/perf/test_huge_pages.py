@@ -51,6 +51,17 @@ def test_large_tensors_move_to_advised_memory_and_keep_their_numbers() -> None:
         assert head.data_ptr() % 64 == 0
 
 
+def test_an_embedding_table_read_a_row_at_a_time_stays() -> None:
+    torch.manual_seed(0)
+    model = GPTModel(GPTConfig(vocab_size=4096, context_length=32, emb_dim=128, n_heads=4, n_layers=1,
+                               drop_rate=0.0)).eval()  # untied: the head has its own weight
+    table = model.tok_emb.weight.data_ptr()
+    place_on_huge_pages(model)
+    assert model.tok_emb.weight.data_ptr() == table
+    if sys.platform.startswith("linux"):
+        assert any(start <= model.out_head.weight.data_ptr() < end for start, end in _advised_ranges())
+
+
 def test_views_of_one_storage_stay_views_of_one_storage() -> None:
     flat = torch.arange(2 * SMALLEST // 4, dtype=torch.float32)
     module = torch.nn.Module()

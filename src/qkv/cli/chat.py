@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from qkv.cli.speed import add_speed_arguments, apply_speed_options
+from qkv.cli.speed import add_speed_arguments, announce_speed, load_for_speed
 from qkv.cli.generate import _utf8_writer, text_chunks
 from qkv.cli.numbers import add_max_memory_argument, integer, probability, seed, temperature
 from qkv.errors import QkvError
@@ -78,8 +78,7 @@ def _messages(interactive: bool):
 
 
 def run(args: argparse.Namespace) -> int:
-    from qkv.chat import ChatSession, Sampling, load_chat_model
-    from qkv.perf.prepare import load_dtype
+    from qkv.chat import ChatSession, Sampling, chat_model_from
 
     from qkv.attention.kv_cache import StaticKVCache
     from qkv.cli.perplexity import kv_cache_kind
@@ -88,10 +87,11 @@ def run(args: argparse.Namespace) -> int:
     threads = apply_threads(args.threads)
     interactive = sys.stdin.isatty()
     kind = kv_cache_kind(args)  # bad cache options are reported before loading
-    chat = load_chat_model(args.model, dtype=load_dtype(args.dtype), max_memory=args.max_memory)
+    loaded, setup = load_for_speed(args, chat=True)
+    chat = chat_model_from(loaded)
     if kind is not None:
         check_kind(chat.model, kind)
-    apply_speed_options(chat.model, args, kind)
+    announce_speed(chat.model, setup, kind)
     session = ChatSession(chat, system=args.system, max_context=args.max_context, seed=args.seed,
                           notice=lambda line: print(f"qkv chat: {line}", file=sys.stderr),
                           kind=kind or StaticKVCache)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from typing import TYPE_CHECKING
 
-from qkv.cli.speed import add_speed_arguments, apply_speed_options
+from qkv.cli.speed import add_speed_arguments, announce_speed, load_for_speed
 from qkv.cli.numbers import add_max_memory_argument, integer, probability, seed, temperature
 from qkv.errors import QkvError
 from qkv.threads import add_threads_argument, apply_threads
@@ -105,22 +105,21 @@ def run(args: argparse.Namespace) -> int:
     from qkv.cli.perplexity import kv_cache_kind
     from qkv.generation.cache_kinds import check_kind
     from qkv.generation import check_request, stream
-    from qkv.models.loader import load_pretrained
-    from qkv.perf.prepare import load_dtype
 
     threads = apply_threads(args.threads)
     kind = kv_cache_kind(args)  # bad cache options are reported before loading
     if kind is not None and args.no_cache:
         raise QkvError("--kv-cache needs a cache; drop --no-cache")
+    loaded, setup = load_for_speed(args, chat=args.chat)
     if args.chat:
-        from qkv.chat import load_chat_model
+        from qkv.chat import chat_model_from
 
-        chat = load_chat_model(args.model, dtype=load_dtype(args.dtype), max_memory=args.max_memory)
+        chat = chat_model_from(loaded)
         model, tokenizer, stop_ids = chat.model, chat.tokenizer, tuple(sorted(chat.stop_ids))
         text = chat.template.render([{"role": "user", "content": args.prompt}], add_generation_prompt=True)
         prompt_ids = tokenizer.encode(text, add_special_tokens=False).ids
     else:
-        model, tokenizer = load_pretrained(args.model, dtype=load_dtype(args.dtype), max_memory=args.max_memory)
+        model, tokenizer = loaded.model, loaded.tokenizer
         stop_ids = model.eos_token_ids
         prompt_ids = tokenizer.encode(args.prompt).ids
     if not prompt_ids:
@@ -129,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     if kind is not None:
         check_kind(model, kind)
     check_request(model, input_ids, args.max_new_tokens, kind=kind or StaticKVCache)  # before a compile is paid for
-    speed = apply_speed_options(model, args, kind)
+    speed = announce_speed(model, setup, kind)
     tokens = stream(
         model, input_ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache,

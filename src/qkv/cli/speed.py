@@ -12,6 +12,7 @@ from qkv.precision import CHOICES, DEFAULT_PRECISION
 if TYPE_CHECKING:
     from qkv.attention.kv_cache import CacheKind
     from qkv.models.decoder import CausalDecoder
+    from qkv.models.loader import LoadedModel
     from qkv.perf.prepare import DecodeSetup
 
 
@@ -39,15 +40,22 @@ def add_speed_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def apply_speed_options(model: CausalDecoder, args: argparse.Namespace, kind: CacheKind | None = None) -> DecodeSetup:
-    """Prepare the model as asked and compile its decode step (with caches of `kind`, the
-    full cache by default) before the first token, saying so once on stderr (with the time
+def load_for_speed(args: argparse.Namespace, *, chat: bool = False) -> tuple[LoadedModel, DecodeSetup]:
+    """Load `--model` prepared as asked (`--dtype`, `--no-compile`): from the prepared-weights
+    cache when it holds it (qkv.perf.prepared_cache). Nothing is compiled yet."""
+    from qkv.perf.prepare import load_prepared_model
+
+    return load_prepared_model(args.model, precision=args.dtype, compile=not args.no_compile,
+                               max_memory=args.max_memory, chat=chat)
+
+
+def announce_speed(model: CausalDecoder, setup: DecodeSetup, kind: CacheKind | None = None) -> DecodeSetup:
+    """Compile the decode step (for caches of `kind`, the full cache by default) before the
+    first token, saying once on stderr what was built and how decoding runs (with the time
     it took, apart from tokens/s)."""
     from qkv.generation import warm_up
     from qkv.perf.compile import CompileReport
-    from qkv.perf.prepare import prepare_for_decoding
 
-    setup = prepare_for_decoding(model, precision=args.dtype, compile=not args.no_compile)
     kernels = setup.kernels
     if kernels is not None and kernels.built_seconds is not None:
         print(f"built qkv's kernels for this CPU in {kernels.built_seconds:.1f} s (once per machine: "

@@ -158,6 +158,14 @@ class ModelPlan:
                 "the tokenizer does not belong to this model"
             )
 
+    def skeleton(self) -> CausalDecoder:
+        """The model in eval mode with its parameters on the meta device (shapes only)."""
+        with parameters_on_meta():
+            model = self.family.build(self.spec)
+        model.to(self.dtype)  # buffers (RoPE frequencies) as built; parameters are shapes only
+        model.eos_token_ids = eos_ids(self.config.get("eos_token_id"), self.vocab_size)
+        return model.eval()
+
     def build(self, tensors: dict[str, Tensor], *, owned: bool = False) -> CausalDecoder:
         """The model in eval mode with `tensors` (HF names) loaded; each one checked first.
 

@@ -90,16 +90,48 @@ class LoadedModel:
     chat_template: ChatTemplateSource | None
 
 
-def load(
+@dataclass
+class OpenedModel:
+    """A source whose metadata passed every check, its weights not read yet."""
+
+    source: Any  # gguf.GGUFFile or checkpoint.FolderCheckpoint
+    plan: checkpoint.ModelPlan
+    template: ChatTemplateSource | None
+
+    @property
+    def path(self) -> Path:
+        return Path(self.source.path)
+
+    @property
+    def files(self) -> list[Path]:
+        """The files the weights are read from (what a cache of them depends on)."""
+        path = self.path
+        return [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+
+    def build(self) -> LoadedModel:
+        """Read the weights and make the model."""
+        model = self.plan.build(self.source.read_tensors(self.plan.dtype), owned=True)  # held by nothing else
+        return self._finish(model)
+
+    def skeleton(self) -> LoadedModel:
+        """The model with its parameters on the meta device (no weights read), for a caller
+        that assigns weights of its own (qkv.perf.prepared_cache)."""
+        return self._finish(self.plan.skeleton())
+
+    def _finish(self, model: CausalDecoder) -> LoadedModel:
+        if isinstance(self.source, checkpoint.FolderCheckpoint):
+            model.eos_token_ids = self.source.generation_eos() or model.eos_token_ids
+        else:
+            model.stored_in_four_bits = self.source.stored_in_four_bits
+        return LoadedModel(model, self.source.tokenizer, self.source.path, self.template)
+
+
+def open_model(
     path_or_name: str | os.PathLike[str], dtype: torch.dtype = torch.float32, *,
     max_memory: int | None = None, chat: bool = False,
-) -> LoadedModel:
-    """Load a model from a packaged name, a GGUF file or folder, or a checkpoint folder.
-
-    max_memory: refuse a model whose estimated need exceeds this many bytes (default:
-    what the machine has available). chat: the model must come with a chat template (a
-    folder's tokenizer_config.json or chat_template.jinja is only read when asked).
-    """
+) -> OpenedModel:
+    """Every check of `load` that needs no weights: the metadata, the config, the memory
+    estimate, every tensor's name and shape, the tokenizer."""
     name = named_model(path_or_name)
     source: Any
     if name is not None:
@@ -125,12 +157,20 @@ def load(
         max_memory=max_memory,
     )
     plan.check_vocabulary(source.tokenizer, f"{where}: the tokenizer")
-    model = plan.build(source.read_tensors(dtype), owned=True)  # read here, held by nothing else
-    if isinstance(source, checkpoint.FolderCheckpoint):
-        model.eos_token_ids = source.generation_eos() or model.eos_token_ids
-    else:
-        model.stored_in_four_bits = source.stored_in_four_bits
-    return LoadedModel(model, source.tokenizer, source.path, template)
+    return OpenedModel(source, plan, template)
+
+
+def load(
+    path_or_name: str | os.PathLike[str], dtype: torch.dtype = torch.float32, *,
+    max_memory: int | None = None, chat: bool = False,
+) -> LoadedModel:
+    """Load a model from a packaged name, a GGUF file or folder, or a checkpoint folder.
+
+    max_memory: refuse a model whose estimated need exceeds this many bytes (default:
+    what the machine has available). chat: the model must come with a chat template (a
+    folder's tokenizer_config.json or chat_template.jinja is only read when asked).
+    """
+    return open_model(path_or_name, dtype, max_memory=max_memory, chat=chat).build()
 
 
 def load_pretrained(

@@ -54,12 +54,18 @@ def huge_ones(count: int, dtype: torch.dtype = torch.float32) -> Tensor:
 
 def place_on_huge_pages(model: nn.Module) -> int:
     """Move `model`'s CPU parameters and buffers of at least SMALLEST bytes onto 2 MB pages
-    (module docstring); tensors that share storage move together. Returns the bytes moved."""
+    (module docstring); tensors that share storage move together. Embedding tables stay
+    (a step reads one row of them) unless a layer also reads them whole (a tied output
+    head). Returns the bytes moved."""
     if not huge_pages_supported():
         return 0
+    read_whole = {id(m.weight) for m in model.modules()
+                  if not isinstance(m, nn.Embedding) and isinstance(getattr(m, "weight", None), Tensor)}
+    tables = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)} - read_whole
     chosen: dict[int, list[Tensor]] = {}  # storage -> the tensors on it
     for tensor in (*model.parameters(), *model.buffers()):
-        if tensor.device.type != "cpu" or tensor.is_meta or not tensor.is_contiguous():
+        if (tensor.device.type != "cpu" or tensor.is_meta or not tensor.is_contiguous()
+                or id(tensor) in tables):
             continue
         storage = tensor.untyped_storage()
         if storage.nbytes() >= SMALLEST:

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -49,10 +49,14 @@ from qkv.native import NativeStatus, native_kernels
 from qkv.perf.fused_layers import FusedLayers
 from qkv.perf.compile import Backend, CompileReport, compile_decoder
 from qkv.perf.huge_pages import place_on_huge_pages
+from qkv.perf.prepared_cache import discard, keep_prepared, prepared_path, read_prepared
 from qkv.perf.quantize import activation_dtype, quantize
 from qkv.perf.float_linear import use_native_float
 from qkv.perf.transposed import store_input_major
 from qkv.precision import AUTO, DEFAULT_PRECISION, PRECISIONS, QUANTIZED, resolve_precision
+
+if TYPE_CHECKING:
+    from qkv.models.loader import LoadedModel
 
 
 
@@ -75,6 +79,7 @@ class DecodeSetup:
     compile: CompileReport | None  # Inductor's, None when it was not asked for (or not yet)
     kernels: NativeStatus | None = None  # for quantized precisions: qkv's kernels or why not
     fused: FusedLayers | None = None  # decode steps as qkv's whole-layer calls (qkv.perf.fused_layers)
+    from_cache: bool = False  # the prepared weights came from qkv.perf.prepared_cache
 
     @property
     def compiled(self) -> bool:
@@ -99,10 +104,17 @@ def prepare_for_decoding(
     "auto" is int4 for a model loaded from 4-bit blocks, else int8 (qkv.precision)."""
     check_precision(precision)
     precision = resolve_precision(precision, stored_in_four_bits=model.stored_in_four_bits)
+    _shape_layers(model, precision)
+    return _finish(model, precision, compile=compile, backend=backend)
+
+
+def _shape_layers(model: CausalDecoder, precision: str, *, empty: bool = False) -> None:
+    """The prepared layers at `precision` (a resolved one); empty=True makes them without
+    computing their weights, for a state assigned next (qkv.perf.prepared_cache)."""
     model.eval()
     fuse_projections(model)  # q/k/v and gate/up: one product each (qkv.fusion)
     if precision in QUANTIZED:
-        quantize(model, precision)  # from the weights as loaded (float32 for these precisions)
+        quantize(model, precision, empty=empty)  # from the weights as loaded (float32 for these precisions)
     elif precision == "float32" and native_kernels().available:
         model.float()
         use_native_float(model)  # qkv's kernel for decode-sized products (qkv.perf.float_linear)
@@ -112,6 +124,11 @@ def prepare_for_decoding(
         model.to(activation_dtype())  # float32 on qkv's kernels, bfloat16 on PyTorch's
     else:
         model.to(torch.float32 if precision == "float32" else torch.bfloat16)
+
+
+def _finish(model: CausalDecoder, precision: str, *, compile: bool, backend: Backend,
+            from_cache: bool = False) -> DecodeSetup:
+    """Weights on 2 MB pages, then the fused layers or Inductor's regions."""
     place_on_huge_pages(model)  # a decode step streams every weight: 2 MB pages read faster (qkv.perf.huge_pages)
     model.fused_layers = None
     fused = FusedLayers.for_model(model, on_unfused=lambda: compile_decoder(model, backend=backend)) if compile else None
@@ -119,7 +136,7 @@ def prepare_for_decoding(
         model.fused_layers = fused  # Inductor waits for a cache kind the fused layers cannot write
     report = compile_decoder(model, backend=backend) if compile and fused is None else None
     kernels = native_kernels() if precision in (*QUANTIZED, "float32") else None
-    return DecodeSetup(precision=precision, compile=report, kernels=kernels, fused=fused)
+    return DecodeSetup(precision=precision, compile=report, kernels=kernels, fused=fused, from_cache=from_cache)
 
 
 def load_for_generation(
@@ -131,9 +148,43 @@ def load_for_generation(
 ) -> tuple[CausalDecoder, Any, DecodeSetup]:
     """Load a decoder (a checkpoint folder, a .gguf file or 'smollm2') ready for fast
     decoding: (model, tokenizer, setup). `precision="float32", compile=False` gives the
-    model exactly as `qkv.load_pretrained` does."""
-    from qkv.models.loader import load_pretrained
+    model exactly as `qkv.load_pretrained` does. A model prepared at a quantized precision
+    is kept on disk and the next load assigns it instead of preparing again
+    (qkv.perf.prepared_cache; setup.from_cache says which happened)."""
+    loaded, setup = load_prepared_model(source, precision=precision, compile=compile, max_memory=max_memory)
+    return loaded.model, loaded.tokenizer, setup
 
-    model, tokenizer = load_pretrained(source, dtype=load_dtype(precision), max_memory=max_memory)
-    setup = prepare_for_decoding(model, precision=precision, compile=compile)
-    return model, tokenizer, setup
+
+def load_prepared_model(
+    source: str | os.PathLike[str],
+    *,
+    precision: str = DEFAULT_PRECISION,
+    compile: bool = True,
+    max_memory: int | None = None,
+    chat: bool = False,
+    backend: Backend = "inductor",
+) -> tuple[LoadedModel, DecodeSetup]:
+    """`load_for_generation` with what the loader gives besides the model (the chat
+    template, the path): what `qkv generate` and `qkv chat` load through."""
+    from qkv.models.loader import open_model
+
+    check_precision(precision)
+    opened = open_model(source, load_dtype(precision), max_memory=max_memory, chat=chat)
+    precision = resolve_precision(precision, stored_in_four_bits=getattr(opened.source, "stored_in_four_bits", False))
+    kept = (prepared_path(opened.files, precision)
+            if precision in QUANTIZED and native_kernels().available else None)
+    state = read_prepared(kept) if kept is not None else None
+    if state is not None and kept is not None:
+        loaded = opened.skeleton()
+        _shape_layers(loaded.model, precision, empty=True)
+        try:
+            loaded.model.load_state_dict(state, assign=True, strict=True)
+        except (RuntimeError, ValueError):  # written by another qkv, or damaged: prepare afresh
+            discard(kept)
+        else:
+            return loaded, _finish(loaded.model, precision, compile=compile, backend=backend, from_cache=True)
+    loaded = opened.build()
+    _shape_layers(loaded.model, precision)
+    if kept is not None:
+        keep_prepared(loaded.model, kept)
+    return loaded, _finish(loaded.model, precision, compile=compile, backend=backend)

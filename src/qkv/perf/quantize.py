@@ -239,7 +239,7 @@ class Int4Linear(nn.Module):
 def int4_fits(linear: nn.Linear) -> bool:
     """Whether a layer can be made int4: inputs in whole blocks, on the CPU, and outputs in
     multiples of 16 where PyTorch's kernel (its packed layout) is the one used."""
-    return (linear.in_features % BLOCK == 0 and linear.weight.device.type == "cpu"
+    return (linear.in_features % BLOCK == 0 and linear.weight.device.type in ("cpu", "meta")
             and (uses_native_kernels() or linear.out_features % 16 == 0))
 
 
@@ -260,9 +260,10 @@ def replace_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module],
     return count
 
 
-def quantize(model: nn.Module, kind: str) -> nn.Module:
+def quantize(model: nn.Module, kind: str, *, empty: bool = False) -> nn.Module:
     """Replace the model's linear layers (output head included) by `Int8Linear` or
-    `Int4Linear`, in place (see the module docstring)."""
+    `Int4Linear`, in place (see the module docstring). empty=True makes the same layers
+    without quantizing anything (zeros), for weights assigned next (qkv.perf.prepared_cache)."""
     if kind not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {kind!r}; choose one of {', '.join(QUANTIZATIONS)}")
     if kind == "int4" and not int4_available():
@@ -272,10 +273,12 @@ def quantize(model: nn.Module, kind: str) -> nn.Module:
     in_stack = {id(m) for m in blocks.modules()} if blocks is not None else {id(m) for m in model.modules()}
 
     def make(linear: nn.Linear) -> nn.Module:
-        four_bits = kind == "int4" and id(linear) in in_stack
-        if four_bits and int4_fits(linear):
-            return Int4Linear.from_linear(linear)
-        return Int8Linear.from_linear(linear)
+        four_bits = kind == "int4" and id(linear) in in_stack and int4_fits(linear)
+        layer = Int4Linear if four_bits else Int8Linear
+        if empty:
+            return layer(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                         bias_dtype=linear.weight.dtype)
+        return layer.from_linear(linear)
 
     with torch.no_grad():
         if replace_linears(model, make) == 0:
