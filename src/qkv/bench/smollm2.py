@@ -8,9 +8,10 @@ round by round; medians; ratios from the same run. A contender that is not insta
 skipped with a one-line message.
 
 Also: the compile (warm-up) time in this process; the time to the first token of a fresh
-`qkv generate`-like process, first with empty caches (the first-ever compile),
-then again with the cache that run left (the warm start users get), qkv's kernels built and
-cached the same way; and whether qkv's float32 greedy tokens equal transformers'.
+`qkv generate`-like process, first with empty caches (the first-ever run: qkv's kernels
+built, the prepared weights kept, Inductor's caches filled where it compiles), then again
+with the caches that run left (the warm start users get); and whether qkv's float32 greedy
+tokens equal transformers'.
 
 Shape legend: B batch (1), T prompt tokens, N new tokens.
 """
@@ -61,7 +62,7 @@ loaded = time.time() - loaded
 compile_s = warm_up(model)
 generate(model, torch.tensor([json.loads(sys.argv[2])]), 1)
 print(json.dumps({"first_token_at": time.time(), "load_s": loaded, "compile_s": compile_s,
-                  "setup": setup.describe()}))
+                  "setup": setup.describe() + (", prepared weights from the cache" if setup.from_cache else "")}))
 """
 
 
@@ -189,10 +190,10 @@ def smollm2_section(ctx: Context) -> Section:
             ours == theirs)
         section.facts["float32 greedy tokens agreeing"] = f"{sum(a == b for a, b in zip(ours, theirs))}/{new}"
         del exact
-    ctx.progress("time to first token: a fresh process, cold then warm Inductor cache")
+    ctx.progress("time to first token: a fresh process, empty then warm caches")
     with tempfile.TemporaryDirectory(prefix="qkv-inductor-") as cache:
-        section.facts["fresh process, empty Inductor cache"] = first_token(ids_list, threads, Path(cache))
-        section.facts["fresh process, warm Inductor cache"] = first_token(ids_list, threads, Path(cache))
+        section.facts["fresh process, empty caches"] = first_token(ids_list, threads, Path(cache))
+        section.facts["fresh process, warm caches"] = first_token(ids_list, threads, Path(cache))
     section.facts["gguf"] = smollm2_path().name
     section.facts["prompt tokens"] = s.smollm2_prompt
     section.facts["new tokens"] = new
