@@ -34,7 +34,7 @@ KEEP = 4  # prepared models kept (the most recently used)
 _OFF = {"0", "false", "no", "off"}
 _PACKAGE = Path(__file__).resolve().parents[1]  # src/qkv
 # the modules whose code decides the prepared tensors (their source is part of the key)
-_CODE = ("fusion.py", "precision.py", "perf/quantize.py", "perf/prepare.py", "perf/prepared_cache.py",
+_CODE = ("fusion.py", "precision.py", "native/ops.py", "perf/quantize.py", "perf/prepare.py", "perf/prepared_cache.py",
          "models", "attention/grouped_query.py")
 
 
