@@ -29,9 +29,14 @@ quantized model, each layer's decode step is one call of qkv's compiled C++
 regions), and Inductor compiles the layers only if a session uses a cache kind those
 calls cannot write (`qkv.perf.compile`, then). Elsewhere each repeated layer is compiled
 once with Inductor; where compiling is not possible the model stays eager and the report
-says why. compile=False runs the layers as PyTorch modules (the reference path). `qkv.generation.warm_up` runs the
-compilation before a timed or interactive generation, so the first token a user waits
-for, or a tokens/s figure, does not include it.
+says why. compile=False runs the layers as PyTorch modules (the reference path).
+`qkv.generation.warm_up` runs the compilation before a timed or interactive generation, so
+the first token a user waits for, or a tokens/s figure, does not include it.
+
+Either way the large weights end on 2 MB pages (`qkv.perf.huge_pages`). Loading through
+`load_for_generation` (or `load_prepared_model`, what the CLI uses) keeps a model prepared
+at int8 or int4 on disk, and the next load assigns it instead of preparing again
+(`qkv.perf.prepared_cache`).
 """
 
 from __future__ import annotations

@@ -112,7 +112,7 @@ def keep_prepared(model: nn.Module, path: Path) -> bool:
         finally:
             if os.path.exists(temporary):
                 os.unlink(temporary)
-    except OSError:
+    except Exception:  # noqa: BLE001 - a full disk, a read-only folder: the model is just not kept
         return False
     kept = sorted(path.parent.glob("*.safetensors"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
     for old in kept[KEEP:]:
