@@ -122,3 +122,14 @@ def test_smollm2_from_the_cache_gives_the_prepared_logits(tmp_path: Path, monkey
     ids = torch.tensor([tokenizer.encode("The capital of France is").ids])
     with torch.inference_mode():
         assert torch.equal(first(ids), second(ids))
+
+
+def test_a_cache_folder_that_cannot_be_written_only_loses_the_keeping(tmp_path: Path, source: Path,
+                                                                      monkeypatch) -> None:
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the cache folder would be")
+    monkeypatch.setenv("QKV_CACHE_DIR", str(blocked))
+    monkeypatch.setattr(prepared_cache, "SMALLEST_SOURCE", 0)
+    model, _, setup = load_for_generation(source, precision="int8", compile=False)
+    assert not setup.from_cache and _logits(model).shape == (1, 6, 296)
+    assert blocked.read_text().startswith("a file")
