@@ -160,8 +160,9 @@ def test_a_position_outside_the_cache_is_refused_in_one_line() -> None:
             fused.fused_layers(torch.zeros(1, 1, 64), torch.tensor([64]))
 
 
-def test_a_session_opened_under_a_forward_hook_runs_the_modules() -> None:
-    """A hook (a trace) sees every decode step: the fused calls stand aside while it is on."""
+def test_a_forward_hook_sees_every_step() -> None:
+    """A hook (a trace) sees every decode step: the fused calls stand aside while it is on,
+    whether it was put on before the session or during it."""
     fused, _ = _pair("llama", "float32")
     seen = []
     handle = fused.model.layers[1].self_attn.register_forward_hook(lambda m, args, out: seen.append(out.shape))
@@ -171,6 +172,15 @@ def test_a_session_opened_under_a_forward_hook_runs_the_modules() -> None:
         handle.remove()
     assert len(seen) == 5  # the prompt, then four decode steps (the fifth token needs no step)
     assert fused.fused_layers.takes(torch.zeros(1, 1, 64), torch.tensor([0]), None) is False  # unbound after
+    with torch.inference_mode(), DecodeSession(fused, capacity=64) as session:
+        token = session.prefill(torch.tensor([[3, 14, 15]])).argmax(-1)
+        assert fused.fused_layers.takes(torch.zeros(1, 1, 64), torch.tensor([3]), None)
+        handle = fused.model.layers[0].mlp.down_proj.register_forward_pre_hook(lambda m, args: seen.append(0))
+        try:
+            session.decode(token)
+        finally:
+            handle.remove()
+        assert seen[-1] == 0 and fused.fused_layers.takes(torch.zeros(1, 1, 64), torch.tensor([4]), None)
 
 
 FALLBACK = """
@@ -203,3 +213,24 @@ def test_without_a_compiler_for_the_kernels_decoding_falls_back_to_the_modules(t
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["fused"] is False and "compiler" in result["kernels"] and result["same"] is True
+
+
+def test_slot_rows_decode_through_the_fused_calls_as_through_the_modules() -> None:
+    """A server's continuous batch (SlotKVCache): prompts in some slots, then steps on some
+    rows only; the fused calls write and read the slots they are given, as the modules do."""
+    from qkv.attention.kv_cache import SlotKVCache
+
+    fused, modules = _pair("qwen2", "int8")
+    prompts = {1: torch.tensor([3, 14, 15, 92]), 3: torch.tensor([65, 35]), 0: torch.tensor([8, 9, 7])}
+    out = []
+    for model in (fused, modules):
+        steps = []
+        with torch.inference_mode(), DecodeSession(model, batch_size=4, capacity=64, kind=SlotKVCache) as session:
+            last = {row: session.prefill_row(row, ids).argmax(-1) for row, ids in prompts.items()}
+            for rows in ([1, 3], [3], [0, 1, 3], [1, 0]):
+                logits = session.decode(torch.stack([last[r] for r in rows]), rows=rows)  # (b, V)
+                steps.append(logits)
+                last.update({r: logits[i].argmax(-1) for i, r in enumerate(rows)})
+        out.append(steps)
+    for have, want in zip(*out):
+        assert torch.allclose(have, want, atol=_tolerance("int8", want), rtol=0)

@@ -142,6 +142,11 @@ class KVCache(nn.Module, ABC):
         None (the layer then calls `update`)."""
         return None
 
+    def fused_rows(self) -> Tensor | None:
+        """With `fused_buffers`: the cache rows the next call carries, (b,) int64, or None
+        when row r of the call is cache row r."""
+        return None
+
     @property
     def prefill_chunk(self) -> int | None:
         """The most new tokens one call may carry (None: no limit)."""
@@ -274,8 +279,8 @@ class SlotKVCache(StaticKVCache):
         # slot does not read the whole slot every step.
         self.limit: int | None = None
 
-    def fused_buffers(self) -> None:
-        return None  # calls may carry some rows only (`rows`): they go through `update`
+    def fused_rows(self) -> Tensor | None:
+        return self.rows  # a call on some slots carries those rows (the whole batch without)
 
     def update(self, k: Tensor, v: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         rows = self.rows

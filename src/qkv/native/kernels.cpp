@@ -22,10 +22,10 @@
 //       x is rounded to int8 per block of 32 (one float scale each, as llama.cpp does) and
 //       the product is the exact one of those rounded activations and the 4-bit weights.
 //   qkv::decoder_layer(x (B, C), attn_norm, qkv, o, mlp_norm, up, down, q_norm?, k_norm?, inv_freq?,
-//                      k_cache!, v_cache!, lengths!, positions (B,), num_heads, activation, eps, scale)
-//       -> (B, C): one decode step of a pre-norm decoder layer (Llama/Qwen or GPT-2), one new token
-//       per row, through the products above; the new keys and values are written at `positions`
-//       (qkv.perf.fused_layers describes the arguments)
+//                      k_cache!, v_cache!, lengths!, positions (B,), rows (B,)?, num_heads, activation, eps,
+//                      scale) -> (B, C): one decode step of a pre-norm decoder layer (Llama/Qwen or GPT-2),
+//       one new token per row, through the products above; the new keys and values are written at
+//       `positions` of cache row rows[r] (or r) (qkv.perf.fused_layers describes the arguments)
 //
 // Shape legend: M rows of x (batch x tokens), K input features, N output features.
 #include <immintrin.h>
@@ -671,24 +671,36 @@ void activate(int64_t kind, const float *up, float *out, int64_t M, int64_t F) {
 Tensor decoder_layer(Tensor x, std::vector<Tensor> attn_norm, std::vector<Tensor> qkv, std::vector<Tensor> o,
                      std::vector<Tensor> mlp_norm, std::vector<Tensor> up, std::vector<Tensor> down,
                      std::optional<Tensor> q_norm, std::optional<Tensor> k_norm, std::optional<Tensor> inv_freq,
-                     Tensor k_cache, Tensor v_cache, Tensor lengths, Tensor positions, int64_t num_heads,
-                     int64_t activation, double eps, double scale) {
+                     Tensor k_cache, Tensor v_cache, Tensor lengths, Tensor positions, std::optional<Tensor> rows,
+                     int64_t num_heads, int64_t activation, double eps, double scale) {
     using torch::headeronly::ScalarType;
     check(x.dim() == 2 && x.scalar_type() == ScalarType::Float && x.is_contiguous(),
           "qkv::decoder_layer takes x (B, C) contiguous float32");
     const int64_t M = x.size(0), C = x.size(1);
-    check(k_cache.dim() == 4 && v_cache.dim() == 4 && k_cache.size(0) == M && v_cache.size(0) == M &&
+    check(k_cache.dim() == 4 && v_cache.dim() == 4 && v_cache.size(0) == k_cache.size(0) &&
               v_cache.size(1) == k_cache.size(1) && v_cache.size(2) == k_cache.size(2) &&
               k_cache.scalar_type() == ScalarType::Float && v_cache.scalar_type() == ScalarType::Float &&
               k_cache.is_contiguous() && v_cache.is_contiguous(),
-          "qkv::decoder_layer: the caches must be contiguous float32 (B, H_kv, S, D) with the rows of x");
+          "qkv::decoder_layer: the caches must be contiguous float32 (B, H_kv, S, D)");
+    const int64_t slots = k_cache.size(0);  // cache rows; row r of x is cache row rows[r] (or r)
+    const int64_t *row_of = nullptr;
+    if (rows.has_value()) {
+        check(rows->dim() == 1 && rows->size(0) == M && rows->scalar_type() == ScalarType::Long &&
+                  rows->is_contiguous(),
+              "qkv::decoder_layer: rows must be contiguous int64 (B,)");
+        row_of = static_cast<const int64_t *>(rows->data_ptr());
+        for (int64_t r = 0; r < M; r++)
+            check(row_of[r] >= 0 && row_of[r] < slots, "qkv::decoder_layer: a row lies outside the KV cache");
+    } else {
+        check(slots == M, "qkv::decoder_layer: without rows, x has one row per cache row");
+    }
     const int64_t Hkv = k_cache.size(1), S = k_cache.size(2), D = k_cache.size(3), Dv = v_cache.size(3);
     const int64_t H = num_heads;
     check(Hkv > 0 && H % Hkv == 0 && D == Dv, "qkv::decoder_layer: num_heads must be a multiple of the cache's heads");
     check(positions.dim() == 1 && positions.size(0) == M && positions.scalar_type() == ScalarType::Long &&
-              positions.is_contiguous() && lengths.dim() == 1 && lengths.size(0) == M &&
+              positions.is_contiguous() && lengths.dim() == 1 && lengths.size(0) == slots &&
               lengths.scalar_type() == ScalarType::Long && lengths.is_contiguous(),
-          "qkv::decoder_layer: positions and lengths must be contiguous int64 (B,)");
+          "qkv::decoder_layer: positions (B,) and lengths (one per cache row) must be contiguous int64");
     check(activation == SILU_GATED || activation == GELU_TANH, "qkv::decoder_layer: unknown activation");
     const int64_t Q = H * D, KV = Hkv * D;
     const Norm n1 = norm_of(attn_norm, C, "qkv::decoder_layer: attn_norm must be [weight] or [weight, bias] (C,)");
@@ -742,18 +754,19 @@ Tensor decoder_layer(Tensor x, std::vector<Tensor> attn_norm, std::vector<Tensor
             }
             if (freq) rotate(vec, cos_.data(), sin_.data(), D);
         }
+        const int64_t c = row_of ? row_of[r] : r;
         for (int64_t g = 0; g < Hkv; g++) {
-            const int64_t slot = ((r * Hkv + g) * S + pos[r]) * D;
+            const int64_t slot = ((c * Hkv + g) * S + pos[r]) * D;
             std::copy(keys + g * D, keys + (g + 1) * D, kc + slot);
             std::copy(values + g * D, values + (g + 1) * D, vc + slot);
         }
-        held[r] = std::max(held[r], pos[r] + 1);
+        held[c] = std::max(held[c], pos[r] + 1);
     }
     const int64_t group = H / Hkv;
     torch::stable::parallel_for(0, M * H, 1, [&](int64_t i0, int64_t i1) {
         std::vector<float> w(static_cast<size_t>(S));
         for (int64_t i = i0; i < i1; i++) {
-            const int64_t r = i / H, hq = i % H, kv = r * Hkv + hq / group;
+            const int64_t r = i / H, hq = i % H, kv = (row_of ? row_of[r] : r) * Hkv + hq / group;
             // the keys this query may see are the slots up to its own position
             attend_one(proj.data() + r * (Q + 2 * KV) + hq * D, kc + kv * S * D, vc + kv * S * D, nullptr,
                        context.data() + r * Q + hq * D, pos[r] + 1, D, D, static_cast<float>(scale), w.data());
@@ -782,7 +795,8 @@ STABLE_TORCH_LIBRARY(qkv, m) {
     m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor? visible, float scale) -> Tensor");
     m.def("decoder_layer(Tensor x, Tensor[] attn_norm, Tensor[] qkv, Tensor[] o, Tensor[] mlp_norm, Tensor[] up, "
           "Tensor[] down, Tensor? q_norm, Tensor? k_norm, Tensor? inv_freq, Tensor(a!) k_cache, Tensor(b!) v_cache, "
-          "Tensor(c!) lengths, Tensor positions, int num_heads, int activation, float eps, float scale) -> Tensor");
+          "Tensor(c!) lengths, Tensor positions, Tensor? rows, int num_heads, int activation, float eps, float scale) "
+          "-> Tensor");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(qkv, CPU, m) {

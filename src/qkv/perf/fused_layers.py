@@ -14,8 +14,9 @@ products, RoPE, cache write, attention, activation and shortcuts in C++ (kernels
 
 Which calls it takes: one new token per row, float32, no gradients, no extra mask, and
 caches whose kind gives `fused_buffers()` (StaticKVCache; other kinds and prompts run the
-layers as modules). A session opened while a forward hook is on any module of the layers
-(a trace recording them, `qkv.trace`) runs the modules too, so the hooks see every step. The math is the layers': the same weights through the same kernels
+layers as modules). A call made while a forward hook is on any module of the model (a
+trace recording them, `qkv.trace`) runs the modules too, so the hooks see every step (the
+check is a look at each module's hook dictionaries: about 20 us a step for SmolLM2). The math is the layers': the same weights through the same kernels
 (`qkv::int4_linear`'s activation rounding included) in the same order, so its logits match
 the module path to float rounding (tests/native/test_layers.py).
 
@@ -36,6 +37,7 @@ from qkv.perf.float_linear import NativeFloatLinear
 from qkv.perf.quantize import Int4Linear, Int8Linear
 
 if TYPE_CHECKING:
+    from qkv.attention.kv_cache import KVCache
     from qkv.models.decoder import CausalDecoder, LayerParts
 
 ACTIVATIONS = {"silu_gated": 0, "gelu_tanh": 1}  # kernels.cpp's Activation
@@ -91,14 +93,13 @@ def _layer_arguments(parts: LayerParts, inv_freq: Tensor | None, buffers: tuple[
     return head, tail
 
 
-def _hooked(parts: list[LayerParts]) -> bool:
-    """Whether a forward hook is registered on any module of the layers (or globally)."""
+def _hooked(modules: list[nn.Module]) -> bool:
+    """Whether a forward hook is registered on any of `modules` (or on every module)."""
     from torch.nn.modules import module as torch_module
 
     if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
         return True
-    return any(m._forward_hooks or m._forward_pre_hooks
-               for part in parts for root in (part.attention, part.up, part.down) for m in root.modules())
+    return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
 
 
 class FusedLayers:
@@ -112,6 +113,8 @@ class FusedLayers:
 
     def __init__(self, on_unfused: Callable[[], object] | None = None) -> None:
         self._layers: list[tuple[tuple[Any, ...], tuple[Any, ...]]] | None = None
+        self._cache: KVCache | None = None  # the first layer's, asked which rows a call carries
+        self._watched: list[nn.Module] = []  # the modules a forward hook may be put on
         self._on_unfused = on_unfused
         self.fallback: object = None  # what on_unfused returned, once called
 
@@ -140,9 +143,7 @@ class FusedLayers:
 
     def bind(self, model: CausalDecoder) -> None:
         parts = model.layer_parts()
-        if parts is not None and _hooked(parts):
-            self._layers = None  # someone watches the modules: let them run (not a fallback)
-            return
+        self._watched = [m for m in model.modules() if m is not model]
         caches = [layer.kv_cache for layer in model.attention_layers()]
         rotary = model.rotary_embedding()
         inv_freq = None if rotary is None else rotary.inv_freq.float().contiguous()
@@ -156,26 +157,29 @@ class FusedLayers:
                 break
             layers.append(arguments)
         self._layers = layers if parts and layers else None
+        self._cache = caches[0] if self._layers is not None else None
         if self._layers is None and self._on_unfused is not None:
             on_unfused, self._on_unfused = self._on_unfused, None
             self.fallback = on_unfused()
 
     def unbind(self) -> None:
-        self._layers = None
+        self._layers, self._cache = None, None
 
     def takes(self, x: Tensor, positions: Tensor, mask: Tensor | None) -> bool:
         """Whether a call with these inputs is a decode step the fused layers run."""
         return (self._layers is not None and mask is None and x.shape[1] == 1 and x.dtype == torch.float32
-                and x.device.type == "cpu" and not torch.is_grad_enabled() and positions.numel() in (1, x.shape[0]))
+                and x.device.type == "cpu" and not torch.is_grad_enabled() and positions.numel() in (1, x.shape[0])
+                and not _hooked(self._watched))  # a hook (a trace) sees the modules run
 
     def __call__(self, x: Tensor, positions: Tensor) -> Tensor:
         """x (B, 1, C), positions (1,) or (B, 1) -> x after every layer, (B, 1, C); the caches
-        hold the new keys and values."""
-        assert self._layers is not None
+        hold the new keys and values (in the cache rows the call carries: `fused_rows`)."""
+        assert self._layers is not None and self._cache is not None
         b, _, c = x.shape
-        rows = x.reshape(b, c).contiguous()  # (B, C)
+        hidden = x.reshape(b, c).contiguous()  # (B, C)
         where = positions.reshape(-1).to(torch.int64).expand(b).contiguous()  # (B,)
+        rows = self._cache.fused_rows()  # (B,) cache rows, or None: row r is cache row r
         layer = torch.ops.qkv.decoder_layer.default
         for head, tail in self._layers:
-            rows = layer(rows, *head, where, *tail)
-        return rows.reshape(b, 1, c)  # (B, 1, C)
+            hidden = layer(hidden, *head, where, rows, *tail)
+        return hidden.reshape(b, 1, c)  # (B, 1, C)

@@ -24,6 +24,7 @@ def load_served(source: str, *, precision: str = "float32", max_batch: int = 8,
     """The model (with its chat template when it has one), ready for the engine."""
     from qkv.chat import ChatTemplate, load_chat_model
     from qkv.models.loader import load_pretrained
+    from qkv.perf.fused_layers import FusedLayers
     from qkv.perf.prepare import load_dtype, prepare_for_decoding
 
     template: ChatTemplate | None = None
@@ -36,6 +37,9 @@ def load_served(source: str, *, precision: str = "float32", max_batch: int = 8,
         model, tokenizer = load_pretrained(source, dtype=load_dtype(precision))
         stop = set(model.eos_token_ids)
     prepare_for_decoding(model, precision=precision, compile=False)
+    # Decode steps of the occupied slots as one qkv kernel call per layer where the kernels run
+    # the model (float32, int8, int4); not Inductor, whose graphs would follow the batch size.
+    model.fused_layers = FusedLayers.for_model(model)
     engine = Engine(model, max_batch=max_batch, capacity=capacity, max_waiting=max_waiting)
     return Served(model_name(source), model, tokenizer, template, frozenset(stop), engine)
 
