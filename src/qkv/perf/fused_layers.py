@@ -16,9 +16,12 @@ Which calls it takes: one new token per row, float32, no gradients, no extra mas
 caches whose kind gives `fused_buffers()` (StaticKVCache; other kinds and prompts run the
 layers as modules). A call made while a forward hook is on any module of the model (a
 trace recording them, `qkv.trace`) runs the modules too, so the hooks see every step (the
-check looks at each module's hook dictionaries: about 15 us a step for SmolLM2's 336). The math is the layers': the same weights through the same kernels
-(`qkv::int4_linear`'s activation rounding included) in the same order, so its logits match
-the module path to float rounding (tests/native/test_layers.py).
+check looks at each module's hook dictionaries: about 15 us a step for SmolLM2's 336).
+
+The math is the layers': the same weights through the same kernels (`qkv::int4_linear`'s
+activation rounding included) in the same order, so its logits match the module path to
+float rounding (tests/perf/test_fused_layers.py; with int4, to the rounding of an
+activation that lands on a step boundary).
 
 Shape legend: B batch (rows), C hidden size, H query heads, D head size.
 """
