@@ -172,8 +172,8 @@ class CausalDecoder(nn.Module, metaclass=ABCMeta):
 
     def cache_length(self) -> int:
         """How many positions the attached caches hold (0 without caches)."""
-        caches = self.caches()
-        return caches[0].length if caches else 0
+        cache = self.first_cache()
+        return cache.length if cache is not None else 0
 
     def cache_nbytes(self) -> int:
         """Bytes held by all attached KV caches."""

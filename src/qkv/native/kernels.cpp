@@ -326,6 +326,42 @@ const float *optional_bias(const std::optional<Tensor> &bias, int64_t N) {
     return static_cast<const float *>(bias->data_ptr());
 }
 
+// A linear layer's weights as the kernels read them: float32 w (N, K), int8 w (N, K) with
+// scales (N,), or 4-bit blocks q (N, K/2) with d and m (N, K/32); bias optional. The ops
+// below fill one from their arguments, qkv::decoder_layer from a list (`linear_of`).
+struct Linear {
+    enum Kind { F32, INT8, INT4 } kind;
+    const void *w = nullptr;
+    const float *scales = nullptr, *bias = nullptr;
+    const uint16_t *d = nullptr, *m = nullptr;
+    int64_t N = 0, K = 0;
+};
+
+// y (M, N) = x (M, K) through L, on PyTorch's threads.
+void apply(const Linear &L, const float *x, float *y, int64_t M) {
+    const int64_t N = L.N, K = L.K, blocks = (N + ROWS - 1) / ROWS;
+    if (L.kind == Linear::INT4) {
+        const int64_t G = K / BLOCK;
+        std::vector<int8_t> xq(static_cast<size_t>(M * K));
+        std::vector<float> xd(static_cast<size_t>(M * G)), xsum(static_cast<size_t>(M * G));
+        round_activations(x, xq.data(), xd.data(), xsum.data(), M * G);
+        torch::stable::parallel_for(0, blocks, grain(blocks), [&](int64_t b0, int64_t b1) {
+            int4_rows(xq.data(), xd.data(), xsum.data(), static_cast<const uint8_t *>(L.w), L.d, L.m, L.bias, y, M,
+                      N, K, b0 * ROWS, std::min(N, b1 * ROWS));
+        });
+    } else if (L.kind == Linear::INT8) {
+        torch::stable::parallel_for(0, blocks, grain(blocks), [&](int64_t b0, int64_t b1) {
+            weight_rows(x, static_cast<const int8_t *>(L.w), L.scales, L.bias, y, M, N, K, b0 * ROWS,
+                        std::min(N, b1 * ROWS));
+        });
+    } else {
+        torch::stable::parallel_for(0, blocks, grain(blocks), [&](int64_t b0, int64_t b1) {
+            weight_rows(x, static_cast<const float *>(L.w), static_cast<const float *>(nullptr), L.bias, y, M, N, K,
+                        b0 * ROWS, std::min(N, b1 * ROWS));
+        });
+    }
+}
+
 Tensor int8_linear(Tensor x, Tensor w, Tensor scales, std::optional<Tensor> bias) {
     using torch::headeronly::ScalarType;
     check(x.dim() == 2 && w.dim() == 2 && scales.dim() == 1, "qkv::int8_linear takes x (M, K), w (N, K), scales (N,)");
@@ -335,15 +371,10 @@ Tensor int8_linear(Tensor x, Tensor w, Tensor scales, std::optional<Tensor> bias
               scales.scalar_type() == ScalarType::Float,
           "qkv::int8_linear takes float32 x and scales and int8 w");
     check(x.is_contiguous() && w.is_contiguous() && scales.is_contiguous(), "qkv::int8_linear takes contiguous tensors");
+    const Linear L{Linear::INT8, w.data_ptr(), static_cast<const float *>(scales.data_ptr()), optional_bias(bias, N),
+                   nullptr, nullptr, N, K};
     Tensor y = new_output(x, M, N);
-    const float *xp = static_cast<const float *>(x.data_ptr());
-    const int8_t *wp = static_cast<const int8_t *>(w.data_ptr());
-    const float *sp = static_cast<const float *>(scales.data_ptr()), *bp = optional_bias(bias, N);
-    float *yp = static_cast<float *>(y.data_ptr());
-    const int64_t blocks = (N + ROWS - 1) / ROWS;
-    torch::stable::parallel_for(0, blocks, grain(blocks), [&](int64_t b0, int64_t b1) {
-        weight_rows(xp, wp, sp, bp, yp, M, N, K, b0 * ROWS, std::min(N, b1 * ROWS));
-    });
+    apply(L, static_cast<const float *>(x.data_ptr()), static_cast<float *>(y.data_ptr()), M);
     return y;
 }
 
@@ -355,14 +386,9 @@ Tensor f32_linear(Tensor x, Tensor w, std::optional<Tensor> bias) {
     check(x.scalar_type() == ScalarType::Float && w.scalar_type() == ScalarType::Float,
           "qkv::f32_linear takes float32 x and w");
     check(x.is_contiguous() && w.is_contiguous(), "qkv::f32_linear takes contiguous tensors");
+    const Linear L{Linear::F32, w.data_ptr(), nullptr, optional_bias(bias, N), nullptr, nullptr, N, K};
     Tensor y = new_output(x, M, N);
-    const float *xp = static_cast<const float *>(x.data_ptr()), *wp = static_cast<const float *>(w.data_ptr());
-    const float *bp = optional_bias(bias, N);
-    float *yp = static_cast<float *>(y.data_ptr());
-    const int64_t blocks = (N + ROWS - 1) / ROWS;
-    torch::stable::parallel_for(0, blocks, grain(blocks), [&](int64_t b0, int64_t b1) {
-        weight_rows(xp, wp, static_cast<const float *>(nullptr), bp, yp, M, N, K, b0 * ROWS, std::min(N, b1 * ROWS));
-    });
+    apply(L, static_cast<const float *>(x.data_ptr()), static_cast<float *>(y.data_ptr()), M);
     return y;
 }
 
@@ -381,20 +407,10 @@ Tensor int4_linear(Tensor x, Tensor q, Tensor d, Tensor mn, std::optional<Tensor
           "qkv::int4_linear takes float32 x, uint8 q and float16 d and m (or their bits as int16)");
     check(x.is_contiguous() && q.is_contiguous() && d.is_contiguous() && mn.is_contiguous(),
           "qkv::int4_linear takes contiguous tensors");
-    const int64_t G = K / BLOCK;
-    std::vector<int8_t> xq(static_cast<size_t>(M * K));
-    std::vector<float> xd(static_cast<size_t>(M * G)), xsum(static_cast<size_t>(M * G));
-    round_activations(static_cast<const float *>(x.data_ptr()), xq.data(), xd.data(), xsum.data(), M * G);
+    const Linear L{Linear::INT4, q.data_ptr(), nullptr, optional_bias(bias, N),
+                   static_cast<const uint16_t *>(d.data_ptr()), static_cast<const uint16_t *>(mn.data_ptr()), N, K};
     Tensor y = new_output(x, M, N);
-    const uint8_t *qp = static_cast<const uint8_t *>(q.data_ptr());
-    const uint16_t *dp = static_cast<const uint16_t *>(d.data_ptr()), *mp = static_cast<const uint16_t *>(mn.data_ptr());
-    const float *bp = optional_bias(bias, N);
-    float *yp = static_cast<float *>(y.data_ptr());
-    const int64_t blocks = (N + ROWS - 1) / ROWS;
-    torch::stable::parallel_for(0, blocks, grain(blocks), [&](int64_t b0, int64_t b1) {
-        int4_rows(xq.data(), xd.data(), xsum.data(), qp, dp, mp, bp, yp, M, N, K, b0 * ROWS,
-                  std::min(N, b1 * ROWS));
-    });
+    apply(L, static_cast<const float *>(x.data_ptr()), static_cast<float *>(y.data_ptr()), M);
     return y;
 }
 
@@ -508,17 +524,6 @@ Tensor decode_attention(Tensor q, Tensor k, Tensor v, std::optional<Tensor> visi
 // of products on SmolLM2). Here the whole layer is one call: the same products, the same
 // attention, with the norms, RoPE, the cache write and the activation in between.
 
-// A linear layer as qkv's layers hold it, told apart by the first tensor's dtype:
-// float32 [w (N, K), bias?], int8 [w (N, K), scales (N,), bias?], 4-bit blocks [q (N, K/2),
-// d (N, K/32), m (N, K/32), bias?].
-struct Linear {
-    enum Kind { F32, INT8, INT4 } kind;
-    const void *w = nullptr;
-    const float *scales = nullptr, *bias = nullptr;
-    const uint16_t *d = nullptr, *m = nullptr;
-    int64_t N = 0, K = 0;
-};
-
 Linear linear_of(const std::vector<Tensor> &parts, int64_t K, const char *message) {
     using torch::headeronly::ScalarType;
     check(!parts.empty(), message);
@@ -560,31 +565,6 @@ Linear linear_of(const std::vector<Tensor> &parts, int64_t K, const char *messag
     }
     if (parts.size() == base + 1) L.bias = optional_bias(parts[base], L.N);
     return L;
-}
-
-// y (M, N) = x (M, K) through L, on PyTorch's threads.
-void apply(const Linear &L, const float *x, float *y, int64_t M) {
-    const int64_t N = L.N, K = L.K, blocks = (N + ROWS - 1) / ROWS;
-    if (L.kind == Linear::INT4) {
-        const int64_t G = K / BLOCK;
-        std::vector<int8_t> xq(static_cast<size_t>(M * K));
-        std::vector<float> xd(static_cast<size_t>(M * G)), xsum(static_cast<size_t>(M * G));
-        round_activations(x, xq.data(), xd.data(), xsum.data(), M * G);
-        torch::stable::parallel_for(0, blocks, grain(blocks), [&](int64_t b0, int64_t b1) {
-            int4_rows(xq.data(), xd.data(), xsum.data(), static_cast<const uint8_t *>(L.w), L.d, L.m, L.bias, y, M,
-                      N, K, b0 * ROWS, std::min(N, b1 * ROWS));
-        });
-    } else if (L.kind == Linear::INT8) {
-        torch::stable::parallel_for(0, blocks, grain(blocks), [&](int64_t b0, int64_t b1) {
-            weight_rows(x, static_cast<const int8_t *>(L.w), L.scales, L.bias, y, M, N, K, b0 * ROWS,
-                        std::min(N, b1 * ROWS));
-        });
-    } else {
-        torch::stable::parallel_for(0, blocks, grain(blocks), [&](int64_t b0, int64_t b1) {
-            weight_rows(x, static_cast<const float *>(L.w), static_cast<const float *>(nullptr), L.bias, y, M, N, K,
-                        b0 * ROWS, std::min(N, b1 * ROWS));
-        });
-    }
 }
 
 // A norm as the layer holds it: [weight] is RMSNorm (Llama), [weight, bias] LayerNorm (GPT-2).

@@ -133,13 +133,13 @@ class FusedLayers:
         if not native_kernels().available or model.layer_parts() is None:
             return None
         fused = FusedLayers()
+        model.setup_cache(1, 1)
         try:
-            model.fused_layers = fused
-            model.setup_cache(1, 1)
+            fused.bind(model)
             ready = fused.bound
         finally:
+            fused.unbind()
             model.remove_cache()
-            model.fused_layers = None
         if not ready:
             return None
         fused._on_unfused = on_unfused

@@ -43,7 +43,7 @@ def _arena(nbytes: int) -> Tensor:
 def huge_ones(count: int, dtype: torch.dtype = torch.float32) -> Tensor:
     """`torch.ones(count)` on memory advised for 2 MB pages (plain memory where that is not
     supported): the bandwidth probes read what prepared weights live on."""
-    size = count * torch.empty((), dtype=dtype).element_size()
+    size = count * dtype.itemsize
     if not huge_pages_supported():
         return torch.ones(count, dtype=dtype)
     try:

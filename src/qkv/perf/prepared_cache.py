@@ -19,6 +19,7 @@ the model is prepared from its source again. QKV_PREPARED_CACHE=0 turns it off.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import tempfile
@@ -42,7 +43,9 @@ def enabled() -> bool:
     return os.environ.get("QKV_PREPARED_CACHE", "").strip().lower() not in _OFF
 
 
+@functools.lru_cache(maxsize=1)
 def _code_digest() -> bytes:
+    """The source of the modules in _CODE, hashed once per process (it does not change under it)."""
     digest = hashlib.sha256()
     for name in _CODE:
         path = _PACKAGE / name
