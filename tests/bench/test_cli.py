@@ -48,13 +48,13 @@ def test_quick_bench_writes_consistent_json(tmp_path: Path, capsys: pytest.Captu
         assert decode["facts"][f"{name}: greedy tokens equal to transformers"] == 1.0
     assert report["sections"]["cache"]["facts"]["greedy tokens equal with and without cache"] is True
     roof = report["sections"]["roofline"]["facts"]["qkv float32 (default flags: compiled)"]
-    per_round = roof["fraction of roofline per round"]
-    assert len(per_round) == 5 and all(f > 0 for f in per_round)
-    assert roof["fraction of roofline (median over rounds)"] == pytest.approx(statistics.median(per_round), abs=1e-4)
-    # The bound is the bandwidth of the same rounds over the bytes a token reads.
+    per_run = roof["fraction of roofline per run"]
+    assert len(per_run) == 5 and all(f > 0 for f in per_run)
+    assert roof["fraction of roofline (median over runs)"] == pytest.approx(statistics.median(per_run), abs=1e-4)
+    # The bound is the bandwidth read next to each run over the bytes a token reads.
     bytes_per_token = roof["weight bytes per token"] + roof["kv bytes per token"]
     assert roof["roofline tokens/s (median)"] == pytest.approx(
-        roof["read bandwidth GB/s in the same rounds (median)"] * 1e9 / bytes_per_token, rel=1e-2)
+        roof["read bandwidth GB/s just before and after each run (median)"] * 1e9 / bytes_per_token, rel=1e-2)
     kv = report["sections"]["kv_bytes"]["facts"]
     assert all(row["bytes per token"] == row["formula 2*layers*kv_heads*head_dim*4"] for row in kv.values())
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -11,7 +11,7 @@ import torch
 from qkv.attention.kv_cache import CacheSpec, StaticKVCache
 from qkv.models.gpt2 import GPTConfig, GPTModel
 from qkv.perf import (
-    alternate, kv_bytes_per_token, measure_read_bandwidth, quantize, ratio,
+    alternate, alternate_probed, kv_bytes_per_token, measure_read_bandwidth, quantize, ratio,
     roofline_tokens_per_s, token_bytes, weight_bytes_per_token,
 )
 
@@ -101,3 +101,20 @@ def test_alternate_rotates_contenders_and_ratios_come_from_medians() -> None:
         assert m.rate == m.work / m.median_s
     r = ratio(timed["b"], timed["a"])
     assert r.value == (20 / timed["b"].median_s) / (10 / timed["a"].median_s)
+
+
+def test_alternate_probed_puts_a_probe_on_either_side_of_every_call() -> None:
+    calls: list[str] = []
+    contenders = {name: (lambda name=name: calls.append(name)) for name in "ab"}
+    probed = alternate_probed(contenders, lambda: calls.append("p"), work=4, unit="tokens", probe_work=100,
+                              probe_unit="bytes", repeats=3, warmup=1)
+    assert calls[:3] == ["a", "b", "p"]  # warm-up, untimed
+    assert calls[3:] == list("papbpbpapapbp")  # a probe first, then one after every call
+    assert probed.probe.work == 100 and len(probed.probe.samples_s) == 7
+    probes = probed.probe.samples_s
+    # each contender's k-th sample sits between probe samples (i, i + 1) of its place in the order
+    assert probed.around["a"] == ((probes[0], probes[1]), (probes[3], probes[4]), (probes[4], probes[5]))
+    assert probed.around["b"] == ((probes[1], probes[2]), (probes[2], probes[3]), (probes[5], probes[6]))
+    assert all(len(m.samples_s) == 3 and m.work == 4 for m in probed.measurements.values())
+    with pytest.raises(ValueError):
+        alternate_probed(contenders, lambda: None, work=1, unit="t", probe_work=1, probe_unit="b", repeats=0)

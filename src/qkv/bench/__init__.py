@@ -8,9 +8,10 @@ when named (they load SmolLM2 or start processes). Sizes: QUICK (a smoke test of
 path) and FULL (what the issue's targets are measured at), in qkv.bench.common.
 
   decode     GPT-2-124M shape, float32, qkv as `qkv generate --dtype float32` prepares it
-             (compiled) vs transformers float32, tokens/s, with a memory-read probe in the
-             same rounds
-  roofline   the fraction of the bandwidth bound each qkv contender reaches (decode's rounds)
+             (compiled) vs transformers float32, tokens/s, with a memory-read probe between
+             every two runs
+  roofline   the fraction of the bandwidth bound each qkv contender reaches (the bandwidth
+             read just before and after each of decode's runs)
   prefill    a long prompt through the model, qkv vs transformers
   cache      new tokens with and without the KV cache (a small GPT)
   kv_bytes   KV-cache bytes of multi-head vs grouped-query configs of the same width

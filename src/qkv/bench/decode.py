@@ -1,7 +1,8 @@
 """decode: the GPT-2-124M shape in float32, qkv with default flags (`--dtype float32`:
 compiled) and without compiling, against transformers float32; 128 greedy new tokens
-after a 64-token prompt, tokens/s of the whole call. A memory-read probe runs in the same
-rounds, so the roofline section judges each round by that round's bandwidth.
+after a 64-token prompt, tokens/s of the whole call. A memory-read probe runs before the
+first call and after every one, so the roofline section judges each decode by the
+bandwidth measured just before and just after it.
 
 Shape legend: B batch (1), T prompt tokens, N new tokens.
 """
@@ -18,10 +19,9 @@ from qkv.bench.gpt2 import hf_generate, load_hf, load_qkv, qkv_generate
 from qkv.generation import DecodeSession, warm_up
 from qkv.models.decoder import CausalDecoder
 from qkv.perf.huge_pages import huge_ones
-from qkv.perf.timing import Measurement, alternate, ratio
+from qkv.perf.timing import alternate, alternate_probed, ratio
 
-BANDWIDTH_PROBE = "memory read (torch.sum)"
-PROBE_SUMS = 16  # reductions per probe call: a few tenths of a second, comparable to a decode
+PROBE_SUMS = 16  # reductions of the probe tensor per probe call: about 0.1-0.2 s here
 COMPILED = "qkv float32 (default flags: compiled)"
 EAGER = "qkv float32 --no-compile"
 TRANSFORMERS = "transformers float32"
@@ -34,16 +34,17 @@ class DecodeRun:
     section: Section
     models: dict[str, CausalDecoder]  # qkv contenders by name
     prefill_s: dict[str, float]  # median prompt time of each
-    capacity: int  # cache slots each decode step reads (the session's capacity)
-    bandwidth: Measurement  # the probe, timed in the same rounds
+    capacity: int  # the session's capacity (the roofline attaches caches of this size to count them)
+    probe_bytes: float  # bytes one probe call reads
+    around: dict[str, tuple[tuple[float, float], ...]]  # per contender sample: probe seconds before, after
 
 
-def bandwidth_probe(nbytes: int) -> Callable[[], object]:
-    """A contender that reads `nbytes` of float32 PROBE_SUMS times (see qkv.perf.bandwidth)."""
+def bandwidth_probe(nbytes: int, sums: int) -> Callable[[], object]:
+    """A contender that reads `nbytes` of float32 `sums` times (see qkv.perf.bandwidth)."""
     probe = huge_ones(nbytes // 4)  # (N,) float32, on 2 MB pages as the prepared weights (qkv.perf.huge_pages)
 
     def run() -> object:
-        for _ in range(PROBE_SUMS):
+        for _ in range(sums):
             probe.sum()
         return None
 
@@ -79,15 +80,14 @@ def measure_decode(ctx: Context) -> DecodeRun:
         section.facts[f"{name}: greedy tokens equal to transformers"] = round(same, 4)
     contenders: dict[str, Callable[[], object]] = {TRANSFORMERS: lambda: hf_generate(hf, ids, s.new_tokens)}
     contenders.update({name: (lambda m=model: qkv_generate(m, ids, s.new_tokens)) for name, model in models.items()})
+    ctx.progress(f"timing {', '.join(contenders)}, with a memory read (torch.sum) between every two")
     # The machine's bandwidth drifts on a shared VM, so the roofline's numerator is
-    # measured in the same rounds as the decoders it judges.
-    contenders[BANDWIDTH_PROBE] = bandwidth_probe(s.bandwidth_bytes)
-    ctx.progress(f"timing {', '.join(contenders)}")
-    work = {name: float(s.new_tokens) for name in contenders}
-    work[BANDWIDTH_PROBE] = float(s.bandwidth_bytes // 4 * 4 * PROBE_SUMS)
-    measured = alternate(contenders, work=work, unit="tokens", repeats=ctx.options.repeats)
-    probe = measured.pop(BANDWIDTH_PROBE)
-    probe = Measurement(probe.name, probe.work, "bytes", probe.samples_s)
+    # measured next to the decoders it judges: just before and just after each call.
+    probe_bytes = float(s.bandwidth_bytes // 4 * 4 * PROBE_SUMS)
+    probed = alternate_probed(contenders, bandwidth_probe(s.bandwidth_bytes, PROBE_SUMS), work=float(s.new_tokens),
+                              unit="tokens", probe_work=probe_bytes, probe_unit="bytes",
+                              repeats=ctx.options.repeats)
+    measured = probed.measurements
     section.measurements.extend(measured.values())
     section.ratios.extend(ratio(measured[name], measured[TRANSFORMERS]) for name in models)
     section.ratios.append(ratio(measured[COMPILED], measured[EAGER]))
@@ -98,7 +98,8 @@ def measure_decode(ctx: Context) -> DecodeRun:
     section.facts["new tokens"] = s.new_tokens
     section.facts["model"] = (f"GPT-2 shape, random weights: n_layer={s.n_layer} n_embd={s.n_embd} "
                               f"n_head={s.n_head} vocab={s.vocab}")
-    run = DecodeRun(section, models, {name: m.median_s for name, m in prompts.items()}, capacity, probe)
+    run = DecodeRun(section, models, {name: m.median_s for name, m in prompts.items()}, capacity, probe_bytes,
+                    probed.around)
     ctx.shared["decode"] = run
     return run
 

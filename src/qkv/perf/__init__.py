@@ -20,11 +20,12 @@ from qkv.perf.prepare import (
 )
 from qkv.perf.quantize import QUANTIZATIONS, Int4Linear, Int8Linear, quantize, quantize_blocks, quantize_rows
 from qkv.perf.roofline import TokenBytes, kv_bytes_per_token, roofline_tokens_per_s, token_bytes, weight_bytes_per_token
-from qkv.perf.timing import Measurement, Ratio, alternate, ratio
+from qkv.perf.timing import Measurement, Probed, Ratio, alternate, alternate_probed, ratio
 
 __all__ = [
     "DEFAULT_PRECISION", "PRECISIONS", "QUANTIZATIONS", "Bandwidth", "CompileReport", "DecodeSetup", "Int4Linear",
-    "Int8Linear", "Measurement", "Ratio", "TokenBytes", "alternate", "compile_decoder", "kv_bytes_per_token",
+    "Int8Linear", "Measurement", "Probed", "Ratio", "TokenBytes", "alternate", "alternate_probed", "compile_decoder",
+    "kv_bytes_per_token",
     "load_dtype", "load_for_generation", "measure_read_bandwidth", "prepare_for_decoding", "quantize",
     "quantize_blocks", "quantize_rows", "ratio", "roofline_tokens_per_s", "token_bytes", "weight_bytes_per_token",
 ]

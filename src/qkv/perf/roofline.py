@@ -12,8 +12,9 @@ bandwidth, not arithmetic. Per token it reads
 Bandwidth / bytes-per-token is then an upper bound on tokens/s. Tensors shared between
 modules (tied weights) are counted once. Quantized linears count their int8 or packed int4
 weights and their scales, so the bound rises as the bytes fall. (`StaticKVCache` reads its
-whole capacity at every step, masked: with a capacity well above S the real step reads
-more than this counts, which is why sessions size their caches to the generation.)
+whole capacity at every step, masked, on the module path; qkv's fused decode layers read
+the S visible positions only. Counting S makes the bound that of a step that reads nothing
+it masks out.)
 
 Shape legend: S cached positions, H_kv key/value heads, D head size.
 """

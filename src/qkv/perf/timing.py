@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -50,6 +50,27 @@ def ratio(of: Measurement, over: Measurement) -> Ratio:
     return Ratio(of.name, over.name, of.rate / over.rate)
 
 
+def _rounds(names: list[str], repeats: int) -> Iterator[str]:
+    """The order contenders run in: one call of each per round, who goes first rotating."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    for round_ in range(repeats):
+        shift = round_ % len(names)
+        yield from names[shift:] + names[:shift]
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _measurements(samples: dict[str, list[float]], work: float | dict[str, float], unit: str
+                  ) -> dict[str, Measurement]:
+    per = work if isinstance(work, dict) else {name: work for name in samples}
+    return {name: Measurement(name, float(per[name]), unit, tuple(times)) for name, times in samples.items()}
+
+
 def alternate(
     contenders: dict[str, Callable[[], object]],
     *,
@@ -63,18 +84,57 @@ def alternate(
     `work` is the work one call does (the same for all, or per contender). Every
     contender is called `warmup` times first, untimed.
     """
-    if repeats < 1:
-        raise ValueError(f"repeats must be at least 1, got {repeats}")
     names = list(contenders)
+    order = list(_rounds(names, repeats))
     for _ in range(warmup):
         for name in names:
             contenders[name]()
     samples: dict[str, list[float]] = {name: [] for name in names}
-    for round_ in range(repeats):
-        shift = round_ % len(names)
-        for name in names[shift:] + names[:shift]:
-            start = time.perf_counter()
+    for name in order:
+        samples[name].append(_timed(contenders[name]))
+    return _measurements(samples, work, unit)
+
+
+@dataclass(frozen=True)
+class Probed:
+    """What `alternate_probed` measured."""
+
+    measurements: dict[str, Measurement]
+    probe: Measurement  # every probe call, in the order they ran
+    around: dict[str, tuple[tuple[float, float], ...]]  # per contender sample: probe seconds just before, after
+
+
+def alternate_probed(
+    contenders: dict[str, Callable[[], object]],
+    probe: Callable[[], object],
+    *,
+    work: float | dict[str, float],
+    unit: str,
+    probe_work: float,
+    probe_unit: str,
+    repeats: int,
+    warmup: int = 1,
+) -> Probed:
+    """`alternate`, with `probe` also called before the first contender and after every one,
+    so that each contender's sample has a probe run on either side of it.
+
+    A contender is then judged by the machine as it was at that moment: on a shared VM the
+    memory bandwidth switches between regimes within seconds (about 50 and 84 GB/s on the
+    machine of benchmarks/RESULTS.md), and a probe that ran a contender or two away in the
+    round may have seen the other regime.
+    """
+    names = list(contenders)
+    order = list(_rounds(names, repeats))
+    for _ in range(warmup):
+        for name in names:
             contenders[name]()
-            samples[name].append(time.perf_counter() - start)
-    per = work if isinstance(work, dict) else {name: work for name in names}
-    return {name: Measurement(name, float(per[name]), unit, tuple(samples[name])) for name in names}
+        probe()
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    around: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    probes = [_timed(probe)]
+    for name in order:
+        samples[name].append(_timed(contenders[name]))
+        probes.append(_timed(probe))
+        around[name].append((probes[-2], probes[-1]))
+    return Probed(_measurements(samples, work, unit), Measurement("probe", probe_work, probe_unit, tuple(probes)),
+                  {name: tuple(pairs) for name, pairs in around.items()})
