@@ -67,3 +67,38 @@ def test_cache_folder_follows_the_environment(monkeypatch, tmp_path: Path) -> No
     monkeypatch.delenv("QKV_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
     assert build.cache_folder() == tmp_path / "x" / "qkv"
+
+
+PRODUCT = ("import json, torch; from qkv.native import native_kernels; "
+           "from qkv.native.ops import int4_linear, int4_linear_reference; s = native_kernels(); "
+           "g = torch.Generator().manual_seed(3); x = torch.randn(5, 608, generator=g); "  # 19 blocks a row
+           "q = torch.randint(0, 256, (13, 304), dtype=torch.uint8, generator=g); "
+           "d = (torch.rand(13, 19, generator=g) / 50).half(); m = (torch.randn(13, 19, generator=g) / 50).half(); "
+           "got, want = int4_linear(x, q, d, m, None), int4_linear_reference(x, q, d, m, None); "
+           "print(json.dumps({'isa': s.isa, 'available': s.available, "
+           "'error': (got - want).abs().max().item(), 'scale': want.abs().max().item()}))")
+
+
+def _product(env: dict[str, str]) -> dict:
+    done = subprocess.run([sys.executable, "-c", PRODUCT], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **env})
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(build.unavailable_reason() is not None, reason="this machine cannot build qkv's kernels")
+@pytest.mark.parametrize("isa", ["avx2", "auto"])
+def test_each_instruction_set_computes_the_int4_product(isa: str, tmp_path: Path) -> None:
+    """The AVX2 build is checked on an AVX-512 machine too (QKV_NATIVE_ISA=avx2), and the
+    CPU's best build (auto) is the AVX-512 VNNI one exactly where /proc/cpuinfo lists it."""
+    result = _product({"QKV_NATIVE_ISA": isa, "QKV_CACHE_DIR": str(tmp_path)})
+    vnni = build.VNNI_CPU <= build._cpu_flags()
+    assert result["available"] and result["isa"] == ("AVX-512 VNNI" if isa == "auto" and vnni else "AVX2")
+    assert result["error"] <= 1e-5 * result["scale"]
+
+
+@pytest.mark.skipif(build.unavailable_reason() is not None, reason="this machine cannot build qkv's kernels")
+def test_an_unknown_instruction_set_is_named(tmp_path: Path) -> None:
+    status = _status({"QKV_NATIVE_ISA": "sse9", "QKV_CACHE_DIR": str(tmp_path)})
+    assert status == {"available": False, "reason": "QKV_NATIVE_ISA must be one of auto, avx2, got 'sse9'",
+                      "built": None, "path": "None"}

@@ -23,8 +23,9 @@ def add_precision_argument(parser: argparse.ArgumentParser) -> None:
         "(weight-only, one scale per row) or int4 (weight-only, blocks of 32). The default, "
         f"{DEFAULT_PRECISION}, is int4 for a checkpoint already stored in 4-bit blocks (a Q4_0/Q4_1 "
         "GGUF such as SmolLM2's) and int8 otherwise: the fastest whose perplexity stays within 1%% "
-        "of bfloat16's (benchmarks/RESULTS.md). int8 and int4 run on qkv's own AVX2 kernels, "
-        "built for this machine on first use (QKV_NATIVE=0 takes PyTorch's instead)",
+        "of bfloat16's (benchmarks/RESULTS.md). int8 and int4 run on qkv's own kernels "
+        "(AVX2, or AVX-512 VNNI where the CPU has it), built for this machine on first use "
+        "(QKV_NATIVE=0 takes PyTorch's instead)",
     )
 
 

@@ -5,6 +5,11 @@ The shared library is written to `<cache>/native/qkv_kernels_<key>.so`, where <c
 source, the compiler's version, the flags and the torch version: a changed source or a new
 torch builds anew, and two processes building at once each write a temporary file and
 rename it into place (the last rename wins, both are the same library).
+
+The instruction set follows the CPU: AVX2 + FMA + F16C everywhere, and AVX-512 VNNI on top
+where /proc/cpuinfo lists it (the int4 product then runs four blocks a step, kernels.cpp's
+`vnni_blocks`). `QKV_NATIVE_ISA=avx2` builds the AVX2-only library on such a CPU too (what
+the tests use to check that path on an AVX-512 machine).
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ import torch
 
 SOURCE = Path(__file__).with_name("kernels.cpp")
 FLAGS = ("-O3", "-std=c++17", "-mavx2", "-mfma", "-mf16c", "-shared", "-fPIC", "-w")
+VNNI_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni")
+VNNI_CPU = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}  # /proc/cpuinfo's names
+ISAS = ("auto", "avx2")  # QKV_NATIVE_ISA: auto (the CPU's best) or avx2
 BUILD_TIMEOUT_S = 300
 _OFF = {"0", "false", "no", "off"}
 LOADED = False  # set once the kernels are loaded and self-tested in this process
@@ -39,10 +47,12 @@ class NativeStatus:
     path: Path | None = None  # the shared library loaded
     built_seconds: float | None = None  # set when this process compiled it
 
+    isa: str = "AVX2"  # the instruction set the library was built for: "AVX2" or "AVX-512 VNNI"
+
     def describe(self) -> str:
         if not self.available:
             return f"PyTorch's kernels ({self.reason})"
-        return "qkv's AVX2 kernels"
+        return f"qkv's {self.isa} kernels"
 
 
 def cache_folder() -> Path:
@@ -78,6 +88,8 @@ def unavailable_reason() -> str | None:
     missing = {"avx2", "fma", "f16c"} - _cpu_flags()
     if missing:
         return f"this CPU lacks {', '.join(sorted(missing))}"
+    if _requested_isa() not in ISAS:
+        return f"QKV_NATIVE_ISA must be one of {', '.join(ISAS)}, got {_requested_isa()!r}"
     include, _ = _torch_dirs()
     ops = include / "torch" / "csrc" / "stable" / "ops.h"
     if not ops.is_file() or "torch_parallel_for" not in ops.read_text(encoding="utf-8", errors="replace"):
@@ -87,31 +99,46 @@ def unavailable_reason() -> str | None:
     return None
 
 
+def _requested_isa() -> str:
+    return os.environ.get("QKV_NATIVE_ISA", "").strip().lower() or "auto"
+
+
+def flags() -> tuple[str, ...]:
+    """The compiler flags for this CPU (module docstring)."""
+    if _requested_isa() == "auto" and VNNI_CPU <= _cpu_flags():
+        return FLAGS + VNNI_FLAGS
+    return FLAGS
+
+
+def isa_of(build_flags: tuple[str, ...]) -> str:
+    return "AVX-512 VNNI" if "-mavx512vnni" in build_flags else "AVX2"
+
+
 def cxx_compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
 
 
-def _key(compiler: str) -> str:
+def _key(compiler: str, build_flags: tuple[str, ...] = FLAGS) -> str:
     try:
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         version = ""
     digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), compiler.encode(), version.encode(), " ".join(FLAGS).encode(),
+    for part in (SOURCE.read_bytes(), compiler.encode(), version.encode(), " ".join(build_flags).encode(),
                  torch.__version__.encode(), str(_torch_dirs()[1]).encode()):
         digest.update(part)
         digest.update(b"\0")
     return digest.hexdigest()[:16]
 
 
-def _build(compiler: str, target: Path) -> None:
+def _build(compiler: str, target: Path, build_flags: tuple[str, ...] = FLAGS) -> None:
     """Compile SOURCE into `target`, atomically; raises RuntimeError with the compiler's
     first error line."""
     include, lib = _torch_dirs()
     target.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(handle)
-    command = [compiler, *FLAGS, f"-I{include}", str(SOURCE), "-o", temporary, f"-L{lib}",
+    command = [compiler, *build_flags, f"-I{include}", str(SOURCE), "-o", temporary, f"-L{lib}",
                "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{lib}"]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
@@ -138,10 +165,12 @@ def _self_test() -> str | None:
     expected = x @ (w.float() * scales[:, None]).t() + bias
     if not torch.allclose(int8_linear(x, w, scales, bias), expected, atol=1e-4, rtol=1e-4):
         return "the int8 kernel's self-test failed"
-    q = torch.randint(0, 256, (9, 32), dtype=torch.uint8, generator=generator)
-    d = torch.rand(9, 2, generator=generator).half()
-    m = torch.randn(9, 2, generator=generator).half()
-    if not torch.allclose(int4_linear(x, q, d, m, bias), int4_linear_reference(x, q, d, m, bias), atol=1e-4, rtol=1e-4):
+    # 9 blocks a row: the four-block (VNNI), two-block and one-block steps all run
+    x4 = torch.randn(3, 288, generator=generator)
+    q = torch.randint(0, 256, (9, 144), dtype=torch.uint8, generator=generator)
+    d = torch.rand(9, 9, generator=generator).half()
+    m = torch.randn(9, 9, generator=generator).half()
+    if not torch.allclose(int4_linear(x4, q, d, m, bias), int4_linear_reference(x4, q, d, m, bias), atol=1e-3, rtol=1e-4):
         return "the int4 kernel's self-test failed"
     return None
 
@@ -155,12 +184,13 @@ def native_kernels() -> NativeStatus:
         return NativeStatus(False, reason)
     compiler = cxx_compiler()
     assert compiler is not None
-    target = cache_folder() / "native" / f"qkv_kernels_{_key(compiler)}.so"
+    build_flags = flags()
+    target = cache_folder() / "native" / f"qkv_kernels_{_key(compiler, build_flags)}.so"
     built = None
     try:
         if not target.is_file():
             start = time.perf_counter()
-            _build(compiler, target)
+            _build(compiler, target, build_flags)
             built = time.perf_counter() - start
         torch.ops.load_library(str(target))
     except (OSError, RuntimeError) as error:
@@ -173,4 +203,4 @@ def native_kernels() -> NativeStatus:
         return NativeStatus(False, failure, target)
     global LOADED
     LOADED = True
-    return NativeStatus(True, None, target, built)
+    return NativeStatus(True, None, target, built, isa_of(build_flags))
