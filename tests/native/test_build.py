@@ -19,11 +19,16 @@ STATUS = ("import json; from qkv.native import native_kernels; s = native_kernel
           "'path': str(s.path)}))")
 
 
-def _status(env: dict[str, str]) -> dict:
-    done = subprocess.run([sys.executable, "-c", STATUS], capture_output=True, text=True, timeout=300,
+def _run(script: str, env: dict[str, str]) -> dict:
+    """The JSON line `script` prints last, run in a fresh Python with `env` added."""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                           env={**os.environ, **env})
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _status(env: dict[str, str]) -> dict:
+    return _run(STATUS, env)
 
 
 @pytest.mark.skipif(build.unavailable_reason() is not None, reason="this machine cannot build qkv's kernels")
@@ -79,19 +84,12 @@ PRODUCT = ("import json, torch; from qkv.native import native_kernels; "
            "'error': (got - want).abs().max().item(), 'scale': want.abs().max().item()}))")
 
 
-def _product(env: dict[str, str]) -> dict:
-    done = subprocess.run([sys.executable, "-c", PRODUCT], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **env})
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 @pytest.mark.skipif(build.unavailable_reason() is not None, reason="this machine cannot build qkv's kernels")
 @pytest.mark.parametrize("isa", ["avx2", "auto"])
 def test_each_instruction_set_computes_the_int4_product(isa: str, tmp_path: Path) -> None:
     """The AVX2 build is checked on an AVX-512 machine too (QKV_NATIVE_ISA=avx2), and the
     CPU's best build (auto) is the AVX-512 VNNI one exactly where /proc/cpuinfo lists it."""
-    result = _product({"QKV_NATIVE_ISA": isa, "QKV_CACHE_DIR": str(tmp_path)})
+    result = _run(PRODUCT, {"QKV_NATIVE_ISA": isa, "QKV_CACHE_DIR": str(tmp_path)})
     vnni = build.VNNI_CPU <= build._cpu_flags()
     assert result["available"] and result["isa"] == ("AVX-512 VNNI" if isa == "auto" and vnni else "AVX2")
     assert result["error"] <= 1e-5 * result["scale"]
