@@ -53,7 +53,7 @@ def test_a_failing_compiler_gives_one_line_and_leaves_nothing(tmp_path: Path, mo
     script.chmod(0o755)
     target = tmp_path / "cache" / "native" / "qkv_kernels_x.so"
     with pytest.raises(RuntimeError, match="^the C\\+\\+ compiler failed: kernels.cpp:1: error: this compiler is broken$"):
-        build._build(str(script), target)
+        build._build(str(script), target, build.FLAGS)
     assert list((tmp_path / "cache" / "native").iterdir()) == []
 
 
@@ -62,8 +62,8 @@ def test_the_cache_key_follows_the_compiler(tmp_path: Path) -> None:
     other.write_text("#!/bin/sh\necho 'another compiler 1.0'\n")
     other.chmod(0o755)
     compiler = build.cxx_compiler() or "c++"
-    assert build._key(compiler) == build._key(compiler)
-    assert build._key(compiler) != build._key(str(other))
+    assert build._key(compiler, build.FLAGS) == build._key(compiler, build.FLAGS)
+    assert build._key(compiler, build.FLAGS) != build._key(str(other), build.FLAGS)
 
 
 def test_cache_folder_follows_the_environment(monkeypatch, tmp_path: Path) -> None:

@@ -39,8 +39,9 @@ class DecodeRun:
     around: dict[str, tuple[tuple[float, float], ...]]  # per contender sample: probe seconds before, after
 
 
-def bandwidth_probe(nbytes: int, sums: int) -> Callable[[], object]:
-    """A contender that reads `nbytes` of float32 `sums` times (see qkv.perf.bandwidth)."""
+def bandwidth_probe(nbytes: int, sums: int) -> tuple[Callable[[], object], float]:
+    """A call that reads about `nbytes` of float32 `sums` times (see qkv.perf.bandwidth), and
+    the bytes one call reads."""
     probe = huge_ones(nbytes // 4)  # (N,) float32, on 2 MB pages as the prepared weights (qkv.perf.huge_pages)
 
     def run() -> object:
@@ -48,7 +49,7 @@ def bandwidth_probe(nbytes: int, sums: int) -> Callable[[], object]:
             probe.sum()
         return None
 
-    return run
+    return run, float(probe.numel() * probe.element_size() * sums)
 
 
 def prefill_once(model: CausalDecoder, ids: torch.Tensor, capacity: int) -> Callable[[], object]:
@@ -83,8 +84,8 @@ def measure_decode(ctx: Context) -> DecodeRun:
     ctx.progress(f"timing {', '.join(contenders)}, with a memory read (torch.sum) between every two")
     # The machine's bandwidth drifts on a shared VM, so the roofline's numerator is
     # measured next to the decoders it judges: just before and just after each call.
-    probe_bytes = float(s.bandwidth_bytes // 4 * 4 * PROBE_SUMS)
-    probed = alternate_probed(contenders, bandwidth_probe(s.bandwidth_bytes, PROBE_SUMS), work=float(s.new_tokens),
+    probe, probe_bytes = bandwidth_probe(s.bandwidth_bytes, PROBE_SUMS)
+    probed = alternate_probed(contenders, probe, work=float(s.new_tokens),
                               unit="tokens", probe_work=probe_bytes, probe_unit="bytes",
                               repeats=ctx.options.repeats)
     measured = probed.measurements

@@ -2,9 +2,10 @@
 section reaches on its decode steps.
 
 Per run: bound = bytes the probe read per second just before and after the run (their mean
-time; qkv.perf.timing.alternate_probed) / bytes one decode step must read (the weights, and the cached keys and values of the positions it can see: T + N/2
-on average over the N - 1 decode steps after a T-token prompt, not the session's whole
-capacity, so the bound is that of an implementation that reads nothing it masks out);
+time; qkv.perf.timing.alternate_probed) / bytes one decode step must read (the weights, and
+the cached keys and values of the positions it can see: T + N/2 on average over the N - 1
+decode steps after a T-token prompt, not the session's whole capacity, so the bound is that
+of an implementation that reads nothing it masks out);
 achieved = (N - 1) decode steps / (generate time - median prompt time). The fraction is
 the median over runs of achieved / bound. A separate bandwidth measurement is shown
 for reference.

@@ -18,8 +18,8 @@ they have fake implementations, so torch.compile traces them as one opaque call 
 
 They need an x86-64 CPU with AVX2, FMA and F16C, PyTorch 2.10 or later (the stable ABI),
 and a C++ compiler (`$CXX`, `c++` or `g++`); where the CPU also has AVX-512 VNNI the int4
-product uses it (`QKV_NATIVE_ISA=avx2` builds without it, qkv.native.build). Where any is missing, or with `QKV_NATIVE=0`,
-`native_kernels()` says why and the quantized layers use PyTorch's kernels: the same
+product uses it (`QKV_NATIVE_ISA=avx2` builds without it, qkv.native.build). Where any is
+missing, or with `QKV_NATIVE=0`, `native_kernels()` says why and the quantized layers use PyTorch's kernels: the same
 weights, more slowly.
 """
 

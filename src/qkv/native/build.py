@@ -46,7 +46,6 @@ class NativeStatus:
     reason: str | None = None  # why not, in a few words
     path: Path | None = None  # the shared library loaded
     built_seconds: float | None = None  # set when this process compiled it
-
     isa: str = "AVX2"  # the instruction set the library was built for: "AVX2" or "AVX-512 VNNI"
 
     def describe(self) -> str:
@@ -118,7 +117,7 @@ def cxx_compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
 
 
-def _key(compiler: str, build_flags: tuple[str, ...] = FLAGS) -> str:
+def _key(compiler: str, build_flags: tuple[str, ...]) -> str:
     try:
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
@@ -131,7 +130,7 @@ def _key(compiler: str, build_flags: tuple[str, ...] = FLAGS) -> str:
     return digest.hexdigest()[:16]
 
 
-def _build(compiler: str, target: Path, build_flags: tuple[str, ...] = FLAGS) -> None:
+def _build(compiler: str, target: Path, build_flags: tuple[str, ...]) -> None:
     """Compile SOURCE into `target`, atomically; raises RuntimeError with the compiler's
     first error line."""
     include, lib = _torch_dirs()

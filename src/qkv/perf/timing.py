@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -50,13 +50,27 @@ def ratio(of: Measurement, over: Measurement) -> Ratio:
     return Ratio(of.name, over.name, of.rate / over.rate)
 
 
-def _rounds(names: list[str], repeats: int) -> Iterator[str]:
-    """The order contenders run in: one call of each per round, who goes first rotating."""
+def _run(contenders: dict[str, Callable[[], object]], repeats: int, warmup: int,
+         probe: Callable[[], object] | None) -> tuple[dict[str, list[float]], list[float], list[str]]:
+    """Every contender `warmup` times untimed, then `repeats` rounds of one call each, who
+    goes first rotating; `probe`, if given, also runs before the first timed call and after
+    each one. Returns the samples per contender, the probe's samples and the order of calls."""
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
-    for round_ in range(repeats):
-        shift = round_ % len(names)
-        yield from names[shift:] + names[:shift]
+    names = list(contenders)
+    for _ in range(warmup):
+        for name in names:
+            contenders[name]()
+        if probe is not None:
+            probe()
+    order = [name for round_ in range(repeats) for name in names[round_ % len(names):] + names[:round_ % len(names)]]
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    probes = [] if probe is None else [_timed(probe)]
+    for name in order:
+        samples[name].append(_timed(contenders[name]))
+        if probe is not None:
+            probes.append(_timed(probe))
+    return samples, probes, order
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -84,14 +98,7 @@ def alternate(
     `work` is the work one call does (the same for all, or per contender). Every
     contender is called `warmup` times first, untimed.
     """
-    names = list(contenders)
-    order = list(_rounds(names, repeats))
-    for _ in range(warmup):
-        for name in names:
-            contenders[name]()
-    samples: dict[str, list[float]] = {name: [] for name in names}
-    for name in order:
-        samples[name].append(_timed(contenders[name]))
+    samples, _, _ = _run(contenders, repeats, warmup, None)
     return _measurements(samples, work, unit)
 
 
@@ -123,18 +130,9 @@ def alternate_probed(
     machine of benchmarks/RESULTS.md), and a probe that ran a contender or two away in the
     round may have seen the other regime.
     """
-    names = list(contenders)
-    order = list(_rounds(names, repeats))
-    for _ in range(warmup):
-        for name in names:
-            contenders[name]()
-        probe()
-    samples: dict[str, list[float]] = {name: [] for name in names}
-    around: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
-    probes = [_timed(probe)]
-    for name in order:
-        samples[name].append(_timed(contenders[name]))
-        probes.append(_timed(probe))
-        around[name].append((probes[-2], probes[-1]))
+    samples, probes, order = _run(contenders, repeats, warmup, probe)
+    around: dict[str, list[tuple[float, float]]] = {name: [] for name in contenders}
+    for i, name in enumerate(order):  # call i ran between probe samples i and i + 1
+        around[name].append((probes[i], probes[i + 1]))
     return Probed(_measurements(samples, work, unit), Measurement("probe", probe_work, probe_unit, tuple(probes)),
                   {name: tuple(pairs) for name, pairs in around.items()})
