@@ -149,3 +149,23 @@ def test_one_call_attribute_matches_the_recorded_forward_and_bad_selections_are_
     json_row = once.to_json(top=2)["keys"][1]
     assert json_row["position"] == 4 and len(json_row["top_pairs"]) == 2
     assert json_row["sum_of_terms"] == pytest.approx(json_row["score"], abs=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "qwen3"])
+def test_the_sink_split_is_the_mean_of_the_exact_splits_of_key_zero(tiny_decoder, ids, kind):
+    from qkv.trace.sink import explain_sinks, sink_heads
+
+    folder, reference = tiny_decoder(kind)
+    model, _ = qkv.load_pretrained(folder)
+    with torch.no_grad():
+        attentions = reference(ids, output_attentions=True).attentions
+    heads = sink_heads(model, ids, 2)
+    masses = sorted(((float(attentions[l][0, h, 1:, 0].mean()), l, h) for l in (0, 1) for h in range(4)),
+                    reverse=True)
+    assert [(l, h) for _, l, h in masses[:2]] == [(l, h) for l, h, _ in heads]
+    (sink,) = explain_sinks(model, ids, heads=[(1, 2)])
+    rows = [attribute(model, ids, layer=1, head=2, query=q, keys=[0]) for q in range(1, T)]
+    torch.testing.assert_close(sink.pairs, torch.stack([r.pairs[0] for r in rows]).mean(0))
+    assert sink.score == pytest.approx(float(torch.stack([r.scores[0] for r in rows]).double().mean()), abs=1e-5)
+    assert sink.sink_mass == pytest.approx(masses[[(l, h) for _, l, h in masses].index((1, 2))][0], abs=1e-5)
+    assert sum(t for _, t in sink.key_totals()) == pytest.approx(sink.score, abs=1e-5)

@@ -79,15 +79,34 @@ def editing_projection(attention: nn.Module, kind: Kind,
 @torch.no_grad()
 def projections(model: nn.Module, input_ids: Tensor, layer: int, kind: Kind = "key") -> Tensor:
     """(T, F) the keys (values) of `layer` as projected for `input_ids` (1, T): a donor."""
-    kept: list[Tensor] = []
+    return all_projections(model, input_ids, [layer], kind)[layer]
 
-    def keep(x: Tensor) -> Tensor:
-        kept.append(x[0].detach().clone())
-        return x
 
-    with editing_projection(_attention(model, layer), kind, keep):
-        model(input_ids)
-    return kept[0]
+@torch.no_grad()
+def all_projections(model: nn.Module, input_ids: Tensor, layers: Sequence[int], kind: Kind = "key") -> dict[int, Tensor]:
+    """{layer: (T, F)} the projected keys (values) of several layers, from one forward."""
+    kept: dict[int, Tensor] = {}
+    with contextlib.ExitStack() as stack:
+        for layer in layers:
+            def keep(x: Tensor, layer: int = layer) -> Tensor:
+                kept[layer] = x[0].detach().clone()
+                return x
+
+            stack.enter_context(editing_projection(_attention(model, layer), kind, keep))
+        with last_position_only(model):
+            model(input_ids)
+    return kept
+
+
+@contextlib.contextmanager
+def last_position_only(model: nn.Module) -> Iterator[None]:
+    """While it lasts, the final norm passes on only the last position, so the output head
+    computes the one distribution a patch is judged by: logits (B, 1, V)."""
+    handle = residual_layout(model).final_norm.register_forward_hook(lambda m, a, out: out[:, -1:])
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def _feature_mask(attention: nn.Module, kv_heads: Sequence[int] | None) -> Tensor:
@@ -213,8 +232,9 @@ def patch(model: nn.Module, input_ids: Tensor, *, layer: int, edit: Callable[[Te
     runs = []
     for patched in (False, True):
         context = editing_projection(_attention(model, layer), kind, edit) if patched else contextlib.nullcontext()
-        with recording(model, layer=o_layer, head=o_head, query=o_query) as records, context:
-            logits = model(input_ids)
+        with recording(model, layer=o_layer, head=o_head, query=o_query) as records, context, \
+                last_position_only(model):
+            logits = model(input_ids)  # (1, 1, V)
         runs.append((logits[0, -1], records[o_layer][-1]))
     (before, seen), (after, changed) = runs
     out_before, out_after = seen.output[0, 0].double(), changed.output[0, 0].double()
@@ -258,26 +278,29 @@ def patch_sweep(model: nn.Module, input_ids: Tensor, *, layers: Sequence[int], k
     if donor_ids is not None and donor_ids.shape != input_ids.shape:
         raise QkvError(f"--patch-from needs a prompt of the same length: it has {donor_ids.shape[1]} "
                        f"tokens, the text {t}; reword it so the positions line up")
-    vocab = int(model(input_ids[:, :1]).shape[-1])
-    per_item = t * vocab * 4 * 2  # logits, and their softmax
-    if per_item > MAX_SWEEP_BYTES:
-        raise QkvError(f"a sweep over {t} tokens needs {per_item // 2**20} MiB per position; shorten the text")
-    chunk = max(1, MAX_SWEEP_BYTES // per_item)
-    base = model(input_ids)[0, -1]  # (V,)
+    layers = list(layers)
+    with last_position_only(model):
+        base = model(input_ids)[0, -1]  # (V,)
+    # Per patched copy: its activations (T tokens, a few C- and F-wide tensors per layer,
+    # reused layer to layer) and one distribution; bounded before the batch is built.
+    embedding_dim = int(residual_layout(model).embeddings[0][1].embedding_dim)
+    width = max(int(base.numel()), 16 * embedding_dim * t)
+    chunk = max(1, min(t, MAX_SWEEP_BYTES // (width * 8)))
     probs = base.double().softmax(-1)
     top = int(probs.argmax())
+    owns = all_projections(model, input_ids, layers, kind)
+    donors = all_projections(model, donor_ids, layers, kind) if donor_ids is not None else None
     rows = []
     for layer in layers:
         attention = _attention(model, layer)
         features = _feature_mask(attention, kv_heads)
-        own = projections(model, input_ids, layer, kind)  # (T, F)
-        donor = projections(model, donor_ids, layer, kind) if donor_ids is not None else \
-            own.mean(0, keepdim=True).expand(t, -1)
+        donor = donors[layer] if donors is not None else owns[layer].mean(0, keepdim=True).expand(t, -1)
         kl, drop = [], []
         for start in range(0, t, chunk):
             positions = torch.arange(start, min(start + chunk, t))
             batch = input_ids.expand(positions.numel(), -1)
-            with editing_projection(attention, kind, replace_at(positions, donor[positions], features)):
+            with editing_projection(attention, kind, replace_at(positions, donor[positions], features)), \
+                    last_position_only(model):
                 logits = model(batch)[:, -1]  # (B, V)
             kl.extend(float(v) for v in kl_divergence(base.expand_as(logits), logits))
             drop.extend(float(probs[top] - p) for p in logits.double().softmax(-1)[:, top])

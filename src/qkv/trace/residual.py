@@ -46,6 +46,7 @@ class Block:
 class ResidualLayout:
     embeddings: list[tuple[str, nn.Module]]  # ("embed", tok_emb), ("pos", pos_emb)
     blocks: list[Block]
+    final_norm: nn.Module  # before the output head
 
 
 def residual_layout(model: nn.Module) -> ResidualLayout:
@@ -55,10 +56,11 @@ def residual_layout(model: nn.Module) -> ResidualLayout:
 
     if isinstance(model, GPTModel):
         return ResidualLayout([("embed", model.tok_emb), ("pos", model.pos_emb)],
-                              [Block(b.norm1, b.att, b.ff) for b in model.trf_blocks])
+                              [Block(b.norm1, b.att, b.ff) for b in model.trf_blocks], model.final_norm)
     if isinstance(model, LlamaForCausalLM):
         return ResidualLayout([("embed", model.model.embed_tokens)],
-                              [Block(l.input_layernorm, l.self_attn, l.mlp) for l in model.model.layers])
+                              [Block(l.input_layernorm, l.self_attn, l.mlp) for l in model.model.layers],
+                              model.model.norm)
     raise QkvError(f"score attribution needs a decoder qkv builds (GPT-2, Llama, Qwen); "
                    f"{type(model).__name__} is not one")
 
