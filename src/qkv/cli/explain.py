@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 
+from qkv.cli.explain_why import add_why_arguments, given_flags, wants_why
 from qkv.cli.numbers import add_max_memory_argument, integer, seed
 from qkv.errors import QkvError
 from qkv.threads import add_threads_argument, apply_threads
@@ -59,6 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "and one self-contained page")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object with every step instead of the tables")
+    add_why_arguments(parser)
     add_threads_argument(parser)
     add_max_memory_argument(parser)
     parser.set_defaults(run=run)
@@ -78,6 +80,10 @@ def run(args: argparse.Namespace) -> int:
                            "brings its own weights and masking; drop "
                            f"{'it' if len(book_only) == 1 else 'them'} or drop --model")
         apply_threads(args.threads)
+        if wants_why(args):
+            from qkv.cli.explain_why import run_why
+
+            return run_why(args)
         if args.keys:
             from qkv.cli.explain_keys import run_keys
 
@@ -90,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
                        "explains the book's example")
     if args.generate is not None:
         raise QkvError("--generate needs a decoder model: give --model")
+    if wants_why(args):
+        raise QkvError(f"{given_flags(args)[0]} needs a decoder: give --model (for example --model smollm2)")
     if args.keys:
         raise QkvError("--keys needs a real model: give --model (for example --model smollm2)")
     if args.d_out < 1:

@@ -147,10 +147,14 @@ class ScoreAttribution:
 
     def coarse(self, key: int) -> tuple[list[str], list[str], Tensor]:
         """The pair terms with each layer's heads (and o_proj bias) summed: (names, names, (nq', nk'))."""
+        qn, kn, terms = self.coarse_all()
+        return qn, kn, terms[self.slot(key)]
+
+    def coarse_all(self) -> tuple[list[str], list[str], Tensor]:
+        """`coarse` for every attributed key: (names, names, (S, nq', nk'))."""
         qn, qm = _coarse_map(self.query_sources)
         kn, km = _coarse_map(self.key_sources)
-        terms = self.pairs[self.slot(key)]
-        return qn, kn, qm @ terms @ km.T
+        return qn, kn, qm @ self.pairs @ km.T
 
     def top_share(self, key: int, count: int = 3) -> float:
         """Share of the score's total term size (sum of |terms|) held by the `count` largest terms."""
@@ -160,8 +164,9 @@ class ScoreAttribution:
     def token(self, position: int) -> str:
         return self.tokens[position] if self.tokens is not None else str(position + 1)
 
-    def to_json(self, top: int = 10) -> dict[str, Any]:
-        """Every number a reader needs, positions counted from 1 as the CLI counts them."""
+    def to_json(self, top: int = 10, only: Sequence[int] | None = None) -> dict[str, Any]:
+        """Every number a reader needs, positions counted from 1 as the CLI counts them;
+        `only`: the keys (from 0) to include (default: every attributed key)."""
         out: dict[str, Any] = {
             "layer": self.layer, "head": self.head, "kv_head": self.kv_head,
             "query": {"position": self.query + 1, "token": self.token(self.query)},
@@ -169,6 +174,8 @@ class ScoreAttribution:
             "shared_by": self.group_heads, "keys": [],
         }
         for s, key in enumerate(self.keys):
+            if only is not None and key not in only:
+                continue
             entry: dict[str, Any] = {
                 "position": key + 1, "token": self.token(key), "score": float(self.scores[s]),
                 "scaled": float(self.scores[s]) * self.scale, "weight": float(self.weights[s]),
