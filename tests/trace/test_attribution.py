@@ -169,3 +169,15 @@ def test_the_sink_split_is_the_mean_of_the_exact_splits_of_key_zero(tiny_decoder
     assert sink.score == pytest.approx(float(torch.stack([r.scores[0] for r in rows]).double().mean()), abs=1e-5)
     assert sink.sink_mass == pytest.approx(masses[[(l, h) for _, l, h in masses].index((1, 2))][0], abs=1e-5)
     assert sum(t for _, t in sink.key_totals()) == pytest.approx(sink.score, abs=1e-5)
+
+
+def test_jupyter_shows_the_split_as_escaped_html(recorded, ids):
+    model, _, _ = recorded("llama")
+    tokens = [f"<t{i}>" for i in range(T)]
+    result = attribute(model, ids, layer=1, head=0, query=T - 1, tokens=tokens)
+    page = result._repr_html_()
+    assert "&lt;t8&gt;" in page and "<t8>" not in page
+    q, k, term = result.top_pairs(T - 1, 1)[0]
+    assert f"<td>{q}</td><td>{k}</td><td>{term:.4f}</td>" in page
+    bare = attribute(model, ids, layer=1, head=0, query=T - 1)._repr_html_()
+    assert "Why query 9 looks at key 9" in bare

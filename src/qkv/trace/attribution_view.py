@@ -27,7 +27,15 @@ def short(text: str, width: int = TOKEN) -> str:
 
 
 def _named(result: ScoreAttribution, position: int) -> str:
+    if result.tokens is None:
+        return str(position + 1)
     return f'{position + 1} "{short(result.token(position))}"'
+
+
+def _html_named(result: ScoreAttribution, position: int) -> str:
+    if result.tokens is None:
+        return str(position + 1)
+    return f"{position + 1} “{html.escape(result.token(position))}”"
 
 
 def term_lines(result: ScoreAttribution, key: int, top: int = 12) -> list[str]:
@@ -174,8 +182,7 @@ def attribution_html(result: ScoreAttribution, key: int | None = None, top: int 
     return (
         '<section class="qkv-why"><style>.qkv-why table{border-collapse:collapse;margin:.5em 0}'
         ".qkv-why td,.qkv-why th{border:1px solid #ccc;padding:.15em .45em;text-align:right}</style>"
-        f"<h3>Why query {result.query + 1} “{e(result.token(result.query))}” looks at key {key + 1} "
-        f"“{e(result.token(key))}”</h3><p>Layer {result.layer}, head {result.head} (kv head {result.kv_head}): "
+        f"<h3>Why query {_html_named(result, result.query)} looks at key {_html_named(result, key)}</h3><p>Layer {result.layer}, head {result.head} (kv head {result.kv_head}): "
         f"score q·k = {score:.4f}, scaled {score * result.scale:.4f}, weight {float(result.weights[s]):.4f}. "
         f"The {result.pairs[s].numel()} terms sum to {float(result.pairs[s].sum()):.4f}, checked against the "
         "model's score.</p><h4>Largest terms (query source × key source)</h4><table><tr><th>query source</th>"
