@@ -37,3 +37,25 @@ def test_trace_errors_and_page(server) -> None:
     assert r.status_code == 422
     page = httpx.get(server.url + "/")
     assert page.status_code == 200 and "textContent" in page.text and "innerHTML" not in page.text
+
+
+def test_why_endpoint_equals_the_attribution_and_the_page_asks_for_it(server) -> None:
+    from qkv.trace.attribution import attribute
+
+    text = "The cat sat on the mat"
+    r = httpx.post(server.url + "/explorer/why", headers=AUTH, timeout=60,
+                   json={"text": text, "layer": 1, "head": 3, "query": 4, "key": 1, "top": 5})
+    assert r.status_code == 200, r.text
+    data = r.json()
+    served = server.served
+    ids = served.tokenizer.encode(text).ids
+    reference = served.engine.call(
+        lambda: attribute(served.model, torch.tensor([ids]), layer=1, head=3, query=4, keys=[1])).result(60)
+    (key,) = data["keys"]
+    assert key["score"] == float(reference.scores[0]) and key["position"] == 2
+    assert [(p["query_source"], p["key_source"]) for p in key["top_pairs"]] == \
+        [(q, k) for q, k, _ in reference.top_pairs(1, 5)]
+    r = httpx.post(server.url + "/explorer/why", headers=AUTH, json={"text": text, "query": 1, "key": 3})
+    assert r.status_code == 400 and "0 <= key <= query" in r.json()["error"]["message"]
+    page = httpx.get(server.url + "/").text
+    assert "/explorer/why" in page and page.count("</script>") == 1

@@ -261,10 +261,13 @@ class _Answer:
 def build_app(served: Served, *, limits: Limits = Limits(), api_key: str | None = None,
               metrics: Metrics | None = None, start_engine: bool = True) -> Starlette:
     from qkv.serve.explorer import Explorer
+    from qkv.serve.explorer_why import ExplorerWhy, with_why
 
     metrics = metrics or Metrics()
     api = Api(served, limits=limits, api_key=api_key, metrics=metrics)
     explorer = Explorer(api)
+    explorer.html = with_why(explorer.html)  # click a key's row: its score split (qkv.serve.explorer_why)
+    explorer_why = ExplorerWhy(api)
 
     def guarded(handler: Any) -> Any:
         async def endpoint(request: Request) -> Response:
@@ -281,6 +284,7 @@ def build_app(served: Served, *, limits: Limits = Limits(), api_key: str | None 
     routes = [
         Route("/", guarded(explorer.page), methods=["GET"]),
         Route("/explorer/trace", guarded(explorer.trace), methods=["POST"]),
+        Route("/explorer/why", guarded(explorer_why.why), methods=["POST"]),
         Route("/health", guarded(api.health), methods=["GET"]),
         Route("/metrics", guarded(api.metrics_page), methods=["GET"]),
         Route("/v1/models", guarded(api.models), methods=["GET"]),
