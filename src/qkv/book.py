@@ -191,3 +191,25 @@ __all__ = [
     "SelfAttention_v1",
     "SelfAttention_v2",
 ]
+
+
+# Chapters 4 and 5 (the GPT built on MultiHeadAttention) live in qkv.book_gpt; they are
+# re-exported here so `from qkv.book import GPTModel` reads as the book's imports do.
+from qkv.book_gpt import (  # noqa: E402  (after MultiHeadAttention, which they use)
+    GELU,
+    GPT_CONFIG_124M,
+    FeedForward,
+    GPTModel,
+    LayerNorm,
+    TransformerBlock,
+    from_qkv,
+    generate_text_simple,
+    model_size_mb,
+    parameter_count,
+    to_qkv,
+)
+
+__all__ += [
+    "FeedForward", "GELU", "GPTModel", "GPT_CONFIG_124M", "LayerNorm", "TransformerBlock",
+    "from_qkv", "generate_text_simple", "model_size_mb", "parameter_count", "to_qkv",
+]
