@@ -4,7 +4,7 @@
 context_length, emb_dim, n_heads, n_layers, drop_rate, qkv_bias) and has the book's
 modules, in the book's order of creation: tok_emb, pos_emb, drop_emb, trf_blocks (an
 nn.Sequential of TransformerBlock: att = qkv.book.MultiHeadAttention with W_query,
-W_key, W_value, out_proj and its mask buffer; ff.layers; norm1, norm2 with scale and
+W_key, W_value, out_proj and its mask buffer (qkv.book_attention); ff.layers; norm1, norm2 with scale and
 shift; drop_shortcut), final_norm and out_head. So `torch.manual_seed(123)` followed by
 construction gives the book's weights, dropout draws the book's masks in the book's
 order, and a state dict the book's code saved (`model.pth`) loads unchanged.
@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from qkv.book import MultiHeadAttention
+from qkv.book_attention import MultiHeadAttention
 from qkv.models import book_keys
 from qkv.models.gpt2 import GPTModel as FastGPT
 from qkv.models.gpt2_config import GPTConfig
