@@ -176,13 +176,14 @@ class BookRun:
             sample = self._sample()
             print(sample.replace("\n", " "), flush=True)  # generate_and_print_sample's compact line
             self.metrics.append({"epoch": epoch + 1, "after_step": global_step, "sample": sample})
+        seconds = time.perf_counter() - start  # the book's train_model_simple ends here
         self.optimizer.state.clear()  # AdamW's moments (twice the model) are not kept: room to save
         self._save()
         if records:
             plot_book_losses(records, s.epochs if s.max_steps is None else done / self.steps_per_epoch,
                              self.out / PLOT_NAME)
-        seconds = time.perf_counter() - start
-        print(f"{done} steps, {tokens_seen:,} tokens in {seconds:.1f} s; model in {self.out}", flush=True)
+        print(f"{done} steps, {tokens_seen:,} tokens in {seconds:.1f} s (saving the model took "
+              f"{time.perf_counter() - start - seconds:.1f} s more); model in {self.out}", flush=True)
         return TrainResult(self.out, done, tokens_seen, records, seconds)
 
     def _evaluate(self, epoch: int, step: int, tokens_seen: int) -> dict[str, Any]:
