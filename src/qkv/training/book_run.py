@@ -49,7 +49,7 @@ from qkv.training.export import TOKENIZER_NAME, export_model_folder, write_token
 from qkv.training.loop import TrainResult, model_config
 from qkv.training.book_figure import plot_book_losses
 from qkv.training.metrics import METRICS_NAME, PLOT_NAME, MetricsLog
-from qkv.training.schedule import warmup_cosine
+from qkv.training.schedule import WarmupCosine
 from qkv.training.settings import TrainSettings
 from qkv.training.tokenizer import encode, load_tokenizer
 
@@ -85,6 +85,57 @@ def calc_loss_loader(loader: DataLoader[Any], model: GPTModel, num_batches: int,
         with autocast():
             total += calc_loss_batch(model, inputs, targets).item()
     return total / num_batches
+
+
+class StepInBackward:
+    """The book's AdamW, one optimizer per parameter, each stepped as soon as its parameter's
+    gradient is complete (a post-accumulate-grad hook) and the gradient then dropped.
+
+    The arithmetic is the book's: torch's AdamW updates every parameter on its own (its
+    per-tensor loop on CPU), so splitting it per parameter changes no number; the update
+    only happens earlier, once backward is done with that parameter (each is used once in
+    the forward pass). What it saves is memory: the gradients of all 163M parameters never
+    exist at once (0.65 GB). With gradient clipping, which needs every gradient first, the
+    step waits for `step()` as usual.
+    """
+
+    def __init__(self, model: torch.nn.Module, *, lr: float, weight_decay: float, in_backward: bool) -> None:
+        self.lr = lr
+        self.in_backward = in_backward
+        self.optimizers = [torch.optim.AdamW([p], lr=lr, weight_decay=weight_decay) for p in model.parameters()]
+        self.handles = []
+        if in_backward:
+            for p, optimizer in zip(model.parameters(), self.optimizers):
+                self.handles.append(p.register_post_accumulate_grad_hook(self._hook(optimizer)))
+
+    @staticmethod
+    def _hook(optimizer: torch.optim.Optimizer) -> Callable[[Tensor], None]:
+        def step(_: Tensor) -> None:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        return step
+
+    def set_lr(self, lr: float) -> None:
+        self.lr = lr
+        for optimizer in self.optimizers:
+            optimizer.param_groups[0]["lr"] = lr
+
+    def zero_grad(self) -> None:
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=True)
+
+    def step(self) -> None:
+        if not self.in_backward:
+            for optimizer in self.optimizers:
+                optimizer.step()
+
+    def forget(self) -> None:
+        """Drop the moments and the hooks (the run is over)."""
+        for handle in self.handles:
+            handle.remove()
+        for optimizer in self.optimizers:
+            optimizer.state.clear()
 
 
 class BookRun:
@@ -126,11 +177,10 @@ class BookRun:
         write_tokenizer(self.tokenizer, self.out / TOKENIZER_NAME)
         torch.manual_seed(settings.seed)  # the book: right before GPTModel(GPT_CONFIG_124M)
         self.model = GPTModel(self.config).to(ctx.device)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
-        self.scheduler = warmup_cosine(
-            self.optimizer, warmup_steps=settings.warmup_steps, total_steps=self.total_steps,
-            min_ratio=settings.min_lr_ratio,
-        )  # the book's values (no warmup, floor 1.0) keep every rate exactly lr
+        self.schedule = WarmupCosine(settings.warmup_steps, self.total_steps, settings.min_lr_ratio)
+        # The book's values (no warmup, floor 1.0) keep every rate exactly lr.
+        self.optimizer = StepInBackward(self.model, lr=settings.lr, weight_decay=settings.weight_decay,
+                                        in_backward=settings.grad_clip is None)
         self.metrics = MetricsLog(self.out / METRICS_NAME)
         self.metrics.keep_until(-1)
 
@@ -156,14 +206,14 @@ class BookRun:
                 if done == self.total_steps:
                     break
                 inputs, targets = inputs.to(self.ctx.device), targets.to(self.ctx.device)
+                self.optimizer.set_lr(s.lr * self.schedule(done))
                 self.optimizer.zero_grad()
                 with self._autocast():
                     loss = calc_loss_batch(self.model, inputs, targets)
-                loss.backward()
+                loss.backward()  # with in_backward, each parameter is updated as its gradient completes
                 if s.grad_clip is not None:
                     torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.grad_clip)
                 self.optimizer.step()
-                self.scheduler.step()
                 tokens_seen += inputs.numel()
                 global_step += 1
                 done += 1
@@ -177,7 +227,7 @@ class BookRun:
             print(sample.replace("\n", " "), flush=True)  # generate_and_print_sample's compact line
             self.metrics.append({"epoch": epoch + 1, "after_step": global_step, "sample": sample})
         seconds = time.perf_counter() - start  # the book's train_model_simple ends here
-        self.optimizer.state.clear()  # AdamW's moments (twice the model) are not kept: room to save
+        self.optimizer.forget()  # AdamW's moments (twice the model) are not kept: room to save
         self._save()
         if records:
             plot_book_losses(records, s.epochs if s.max_steps is None else done / self.steps_per_epoch,
@@ -194,7 +244,7 @@ class BookRun:
         self.model.train()
         print(f"Ep {epoch + 1} (Step {step:06d}): Train loss {train_loss:.3f}, Val loss {val_loss:.3f}", flush=True)
         record = {"step": step, "epoch": epoch + 1, "tokens_seen": tokens_seen, "train_loss": train_loss,
-                  "val_loss": val_loss, "lr": self.scheduler.get_last_lr()[0]}
+                  "val_loss": val_loss, "lr": self.optimizer.lr}
         self.metrics.append(record)
         return record
 
