@@ -67,7 +67,10 @@ def run_book(book_code: str, data: str, epochs: int, threads: int) -> dict:
 
 
 def run_qkv(data: str, epochs: int, threads: int, out: str, plot: str | None) -> dict:
-    command = [sys.executable, "-m", "qkv", "train", "--preset", "book", "--data", data, "--out", out,
+    report = ("import resource, sys; from qkv.cli.main import main; code = main(sys.argv[1:]); "
+              "print('PEAK_RSS', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, file=sys.stderr); "
+              "sys.exit(code)")
+    command = [sys.executable, "-c", report, "train", "--preset", "book", "--data", data, "--out", out,
                "--epochs", str(epochs), "--threads", str(threads), "--overwrite", *(["--plot", plot] if plot else [])]
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     sys.stdout.write(done.stdout)
@@ -76,7 +79,7 @@ def run_qkv(data: str, epochs: int, threads: int, out: str, plot: str | None) ->
     folder = Path(out)
     return {"train_losses": [r[2] for r in rows], "val_losses": [r[3] for r in rows],
             "seconds": float(summary.group(2)), "steps": int(summary.group(1)),
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024,
+            "peak_rss_bytes": int(re.search(r"PEAK_RSS (\d+)", done.stderr).group(1)),
             "folder_bytes": sum(p.stat().st_size for p in folder.iterdir() if p.is_file()),
             "metrics": [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]}
 
@@ -91,19 +94,29 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="qkv's output folder (default: a temporary one)")
     parser.add_argument("--plot", default=None, help="qkv's --plot FILE (figure 5.12)")
     parser.add_argument("--json", required=True)
+    parser.add_argument("--parallel", action="store_true",
+                        help="run the two at the same time (on a busy machine: both see the same load)")
     args = parser.parse_args()
     if args.which == "book":  # the child process
         print(json.dumps(run_book(args.book_code, args.data, args.epochs, args.threads)), file=sys.stderr)
         return
-    results: dict = {"threads": args.threads, "epochs": args.epochs, "load_before": os.getloadavg()}
+    results: dict = {"threads": args.threads, "epochs": args.epochs, "parallel": args.parallel,
+                     "load_before": os.getloadavg()}
+    child = None
     if args.which == "both":
-        child = subprocess.run([sys.executable, __file__, "--which", "book", "--book-code", args.book_code,
-                                "--data", args.data, "--epochs", str(args.epochs), "--threads", str(args.threads),
-                                "--json", "-"], capture_output=True, text=True, check=True)
-        sys.stdout.write(child.stdout)
-        results["book"] = json.loads(child.stderr.strip().splitlines()[-1])
+        child = subprocess.Popen([sys.executable, __file__, "--which", "book", "--book-code", args.book_code,
+                                  "--data", args.data, "--epochs", str(args.epochs), "--threads", str(args.threads),
+                                  "--json", "-"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if not args.parallel:
+            child.wait()
     with tempfile.TemporaryDirectory() as tmp:
         results["qkv"] = run_qkv(args.data, args.epochs, args.threads, args.out or tmp, args.plot)
+    if child is not None:
+        out, err = child.communicate()
+        sys.stdout.write(out)
+        if child.returncode != 0:
+            raise SystemExit(f"the book's run failed:\n{err[-2000:]}")
+        results["book"] = json.loads(err.strip().splitlines()[-1])
     results["load_after"] = os.getloadavg()
     if "book" in results:
         book, ours = results["book"], results["qkv"]
