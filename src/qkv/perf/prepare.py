@@ -175,6 +175,8 @@ def load_prepared_model(
 
     check_precision(precision)
     opened = open_model(source, load_dtype(precision), max_memory=max_memory, chat=chat)
+    if precision == AUTO and getattr(opened.source, "prefers_float32", False):
+        precision = "float32"  # the book's model.pth: its own float32 greedy text is the reference
     precision = resolve_precision(precision, stored_in_four_bits=getattr(opened.source, "stored_in_four_bits", False))
     kept = (prepared_path(opened.files, precision)
             if precision in QUANTIZED and native_kernels().available else None)

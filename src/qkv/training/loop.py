@@ -34,6 +34,7 @@ from torch.nn.parallel import DistributedDataParallel
 from qkv.errors import QkvError
 from qkv.models.context_parallel import ContextParallel, join_context_parallel, sharded_forward
 from qkv.models.gpt2 import GPTConfig, GPTModel
+from qkv.models.gpt2_tokenizer import gpt2_tokenizer
 from qkv.progress import progress_bar
 from qkv.training.checkpoint import (
     TrainingState,
@@ -96,12 +97,19 @@ def train(
     ctx = init_distributed(group_even_alone=settings.context_parallel and "WORLD_SIZE" in os.environ)
     folder = OutputFolder(settings.out)
     created = _missing_folders(folder.path.absolute())
-    run: _Run | None = None
+    run: Any = None  # _Run or book_run.BookRun
     try:
         if ctx.is_main:  # only rank 0 writes
             folder.claim(resume=resume, overwrite=overwrite, settings=settings.to_dict())
         try:
-            run = _Run(settings, ctx, resume=resume, progress=progress)
+            if PRESETS[settings.preset].loop == "book":
+                from qkv.training.book_run import BookRun  # the book's train_model_simple
+
+                run = BookRun(settings, ctx, resume=resume, progress=progress)
+            else:
+                run = _Run(settings, ctx, resume=resume, progress=progress)
+            if ctx.is_main:
+                folder.note_model(run.config.to_dict())
         except BaseException:
             if created and ctx.is_main:  # bad input found before anything but the claim was written
                 folder.forget()
@@ -207,11 +215,14 @@ class _Run:
     # -- set-up -----------------------------------------------------------------------
 
     def _tokenizer(self, train_text: str) -> Tokenizer:
-        """The checkpoint's tokenizer, the given one, or a BPE that rank 0 trains and shares."""
+        """The checkpoint's tokenizer, the given one, GPT-2's (the book presets), or a BPE
+        that rank 0 trains and shares."""
         if self.checkpoint is not None:
             return load_tokenizer(self.out / TOKENIZER_NAME)
         if self.settings.tokenizer is not None:
             return load_tokenizer(self.settings.tokenizer)
+        if PRESETS[self.settings.preset].tokenizer == "gpt2":
+            return gpt2_tokenizer()
         trained = train_bpe(train_text, self.settings.vocab_size).to_str() if self.ctx.is_main else None
         return Tokenizer.from_str(self.ctx.broadcast_object(trained))
 
@@ -335,7 +346,8 @@ class _Run:
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.grad_clip)
+        if self.settings.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
         return self.ctx.all_mean(loss.item())
@@ -356,7 +368,8 @@ class _Run:
             dist.all_reduce(totals, group=cp.group)  # every shard's share, on every rank
         for p, g in zip(params, totals[:-1].split([p.numel() for p in params])):
             p.grad.copy_(g.view_as(p))  # type: ignore[union-attr]
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.grad_clip)
+        if self.settings.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
         return totals[-1].item() / targets.numel()
@@ -431,13 +444,17 @@ def _length(settings: TrainSettings) -> str:
 
 
 def model_config(settings: TrainSettings, tokenizer_vocab: int) -> GPTConfig:
-    """The preset's model with the run's window length and dropout, and a vocabulary
-    that is the preset's or, if larger, the tokenizer's."""
+    """The preset's model with the run's window length, dropout and any width, depth or
+    heads given, and a vocabulary that is the preset's or, if larger, the tokenizer's."""
     preset = PRESETS[settings.preset].model
-    return replace(
-        preset, vocab_size=max(settings.vocab_size, tokenizer_vocab),
-        context_length=settings.context_length, drop_rate=settings.dropout,
-    )
+    shape = {k: getattr(settings, k) for k in ("emb_dim", "n_layers", "n_heads") if getattr(settings, k) is not None}
+    try:
+        return replace(
+            preset, vocab_size=max(settings.vocab_size, tokenizer_vocab),
+            context_length=settings.context_length, drop_rate=settings.dropout, **shape,
+        )
+    except ValueError as error:
+        raise QkvError(f"--emb-dim, --n-layers, --n-heads: {error}") from None
 
 
 def _adamw(model: nn.Module, settings: TrainSettings) -> torch.optim.AdamW:
