@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         raise QkvError("--keys needs a real model: give --model (for example --model smollm2)")
     if args.d_out < 1:
         raise QkvError(f"--d-out must be at least 1, got {args.d_out}")
-    from qkv.cli.explain_model import check_range, resolve_query
+    from qkv.cli.selection import check_range, resolve_query
     from qkv.walkthrough import run_walkthrough
 
     # The book's example is one attention layer with one head: 0 is the only valid choice.

@@ -20,6 +20,7 @@ from rich.console import Console
 from tokenizers import Tokenizer
 from torch import nn
 
+from qkv.cli.selection import check_range, resolve_query  # noqa: F401  (re-exported)
 from qkv.errors import QkvError
 from qkv.trace.analysis import analyse
 from qkv.trace.export import layer_summary, query_row
@@ -56,33 +57,6 @@ def load_model(name: str, *, max_memory: int | None = None) -> LoadedModel:
 
 def _plural(count: int, noun: str) -> str:
     return noun if count == 1 else noun + "s"
-
-
-def resolve_query(query: str | None, tokens: list[str], default: int) -> int:
-    """Index from 0 of the query token: a position counted from 1, or the token's text."""
-    if query is None:
-        return default
-    text = query.strip()
-    if text.lstrip("-").isdigit():
-        position = int(text)
-        if not 1 <= position <= len(tokens):
-            raise QkvError(
-                f"--query {position}: positions are counted from 1, between 1 and {len(tokens)}"
-            )
-        return position - 1
-    wanted = text.lower()
-    for i, token in enumerate(tokens):
-        if token.replace("␣", "").lstrip("#").strip().lower() == wanted.lstrip("#"):
-            return i
-    listed = ", ".join(f'{i + 1}:"{t}"' for i, t in enumerate(tokens[:40]))
-    raise QkvError(f"--query {query!r} is neither a position nor one of the tokens ({listed})")
-
-
-def check_range(value: int | None, count: int, option: str, subject: str, noun: str) -> None:
-    """`value` (None: not given) must index one of `count` things, counted from 0."""
-    if value is not None and not 0 <= value < count:
-        valid = "0 is the only choice" if count == 1 else f"0..{count - 1}, counted from 0"
-        raise QkvError(f"{option} {value} is out of range: {subject} has {count} {noun} ({valid})")
 
 
 def _write_outputs(args: argparse.Namespace, recorded: Trace, layer: int, head: int, query: int,
