@@ -94,7 +94,8 @@ def rope_relative(
     recorded rotation table covers. Same distance -> same score; other distance -> other score.
 
     `query` indexes the recorded queries' new tokens, `key` an absolute key position among
-    the new tokens. Returns None without RoPE.
+    the new tokens (both from 0); the positions it returns count from 1, as every position
+    shown to a reader does. Returns None without RoPE.
     """
     if not layer.rope or layer.cos is None or layer.sin is None:
         return None
@@ -108,8 +109,8 @@ def rope_relative(
         for n in range(m + 1):
             score = float(_rotate(q.float(), cos[m], sin[m]) @ _rotate(k.float(), cos[n], sin[n]))
             pairs.append({
-                "query_position": layer.cache_length + m,
-                "key_position": layer.cache_length + n,
+                "query_position": layer.cache_length + m + 1,  # counted from 1, as shown
+                "key_position": layer.cache_length + n + 1,
                 "distance": m - n,
                 "score": score,
             })
@@ -120,8 +121,8 @@ def rope_relative(
     means = {d: sum(v) / len(v) for d, v in sorted(by_distance.items())}
     return {
         "head": head,
-        "query_position": _absolute(layer, query),
-        "key_position": key,
+        "query_position": _absolute(layer, query) + 1,
+        "key_position": key + 1,
         "pairs": pairs,
         "score_by_distance": means,
         "largest_spread_at_equal_distance": spread,

@@ -20,8 +20,8 @@ from qkv.trace.recorder import LayerTrace, Trace
 def _rope_view(rope: dict[str, Any] | None) -> dict[str, Any] | None:
     if rope is None:
         return None
-    return {"head": rope["head"], "query_position": rope["query_position"] + 1,
-            "key_position": rope["key_position"] + 1,
+    return {"head": rope["head"], "query_position": rope["query_position"],
+            "key_position": rope["key_position"],
             "largest_spread_at_equal_distance": rope["largest_spread_at_equal_distance"],
             "score_by_distance": [[d, s] for d, s in rope["score_by_distance"].items()]}
 
