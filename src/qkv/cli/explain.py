@@ -25,7 +25,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "its 3-d embeddings, seed 123, d_out 2 and the query \"journey\".",
     )
     parser.add_argument("text", nargs="?", metavar="TEXT",
-                        help="your own text, traced through --model (without a model: the book's example)")
+                        help="your own text, traced through --model (without TEXT a model explains "
+                        "\"The cat sat on the mat because it was tired\"; without a model: the book's example)")
     parser.add_argument("--model", metavar="M",
                         help="a real model: minilm (all-MiniLM-L6-v2, offline), smollm2, or a "
                         "checkpoint folder qkv loads (GPT-2, Llama, Qwen, what qkv train writes)")

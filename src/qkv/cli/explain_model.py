@@ -32,6 +32,10 @@ from qkv.serve.text import display_tokens  # one way to show token texts, here a
 ALL_QUERIES_UP_TO = 128
 ALL_LAYERS_UP_TO = 32
 
+# What `qkv explain --model M` traces when no TEXT is given (it says so): a sentence whose
+# "it" has a clear antecedent, so the heads have something to find.
+DEFAULT_SENTENCE = "The cat sat on the mat because it was tired"
+
 
 @dataclass
 class LoadedModel:
@@ -99,11 +103,15 @@ def run_book_figures(args: argparse.Namespace, query_position: int) -> None:
 
 
 def run_model(args: argparse.Namespace) -> int:
-    text = args.text if args.text is not None else ""
+    text = args.text if args.text is not None else DEFAULT_SENTENCE
     if args.generate is not None and args.generate < 1:
         raise QkvError(f"--generate needs at least 1 token, got {args.generate}")
     if not text.strip():
         raise QkvError("the text is empty: give some words to explain, e.g. qkv explain \"The cat sat\" --model minilm")
+    console = Console(stderr=True, highlight=False) if args.json else Console(highlight=False)
+    if args.text is None:
+        console.print(f"No TEXT given: explaining the default sentence \"{DEFAULT_SENTENCE}\" "
+                      "(give your own as the first argument).", soft_wrap=True)
     loaded = load_model(args.model, max_memory=args.max_memory)
     encoding = loaded.tokenizer.encode(text)
     ids = list(encoding.ids)
@@ -149,7 +157,6 @@ def run_model(args: argparse.Namespace) -> int:
         tokens = tokens + display_tokens(loaded.tokenizer, new_ids)  # the prompt's, then the new ones
 
     row = query_row(focus, recorded.tokens, head, query)
-    console = Console(stderr=True, highlight=False) if args.json else Console(highlight=False)
     if args.json:
         result: dict[str, Any] = {
             "model": loaded.name,
