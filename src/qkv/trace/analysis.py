@@ -104,10 +104,15 @@ def rope_relative(
     k = layer.k_unrotated[0, slot, key - layer.cache_length]  # (D,)
     cos, sin = layer.cos.float(), layer.sin.float()  # (T, D) rows = new tokens
     t = min(cos.shape[0], max_positions)
+    # Every position at once: the query rotated to each of t positions against the key rotated
+    # to each, one (t, t) product (the page asks this for every layer and head).
+    rotated_q = _rotate(q.float(), cos[:t], sin[:t])  # (t, D)
+    rotated_k = _rotate(k.float(), cos[:t], sin[:t])  # (t, D)
+    scores = (rotated_q @ rotated_k.T).tolist()  # (t, t): [m][n] = query at m, key at n
     pairs = []
     for m in range(t):
         for n in range(m + 1):
-            score = float(_rotate(q.float(), cos[m], sin[m]) @ _rotate(k.float(), cos[n], sin[n]))
+            score = scores[m][n]
             pairs.append({
                 "query_position": layer.cache_length + m + 1,  # counted from 1, as shown
                 "key_position": layer.cache_length + n + 1,
