@@ -84,6 +84,7 @@ def test_book_page_shows_the_numbers_and_the_query_picker_changes_them(browser, 
     one = run_walkthrough(query_position=5, causal=True)
     assert _weights_column(page) == [f"{w:.4f}" for w in one.weights.tolist()]
     assert page.locator("#query-buttons button.active").inner_text() == "5 one"
+    assert page.locator("#explorer tbody tr.query td:nth-child(2)").all_inner_texts() == ["one"]  # its own row
     page.hover("#explorer tbody tr[data-key='1']")
     detail = page.inner_text("#detail")
     assert "journey" in detail and f"weight = {one.weights[1]:.4f}" in detail

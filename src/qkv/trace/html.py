@@ -88,6 +88,7 @@ td.tok, th.tok { text-align: left; }
 .qbtn.active { background: #c2185b; color: white; }
 .bar { display: inline-block; height: .8rem; background: #ef6c00; vertical-align: middle; }
 .masked { color: #999; }
+#explorer tr.query td { background: #fde0ec; font-weight: bold; }
 #detail { min-height: 1.6rem; padding: .3rem .6rem; background: #fff8e1; border-radius: .3rem; }
 .heat span { display: inline-block; padding: .15rem .4rem; margin: .1rem; border-radius: .25rem; }
 img { max-width: 100%; }
@@ -209,7 +210,8 @@ recorded queries that see more than it (an “attention sink” parks weight the
     var heat = el("heat-row"); clear(heat);
     var top = Math.max.apply(null, row.weights.concat([1e-12]));
     row.weights.forEach(function (w, s) {
-      var tr = document.createElement("tr"); tr.className = "key-row" + (row.visible[s] ? "" : " masked");
+      var tr = document.createElement("tr");
+      tr.className = "key-row" + (row.visible[s] ? "" : " masked") + (s === l.cache_length + state.query ? " query" : "");
       tr.dataset.key = String(s);
       [String(s + 1), token(s), row.visible[s] ? fmt(row.scores[s]) : "(masked)", fmt(row.scaled_scores[s]), w.toFixed(4)]
         .forEach(function (text, c) { var td = document.createElement("td"); td.textContent = text; if (c === 1) { td.className = "tok"; } tr.appendChild(td); });
