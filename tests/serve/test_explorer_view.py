@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from playwright.sync_api import expect
 
 from qkv.trace import trace
 from qkv.trace.analysis import key_norms, sink_share
@@ -60,6 +61,7 @@ def test_masked_keys_show_no_score_and_the_query_row_is_marked(explorer):
         page.select_option("#head", "3")
     with page.expect_response("**/explorer/trace"):
         page.select_option("#query", "4")  # x(4), counted from 1
+    expect(page.locator("#summary")).to_contain_text("head 3 (kv head 1), query x(4)")  # drawn, not only answered
     focus, row = _reference(served, 0, 3, 4)
     rows = page.locator("#keys tbody tr")
     assert rows.count() == len(row["weights"])
@@ -82,6 +84,7 @@ def test_legend_context_and_analysis(explorer):
         assert term in terms
     with page.expect_response("**/explorer/trace"):
         page.select_option("#layer", "1")
+    expect(page.locator("#summary")).to_contain_text("layer 1,")
     head, position = int(page.input_value("#head")), int(page.input_value("#query"))
     focus, row = _reference(served, 1, head, position)
     context = row["context"]
@@ -106,13 +109,14 @@ def test_an_error_clears_the_old_results(explorer):
     page.fill("#text", "   ")
     with page.expect_response("**/explorer/trace"):
         page.click("#run")
-    assert "'text' must be a non-empty string" in page.inner_text("#error")
+    expect(page.locator("#error")).to_contain_text("'text' must be a non-empty string")
     assert page.locator("#keys tbody tr").count() == 0
     assert page.inner_text("#summary") == "" and page.locator("#analysis *").count() == 0
     assert not page.is_visible("#results")
     page.fill("#text", TEXT)
     with page.expect_response("**/explorer/trace"):
         page.click("#run")
+    expect(page.locator("#results")).to_be_visible()
     assert page.inner_text("#error") == "" and page.locator("#keys tbody tr").count() > 0
 
 
@@ -127,6 +131,7 @@ def test_the_chat_tab_is_marked_and_shows_the_users_message(explorer):
     page.fill("#max-tokens", "4")
     page.click("#send")
     page.wait_for_selector("#reply[data-done]", state="attached", timeout=30000)
+    assert page.inner_text("#chat-error") == ""
     assert page.inner_text("#you") == "You: What is a <b>key</b>?"  # as text, not markup
     assert page.locator("#transcript b").count() == 0
     page.click("#tab-explore")
