@@ -339,7 +339,9 @@ def build_page(
 ) -> str:
     """The page's HTML text. `layer`, `head`, `query` (from 0, among the new tokens) pick the
     story; `images` are the figures as PNG bytes, drawn here when not given;
-    `generation_tokens` name the prompt and the generated tokens (default: the trace's)."""
+    `generation_tokens` name the prompt and the generated tokens (default: the trace's).
+    `analysis` (given for learned weights) turns on "What the learned weights do", which is
+    then computed for every recorded layer so that the layer/head switch can show each."""
     tokens = trace.tokens or []
     focus_layer = trace.layer(layer)
     row = query_row(focus_layer, tokens, head, query)
@@ -386,7 +388,7 @@ def build_page(
     return env.from_string(_TEMPLATE).render(
         title=title, subtitle=subtitle, tokens=tokens, focus=row,
         steps=story_steps(focus_layer, row, tokens, book=book, query=query), focus_keys=focus_keys, figures=figures,
-        analysis=analysis, grouped=focus_layer.num_kv_heads != focus_layer.num_heads,
+        analysis=analysis,
         key_tokens=[token_at(tokens, s) for s in range(focus_layer.num_keys)],
         generation=steps_view, data_json=_safe_json(data), alike=ALIKE,
     )
