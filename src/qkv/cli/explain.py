@@ -26,7 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "its 3-d embeddings, seed 123, d_out 2 and the query \"journey\".",
     )
     parser.add_argument("text", nargs="?", metavar="TEXT",
-                        help="your own text, traced through --model (without a model: the book's example)")
+                        help="your own text, traced through --model (without TEXT a model explains "
+                        "\"The cat sat on the mat because it was tired\"; without a model: the book's example)")
     parser.add_argument("--model", metavar="M",
                         help="a real model: minilm (all-MiniLM-L6-v2, offline), smollm2, or a "
                         "checkpoint folder qkv loads (GPT-2, Llama, Qwen, what qkv train writes)")
@@ -102,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         raise QkvError("--keys needs a real model: give --model (for example --model smollm2)")
     if args.d_out < 1:
         raise QkvError(f"--d-out must be at least 1, got {args.d_out}")
-    from qkv.cli.explain_model import check_range, resolve_query
+    from qkv.cli.selection import check_range, resolve_query
     from qkv.walkthrough import run_walkthrough
 
     # The book's example is one attention layer with one head: 0 is the only valid choice.
