@@ -96,6 +96,7 @@ def train(
     ctx = init_distributed(group_even_alone=settings.context_parallel and "WORLD_SIZE" in os.environ)
     folder = OutputFolder(settings.out)
     created = _missing_folders(folder.path.absolute())
+    was_empty = _is_empty_folder(folder.path)
     run: _Run | None = None
     try:
         if ctx.is_main:  # only rank 0 writes
@@ -103,7 +104,7 @@ def train(
         try:
             run = _Run(settings, ctx, resume=resume, progress=progress)
         except BaseException:
-            if created and ctx.is_main:  # bad input found before anything but the claim was written
+            if (created or was_empty) and ctx.is_main:  # bad input found before anything but the claim was written
                 folder.forget()
                 _remove_if_empty(created)
             raise
@@ -132,6 +133,13 @@ def _missing_folders(folder: Path) -> list[Path]:
             break
         missing.append(path)
     return missing
+
+
+def _is_empty_folder(path: Path) -> bool:
+    try:
+        return path.is_dir() and not any(path.iterdir())
+    except OSError:
+        return False
 
 
 def _remove_if_empty(folders: list[Path]) -> None:
