@@ -18,6 +18,12 @@ first with a tiny probe and leaves the model eager, saying why in its report. Th
 takes over a second even with warm caches, so a success with Inductor is remembered per
 machine (a marker in qkv's cache folder, keyed by the torch and Python versions and the C++
 compiler's path and modification time): the next process skips it.
+
+A compile that fails later, at a region's first call (a truncated or foreign entry in
+Inductor's on-disk cache fails to load there, with hundreds of lines of traceback), falls
+back: every region of the model goes eager, one line on stderr says why and where the
+Inductor cache is, and the call runs again eagerly. Compiling happens before the graph
+runs, so nothing of the failed call was applied.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import hashlib
 import os
 import shutil
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,6 +152,45 @@ def compile_decoder(model: nn.Module, *, backend: Backend = "inductor") -> Compi
     if reason is not None:
         return CompileReport(compiled=False, backend=_name(backend), reason=reason)
     chosen = regions(model)
+    fallback = _EagerFallback(chosen)
     for region in chosen:
         region.compile(backend=backend)
+        region._compiled_call_impl = fallback.guard(region, region._compiled_call_impl)
     return CompileReport(compiled=True, backend=_name(backend), regions=len(chosen))
+
+
+def _inductor_cache() -> str:
+    try:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        return str(cache_dir())
+    except Exception:  # noqa: BLE001 - a torch without it
+        return "Inductor's cache folder"
+
+
+class _EagerFallback:
+    """Turns every region of one model eager when a compiled call fails (module docstring)."""
+
+    def __init__(self, chosen: list[nn.Module]) -> None:
+        self.regions = chosen
+        self.lock = threading.Lock()
+        self.said = False
+
+    def guard(self, region: nn.Module, compiled: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return compiled(*args, **kwargs)
+            except Exception as error:  # noqa: BLE001 - any compile failure: run eagerly
+                self.fall_back(error)
+                return region._call_impl(*args, **kwargs)
+
+        return call
+
+    def fall_back(self, error: BaseException) -> None:
+        with self.lock:
+            for region in self.regions:
+                region._compiled_call_impl = None
+            if not self.said:
+                self.said = True
+                print(f"qkv: compiling failed ({_describe(error)[:200]}); running eagerly. If this repeats, "
+                      f"remove the Inductor cache at {_inductor_cache()}", file=sys.stderr, flush=True)
