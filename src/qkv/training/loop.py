@@ -16,6 +16,7 @@ Shape legend: B batch (per process), L window length, V vocabulary.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import sys
 import time
@@ -109,6 +110,14 @@ def train(
                 _remove_if_empty(created)
             raise
         return run.fit(on_step)
+    except Exception as error:
+        if not _disk_full(error):
+            raise
+        raise QkvError(
+            f"the disk holding --out {settings.out} is full ({getattr(error, 'strerror', None) or str(error)[:80]}"
+            f"{_where(error)}); free some space and "
+            "run again with --resume: every file qkv writes is replaced whole, so the last checkpoint is intact"
+        ) from None
     finally:
         folder.release()
         del run  # DDP's reducer must go while the process group lives: see shutdown_distributed
@@ -133,6 +142,24 @@ def _missing_folders(folder: Path) -> list[Path]:
             break
         missing.append(path)
     return missing
+
+
+_DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # EFBIG: a file-size limit (ulimit -f)
+
+
+_DISK_FULL_TEXT = ("No space left on device", "File too large", "Disk quota exceeded")
+
+
+def _disk_full(error: BaseException) -> bool:
+    """An OSError for a full disk, or a writer library's own error saying so (safetensors)."""
+    if isinstance(error, OSError) and error.errno in _DISK_FULL:
+        return True
+    return not isinstance(error, QkvError) and any(text in str(error) for text in _DISK_FULL_TEXT)
+
+
+def _where(error: BaseException) -> str:
+    name = getattr(error, "filename", None)
+    return f" writing {Path(name).name}" if isinstance(name, str) else ""
 
 
 def _is_empty_folder(path: Path) -> bool:
