@@ -14,7 +14,7 @@ modification time kept gets a new key), the precision, torch's version and the s
 the qkv modules that load and prepare weights, so a changed file, a new torch or a changed
 qkv writes a new entry. Only quantized precisions on qkv's kernels are kept (float32 and
 bfloat16 prepare in a moment), only for sources of at least SMALLEST_SOURCE bytes, and only
-the KEEP most recently used files.
+the KEEP most recently used files (QKV_PREPARED_MIN_BYTES=N keeps sources of N bytes or more).
 
 Every entry is verified when it is read: the SHA-256 of its tensors (names, dtypes, shapes,
 bytes) against the one written in its metadata, then (`check_entry`) every name, dtype and
@@ -49,6 +49,12 @@ _CODE = ("fusion.py", "precision.py", "native/ops.py", "perf/quantize.py", "perf
          "models", "attention/grouped_query.py")
 
 
+def smallest_source() -> int:
+    """SMALLEST_SOURCE, or $QKV_PREPARED_MIN_BYTES when it is a whole number of bytes."""
+    value = os.environ.get("QKV_PREPARED_MIN_BYTES", "").strip()
+    return int(value) if value.isdigit() else SMALLEST_SOURCE
+
+
 def enabled() -> bool:
     return os.environ.get("QKV_PREPARED_CACHE", "").strip().lower() not in _OFF
 
@@ -71,7 +77,7 @@ def prepared_path(files: list[Path], precision: str) -> Path | None:
     if not enabled():
         return None
     try:
-        if sum(f.stat().st_size for f in files) < SMALLEST_SOURCE:
+        if sum(f.stat().st_size for f in files) < smallest_source():
             return None
         content = content_digest(files)
     except OSError:
