@@ -14,11 +14,13 @@ BaseException that escapes `except Exception`). `guard` wraps a loaded tokenizer
   refused at load, naming the steps;
 - **a regex probe**: every regex the file brings (Split pre-tokenizers, Replace with a
   Regex) is run once at load on inputs built from its own characters repeated (the shape
-  catastrophic backtracking needs: `"a"*64 + "!"` for `(a|aa)+$`); a panic or a probe slower
-  than `REGEX_PROBE_SECONDS` refuses the file. We guard rather than try to recognise
+  catastrophic backtracking needs: `"a"*64 + "!"` for `(a|aa)+$`); exponential growth or a
+  panic refuses the file. We guard rather than try to recognise
   dangerous patterns by their syntax: real tokenizers (Llama 3's, Qwen's) nest quantifiers
-  inside alternations too, and Oniguruma's own retry limit already bounds each match, so
-  what remains is to turn its panic into one line. That is the second half: every call into
+  inside alternations too. A probe whose time grows more than 16x when its length doubles
+  (lengths 8 to 64) is exponential and refused there, in milliseconds; Oniguruma's own
+  retry limit bounds each match beyond that, so what remains is to turn its panic into one
+  line. That is the second half: every call into
   the Rust pipeline catches the panic (`TokenizerPanicError`, a QkvError), and for files with
   their own regexes the Rust panic hook's text on fd 2 is captured and dropped;
 - **an output bound measured on the input**: before `encode`, the input's UTF-8 size times
@@ -47,7 +49,9 @@ from qkv.errors import QkvError
 
 MAX_EXPANSION = 1024  # worst-case growth of a normalizer, pre-tokenizer or decoder chain
 MAX_ENCODE_BYTES = 2 << 20  # normalized UTF-8 bytes one encode may make
-REGEX_PROBE_SECONDS = 0.25  # all probes of one regex together
+SLOW_PROBE_SECONDS = 5e-4  # a probe slower than this, and
+GROWTH_RATIO = 16.0  # this many times slower than the one of half its length, is exponential
+_PROBE_LADDER = (8, 12, 16, 24, 32, 64)
 _PROBE_LENGTH = 64
 # Worst growth of one character in UTF-8 bytes (measured over every code point with Python's
 # unicodedata, then rounded up for Rust's Unicode version: NFKC U+FDFA 3 -> 33 bytes).
@@ -195,16 +199,12 @@ def _regexes(spec: Any) -> Iterable[str]:
             yield from _regexes(value)
 
 
-def probes(pattern: str) -> list[str]:
-    """Inputs made of the pattern's own characters repeated, each followed by a character
-    that breaks the match: the shape on which backtracking blows up."""
+def probes(pattern: str) -> list[tuple[str, str]]:
+    """(character, end) pairs: inputs made of one of the pattern's own characters repeated,
+    then a character that breaks the match, the shape on which backtracking blows up."""
     alphabet = {c for c in pattern if c.isprintable() and c not in "\\()[]{}|?*+^$.,:!<=>-"}
     alphabet |= {"a", " ", "1", "\n"}
-    out = []
-    for c in sorted(alphabet)[:24]:
-        for end in ("!", "\u00e9", "\x00"):
-            out.append(c * _PROBE_LENGTH + end)
-    return out
+    return [(c, end) for c in sorted(alphabet)[:24] for end in ("!", "\u00e9", "\x00")]
 
 
 # ----------------------------------------------------------------------------- Rust calls
@@ -329,22 +329,39 @@ class BoundedTokenizer:
 
 
 def _probe_regex(pattern: str, source: str) -> None:
+    """Refuse `pattern` when doubling a probe's length multiplies its time (exponential
+    backtracking, found in milliseconds, before Oniguruma's retry limit is reached) or when
+    a probe panics."""
     from tokenizers import Regex, pre_tokenizers
 
     try:
         split = pre_tokenizers.Split(Regex(pattern), "isolated")
     except Exception as error:  # noqa: BLE001 - Oniguruma refuses the pattern
         raise QkvError(f"{source}: the regex {pattern[:60]!r} does not compile ({str(error)[:100]})") from None
-    start = time.monotonic()
-    for text in probes(pattern):
+
+    def timed(text: str) -> float:
+        start = time.perf_counter()
         try:
-            rust_call(lambda t=text: split.pre_tokenize_str(t), what="probing", trap=True)
+            rust_call(lambda: split.pre_tokenize_str(text), what="probing", trap=True)
         except TokenizerPanicError:
-            raise QkvError(f"{source}: the regex {pattern[:60]!r} panics the tokenizers library on "
-                           f"{text[:1]!r} * {_PROBE_LENGTH} (catastrophic backtracking); refusing the tokenizer") from None
-        if time.monotonic() - start > REGEX_PROBE_SECONDS:
-            raise QkvError(f"{source}: the regex {pattern[:60]!r} backtracks for more than {REGEX_PROBE_SECONDS} s "
-                           f"on {_PROBE_LENGTH} repeated characters; refusing the tokenizer")
+            raise QkvError(f"{source}: the regex {pattern[:60]!r} panics the tokenizers library on {text[:1]!r} * "
+                           f"{len(text) - 1} (catastrophic backtracking); refusing the tokenizer") from None
+        return time.perf_counter() - start
+
+    for c, end in probes(pattern):
+        seconds: dict[int, float] = {}
+        for length in _PROBE_LADDER:
+            seconds[length] = timed(c * length + end)
+            half = seconds.get(length // 2)
+            if half is None or seconds[length] <= SLOW_PROBE_SECONDS:
+                continue
+            if seconds[length] > GROWTH_RATIO * max(half, 10e-6):
+                again = min(seconds[length], timed(c * length + end))  # not a stall of the machine
+                if again > SLOW_PROBE_SECONDS and again > GROWTH_RATIO * max(half, 10e-6):
+                    raise QkvError(
+                        f"{source}: the regex {pattern[:60]!r} backtracks exponentially on {c!r} repeated "
+                        f"({length // 2} of them: {half * 1e3:.2f} ms, {length}: {again * 1e3:.1f} ms); "
+                        "refusing the tokenizer")
 
 
 def guard(tokenizer: Any, source: str) -> BoundedTokenizer:
