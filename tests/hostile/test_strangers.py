@@ -124,13 +124,14 @@ SORTS = "{% set l = ((range(100000)|list)*10)|reverse|list %}{% set x = [" + ", 
 
 
 def _gguf_pair(case: Path) -> tuple[Path, bytes, bytes]:
-    """A tiny llama GGUF, and the same file with its token embedding negated (same size)."""
+    """A tiny llama GGUF, and the same file with its final norm negated (same size; the tied
+    head then ranks every token the other way round)."""
     import gguf
 
     path = write_gguf(case / "m.gguf")
     original = path.read_bytes()
     reader = gguf.GGUFReader(str(path))
-    embedding = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    embedding = next(t for t in reader.tensors if t.name == "output_norm.weight")
     start = int(embedding.data_offset)
     end = start + int(embedding.n_bytes)
     import numpy as np
@@ -234,7 +235,7 @@ TAMPER: dict[str, tuple[Callable[[Path, Path, dict], None], Expect]] = {
     "cache-negated-unsigned": (negated_unsigned, Expect(0, "checksum does not match", 2, "ref-original")),
     "cache-truncated": (truncated, Expect(0, "discarded", 2, "ref-original")),
     "cache-killed-writers": (killed_writers, Expect(0, "tokens in", 1, "ref-original")),
-    "cache-foreign-library": (foreign_library, Expect(0, "does not work", 2)),
+    "cache-foreign-library": (foreign_library, Expect(0, "discarded", None)),
 }
 
 # ----------------------------------------------------------------------------- the cases
@@ -265,7 +266,7 @@ CASES: dict[str, tuple[Callable[[Path, dict], list[str]], Expect]] = {
     "cache-relative-xdg": (lambda case, state: ["generate", "--model", str(write_gguf(case / "m.gguf")), *INT8],
                            Expect(fragment="XDG_CACHE_HOME is the relative path")),
     # -- model text on the terminal
-    "escapes-generate": (with_tokenizer(escaping_decoder), Expect(0, "tokens in", 1)),
+    "escapes-generate": (with_tokenizer(escaping_decoder), Expect(0, "tokens in", None)),
     "escapes-explain": (with_tokenizer(escaping_decoder, lambda c: ["explain", "--model", str(c), "Your journey"]),
                         Expect(0, "", None)),
 }
@@ -382,7 +383,9 @@ def test_a_damaged_cache_is_repaired_with_one_line(outcome: dict, name: str) -> 
         pytest.skip("qkv's kernels are not available here, so nothing is prepared at int8 or kept")
     r = _check(outcome, name, TAMPER[name][1])
     entries = list((outcome["root"] / name / "cache" / "prepared").glob("*.safetensors"))
-    assert len(entries) == 1  # rebuilt (or, for the swap, the new file's own entry)
+    # rebuilt in place; the swapped file gets an entry of its own; without qkv's kernels none
+    expected = {"cache-same-size-same-mtime-swap": 2, "cache-foreign-library": 1}.get(name, 1)
+    assert len(entries) == expected, (entries, r["stderr"])
 
 
 def test_a_swapped_file_prints_its_own_text_not_the_old_one(outcome: dict) -> None:
