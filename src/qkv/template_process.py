@@ -225,9 +225,15 @@ _SHARED: TemplateProcess | None = None
 _SHARED_LOCK = threading.Lock()
 
 
+_SHARED_PID = 0
+
+
 def shared() -> TemplateProcess:
-    """The process's one template child."""
-    global _SHARED
+    """The process's one template child (a forked process starts its own: the pipes and the
+    lock it inherited belong to its parent)."""
+    global _SHARED, _SHARED_PID, _SHARED_LOCK
+    if _SHARED_PID != os.getpid():
+        _SHARED, _SHARED_PID, _SHARED_LOCK = None, os.getpid(), threading.Lock()
     with _SHARED_LOCK:
         if _SHARED is None:
             _SHARED = TemplateProcess()
