@@ -2,7 +2,8 @@
 
 A chat template (Jinja2, shipped with the model: GGUF metadata `tokenizer.chat_template`
 or `chat_template` in a folder's tokenizer_config.json) turns a list of messages into the
-exact text the model was fine-tuned on. It is rendered in a sandbox, as transformers does.
+exact text the model was fine-tuned on. It is rendered in a sandbox, as transformers does,
+inside a child process with a memory limit and a deadline (qkv.template_process).
 
 `ChatSession` keeps the whole conversation's keys and values in the model's KV cache
 between turns: each turn renders the conversation, checks that the text already in the
@@ -55,7 +56,9 @@ def streaming_kind(capacity: int) -> CacheKind:
 
 class ChatTemplate:
     """A model's Jinja2 chat template, rendered like transformers' apply_chat_template, in a
-    sandbox that also bounds loop iterations, recursion and output size (qkv.sandbox)."""
+    sandbox that also bounds loop iterations, recursion and output size (qkv.sandbox), in a
+    child process that bounds memory and time whatever the template does
+    (qkv.template_process)."""
 
     def __init__(self, source: str, *, bos_token: str | None = None, eos_token: str | None = None) -> None:
         from qkv.template_process import TemplateProcessError, shared
