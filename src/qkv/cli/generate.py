@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from qkv.cli.speed import add_speed_arguments, announce_speed, load_for_speed
 from qkv.cli.numbers import add_max_memory_argument, integer, probability, seed, temperature
 from qkv.errors import QkvError
+from qkv.terminal_text import escape_controls
 from qkv.threads import add_threads_argument, apply_threads
 
 if TYPE_CHECKING:
@@ -83,10 +84,12 @@ def text_chunks(tokenizer: "Tokenizer", prompt_ids: list[int], new_ids: Iterable
 
 
 def _utf8_writer() -> Callable[[str], None]:
-    """Write and flush text to stdout as UTF-8, whatever the terminal's locale says."""
+    """Write and flush model text to stdout as UTF-8, whatever the terminal's locale says,
+    with control characters escaped (qkv.terminal_text)."""
     binary = getattr(sys.stdout, "buffer", None)
 
     def emit(text: str) -> None:
+        text = escape_controls(text)
         if binary is None:
             sys.stdout.write(text)
             sys.stdout.flush()

@@ -16,6 +16,7 @@ Shape legend: B batch (per process), L window length, V vocabulary.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import sys
 import time
@@ -97,6 +98,7 @@ def train(
     ctx = init_distributed(group_even_alone=settings.context_parallel and "WORLD_SIZE" in os.environ)
     folder = OutputFolder(settings.out)
     created = _missing_folders(folder.path.absolute())
+    was_empty = _is_empty_folder(folder.path)
     run: Any = None  # _Run or book_run.BookRun
     try:
         if ctx.is_main:  # only rank 0 writes
@@ -111,11 +113,19 @@ def train(
             if ctx.is_main:
                 folder.note_model(run.config.to_dict())
         except BaseException:
-            if created and ctx.is_main:  # bad input found before anything but the claim was written
+            if (created or was_empty) and ctx.is_main:  # bad input found before anything but the claim was written
                 folder.forget()
                 _remove_if_empty(created)
             raise
         return run.fit(on_step)
+    except Exception as error:
+        if not _disk_full(error):
+            raise
+        raise QkvError(
+            f"the disk holding --out {settings.out} is full ({getattr(error, 'strerror', None) or str(error)[:80]}"
+            f"{_where(error)}); free some space and "
+            "run again with --resume: every file qkv writes is replaced whole, so the last checkpoint is intact"
+        ) from None
     finally:
         folder.release()
         del run  # DDP's reducer must go while the process group lives: see shutdown_distributed
@@ -140,6 +150,31 @@ def _missing_folders(folder: Path) -> list[Path]:
             break
         missing.append(path)
     return missing
+
+
+_DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # EFBIG: a file-size limit (ulimit -f)
+
+
+_DISK_FULL_TEXT = ("No space left on device", "File too large", "Disk quota exceeded")
+
+
+def _disk_full(error: BaseException) -> bool:
+    """An OSError for a full disk, or a writer library's own error saying so (safetensors)."""
+    if isinstance(error, OSError) and error.errno in _DISK_FULL:
+        return True
+    return not isinstance(error, QkvError) and any(text in str(error) for text in _DISK_FULL_TEXT)
+
+
+def _where(error: BaseException) -> str:
+    name = getattr(error, "filename", None)
+    return f" writing {Path(name).name}" if isinstance(name, str) else ""
+
+
+def _is_empty_folder(path: Path) -> bool:
+    try:
+        return path.is_dir() and not any(path.iterdir())
+    except OSError:
+        return False
 
 
 def _remove_if_empty(folders: list[Path]) -> None:
