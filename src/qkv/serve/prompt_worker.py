@@ -1,0 +1,71 @@
+"""Chat-template rendering and tokenizing on worker threads, off the event loop, with a deadline.
+
+    worker = PromptWorker(timeout=30.0)
+    ids = await worker.run(api._prompt_ids, request)   # ApiError 400 past the deadline, 503 when busy
+
+On the event loop, a 1 MiB prompt (about 1 s to tokenize) or a slow chat template would stall
+every stream and /health with it. Here they run on a few threads of their own; the tokenizers
+library releases the GIL while it encodes and Jinja yields it every few milliseconds, so the
+loop keeps answering. A thread cannot be stopped from outside: past the deadline the request
+is answered (400, the prompt is too slow to prepare) and the work runs on to its own bounds
+(the template sandbox's and the tokenizer's); `max_pending` jobs at most, running or queued,
+abandoned ones included, so no flood of slow prompts can pile up threads' work without end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+from qkv.serve.schemas import ApiError
+
+Result = TypeVar("Result")
+
+
+class PromptWorker:
+    def __init__(self, *, timeout: float = 30.0, threads: int = 2, max_pending: int = 32) -> None:
+        self.timeout, self.max_pending = timeout, max_pending
+        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="qkv-prompt")
+        self._pending = 0
+        self._lock = threading.Lock()
+
+    @property
+    def pending(self) -> int:
+        """Jobs submitted and not yet finished (or cancelled before they started)."""
+        with self._lock:
+            return self._pending
+
+    def _done(self, _: concurrent.futures.Future[object]) -> None:
+        with self._lock:
+            self._pending -= 1
+
+    async def run(self, fn: Callable[..., Result], *args: object) -> Result:
+        """`fn(*args)` on a worker thread, answered within `timeout` seconds or refused."""
+        with self._lock:
+            if self._pending >= self.max_pending:
+                raise ApiError(503, f"the server is preparing {self._pending} prompts already; retry shortly",
+                               headers={"Retry-After": "1"})
+            self._pending += 1
+        started = threading.Event()
+
+        def job() -> Result:
+            started.set()
+            return fn(*args)
+
+        future = self._pool.submit(job)
+        future.add_done_callback(self._done)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), self.timeout)
+        except asyncio.TimeoutError:
+            future.cancel()  # dropped from the queue if it had not started
+            if started.is_set():
+                raise ApiError(400, f"the prompt took longer than {self.timeout:g} s to render and tokenize; "
+                               "send a shorter prompt", code="prompt_timeout") from None
+            raise ApiError(503, f"the server could not start preparing the prompt within {self.timeout:g} s; "
+                           "retry shortly", headers={"Retry-After": "1"}) from None
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
