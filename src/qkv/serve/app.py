@@ -30,7 +30,7 @@ from qkv.serve.engine import Engine, EngineFull, Finished
 from qkv.serve.front_door import Door, front_door
 from qkv.serve.json_body import parse_json
 from qkv.serve.metrics import Metrics
-from qkv.serve.prompt_worker import PromptWorker
+from qkv.serve.prompt_worker import PromptWorker, gil_free_encoder
 from qkv.serve.schemas import ApiError, CompletionRequest, Limits, parse
 from qkv.serve.text import TextStream
 
@@ -116,7 +116,7 @@ class Api:
 
     # -- generation ----------------------------------------------------------------------
     def _prompt_ids(self, req: CompletionRequest) -> list[int]:
-        encode = self.served.tokenizer.encode
+        encode = gil_free_encoder(self.served.tokenizer)  # runs on a prompt worker: the loop goes on meanwhile
         if req.messages is not None:
             if self.served.template is None:
                 raise ApiError(400, f"the model '{self.served.name}' has no chat template; use /v1/completions")

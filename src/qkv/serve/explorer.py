@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 
 from qkv.errors import QkvError
+from qkv.serve.prompt_worker import gil_free_encoder
 from qkv.serve.schemas import ApiError
 from qkv.serve.explorer_page import PAGE
 from qkv.serve.text import display_tokens
@@ -61,7 +62,8 @@ class Explorer:
             raise ApiError(400, f"'generate' must be between 0 and {MAX_GENERATE}, got {generate}", param="generate")
         text = body["text"]
         # Tokenized on a prompt worker, not the engine thread: a long text must not stall decoding.
-        ids = await self.api.prompts.run(lambda: self.api.served.tokenizer.encode(text).ids)
+        encode = gil_free_encoder(self.api.served.tokenizer)
+        ids = await self.api.prompts.run(lambda: encode(text).ids)
         future = self.api.served.engine.call(lambda: self._record(ids, layer, head, query, generate))
         try:
             return JSONResponse(await asyncio.wrap_future(future))

@@ -4,12 +4,14 @@
     ids = await worker.run(api._prompt_ids, request)   # ApiError 400 past the deadline, 503 when busy
 
 On the event loop, a 1 MiB prompt (about 1 s to tokenize) or a slow chat template would stall
-every stream and /health with it. Here they run on a few threads of their own; the tokenizers
-library releases the GIL while it encodes and Jinja yields it every few milliseconds, so the
-loop keeps answering. A thread cannot be stopped from outside: past the deadline the request
-is answered (400, the prompt is too slow to prepare) and the work runs on to its own bounds
-(the template sandbox's and the tokenizer's); `max_pending` jobs at most, running or queued,
-abandoned ones included, so no flood of slow prompts can pile up threads' work without end.
+every stream and /health with it. Here they run on a few threads of their own, and the loop
+keeps answering: Jinja yields the GIL every few milliseconds, and `gil_free_encoder` encodes
+through the tokenizers library's `encode_batch`, which releases the GIL while it works (its
+`encode` holds it to the end: a thread alone would not help). A thread cannot be stopped from
+outside: past the deadline the request is answered (400, the prompt is too slow to prepare)
+and the work runs on to its own bounds (the template sandbox's and the tokenizer's). At most
+`max_pending` jobs, running or queued, abandoned ones included, so no flood of slow prompts
+piles up work without end.
 """
 
 from __future__ import annotations
@@ -18,11 +20,23 @@ import asyncio
 import concurrent.futures
 import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from qkv.serve.schemas import ApiError
 
 Result = TypeVar("Result")
+
+
+def gil_free_encoder(tokenizer: Any) -> Callable[..., Any]:
+    """`tokenizer.encode(text, add_special_tokens=...)`, the same Encoding, without the GIL held."""
+    batch = getattr(tokenizer, "encode_batch", None)
+    if batch is None:
+        return tokenizer.encode
+
+    def encode(text: str, add_special_tokens: bool = True) -> Any:
+        return batch([text], add_special_tokens=add_special_tokens)[0]
+
+    return encode
 
 
 class PromptWorker:
