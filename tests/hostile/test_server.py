@@ -318,6 +318,7 @@ def test_an_idle_keep_alive_connection_is_closed(server: Server) -> None:
 
 
 # -- big prompts are prepared off the event loop ----------------------------------------------
+@pytest.mark.slow  # tokenizing 1 MiB takes 1-5 s: long enough that the loop would have stalled
 @pytest.mark.parametrize("chat", [False, True])
 def test_a_megabyte_prompt_does_not_stall_health(server: Server, chat: bool) -> None:
     import concurrent.futures
