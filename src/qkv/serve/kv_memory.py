@@ -3,7 +3,8 @@
     require_kv_memory(model, max_batch=8, capacity=1024)   # QkvError naming the flags, or None
 
 The engine allocates one slot cache of `max_batch` rows at start: per attention layer a key
-and a value buffer of (B, H_kv, S, D) elements in the cache's dtype, plus the row lengths.
+and a value buffer of (B, H_kv, S, D) elements in the cache's dtype, the row lengths (B,) and
+the slot indices (S,).
 `--max-batch 1000000` would ask for tens of GB and die in the allocation; here the bytes are
 computed from the model's layers (what `DecodeSession` will build: capacity rounded as it
 rounds) and compared with the memory this process may still use, before anything is made.
@@ -32,14 +33,14 @@ def slot_capacity(model: CausalDecoder, capacity: int | None) -> int:
 
 
 def kv_cache_bytes(model: CausalDecoder, *, max_batch: int, capacity: int | None) -> int:
-    """Bytes of the engine's slot KV cache: K and V (B, H_kv, S, D) per layer, plus lengths."""
+    """Bytes of the engine's slot KV cache: K and V (B, H_kv, S, D) per layer, lengths, slots."""
     positions = slot_capacity(model, capacity)
     itemsize = torch.empty(0, dtype=next(model.parameters()).dtype).element_size()
     total = 0
     for layer in model.attention_layers():
         heads, head_dim = int(layer.num_kv_heads), int(layer.head_dim)
         total += 2 * max_batch * heads * positions * head_dim * itemsize  # K and V: (B, H_kv, S, D)
-        total += max_batch * 8  # lengths: (B,) int64
+        total += (max_batch + positions) * 8  # lengths (B,) and slot indices (S,), int64
     return total
 
 
