@@ -144,6 +144,19 @@ def test_connections_past_the_cap_get_503_and_are_closed(port_of) -> None:
         assert _answers(s, 1)[0][0] == 200
 
 
+def test_bytes_that_are_not_http_get_a_json_400(port_of) -> None:
+    port = port_of()
+    for junk in (b"NOT HTTP AT ALL\r\n\r\n", b"GET /ok HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n"):
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            try:
+                s.sendall(junk)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            said = _closed(s, 5)
+        assert said is not None and said.startswith(b"HTTP/1.1 400")
+        assert "not valid HTTP" in json.loads(said.partition(b"\r\n\r\n")[2])["error"]["message"]
+
+
 def test_bind_socket_refuses_a_port_in_use_and_a_bad_host() -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

@@ -68,3 +68,27 @@ def test_any_paths_give_a_parseable_page_with_bounded_labels(paths: list[str]) -
                if s.name == "qkv_requests_total"]
     assert {s.labels["path"] for s in samples} <= ROUTES | {MODEL_ROUTE, OTHER}
     assert sum(s.value for s in samples) == len(paths)
+
+
+def test_an_uncaught_panic_is_a_json_500() -> None:
+    from starlette.applications import Starlette
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+
+    from qkv.serve.front_door import front_door
+
+    panicking = Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    panicking.pre_tokenizer = pre_tokenizers.Split(Regex("(a|aa)+$"), behavior="isolated")
+
+    async def route(request):  # a pyo3 PanicException is a BaseException: Starlette lets it through
+        panicking.encode("a" * 40 + "!")
+
+    metrics = Metrics()
+    app = front_door(Starlette(routes=[Route("/health", route)]), Door(allowed_hosts=("testserver",)), metrics)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        r = client.get("/health")
+        refused = client.get("/health", headers={"Host": "evil.example"})
+    assert r.status_code == 500 and "PanicException" in r.json()["error"]["message"]
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_host"
+    assert metrics.requests[("/health", 500)] == 1 and metrics.requests[("/health", 400)] == 1

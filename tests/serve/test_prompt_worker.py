@@ -114,3 +114,15 @@ def test_gil_free_encoder_lets_other_threads_run(tokenizer) -> None:
         time.sleep(0.001)
     worker.join()
     assert ticks >= 10
+
+
+def test_a_tokenizer_panic_is_a_json_500_not_a_crash() -> None:
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+
+    panicking = Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    panicking.pre_tokenizer = pre_tokenizers.Split(Regex("(a|aa)+$"), behavior="isolated")  # backtracks past onig's limit
+    worker = PromptWorker(timeout=20)
+    with pytest.raises(ApiError) as caught:
+        asyncio.run(worker.run(gil_free_encoder(panicking), "a" * 40 + "!"))
+    worker.close()
+    assert caught.value.status == 500 and "tokenizer failed" in caught.value.message

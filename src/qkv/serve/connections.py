@@ -10,7 +10,8 @@ body, stays open for ever; enough of them hold every file descriptor. `deadline_
 gives uvicorn's h11 protocol a read deadline: a request's headers must be complete within
 `read_timeout` seconds of the connection opening (or of the previous answer), and then its
 body within `read_timeout` more; otherwise it is answered 408 and closed. Past
-`max_connections` open connections a new one is answered 503 and closed at once.
+`max_connections` open connections a new one is answered 503 and closed at once. Bytes that
+are not HTTP get a JSON 400 (uvicorn's own is plain text).
 """
 
 from __future__ import annotations
@@ -84,6 +85,9 @@ def deadline_protocol(read_timeout: float, max_connections: int) -> type[asyncio
             self._disarm()
             super().connection_lost(exc)
 
+        def send_400_response(self, msg: str) -> None:  # uvicorn's answer to bytes that are not HTTP
+            self._close_with(400, "Bad Request", f"the request is not valid HTTP/1.1 ({msg.rstrip('.')})")
+
         def _disarm(self) -> None:
             if self._deadline is not None:
                 self._deadline.cancel()
@@ -127,7 +131,7 @@ def run_uvicorn(app: Any, sock: socket.socket, door: Door) -> None:
 
     config = uvicorn.Config(app, http=deadline_protocol(door.read_timeout, door.max_connections),
                             timeout_keep_alive=door.idle_timeout,  # type: ignore[arg-type]
-                            log_level="warning")
+                            ws="none", log_level="warning")  # no WebSocket routes: no upgrades either
     server = uvicorn.Server(config)
     server.run(sockets=[sock])
     if not server.started:

@@ -14,11 +14,13 @@ from using it:
   preflights answered, only for those (403 otherwise). CORS is off unless asked.
 - A POST body is read only when sent as `Content-Type: application/json` (UTF-8): the
   types a page may send without a preflight (text/plain, forms) get 415.
-Every answer, refusals included, is counted on /metrics under its route's fixed label.
+Every answer, refusals included, is counted on /metrics under its route's fixed label, and an
+error no route caught (even a BaseException such as a Rust panic) is a JSON 500, not plain text.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -128,7 +130,19 @@ class FrontDoor:
         if refusal is not None:
             await _answer(counted, refusal)
             return
-        await self.app(scope, receive, counted)
+        started = False
+
+        async def tracked(message: MutableMapping[str, Any]) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await counted(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except BaseException as error:  # a Rust panic is a BaseException: still a JSON answer
+            if isinstance(error, (asyncio.CancelledError, KeyboardInterrupt, SystemExit, GeneratorExit)) or started:
+                raise
+            await _answer(counted, ApiError(500, f"internal error: {type(error).__name__}: {error}"))
 
     def refusal(self, scope: Scope) -> ApiError | None:
         host = _header(scope, b"host")

@@ -67,7 +67,14 @@ class PromptWorker:
 
         def job() -> Result:
             started.set()
-            return fn(*args)
+            try:
+                return fn(*args)
+            except Exception:
+                raise
+            except BaseException as error:  # a Rust panic in the tokenizer (pyo3's PanicException)
+                if isinstance(error, (KeyboardInterrupt, SystemExit)):
+                    raise
+                raise ApiError(500, f"the tokenizer failed on this prompt: {type(error).__name__}: {error}") from None
 
         future = self._pool.submit(job)
         future.add_done_callback(self._done)
