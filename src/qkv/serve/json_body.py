@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from typing import Any
 
 from qkv.serve.schemas import ApiError
@@ -22,7 +21,6 @@ from qkv.serve.schemas import ApiError
 MAX_DEPTH = 64  # arrays and objects inside each other; OpenAI bodies need fewer than 10
 MAX_INT_DIGITS = 40  # an int64 has 19 digits; anything longer is no request field's value
 MAX_NUMBER_CHARS = 64  # a float's text ("-1.2345678901234567e-308" is 24)
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class _Refused(ValueError):
@@ -65,23 +63,35 @@ def _where(path: Path) -> tuple[str, str | None]:
     return out or "the top level", (str(parts[0]) if parts else None)
 
 
+def _lone_surrogate(text: str) -> int | None:
+    """The first lone surrogate's code point in `text`, if any (json pairs the others up).
+    ASCII is checked in C at once; other text by the UTF-8 encoder, which stops at one."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return ord(text[error.start])
+    return None
+
+
 def _check_tree(value: Any) -> None:
     """Depth at most MAX_DEPTH and no lone surrogate in any string or key (iteratively)."""
     stack: list[tuple[Any, int, Path]] = [(value, 0, ())]
     while stack:
         item, depth, path = stack.pop()
         if isinstance(item, str):
-            found = _SURROGATE.search(item)
-            if found:
+            surrogate = _lone_surrogate(item)
+            if surrogate is not None:
                 where, field = _where(path)
-                raise ApiError(400, f"the request body has a lone UTF-16 surrogate (\\u{ord(found.group()):04x}) "
+                raise ApiError(400, f"the request body has a lone UTF-16 surrogate (\\u{surrogate:04x}) "
                                f"at {where}; strings must be valid Unicode", param=field)
             continue
         if depth >= MAX_DEPTH:
             raise ApiError(400, f"the request body is nested deeper than {MAX_DEPTH} levels at {_where(path)[0]}")
         children = item.items() if isinstance(item, dict) else enumerate(item)
         for key, child in children:
-            if isinstance(key, str) and _SURROGATE.search(key):
+            if isinstance(key, str) and _lone_surrogate(key) is not None:
                 raise ApiError(400, f"the request body has a lone UTF-16 surrogate in a key at {_where(path)[0]}; "
                                "strings must be valid Unicode")
             if isinstance(child, (str, dict, list)):
