@@ -150,12 +150,12 @@ class FrontDoor:
             return ApiError(400, "the request has no Host header; send 'Host: 127.0.0.1:PORT'", code="invalid_host")
         name = host_part(host)
         if name is None or not (name in self.names or (self.any_ip and _is_ip_literal(name))):
-            return ApiError(400, f"the Host header {host!r} does not name this server; a server reached under "
+            return ApiError(400, f"the Host header {host[:100]!r} does not name this server; a server reached under "
                             "another name needs 'qkv serve --allowed-host NAME'", code="invalid_host")
         origin = _header(scope, b"origin")
         if origin is not None and not self._origin_allowed(origin, host):
-            return ApiError(403, f"requests from the web page at {origin!r} are refused; allow that page with "
-                            f"'qkv serve --cors-origin {origin}'", code="origin_not_allowed")
+            return ApiError(403, f"requests from the web page at {origin[:100]!r} are refused; allow that page with "
+                            f"'qkv serve --cors-origin {origin[:100]}'", code="origin_not_allowed")
         return None
 
     def _origin_allowed(self, origin: str, host: str) -> bool:
