@@ -6,6 +6,7 @@ after each. Loops are bounded; the server is always stopped."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import socket
@@ -46,16 +47,14 @@ class Server:
     process: subprocess.Popen
 
 
-@pytest.fixture(scope="module")
-def server(tiny_chat_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+@contextlib.contextmanager
+def _serve(folder: Path, log: Path, *flags: str) -> Iterator[Server]:
+    """`qkv serve` on a free port with `flags`, until /health answers; stopped afterwards."""
     port = free_port()
-    log = tmp_path_factory.mktemp("hostile-server") / "stderr.txt"
     with log.open("w") as stderr:
         process = subprocess.Popen(
-            [sys.executable, "-m", "qkv", "serve", "--model", str(tiny_chat_folder), "--port", str(port),
-             "--api-key", KEY, "--max-batch", "2", "--threads", "1", "--read-timeout", str(READ_TIMEOUT),
-             "--idle-timeout", "1", "--allowed-host", ALLOWED, "--cors-origin", PAGE, "--max-connections", "400"],
-            stdout=subprocess.PIPE, stderr=stderr, text=True)
+            [sys.executable, "-m", "qkv", "serve", "--model", str(folder), "--port", str(port), "--api-key", KEY,
+             "--max-batch", "2", "--threads", "1", *flags], stdout=subprocess.PIPE, stderr=stderr, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -67,7 +66,7 @@ def server(tiny_chat_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> 
                 pass
             assert time.monotonic() < deadline and process.poll() is None, log.read_text()
             time.sleep(0.1)
-        yield Server(url, port, tiny_chat_folder.name, process)
+        yield Server(url, port, folder.name, process)
     finally:
         process.send_signal(signal.SIGINT)
         try:
@@ -76,6 +75,14 @@ def server(tiny_chat_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> 
             process.kill()
             process.wait()
     assert "Traceback" not in log.read_text()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_chat_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with _serve(tiny_chat_folder, tmp_path_factory.mktemp("hostile-server") / "stderr.txt",
+                "--read-timeout", str(READ_TIMEOUT), "--idle-timeout", "1", "--allowed-host", ALLOWED,
+                "--cors-origin", PAGE, "--max-connections", "400") as running:
+        yield running
 
 
 def assert_healthy(server: Server) -> float:
@@ -338,3 +345,20 @@ def test_a_megabyte_prompt_does_not_stall_health(server: Server, chat: bool) -> 
     assert len(took) >= 2  # the prompt took long enough for /health to be probed meanwhile
     assert assert_json_error(r, 400)["code"] == "context_length_exceeded"
     assert_healthy(server)
+
+
+@pytest.mark.slow  # a second server, with a short --prompt-timeout
+def test_a_prompt_past_the_prompt_timeout_is_400_and_the_server_goes_on(
+        tiny_chat_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    log = tmp_path_factory.mktemp("hostile-prompt-timeout") / "stderr.txt"
+    with _serve(tiny_chat_folder, log, "--prompt-timeout", "0.5") as quick:
+        text = ("The cat sat on the mat. " * 44_000)[: (1 << 20) - 300]  # 1-5 s to tokenize
+        start = time.monotonic()
+        r = httpx.post(quick.url + "/v1/completions", json={"model": quick.model, "prompt": text, "max_tokens": 2},
+                       headers=AUTH, timeout=60)
+        assert assert_json_error(r, 400)["code"] == "prompt_timeout" and time.monotonic() - start < 3.0
+        assert_healthy(quick)  # the abandoned tokenization runs on in its thread, off the loop
+        small = httpx.post(quick.url + "/v1/completions", json={"model": quick.model, "prompt": "The cat",
+                                                                 "max_tokens": 2}, headers=AUTH, timeout=30)
+        assert small.status_code == 200
+        assert_healthy(quick)
