@@ -47,10 +47,10 @@ def _parse_constant(name: str) -> float:
     raise _Refused(f"{name}, which is not JSON (send a finite number)")
 
 
-Path = tuple  # (parent path, key or index), () at the top: made per value, joined only for a message
+JsonPath = tuple  # (parent path, key or index), () at the top: made per value, joined only for a message
 
 
-def _where(path: Path) -> tuple[str, str | None]:
+def _where(path: JsonPath) -> tuple[str, str | None]:
     """A path like messages[0].content, and its first part (the request field)."""
     parts: list[str | int] = []
     while path:
@@ -77,7 +77,7 @@ def _lone_surrogate(text: str) -> int | None:
 
 def _check_tree(value: Any) -> None:
     """Depth at most MAX_DEPTH and no lone surrogate in any string or key (iteratively)."""
-    stack: list[tuple[Any, int, Path]] = [(value, 0, ())]
+    stack: list[tuple[Any, int, JsonPath]] = [(value, 0, ())]
     while stack:
         item, depth, path = stack.pop()
         if isinstance(item, str):
