@@ -1,7 +1,11 @@
 """The HTTP application: OpenAI-shaped routes over the batching engine, /health, /metrics,
 and the live attention explorer at `/`.
 
-    app = build_app(Served(...), limits=Limits(), api_key=None)   # a Starlette app
+    app = build_app(Served(...), limits=Limits(), api_key=None, door=Door())   # an ASGI app
+
+The app answers behind `qkv.serve.front_door` (Host, Origin, CORS, JSON-only bodies, metrics
+counting); bodies are parsed by `qkv.serve.json_body`, prompts rendered and tokenized by
+`qkv.serve.prompt_worker`, off the event loop.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -23,7 +27,10 @@ from qkv.chat import ChatTemplate
 from qkv.errors import QkvError
 from qkv.generation.sampling import Sampling
 from qkv.serve.engine import Engine, EngineFull, Finished
+from qkv.serve.front_door import Door, front_door
+from qkv.serve.json_body import parse_json
 from qkv.serve.metrics import Metrics
+from qkv.serve.prompt_worker import PromptWorker, gil_free_encoder
 from qkv.serve.schemas import ApiError, CompletionRequest, Limits, parse
 from qkv.serve.text import TextStream
 
@@ -50,20 +57,21 @@ async def _json_body(request: Request, limits: Limits) -> Any:
     if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
         raise ApiError(413, f"the request body is over {limits.max_body_bytes} bytes")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limits.max_body_bytes:
-            raise ApiError(413, f"the request body is over {limits.max_body_bytes} bytes")
-        chunks.append(chunk)
     try:
-        return json.loads(b"".join(chunks))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ApiError(400, f"the request body is not valid JSON: {error}") from None
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limits.max_body_bytes:
+                raise ApiError(413, f"the request body is over {limits.max_body_bytes} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:  # the client left, or its body missed the read deadline
+        raise ApiError(408, "the connection closed before the whole request body arrived") from None
+    return parse_json(b"".join(chunks))
 
 
 class Api:
     def __init__(self, served: Served, *, limits: Limits, api_key: str | None, metrics: Metrics) -> None:
         self.served, self.limits, self.api_key, self.metrics = served, limits, api_key, metrics
+        self.prompts = PromptWorker()  # build_app gives it the door's prompt deadline
 
     # -- plumbing ------------------------------------------------------------------------
     def check_key(self, request: Request) -> None:
@@ -84,6 +92,7 @@ class Api:
         return JSONResponse({"status": "ok", "model": self.served.name})
 
     async def metrics_page(self, request: Request) -> Response:
+        self.check_key(request)
         return PlainTextResponse(self.metrics.render(self.served.engine.stats),
                                  media_type="text/plain; version=0.0.4")
 
@@ -107,7 +116,7 @@ class Api:
 
     # -- generation ----------------------------------------------------------------------
     def _prompt_ids(self, req: CompletionRequest) -> list[int]:
-        encode = self.served.tokenizer.encode
+        encode = gil_free_encoder(self.served.tokenizer)  # runs on a prompt worker: the loop goes on meanwhile
         if req.messages is not None:
             if self.served.template is None:
                 raise ApiError(400, f"the model '{self.served.name}' has no chat template; use /v1/completions")
@@ -123,7 +132,7 @@ class Api:
         self.check_key(request)
         req = parse(await _json_body(request, self.limits), chat=chat, limits=self.limits)
         self.check_model(req.model)
-        ids = self._prompt_ids(req)
+        ids = await self.prompts.run(self._prompt_ids, req)  # off the event loop, with a deadline
         if not ids:
             raise ApiError(400, "the prompt is empty", param="prompt")
         capacity = self.served.engine.capacity
@@ -259,12 +268,13 @@ class _Answer:
 
 
 def build_app(served: Served, *, limits: Limits = Limits(), api_key: str | None = None,
-              metrics: Metrics | None = None, start_engine: bool = True) -> Starlette:
+              metrics: Metrics | None = None, start_engine: bool = True, door: Door = Door()) -> Any:
     from qkv.serve.explorer import Explorer
     from qkv.serve.explorer_why import ExplorerWhy, with_why
 
     metrics = metrics or Metrics()
     api = Api(served, limits=limits, api_key=api_key, metrics=metrics)
+    api.prompts = PromptWorker(timeout=door.prompt_timeout)
     explorer = Explorer(api)
     explorer.html = with_why(explorer.html)  # click a key's row: its score split (qkv.serve.explorer_why)
     explorer_why = ExplorerWhy(api)
@@ -277,8 +287,7 @@ def build_app(served: Served, *, limits: Limits = Limits(), api_key: str | None 
                 response = _error(error)
             except Exception as error:  # noqa: BLE001 - an answer, never a traceback
                 response = _error(ApiError(500, f"internal error: {type(error).__name__}: {error}"))
-            metrics.count(request.url.path if request.url.path.count("/") < 4 else "other", response.status_code)
-            return response
+            return response  # counted on /metrics by the front door
         return endpoint
 
     routes = [
@@ -308,8 +317,10 @@ def build_app(served: Served, *, limits: Limits = Limits(), api_key: str | None 
             try:
                 yield
             finally:
+                api.prompts.close()
                 if start_engine:
                     served.engine.stop()
         return span()
 
-    return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found}, lifespan=lifespan)
+    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found}, lifespan=lifespan)
+    return front_door(app, door, metrics)

@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 
 from qkv.errors import QkvError
+from qkv.serve.prompt_worker import gil_free_encoder
 from qkv.serve.schemas import ApiError
 from qkv.serve.explorer_page import PAGE
 from qkv.serve.text import display_tokens
@@ -64,13 +65,17 @@ class Explorer:
         generate = _int(body, "generate", 0) or 0
         if not 0 <= generate <= MAX_GENERATE:
             raise ApiError(400, f"'generate' must be between 0 and {MAX_GENERATE}, got {generate}", param="generate")
-        future = self.api.served.engine.call(lambda: self._record(body["text"], layer, head, query, generate))
+        text = body["text"]
+        # Tokenized on a prompt worker, not the engine thread: a long text must not stall decoding.
+        encode = gil_free_encoder(self.api.served.tokenizer)
+        ids = await self.api.prompts.run(lambda: encode(text).ids)
+        future = self.api.served.engine.call(lambda: self._record(ids, layer, head, query, generate))
         try:
             return JSONResponse(await asyncio.wrap_future(future))
         except QkvError as error:
             raise ApiError(400, str(error)) from None
 
-    def _record(self, text: str, layer: int | None, head: int | None, query: int | None,
+    def _record(self, ids: list[int], layer: int | None, head: int | None, query: int | None,
                 generate: int) -> dict[str, Any]:
         from qkv.trace import trace
         from qkv.trace.analysis import analyse
@@ -79,7 +84,6 @@ class Explorer:
 
         served = self.api.served
         model = served.model
-        ids = served.tokenizer.encode(text).ids
         limit = min(MAX_TRACE_TOKENS, model.context_length - generate)
         if not 1 <= len(ids) <= limit:
             raise QkvError(f"the text has {len(ids)} tokens; the explorer takes 1 to {limit}")
