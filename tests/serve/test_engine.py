@@ -40,8 +40,8 @@ def test_staggered_requests_match_each_prompt_alone(tiny_folder: Path) -> None:
                 ends[i] = item
                 if all(e is not None for e in ends):
                     done.set()
-            else:
-                got[i].append(item)
+            elif not item.stop:  # an end token ends the answer and is not one of its tokens
+                got[i].append(item.id)
         return emit
 
     engine.start()
