@@ -196,14 +196,17 @@ async def _events(answer: Answer, jobs: list[Job], queue: asyncio.Queue[tuple[in
                   request: Request | None) -> AsyncIterator[Choice]:
     """Hand each event to its choice, and yield the choice, until every job has finished.
     With `request`, stop early (the jobs are then cancelled by the caller) once its client
-    has gone away: checked whenever no event came for a while."""
+    has gone away: checked every DISCONNECT_POLL_S, whether events keep coming or not."""
     open_jobs = len(jobs)
+    checked = time.monotonic()
     while open_jobs:
+        if request is not None and time.monotonic() - checked >= DISCONNECT_POLL_S:
+            if await request.is_disconnected():
+                return
+            checked = time.monotonic()
         try:
             index, event = await asyncio.wait_for(queue.get(), timeout=DISCONNECT_POLL_S)
         except asyncio.TimeoutError:
-            if request is not None and await request.is_disconnected():
-                return
             continue
         choice = answer.choices[index]
         choice.take(event)
