@@ -160,10 +160,13 @@ class Api:
                                 score_prompt=req.echo and req.logprobs is not None, share=share))
         return jobs, answer
 
-    async def _complete(self, request: Request, *, chat: bool) -> Response:
+    async def read_body(self, request: Request) -> Any:
+        """The JSON body of an authorised request, bounded in size."""
         self.check_key(request)
-        req = parse(await _json_body(request, self.limits), chat=chat, limits=self.limits,
-                    vocab_size=self.vocab_size)
+        return await _json_body(request, self.limits)
+
+    async def _complete(self, request: Request, *, chat: bool) -> Response:
+        req = parse(await self.read_body(request), chat=chat, limits=self.limits, vocab_size=self.vocab_size)
         self.check_model(req.model)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
@@ -237,6 +240,7 @@ async def _stream(answer: Answer, jobs: list[Job], queue: asyncio.Queue[tuple[in
 def build_app(served: Served, *, limits: Limits = Limits(), api_key: str | None = None,
               metrics: Metrics | None = None, start_engine: bool = True) -> Starlette:
     from qkv.serve.explorer import Explorer
+    from qkv.serve.tokenize import TokenizerRoutes
 
     metrics = metrics or Metrics()
     api = Api(served, limits=limits, api_key=api_key, metrics=metrics)
@@ -263,6 +267,7 @@ def build_app(served: Served, *, limits: Limits = Limits(), api_key: str | None 
         Route("/v1/models/{model:path}", guarded(api.model), methods=["GET"]),
         Route("/v1/completions", guarded(api.completions), methods=["POST"]),
         Route("/v1/chat/completions", guarded(api.chat_completions), methods=["POST"]),
+        *(Route(path, guarded(handler), methods=methods) for path, handler, methods in TokenizerRoutes(api).routes()),
     ]
 
     async def not_found(request: Request, exc: Exception) -> Response:
