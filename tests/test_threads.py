@@ -69,5 +69,6 @@ def test_the_count_follows_the_load_while_a_process_lives(monkeypatch) -> None:
     load[0] = 0.0
     assert follow.poll() == usable_cores() == torch.get_num_threads()
     slow = FollowIdleCores(every=3600.0)
+    assert slow.poll() == usable_cores()  # the first poll looks
     load[0] = float(usable_cores())
     assert slow.poll() == torch.get_num_threads() == usable_cores()  # not yet time to look again

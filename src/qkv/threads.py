@@ -58,25 +58,25 @@ class FollowIdleCores:
     LOAD_WINDOW = 60.0  # seconds: the kernel's 1-minute load average decays over this
 
     def __init__(self, *, every: float = 5.0, processes: int = 1) -> None:
-        import torch
-
         self.every, self.processes = every, max(1, processes)
-        self.threads = torch.get_num_threads()
+        self.threads = 0  # not set yet: the first poll sets it, on the thread that polls
         self._at, self._cpu = time.monotonic(), _cpu_seconds()
         self._own = 0.0  # this process's running threads, averaged like the load average
 
     def poll(self) -> int:
+        """torch's thread count for the calling thread (the one that runs the model), looked
+        at again when `every` seconds have passed since the last look."""
         now = time.monotonic()
-        if now - self._at < self.every:
+        if self.threads and now - self._at < self.every:
             return self.threads
         import torch
 
         cpu = _cpu_seconds()
         decay = math.exp(-(now - self._at) / self.LOAD_WINDOW)
-        self._own = self._own * decay + (cpu - self._cpu) / (now - self._at) * (1 - decay)
+        self._own = self._own * decay + (cpu - self._cpu) / max(now - self._at, 1e-3) * (1 - decay)
         self._at, self._cpu = now, cpu
         threads = max(1, idle_cores(own_load=self._own) // self.processes)
-        if threads != self.threads:
+        if threads != self.threads or threads != torch.get_num_threads():
             torch.set_num_threads(threads)
             self.threads = threads
         return threads
