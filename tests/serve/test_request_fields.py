@@ -259,3 +259,19 @@ def test_an_abandoned_whole_request_frees_its_slot(start_server) -> None:
     finally:
         stop.set()
         slower.join(10)
+
+
+def test_tokenizer_endpoints_are_the_servers_tokenizer(server) -> None:
+    """vLLM's /tokenize, /detokenize and /tokenizer_info (lm-eval's tokenizer_backend=remote)."""
+    text = "The cat sat on the mat.<|end|>"
+    tokenized = httpx.post(server.url + "/tokenize", headers=AUTH, json={"prompt": text, "add_special_tokens": False})
+    ids = server.served.tokenizer.encode(text, add_special_tokens=False).ids
+    assert tokenized.json()["tokens"] == ids and tokenized.json()["count"] == len(ids)
+    back = httpx.post(server.url + "/detokenize", headers=AUTH, json={"tokens": ids}).json()["prompt"]
+    assert back == server.served.tokenizer.decode(ids, skip_special_tokens=False) == text
+    info = httpx.get(server.url + "/tokenizer_info", headers=AUTH).json()
+    assert info["eos_token"] == "<|end|>" and info["chat_template"] == server.served.template.source
+    refused = httpx.post(server.url + "/tokenize", headers=AUTH, json={"prompt": "x", "messages": []})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "messages"
+    assert httpx.post(server.url + "/detokenize", headers=AUTH, json={"tokens": [10**6]}).status_code == 422
+    assert httpx.get(server.url + "/tokenizer_info").status_code == 401  # the API key guards it too
