@@ -64,19 +64,27 @@ def direct_scores(pairs: list[list[tuple[str, str]]]) -> list[list[float]]:
 
     model, tokenizer = load_pretrained("smollm2")
     out = []
-    for item in pairs:
-        row = []
+    for i, item in enumerate(pairs):
+        rows = []
         for context, continuation in item:
             spaces = len(context) - len(context.rstrip())  # lm-eval moves trailing spaces onto the continuation
             if spaces:
                 context, continuation = context[:-spaces], context[-spaces:] + continuation
             whole = tokenizer.encode(context + continuation, add_special_tokens=False).ids
-            n_context = len(tokenizer.encode(context, add_special_tokens=False).ids)
-            with torch.inference_mode():
-                logprobs = torch.log_softmax(model(torch.tensor([whole]))[0].float(), dim=-1)  # (T, V)
+            rows.append((whole, len(tokenizer.encode(context, add_special_tokens=False).ids)))
+        # The item's choices in one batch, padded at the end: a causal model's logits at the
+        # real positions do not see the padding after them.
+        longest = max(len(whole) for whole, _ in rows)
+        ids = torch.tensor([whole + [0] * (longest - len(whole)) for whole, _ in rows])  # (choices, T)
+        with torch.inference_mode():
+            logprobs = torch.log_softmax(model(ids).float(), dim=-1)  # (choices, T, V)
+        scores = []
+        for r, (whole, n_context) in enumerate(rows):
             targets = torch.tensor(whole[n_context:])
-            row.append(float(logprobs[n_context - 1: -1].gather(1, targets[:, None]).sum()))
-        out.append(row)
+            scores.append(float(logprobs[r, n_context - 1: len(whole) - 1].gather(1, targets[:, None]).sum()))
+        out.append(scores)
+        if (i + 1) % 10 == 0:
+            print(f"scored {i + 1}/{len(pairs)} items directly", flush=True)
     return out
 
 
@@ -96,6 +104,9 @@ def main() -> None:
     parser.add_argument("--hf", action="store_true", help="also run lm-eval's hf backend on the same GGUF")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    from qkv.threads import apply_threads
+
+    apply_threads(args.threads)  # this process scores directly after the server has stopped
     port = free_port()
     env = {**os.environ, "OPENAI_API_KEY": "unused"}
     server = subprocess.Popen([sys.executable, "-m", "qkv", "serve", "--model", "smollm2", "--port", str(port),
