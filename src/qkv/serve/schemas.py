@@ -224,6 +224,8 @@ def parse(body: Any, *, chat: bool, limits: Limits, vocab_size: int | None = Non
     if unknown:
         raise ApiError(400, f"'stream_options.{unknown[0]}' is not supported", param=f"stream_options.{unknown[0]}")
     include_usage = _typed(options, "include_usage", (bool,), "a boolean", False)
+    if options and not stream:
+        raise ApiError(400, "'stream_options' needs 'stream': true", param="stream_options")
     n = _typed(body, "n", (int,), "an integer", 1)
     best_of = _typed(body, "best_of", (int,), "an integer", n)
     if n < 1 or best_of < n:
