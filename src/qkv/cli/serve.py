@@ -7,7 +7,8 @@ import argparse
 
 from qkv.cli.serve_flags import add_front_door_arguments, check_serve_flags
 from qkv.cli.speed import add_precision_argument
-from qkv.threads import add_threads_argument, apply_threads
+from qkv.errors import QkvError
+from qkv.threads import FollowIdleCores, add_threads_argument, apply_threads
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -50,8 +51,10 @@ def run(args: argparse.Namespace) -> int:
 
     sock = bind_socket(args.host, args.port)  # a port in use: one line, before any "listening on"
     try:
+        # Without --threads the count follows the idle cores for the server's whole life.
+        follow = FollowIdleCores() if args.threads is None else None
         served = load_served(args.model, precision=args.dtype, max_batch=args.max_batch, capacity=args.context,
-                             max_waiting=args.max_waiting)
+                             max_waiting=args.max_waiting, threads=follow)
         app = build_app(served, limits=Limits(max_tokens=args.max_tokens), api_key=args.api_key,
                         door=door)
         serve(app, sock=sock, door=door)

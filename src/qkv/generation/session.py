@@ -164,6 +164,11 @@ class DecodeSession:
         """Start row `row` afresh with one request's prompt ids (T,), leaving the other rows
         as they are (a continuous batch: needs kind=SlotKVCache). Returns the logits of its
         last token, (V,)."""
+        return self.prefill_row_all(row, ids)[-1]
+
+    def prefill_row_all(self, row: int, ids: Tensor) -> Tensor:
+        """`prefill_row`, returning the logits at every prompt position, (T, V): row t
+        scores the token after ids[t] (a server scoring a prompt's own tokens needs them)."""
         self._check_open()
         if not 0 <= row < self.batch_size or ids.dim() != 1 or ids.shape[0] < 1:
             raise QkvError(f"prefill_row takes a row in 0..{self.batch_size - 1} and ids (T,), got row {row}, "
@@ -175,7 +180,23 @@ class DecodeSession:
             logits = self.model(ids.to(self.device)[None], positions=positions)  # (1, T, V)
         self.lengths[row] = t
         self._next = None
-        return logits[0, -1]  # (V,)
+        return logits[0]  # (T, V)
+
+    def copy_row(self, source: int, target: int, length: int) -> None:
+        """Row `target` starts with the first `length` positions row `source` holds (one
+        prompt prefilled once for several answers to it); needs kind=SlotKVCache."""
+        self._check_open()
+        if source == target or not (0 <= source < self.batch_size and 0 <= target < self.batch_size):
+            raise QkvError(f"copy_row takes two different rows in 0..{self.batch_size - 1}, got {source}, {target}")
+        if not 1 <= length <= self.lengths[source]:
+            raise QkvError(f"row {source} holds {self.lengths[source]} positions; cannot copy {length}")
+        caches = self.model.caches()
+        if not all(isinstance(cache, SlotKVCache) for cache in caches):
+            raise QkvError("copy_row needs a session with kind=SlotKVCache")
+        for cache in caches:
+            cache.copy_row(source, target, length)  # type: ignore[attr-defined]
+        self.lengths[target] = length
+        self._next = None
 
     def release_row(self, row: int) -> None:
         """Row `row` holds nothing any more: it idles (see `decode`) until prefilled again."""

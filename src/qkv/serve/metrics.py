@@ -15,8 +15,8 @@ import threading
 from qkv.serve.engine import EngineStats
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-ROUTES = frozenset({"/", "/explorer/trace", "/health", "/metrics", "/v1/models", "/v1/completions",
-                    "/v1/chat/completions"})
+ROUTES = frozenset({"/", "/explorer/trace", "/explorer/why", "/health", "/metrics", "/v1/models",
+                    "/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/tokenizer_info"})
 MODEL_ROUTE = "/v1/models/{model}"
 OTHER = "other"
 

@@ -17,6 +17,7 @@ from qkv.serve.connections import bind_socket, run_uvicorn
 from qkv.serve.engine import Engine
 from qkv.serve.front_door import Door
 from qkv.serve.kv_memory import require_kv_memory
+from qkv.threads import FollowIdleCores
 
 
 def model_name(source: str) -> str:
@@ -25,7 +26,8 @@ def model_name(source: str) -> str:
 
 
 def load_served(source: str, *, precision: str = "float32", max_batch: int = 8,
-                capacity: int | None = None, max_waiting: int | None = None) -> Served:
+                capacity: int | None = None, max_waiting: int | None = None,
+                threads: FollowIdleCores | None = None) -> Served:
     """The model (with its chat template when it has one), ready for the engine."""
     from qkv.chat import ChatTemplate, load_chat_model
     from qkv.models.loader import load_pretrained
@@ -46,7 +48,7 @@ def load_served(source: str, *, precision: str = "float32", max_batch: int = 8,
     # the model (float32, int8, int4); not Inductor, whose graphs would follow the batch size.
     model.fused_layers = FusedLayers.for_model(model)
     require_kv_memory(model, max_batch=max_batch, capacity=capacity)  # before the engine allocates it
-    engine = Engine(model, max_batch=max_batch, capacity=capacity, max_waiting=max_waiting)
+    engine = Engine(model, max_batch=max_batch, capacity=capacity, max_waiting=max_waiting, threads=threads)
     return Served(model_name(source), model, tokenizer, template, frozenset(stop), engine)
 
 
