@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-               413: "invalid_request_error", 422: "invalid_request_error", 500: "server_error",
-               503: "server_overloaded"}
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 405: "invalid_request_error", 408: "timeout_error",
+               413: "invalid_request_error", 415: "invalid_request_error", 422: "invalid_request_error",
+               500: "server_error", 503: "server_overloaded"}
 
 
 class ApiError(Exception):
