@@ -80,9 +80,13 @@ class ChatTemplate:
         self.bos_token = bos_token
         self.eos_token = eos_token
 
-    def render(self, messages: list[Message], *, add_generation_prompt: bool = True) -> str:
+    def render(self, messages: list[Message], *, add_generation_prompt: bool = True,
+               tools: list[dict[str, Any]] | None = None) -> str:
+        """The conversation as the model's text; `tools` (OpenAI function specs) is passed to
+        templates that show tools themselves (qkv.serve.tools)."""
         from qkv.sandbox import TemplateLimitError, render
 
+        extra = {} if tools is None else {"tools": tools}
         try:
             return render(
                 self._template,
@@ -90,6 +94,7 @@ class ChatTemplate:
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token or "",
                 eos_token=self.eos_token or "",
+                **extra,
             )
         except QkvError:
             raise

@@ -43,12 +43,22 @@ def apply_bitmask(logits: Tensor, bitmask: Tensor) -> Tensor:
     return logits.masked_fill(torch.from_numpy(bits == 0), -torch.inf)
 
 
+# JSON as json.dumps writes it: ", " and ": ", no other whitespace (so a model cannot pad a
+# document with spaces and newlines until max_tokens).
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def with_layout(schema: dict[str, Any]) -> dict[str, Any]:
+    """`schema` carrying JSON_LAYOUT for llguidance (its own "x-guidance" options win)."""
+    return {**schema, "x-guidance": {**JSON_LAYOUT, **schema.get("x-guidance", {})}}
+
+
 def json_schema_grammar(schema: dict[str, Any]) -> str:
-    """A llguidance grammar for JSON documents valid under `schema` (compact separators)."""
+    """A llguidance grammar for JSON documents valid under `schema`, laid out as JSON_LAYOUT."""
     import llguidance
 
     try:
-        return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema))
+        return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(with_layout(schema)))
     except (ValueError, TypeError) as error:
         raise QkvError(f"the JSON schema cannot be compiled: {error}") from None
 

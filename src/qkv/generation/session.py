@@ -160,20 +160,21 @@ class DecodeSession:
         self._next = self._positions()
         return logits[torch.arange(b, device=self.device), last]  # (B, V)
 
-    def prefill_row(self, row: int, ids: Tensor) -> Tensor:
-        """Start row `row` afresh with one request's prompt ids (T,), leaving the other rows
-        as they are (a continuous batch: needs kind=SlotKVCache). Returns the logits of its
-        last token, (V,)."""
+    def prefill_row(self, row: int, ids: Tensor, *, start: int = 0) -> Tensor:
+        """Start row `row` with one request's prompt ids (T,) at positions [start, start + T),
+        leaving the other rows as they are (a continuous batch: needs kind=SlotKVCache).
+        start > 0 keeps the row's first `start` cached positions (a prompt prefix the row
+        already holds, qkv.serve.prefix_cache). Returns the logits of its last token, (V,)."""
         self._check_open()
-        if not 0 <= row < self.batch_size or ids.dim() != 1 or ids.shape[0] < 1:
-            raise QkvError(f"prefill_row takes a row in 0..{self.batch_size - 1} and ids (T,), got row {row}, "
-                           f"ids of shape {tuple(ids.shape)}")
-        t = ids.shape[0]
-        self._need(t)
-        positions = torch.arange(t, device=self.device)  # (T,)
-        with self._on_rows([row], reach=t), torch.inference_mode(), _eager_prompts():
+        if not 0 <= row < self.batch_size or ids.dim() != 1 or ids.shape[0] < 1 or start < 0:
+            raise QkvError(f"prefill_row takes a row in 0..{self.batch_size - 1}, ids (T,) and start >= 0, got row "
+                           f"{row}, ids of shape {tuple(ids.shape)}, start {start}")
+        end = start + ids.shape[0]
+        self._need(end)
+        positions = torch.arange(start, end, device=self.device)  # (T,)
+        with self._on_rows([row], reach=end), torch.inference_mode(), _eager_prompts():
             logits = self.model(ids.to(self.device)[None], positions=positions)  # (1, T, V)
-        self.lengths[row] = t
+        self.lengths[row] = end
         self._next = None
         return logits[0, -1]  # (V,)
 

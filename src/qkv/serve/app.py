@@ -25,6 +25,7 @@ from qkv.generation.sampling import Sampling
 from qkv.serve.engine import Engine, EngineFull, Finished
 from qkv.serve.metrics import Metrics
 from qkv.serve.schemas import ApiError, CompletionRequest, Limits, parse
+from qkv.serve.structured import Plan
 from qkv.serve.text import TextStream
 
 
@@ -39,6 +40,7 @@ class Served:
     stop_ids: frozenset[int]
     engine: Engine
     created: int = field(default_factory=lambda: int(time.time()))
+    grammars: Any = None  # qkv.generation.constraints.Grammars, built on the first structured request
 
 
 def _error(error: ApiError) -> JSONResponse:
@@ -106,13 +108,13 @@ class Api:
         return await self._complete(request, chat=True)
 
     # -- generation ----------------------------------------------------------------------
-    def _prompt_ids(self, req: CompletionRequest) -> list[int]:
+    def _prompt_ids(self, req: CompletionRequest, plan: Plan) -> list[int]:
         encode = self.served.tokenizer.encode
         if req.messages is not None:
             if self.served.template is None:
                 raise ApiError(400, f"the model '{self.served.name}' has no chat template; use /v1/completions")
             try:
-                text = self.served.template.render(req.messages)
+                text = plan.render(self.served.template, req.messages)  # tools shown as the template wants
             except QkvError as error:
                 raise ApiError(400, str(error), param="messages") from None
             return encode(text, add_special_tokens=False).ids
@@ -123,7 +125,8 @@ class Api:
         self.check_key(request)
         req = parse(await _json_body(request, self.limits), chat=chat, limits=self.limits)
         self.check_model(req.model)
-        ids = self._prompt_ids(req)
+        plan = Plan.for_request(req, self.served)  # response_format / tools -> grammar (qkv.serve.structured)
+        ids = self._prompt_ids(req, plan)
         if not ids:
             raise ApiError(400, "the prompt is empty", param="prompt")
         capacity = self.served.engine.capacity
@@ -136,13 +139,13 @@ class Api:
         queue: asyncio.Queue[int | Finished] = asyncio.Queue()
         try:
             job = self.served.engine.submit(ids, max_tokens=req.max_tokens, sampling=sampling,
-                                            stop_ids=self.served.stop_ids,
+                                            stop_ids=self.served.stop_ids, constraint=plan.constraint,
                                             emit=lambda item: loop.call_soon_threadsafe(queue.put_nowait, item))
         except EngineFull as error:
             raise ApiError(503, str(error), headers={"Retry-After": "1"}) from None
         except QkvError as error:
             raise ApiError(400, str(error)) from None
-        answer = _Answer(req, chat, self.served.name, len(ids))
+        answer = _Answer(req, chat, self.served.name, len(ids), plan=plan)
         pieces = self._pieces(job, queue, TextStream(self.served.tokenizer, req.stop), answer)
         if req.stream:
             return StreamingResponse(answer.sse(pieces), media_type="text/event-stream",
@@ -207,6 +210,7 @@ class _Answer:
     completion_tokens: int = 0
     finish: str = "stop"
     error: str = ""
+    plan: Plan = field(default_factory=Plan)
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -222,8 +226,8 @@ class _Answer:
 
     def whole(self, text: str) -> dict[str, Any]:
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": self.finish}
+            message, finish = self.plan.message(text, self.finish)  # content, or tool_calls
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": self.finish}
         return {**self._head(False), "choices": [choice], "usage": self.usage}
@@ -247,6 +251,11 @@ class _Answer:
 
         if self.chat:
             yield event(self._chunk("", None, first=True))
+        if self.plan.buffers:  # a reply that may be a tool call is read whole, then sent
+            text = "".join([piece async for piece in pieces])
+            message, self.finish = self.plan.message(text, self.finish)
+            for chunk in _tool_chunks(self, message):
+                yield event(chunk)
         async for piece in pieces:
             yield event(self._chunk(piece, None))
         if self.finish == "error":
@@ -256,6 +265,20 @@ class _Answer:
         if self.req.include_usage:
             yield event({**self._head(True), "choices": [], "usage": self.usage})
         yield "data: [DONE]\n\n"
+
+
+def _tool_chunks(answer: _Answer, message: dict[str, Any]) -> list[dict[str, Any]]:
+    """The stream chunks of a whole message: its content, then each tool call in OpenAI's
+    delta shape (index, id, type and name first; then the arguments)."""
+    chunks = [answer._chunk(message["content"], None)] if message.get("content") else []
+    for i, call in enumerate(message.get("tool_calls") or []):
+        head = {"index": i, "id": call["id"], "type": "function",
+                "function": {"name": call["function"]["name"], "arguments": ""}}
+        for part in (head, {"index": i, "function": {"arguments": call["function"]["arguments"]}}):
+            chunk = answer._chunk(None, None)
+            chunk["choices"][0]["delta"]["tool_calls"] = [part]
+            chunks.append(chunk)
+    return chunks
 
 
 def build_app(served: Served, *, limits: Limits = Limits(), api_key: str | None = None,

@@ -13,6 +13,11 @@ most; then the occupied rows (only those) decode one token per step, each at its
 request leaves as soon as it stops, reaches max_tokens or is cancelled. Requests beyond
 the free slots wait in a bounded queue; `submit` refuses one more (EngineFull).
 
+A freed row keeps its keys and values: a new request takes the free row that shares the
+longest prefix with its prompt and prefills only the rest (qkv.serve.prefix_cache). A job
+may carry a `Constraint` (qkv.generation.constraints): its row's logits are masked by the
+grammar before sampling, each chosen token advances it, and the job ends when it is complete.
+
 Shape legend: B slots (max_batch), T prompt tokens, V vocabulary.
 """
 
@@ -30,9 +35,11 @@ import torch
 
 from qkv.attention.kv_cache import SlotKVCache
 from qkv.errors import QkvError
+from qkv.generation.constraints import Constraint
 from qkv.generation.sampling import Sampling, choose
 from qkv.generation.session import DecodeSession
 from qkv.models.decoder import CausalDecoder
+from qkv.serve.prefix_cache import RowPrefixes
 
 
 class EngineFull(QkvError):
@@ -61,6 +68,8 @@ class Job:
     row: int = -1
     last: int = 0
     generator: torch.Generator | None = None
+    constraint: Constraint | None = None  # a grammar the reply must follow (response_format, tools)
+    reused: int = 0  # prompt tokens whose keys/values came from an earlier request
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -82,7 +91,7 @@ class EngineStats:
 
 class Engine:
     def __init__(self, model: CausalDecoder, *, max_batch: int = 8, capacity: int | None = None,
-                 max_waiting: int | None = None) -> None:
+                 max_waiting: int | None = None, prefix_reuse: bool = True) -> None:
         if max_batch < 1:
             raise QkvError(f"--max-batch must be at least 1, got {max_batch}")
         self.model = model
@@ -96,6 +105,7 @@ class Engine:
         self._calls: collections.deque[tuple[Callable[[], object], concurrent.futures.Future[object]]] = (
             collections.deque())
         self._rows: list[Job | None] = [None] * max_batch
+        self.prefixes = RowPrefixes(max_batch, enabled=prefix_reuse)
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
         self._running = False
@@ -116,13 +126,14 @@ class Engine:
         self.session.close()
 
     def submit(self, prompt: list[int], *, max_tokens: int, sampling: Sampling,
-               stop_ids: frozenset[int], emit: Callable[[int | Finished], None]) -> Job:
+               stop_ids: frozenset[int], emit: Callable[[int | Finished], None],
+               constraint: Constraint | None = None) -> Job:
         if not prompt:
             raise QkvError("the prompt is empty")
         if len(prompt) + max_tokens > self.capacity:
             raise QkvError(f"{len(prompt)} prompt tokens + {max_tokens} new tokens exceed the server's "
                            f"context ({self.capacity} tokens)")
-        job = Job(prompt, max_tokens, sampling, stop_ids, emit)
+        job = Job(prompt, max_tokens, sampling, stop_ids, emit, constraint=constraint)
         with self._wake:
             free = sum(job is None for job in self._rows)  # a free slot takes the next waiting job
             if len(self._waiting) >= self.max_waiting + free:
@@ -182,6 +193,7 @@ class Engine:
             try:
                 self._step()
             except Exception as error:  # noqa: BLE001 - every job learns of it, the server lives on
+                self.prefixes.forget()  # a step that failed may have written some rows halfway
                 for row, job in enumerate(self._rows):
                     if job is not None:
                         self._finish(row, Finished("error", f"{type(error).__name__}: {error}"))
@@ -210,7 +222,8 @@ class Engine:
                         candidate.emit(Finished("cancelled"))
                 self.stats.waiting = len(self._waiting)
             if job is not None:
-                self._admit(free[0], job)
+                row, job.reused = self.prefixes.pick(free, job.prompt)
+                self._admit(row, job)
         running = [row for row, job in enumerate(self._rows) if job is not None]
         self.stats.occupied = len(running)
         if not running:
@@ -219,6 +232,8 @@ class Engine:
         start = time.perf_counter()
         # Only the occupied slots step, and attention reads only what their longest row holds.
         logits = self.session.decode(tokens, rows=running)  # (b, V)
+        for row, token in zip(running, tokens.tolist()):
+            self.prefixes.extend(row, token)
         for i, row in enumerate(running):
             self._deliver(row, logits[i : i + 1])
         elapsed = time.perf_counter() - start
@@ -230,7 +245,10 @@ class Engine:
         job.generator = None if job.sampling.greedy else job.sampling.generator(self.session.device)
         self._rows[row] = job
         self.stats.prompt_tokens += len(job.prompt)
-        logits = self.session.prefill_row(row, torch.tensor(job.prompt, dtype=torch.long))  # (V,)
+        kept = job.reused
+        self.prefixes.forget(row)  # until the prefill has written it
+        logits = self.session.prefill_row(row, torch.tensor(job.prompt[kept:], dtype=torch.long), start=kept)  # (V,)
+        self.prefixes.hold(row, job.prompt)
         self._deliver(row, logits[None])
 
     def _deliver(self, row: int, logits: torch.Tensor) -> None:
@@ -240,7 +258,15 @@ class Engine:
         if job.cancelled:
             self._finish(row, Finished("cancelled"))
             return
-        token = int(choose(logits, job.sampling, job.generator)[0])
+        try:
+            if job.constraint is not None:
+                logits = job.constraint.mask(logits)
+            token = int(choose(logits, job.sampling, job.generator)[0])
+            if job.constraint is not None and token not in job.stop_ids:
+                job.constraint.accept(token)
+        except QkvError as error:  # this request's grammar failed: the other rows go on
+            self._finish(row, Finished("error", str(error)))
+            return
         if job.first_token_at is None:
             job.first_token_at = time.perf_counter()
             self.stats.ttft.append(job.first_token_at - job.submitted)
@@ -251,7 +277,9 @@ class Engine:
         job.produced += 1
         self.stats.completion_tokens += 1
         job.emit(token)
-        if job.produced >= job.max_tokens:
+        if job.constraint is not None and job.constraint.finished:
+            self._finish(row, Finished("stop"))  # the grammar is complete: nothing may follow
+        elif job.produced >= job.max_tokens:
             self._finish(row, Finished("length"))
 
     def _finish(self, row: int, event: Finished) -> None:

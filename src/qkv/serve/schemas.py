@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from qkv.serve.tools import Tool
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                413: "invalid_request_error", 422: "invalid_request_error", 500: "server_error",
@@ -46,6 +49,11 @@ class CompletionRequest:
     stop: list[str]
     stream: bool
     include_usage: bool
+    # -- structured output and tools (checked by qkv.serve.structured.parse_fields) --
+    response_schema: dict[str, Any] | None = None  # response_format: the JSON schema the reply follows
+    tools: list[Tool] | None = None  # shown to the model (None when tool_choice is 'none')
+    tool_choice: str = "none"  # 'none' | 'auto' | 'required' | a function's name
+    parallel_tool_calls: bool = True
 
 
 def _typed(body: dict[str, Any], name: str, kinds: tuple[type, ...], what: str, default: Any = None) -> Any:
@@ -69,11 +77,14 @@ def parse(body: Any, *, chat: bool, limits: Limits) -> CompletionRequest:
         if not isinstance(messages, list) or not messages:
             raise ApiError(422 if "messages" in body else 400, "'messages' must be a non-empty list", param="messages")
         for i, message in enumerate(messages):
+            # (structured output) an assistant message may carry tool_calls and content null
+            calls = isinstance(message, dict) and message.get("role") == "assistant" and message.get("tool_calls")
             if (not isinstance(message, dict) or not isinstance(message.get("role"), str)
-                    or not isinstance(message.get("content"), str)):
+                    or not (isinstance(message.get("content"), str) or calls and message.get("content") is None)):
                 raise ApiError(422, f"messages[{i}] must be an object with string 'role' and 'content'",
                                param="messages")
-        messages = [{"role": m["role"], "content": m["content"]} for m in messages]
+        kept = ("role", "content", "tool_calls", "tool_call_id", "name")
+        messages = [{k: m[k] for k in kept if m.get(k) is not None} | {"content": m.get("content")} for m in messages]
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -106,5 +117,8 @@ def parse(body: Any, *, chat: bool, limits: Limits) -> CompletionRequest:
     n = body.get("n", 1)
     if n != 1:
         raise ApiError(400, "only n=1 is supported", param="n")
+    from qkv.serve.structured import parse_fields
+
     return CompletionRequest(model, prompt, messages, max_tokens, temperature,
-                             None if top_p is None else float(top_p), seed, stop, stream, include_usage)
+                             None if top_p is None else float(top_p), seed, stop, stream, include_usage,
+                             **parse_fields(body, chat=chat))
