@@ -178,6 +178,22 @@ class DecodeSession:
         self._next = None
         return logits[0, -1]  # (V,)
 
+    def copy_row_prefix(self, source: int, target: int, length: int) -> None:
+        """Row `target` holds row `source`'s first `length` positions, which `source` keeps
+        (kind=SlotKVCache; a released row's buffers still hold what it had, which its caller
+        knows); prefill_row(target, ..., start=length) then goes on from there."""
+        self._check_open()
+        if not (0 <= source < self.batch_size and 0 <= target < self.batch_size
+                and 0 <= length <= self.capacity and source != target):
+            raise QkvError(f"copy_row_prefix takes two different rows in 0..{self.batch_size - 1} and at most "
+                           f"{self.capacity} positions; got {source}, {target}, {length}")
+        for cache in self.model.caches():
+            if not isinstance(cache, SlotKVCache):
+                raise QkvError("copying rows needs a session with kind=SlotKVCache")
+            cache.copy_prefix(source, target, length)
+        self.lengths[target] = length
+        self._next = None
+
     def release_row(self, row: int) -> None:
         """Row `row` holds nothing any more: it idles (see `decode`) until prefilled again."""
         self._check_open()

@@ -222,8 +222,8 @@ class Engine:
                         candidate.emit(Finished("cancelled"))
                 self.stats.waiting = len(self._waiting)
             if job is not None:
-                row, job.reused = self.prefixes.pick(free, job.prompt)
-                self._admit(row, job)
+                row, donor, job.reused = self.prefixes.pick(free, job.prompt)
+                self._admit(row, job, donor)
         running = [row for row, job in enumerate(self._rows) if job is not None]
         self.stats.occupied = len(running)
         if not running:
@@ -240,13 +240,15 @@ class Engine:
         self.stats.steps += 1
         self.stats.tokens_per_second = len(running) / elapsed if elapsed > 0 else 0.0
 
-    def _admit(self, row: int, job: Job) -> None:
+    def _admit(self, row: int, job: Job, donor: int) -> None:
         job.row = row
         job.generator = None if job.sampling.greedy else job.sampling.generator(self.session.device)
         self._rows[row] = job
         self.stats.prompt_tokens += len(job.prompt)
         kept = job.reused
         self.prefixes.forget(row)  # until the prefill has written it
+        if donor != row and kept:
+            self.session.copy_row_prefix(donor, row, kept)
         logits = self.session.prefill_row(row, torch.tensor(job.prompt[kept:], dtype=torch.long), start=kept)  # (V,)
         self.prefixes.hold(row, job.prompt)
         self._deliver(row, logits[None])

@@ -2,11 +2,13 @@
 
 A slot row keeps the keys and values of its last request after that request ends: nothing
 clears a freed row (SlotKVCache hides positions beyond a row's length). `RowPrefixes`
-remembers which tokens each row holds, in order, so that a new request goes to the free row
-sharing the longest prefix with its prompt and prefills only the rest:
+remembers which tokens each row holds, in order, so that a new request starts from the row
+(free, or busy: a running request's prompt is final) sharing the longest prefix with its
+prompt, and prefills only the rest:
 
     prefixes = RowPrefixes(slots=B)
-    row, kept = prefixes.pick(free_rows, prompt)   # kept: positions whose KV is reused
+    row, donor, kept = prefixes.pick(free_rows, prompt)   # kept: positions whose KV is reused
+    session.copy_row_prefix(donor, row, kept)             # when donor != row
     session.prefill_row(row, prompt[kept:], start=kept)
     prefixes.hold(row, prompt)                     # after the prefill
     prefixes.extend(row, token)                    # after each decode step writes `token`
@@ -43,18 +45,27 @@ class RowPrefixes:
         self._clock = itertools.count(1)
         self.reused_tokens = 0  # prompt tokens not prefilled thanks to reuse (for /metrics)
 
-    def pick(self, free: list[int], prompt: list[int]) -> tuple[int, int]:
-        """(row, kept): the free row sharing the longest prefix with `prompt` (ties: the least
-        recently used), and how many of its positions to keep (at most len(prompt) - 1)."""
+    def pick(self, free: list[int], prompt: list[int]) -> tuple[int, int, int]:
+        """(row, donor, kept): the free row to take, and the row (free or busy, maybe `row`
+        itself) whose first `kept` positions it starts from, kept <= len(prompt) - 1.
+
+        The donor is the row sharing the longest prefix with the prompt (a running request's
+        prompt is final, so a busy row serves too). The row taken is a free one whose tokens
+        the prompt would not lose (empty, or all within the shared prefix), else the least
+        recently used: so a freed row keeps its conversation while other rows are free."""
         if not free:
             raise ValueError("no free row to pick from")
         if not self.enabled:
-            return min(free, key=lambda r: self._used[r]), 0
-        shared = {row: min(common_prefix(self._held[row], prompt), len(prompt) - 1) for row in free}
-        row = max(free, key=lambda r: (shared[r], -self._used[r]))
+            row = min(free, key=lambda r: self._used[r])
+            self._used[row] = next(self._clock)
+            return row, row, 0
+        common = [common_prefix(held, prompt) for held in self._held]
+        shared = [min(n, len(prompt) - 1) for n in common]
+        donor = max(range(len(shared)), key=lambda r: (shared[r], r in free))
+        row = min(free, key=lambda r: (len(self._held[r]) > common[r], r != donor, self._used[r]))
         self._used[row] = next(self._clock)
-        self.reused_tokens += shared[row]
-        return row, shared[row]
+        self.reused_tokens += shared[donor]
+        return row, donor, shared[donor]
 
     def hold(self, row: int, tokens: list[int]) -> None:
         """Row `row` now holds exactly `tokens` (its prompt, just prefilled)."""
