@@ -32,6 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "a larger value costs time on every token (default: %(default)s)")
     parser.add_argument("--max-tokens", type=int, default=1024, metavar="N",
                         help="the most new tokens one request may ask for (default: %(default)s)")
+    parser.add_argument("--no-prefix-reuse", dest="prefix_reuse", action="store_false",
+                        help="prefill every prompt whole, instead of starting from the longest prefix a slot "
+                        "already holds (the keys and values of earlier requests)")
     parser.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on /v1 and the explorer")
     add_precision_argument(parser)
     add_threads_argument(parser)
@@ -49,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from qkv.serve.server import load_served, serve
 
     served = load_served(args.model, precision=args.dtype, max_batch=args.max_batch, capacity=args.context,
-                         max_waiting=args.max_waiting)
+                         max_waiting=args.max_waiting, prefix_reuse=args.prefix_reuse)
     app = build_app(served, limits=Limits(max_tokens=args.max_tokens), api_key=args.api_key)
     serve(app, host=args.host, port=args.port)
     return 0

@@ -20,7 +20,7 @@ def model_name(source: str) -> str:
 
 
 def load_served(source: str, *, precision: str = "float32", max_batch: int = 8,
-                capacity: int | None = None, max_waiting: int | None = None) -> Served:
+                capacity: int | None = None, max_waiting: int | None = None, prefix_reuse: bool = True) -> Served:
     """The model (with its chat template when it has one), ready for the engine."""
     from qkv.chat import ChatTemplate, load_chat_model
     from qkv.models.loader import load_pretrained
@@ -40,7 +40,8 @@ def load_served(source: str, *, precision: str = "float32", max_batch: int = 8,
     # Decode steps of the occupied slots as one qkv kernel call per layer where the kernels run
     # the model (float32, int8, int4); not Inductor, whose graphs would follow the batch size.
     model.fused_layers = FusedLayers.for_model(model)
-    engine = Engine(model, max_batch=max_batch, capacity=capacity, max_waiting=max_waiting)
+    engine = Engine(model, max_batch=max_batch, capacity=capacity, max_waiting=max_waiting,
+                    prefix_reuse=prefix_reuse)
     return Served(model_name(source), model, tokenizer, template, frozenset(stop), engine)
 
 
