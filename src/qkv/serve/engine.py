@@ -8,9 +8,9 @@
     engine.stop()
 
 The engine owns one `DecodeSession` of kind `SlotKVCache`: batch row r is slot r. A new
-request is prefilled into a free row (`prefill_row`) while the others wait one step at
-most; then the occupied rows (only those) decode one token per step, each at its own position, and a
-request leaves as soon as it stops, reaches max_tokens or is cancelled. Requests beyond
+request is prefilled into a free row (`prefill_row`) between two steps, as many as fit in
+PREFILL_BUDGET new tokens (requests arriving together start together); then the occupied
+rows (only those) decode one token per step, each at its own position, and a request leaves as soon as it stops, reaches max_tokens or is cancelled. Requests beyond
 the free slots wait in a bounded queue; `submit` refuses one more (EngineFull).
 
 A freed row keeps its keys and values: a new request takes the free row that shares the
@@ -40,6 +40,9 @@ from qkv.generation.sampling import Sampling, choose
 from qkv.generation.session import DecodeSession
 from qkv.models.decoder import CausalDecoder
 from qkv.serve.prefix_cache import RowPrefixes
+
+
+PREFILL_BUDGET = 256  # new prompt tokens prefilled between two decode steps (beyond the first request)
 
 
 class EngineFull(QkvError):
@@ -210,9 +213,12 @@ class Engine:
         for row, job in enumerate(self._rows):
             if job is not None and job.cancelled:
                 self._finish(row, Finished("cancelled"))
-        # Admit at most one waiting request per step, so a prompt never stalls the others long.
+        # Admit waiting requests while this step's prefill stays within PREFILL_BUDGET new
+        # tokens (at least one request), so that requests arriving together start together
+        # while a long prompt never stalls the running rows for more than one prefill.
         free = [row for row, job in enumerate(self._rows) if job is None]
-        if free:
+        budget = PREFILL_BUDGET
+        while free and budget > 0:
             with self._wake:
                 job = None
                 while self._waiting and job is None:
@@ -221,9 +227,12 @@ class Engine:
                     if candidate.cancelled:
                         candidate.emit(Finished("cancelled"))
                 self.stats.waiting = len(self._waiting)
-            if job is not None:
-                row, donor, job.reused = self.prefixes.pick(free, job.prompt)
-                self._admit(row, job, donor)
+            if job is None:
+                break
+            row, donor, job.reused = self.prefixes.pick(free, job.prompt)
+            self._admit(row, job, donor)
+            free.remove(row)
+            budget -= len(job.prompt) - job.reused
         running = [row for row, job in enumerate(self._rows) if job is not None]
         self.stats.occupied = len(running)
         if not running:
