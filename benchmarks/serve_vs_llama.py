@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import signal
 import statistics
 import subprocess
 import sys
@@ -84,8 +85,11 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2, help="ABBA rounds per client count")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--shared-prefix", type=int, metavar="N")
+    parser.add_argument("--llama-threads", type=int, help="llama-server's -t (default: --threads)")
+    parser.add_argument("--llama-args", default="", help="more llama-server arguments, e.g. '--poll 0'")
     parser.add_argument("--timeout", type=float, default=900)
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped run still stops its servers
     from qkv.models.loader import smollm2_path
 
     gguf = args.gguf or str(smollm2_path())
@@ -95,8 +99,9 @@ def main() -> int:
                 "--max-batch", "8", "--threads", str(args.threads)],
     }
     if args.llama_server:
-        commands["llama"] = [args.llama_server, "-m", gguf, "-t", str(args.threads), "-np", "8", "-c", "8192",
-                             "--host", "127.0.0.1", "--port", str(ports["llama"])]
+        commands["llama"] = [args.llama_server, "-m", gguf, "-t", str(args.llama_threads or args.threads), "-np", "8",
+                             "-c", "8192",
+                             "--host", "127.0.0.1", "--port", str(ports["llama"]), *args.llama_args.split()]
     elif not args.shared_prefix:
         parser.error("--llama-server is needed to compare throughput")
     if args.shared_prefix:
