@@ -71,12 +71,17 @@ class ChatTemplate:
         except TemplateProcessError as error:
             raise _error(error) from None
 
-    def render(self, messages: list[Message], *, add_generation_prompt: bool = True) -> str:
-        """The conversation as the model's text, rendered in qkv.template_process's child."""
+    def render(self, messages: list[Message], *, add_generation_prompt: bool = True,
+               tools: list[dict[str, Any]] | None = None) -> str:
+        """The conversation as the model's text, rendered in qkv.template_process's child;
+        `tools` (OpenAI function specs) is passed to templates that show tools themselves
+        (qkv.serve.tools)."""
         from qkv.template_process import TemplateProcessError, shared
 
         variables = {"messages": messages, "add_generation_prompt": add_generation_prompt,
                      "bos_token": self.bos_token or "", "eos_token": self.eos_token or ""}
+        if tools is not None:
+            variables["tools"] = tools
         try:
             return shared().render(self.source, variables)
         except TemplateProcessError as error:

@@ -33,6 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "a larger value costs time on every token (default: %(default)s)")
     parser.add_argument("--max-tokens", type=int, default=1024, metavar="N",
                         help="the most new tokens one request may ask for (default: %(default)s)")
+    parser.add_argument("--no-prefix-reuse", dest="prefix_reuse", action="store_false",
+                        help="prefill every prompt whole, instead of starting from the longest prefix a slot "
+                        "already holds (the keys and values of earlier requests)")
     parser.add_argument("--api-key", metavar="KEY",
                         help="require 'Authorization: Bearer KEY' on /v1, /metrics and the explorer")
     add_front_door_arguments(parser)
@@ -54,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
         # Without --threads the count follows the idle cores for the server's whole life.
         follow = FollowIdleCores() if args.threads is None else None
         served = load_served(args.model, precision=args.dtype, max_batch=args.max_batch, capacity=args.context,
-                             max_waiting=args.max_waiting, threads=follow)
+                             max_waiting=args.max_waiting, threads=follow,
+                             prefix_reuse=args.prefix_reuse)
         app = build_app(served, limits=Limits(max_tokens=args.max_tokens), api_key=args.api_key,
                         door=door)
         serve(app, sock=sock, door=door)

@@ -160,39 +160,43 @@ class DecodeSession:
         self._next = self._positions()
         return logits[torch.arange(b, device=self.device), last]  # (B, V)
 
-    def prefill_row(self, row: int, ids: Tensor) -> Tensor:
-        """Start row `row` afresh with one request's prompt ids (T,), leaving the other rows
-        as they are (a continuous batch: needs kind=SlotKVCache). Returns the logits of its
-        last token, (V,)."""
-        return self.prefill_row_all(row, ids)[-1]
+    def prefill_row(self, row: int, ids: Tensor, *, start: int = 0) -> Tensor:
+        """Start row `row` with one request's prompt ids (T,) at positions [start, start + T),
+        leaving the other rows as they are (a continuous batch: needs kind=SlotKVCache).
+        start > 0 keeps the row's first `start` cached positions (a prompt prefix the row
+        already holds, qkv.serve.prefix_cache). Returns the logits of its last token, (V,)."""
+        return self.prefill_row_all(row, ids, start=start)[-1]
 
-    def prefill_row_all(self, row: int, ids: Tensor) -> Tensor:
+    def prefill_row_all(self, row: int, ids: Tensor, *, start: int = 0) -> Tensor:
         """`prefill_row`, returning the logits at every prompt position, (T, V): row t
         scores the token after ids[t] (a server scoring a prompt's own tokens needs them)."""
         self._check_open()
-        if not 0 <= row < self.batch_size or ids.dim() != 1 or ids.shape[0] < 1:
-            raise QkvError(f"prefill_row takes a row in 0..{self.batch_size - 1} and ids (T,), got row {row}, "
-                           f"ids of shape {tuple(ids.shape)}")
-        t = ids.shape[0]
-        self._need(t)
-        positions = torch.arange(t, device=self.device)  # (T,)
-        with self._on_rows([row], reach=t), torch.inference_mode(), _eager_prompts():
+        if not 0 <= row < self.batch_size or ids.dim() != 1 or ids.shape[0] < 1 or start < 0:
+            raise QkvError(f"prefill_row takes a row in 0..{self.batch_size - 1}, ids (T,) and start >= 0, got row "
+                           f"{row}, ids of shape {tuple(ids.shape)}, start {start}")
+        end = start + ids.shape[0]
+        self._need(end)
+        positions = torch.arange(start, end, device=self.device)  # (T,)
+        with self._on_rows([row], reach=end), torch.inference_mode(), _eager_prompts():
             logits = self.model(ids.to(self.device)[None], positions=positions)  # (1, T, V)
-        self.lengths[row] = t
+        self.lengths[row] = end
         self._next = None
         return logits[0]  # (T, V)
 
     def copy_row(self, source: int, target: int, length: int) -> None:
-        """Row `target` starts with the first `length` positions row `source` holds (one
-        prompt prefilled once for several answers to it); needs kind=SlotKVCache."""
+        """Row `target` starts with the first `length` positions row `source` holds, which
+        `source` keeps: one prompt prefilled once for several answers to it, or a prompt
+        prefix a released row still holds (its buffers keep what it had, which the caller
+        knows: qkv.serve.prefix_cache); prefill_row(target, ..., start=length) goes on from
+        there. Needs kind=SlotKVCache."""
         self._check_open()
-        if source == target or not (0 <= source < self.batch_size and 0 <= target < self.batch_size):
-            raise QkvError(f"copy_row takes two different rows in 0..{self.batch_size - 1}, got {source}, {target}")
-        if not 1 <= length <= self.lengths[source]:
-            raise QkvError(f"row {source} holds {self.lengths[source]} positions; cannot copy {length}")
+        if not (0 <= source < self.batch_size and 0 <= target < self.batch_size
+                and 0 <= length <= self.capacity and source != target):
+            raise QkvError(f"copy_row takes two different rows in 0..{self.batch_size - 1} and at most "
+                           f"{self.capacity} positions; got {source}, {target}, {length}")
         caches = self.model.caches()
         if not all(isinstance(cache, SlotKVCache) for cache in caches):
-            raise QkvError("copy_row needs a session with kind=SlotKVCache")
+            raise QkvError("copying rows needs a session with kind=SlotKVCache")
         for cache in caches:
             cache.copy_row(source, target, length)  # type: ignore[attr-defined]
         self.lengths[target] = length

@@ -8,6 +8,11 @@ off by a stop string is dropped). End tokens are no part of the text; completion
 them in logprobs (as lm-evaluation-harness counts on: one entry per token generated),
 chat does not. Completions with echo start with the prompt: its text, and with logprobs
 its tokens, the first with a null logprob (it has no context).
+
+A chat choice whose request offers tools (qkv.serve.structured's `Plan`) may be a tool
+call: its text is read whole, then answered as content or `tool_calls` (finish_reason
+"tool_calls"); streamed, it is sent once it has ended, as OpenAI's deltas (content, then per
+call its index, id, type and name, then its arguments).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import Any
 from qkv.serve.engine import Alternatives, Finished, PromptScores, Token
 from qkv.serve.errors import ApiError
 from qkv.serve.schemas import CompletionRequest
+from qkv.serve.structured import Plan
 from qkv.serve.text import TextStream
 from qkv.serve.tokens import TokenTexts
 
@@ -36,8 +42,9 @@ class _Entry:
 
 class Choice:
     def __init__(self, req: CompletionRequest, chat: bool, texts: TokenTexts, prompt: list[int],
-                 prompt_text: str) -> None:
+                 prompt_text: str, *, plan: Plan | None = None) -> None:
         self.req, self.chat, self.texts = req, chat, texts
+        self.plan = plan or Plan()
         self.stream = TextStream(texts.tokenizer, req.stop)
         self.prefix = prompt_text if req.echo else ""  # text before the generated part
         self.prompt = prompt
@@ -133,15 +140,19 @@ class Choice:
 
     def whole(self) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": self.index}
+        finish = self.finish
         if self.chat:
-            choice["message"] = {"role": "assistant", "content": self.text}
+            choice["message"], finish = self.plan.message(self.text, finish or "stop")  # content, or tool_calls
         else:
             choice["text"] = self.text
-        return {**choice, "logprobs": self.logprobs(self.entries), "finish_reason": self.finish}
+        return {**choice, "logprobs": self.logprobs(self.entries), "finish_reason": finish}
 
     def chunks(self, first: bool) -> Iterator[dict[str, Any]]:
         """What this choice adds to the stream since the last call: a chunk for the new
         text (and its logprobs), then one with finish_reason once it has ended."""
+        if self.chat and self.plan.buffers:  # maybe a tool call: sent whole once it has ended
+            yield from self._buffered_chunks(first)
+            return
         text = self.text[self._text_out:]
         entries = self.entries[self._out:]
         self._text_out, self._out = len(self.text), len(self.entries)
@@ -149,6 +160,27 @@ class Choice:
             yield self._chunk(text, entries, None, first)
         if self.finish is not None and self.finish != "error":
             yield self._chunk(None, [], self.finish, False)
+
+    def _buffered_chunks(self, first: bool) -> Iterator[dict[str, Any]]:
+        if first:
+            yield self._chunk(None, [], None, True)
+        if self.finish is None or self.finish == "error" or self._out < 0:
+            return
+        self._out = -1  # sent
+        message, finish = self.plan.message(self.text, self.finish)
+        entries = self.entries
+        if message.get("content"):
+            yield self._chunk(message["content"], entries, None, False)
+            entries = []
+        for i, call in enumerate(message.get("tool_calls") or []):
+            head = {"index": i, "id": call["id"], "type": "function",
+                    "function": {"name": call["function"]["name"], "arguments": ""}}
+            for part in (head, {"index": i, "function": {"arguments": call["function"]["arguments"]}}):
+                chunk = self._chunk(None, entries, None, False)
+                entries = []
+                chunk["delta"]["tool_calls"] = [part]
+                yield chunk
+        yield self._chunk(None, [], finish, False)
 
     def _chunk(self, text: str | None, entries: list[_Entry], finish: str | None, first: bool) -> dict[str, Any]:
         logprobs = self.logprobs(entries) if entries else None

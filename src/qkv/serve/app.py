@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
@@ -20,7 +19,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from qkv.chat import ChatTemplate
@@ -33,6 +32,7 @@ from qkv.serve.json_body import parse_json
 from qkv.serve.metrics import Metrics
 from qkv.serve.prompt_worker import PromptWorker, gil_free_encoder
 from qkv.serve.schemas import ApiError, CompletionRequest, Limits, parse
+from qkv.serve.structured import Plan
 from qkv.serve.tokens import TokenTexts
 
 DISCONNECT_POLL_S = 0.25  # how often a waiting non-streamed request checks that its client is there
@@ -49,6 +49,7 @@ class Served:
     stop_ids: frozenset[int]
     engine: Engine
     created: int = field(default_factory=lambda: int(time.time()))
+    grammars: Any = None  # qkv.generation.constraints.Grammars, built on the first structured request
 
 
 def _error(error: ApiError) -> JSONResponse:
@@ -120,20 +121,26 @@ class Api:
         return await self._complete(request, chat=True)
 
     # -- generation ----------------------------------------------------------------------
-    def _chat_ids(self, req: CompletionRequest) -> list[int]:
+    def _chat_ids(self, req: CompletionRequest, plan: Plan) -> list[int]:
         if self.served.template is None:
             raise ApiError(400, f"the model '{self.served.name}' has no chat template; use /v1/completions")
         try:
-            text = self.served.template.render(req.messages or [])
+            text = plan.render(self.served.template, req.messages or [])  # tools shown as the template wants
         except QkvError as error:
             raise ApiError(400, str(error), param="messages") from None
         return gil_free_encoder(self.served.tokenizer)(text, add_special_tokens=False).ids
 
-    def _prompts(self, req: CompletionRequest, chat: bool) -> list[tuple[list[int], str]]:
-        """Each prompt's token ids and the text an echo shows. Runs on a prompt worker
-        (`PromptWorker`), so the event loop goes on meanwhile."""
+    def _prepare(self, req: CompletionRequest, chat: bool) -> tuple[Plan, list[tuple[list[int], str]]]:
+        """The request's structured-output plan (response_format / tools -> grammar; the first
+        one builds the token tables, ~0.4 s on SmolLM2) and each prompt's token ids with the
+        text an echo shows. Runs on a prompt worker (`PromptWorker`), off the event loop."""
+        # A chat's plan also knows the template's tool format, for earlier calls in the messages.
+        plan = Plan.for_request(req, self.served) if chat or req.response_schema is not None else Plan()
+        return plan, self._prompts(req, chat, plan)
+
+    def _prompts(self, req: CompletionRequest, chat: bool, plan: Plan) -> list[tuple[list[int], str]]:
         if chat:
-            return [(self._chat_ids(req), "")]
+            return [(self._chat_ids(req, plan), "")]
         encode = gil_free_encoder(self.served.tokenizer)
         out = []
         for prompt in req.prompts or []:
@@ -143,7 +150,7 @@ class Api:
                 out.append((prompt, self.served.tokenizer.decode(prompt, skip_special_tokens=False)))
         return out
 
-    def _jobs(self, req: CompletionRequest, chat: bool, prompts: list[tuple[list[int], str]],
+    def _jobs(self, req: CompletionRequest, chat: bool, plan: Plan, prompts: list[tuple[list[int], str]],
               emit: Any) -> tuple[list[Job], Answer]:
         capacity = self.served.engine.capacity
         answer = Answer(req, chat, self.served.name, sum(len(ids) for ids, _ in prompts))
@@ -163,12 +170,13 @@ class Api:
             share = SharedPrompt() if req.best_of > 1 else None
             for j in range(req.best_of):
                 sampling = base if j == 0 or req.seed is None else replace(base, seed=(req.seed + j) % 2**63)
-                choice = Choice(req, chat, self.texts, ids, text)
+                choice = Choice(req, chat, self.texts, ids, text, plan=plan)
                 choice.index = len(answer.choices)
                 answer.choices.append(choice)
                 jobs.append(Job(ids, req.max_tokens, sampling, self.served.stop_ids,
                                 emit=functools.partial(emit, choice.index), logprobs=logprobs,
-                                score_prompt=req.echo and req.logprobs is not None, share=share))
+                                score_prompt=req.echo and req.logprobs is not None, share=share,
+                                constraint=plan.new_constraint()))
         return jobs, answer
 
     async def read_body(self, request: Request) -> Any:
@@ -179,14 +187,14 @@ class Api:
     async def _complete(self, request: Request, *, chat: bool) -> Response:
         req = parse(await self.read_body(request), chat=chat, limits=self.limits, vocab_size=self.vocab_size)
         self.check_model(req.model)
-        prompts = await self.prompts.run(self._prompts, req, chat)  # off the event loop, with a deadline
+        plan, prompts = await self.prompts.run(self._prepare, req, chat)  # off the event loop, with a deadline
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
 
         def emit(index: int, event: Event) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, (index, event))
 
-        jobs, answer = self._jobs(req, chat, prompts, emit)
+        jobs, answer = self._jobs(req, chat, plan, prompts, emit)
         try:
             self.served.engine.submit_jobs(jobs)
         except EngineFull as error:

@@ -9,10 +9,18 @@
     engine.stop()
 
 The engine owns one `DecodeSession` of kind `SlotKVCache`: batch row r is slot r. A new
-request is prefilled into a free row (`prefill_row`) while the others wait one step at
-most; then the occupied rows (only those) decode one token per step, each at its own position, and a
-request leaves as soon as it stops, reaches max_tokens or is cancelled. Requests beyond
-the free slots wait in a bounded queue; `submit` refuses one more (EngineFull).
+request is prefilled into a free row (`prefill_row`) between two steps, as many as fit in
+PREFILL_BUDGET new tokens (requests arriving together start together); then the occupied
+rows (only those) decode one token per step, each at its own position, and a request
+leaves as soon as it stops, reaches max_tokens or is cancelled. Requests beyond the free
+slots wait in a bounded queue; `submit` refuses one more (EngineFull).
+
+A freed row keeps its keys and values: a new request takes the free row that shares the
+longest prefix with its prompt and prefills only the rest (qkv.serve.prefix_cache; not for
+a job that scores its prompt, which needs the logits at every prompt position). A job may
+carry a `Constraint` (qkv.generation.constraints): its row's logits are masked by the
+grammar before sampling, each chosen token advances it, and the job ends when it is
+complete.
 
 Jobs that share a `SharedPrompt` (n answers to one prompt) prefill it once: a later one
 copies the prompt's positions from a row that holds them (`DecodeSession.copy_row`) and
@@ -38,10 +46,14 @@ import torch
 
 from qkv.attention.kv_cache import SlotKVCache
 from qkv.errors import QkvError
+from qkv.generation.constraints import Constraint
 from qkv.generation.sampling import Sampling, choose
 from qkv.generation.session import DecodeSession
 from qkv.models.decoder import CausalDecoder
+from qkv.serve.prefix_cache import RowPrefixes
 from qkv.threads import FollowIdleCores
+
+PREFILL_BUDGET = 256  # new prompt tokens prefilled between two decode steps (beyond the first request)
 
 
 class EngineFull(QkvError):
@@ -111,6 +123,8 @@ class Job:
     last: int = 0
     generator: torch.Generator | None = None
     counts: torch.Tensor | None = None  # (V,) generated tokens, for the penalties
+    constraint: Constraint | None = None  # a grammar the reply must follow (response_format, tools)
+    reused: int = 0  # prompt tokens whose keys/values came from an earlier request
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -141,7 +155,8 @@ class EngineStats:
 
 class Engine:
     def __init__(self, model: CausalDecoder, *, max_batch: int = 8, capacity: int | None = None,
-                 max_waiting: int | None = None, threads: FollowIdleCores | None = None) -> None:
+                 max_waiting: int | None = None, threads: FollowIdleCores | None = None,
+                 prefix_reuse: bool = True) -> None:
         if max_batch < 1:
             raise QkvError(f"--max-batch must be at least 1, got {max_batch}")
         self.model = model
@@ -155,6 +170,7 @@ class Engine:
         self._calls: collections.deque[tuple[Callable[[], object], concurrent.futures.Future[object]]] = (
             collections.deque())
         self._rows: list[Job | None] = [None] * max_batch
+        self.prefixes = RowPrefixes(max_batch, enabled=prefix_reuse)
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
         self._running = False
@@ -249,6 +265,7 @@ class Engine:
             try:
                 self._step()
             except Exception as error:  # noqa: BLE001 - every job learns of it, the server lives on
+                self.prefixes.forget()  # a step that failed may have written some rows halfway
                 for row, job in enumerate(self._rows):
                     if job is not None:
                         self._finish(row, Finished("error", f"{type(error).__name__}: {error}"))
@@ -274,6 +291,8 @@ class Engine:
         start = time.perf_counter()
         # Only the occupied slots step, and attention reads only what their longest row holds.
         logits = self.session.decode(tokens, rows=running)  # (b, V)
+        for row, token in zip(running, tokens.tolist()):
+            self.prefixes.extend(row, token)
         for i, row in enumerate(running):
             self._deliver(row, logits[i : i + 1])
         elapsed = time.perf_counter() - start
@@ -281,16 +300,18 @@ class Engine:
         self.stats.tokens_per_second = len(running) / elapsed if elapsed > 0 else 0.0
 
     def _admit_waiting(self) -> None:
-        """Waiting jobs take free rows: at most one prefill per step, so a prompt never
-        stalls the others long, and any number of copies of a prompt some row holds."""
-        prefilled = False
+        """Waiting jobs take free rows while this step's prefill stays within PREFILL_BUDGET
+        new tokens (at least one request), so that requests arriving together start together
+        while a long prompt never stalls the running rows for more than one prefill; a copy
+        of a prompt some row holds (n answers) costs no prefill."""
+        budget = PREFILL_BUDGET
         while True:
             with self._wake:
                 free = [row for row, job in enumerate(self._rows) if job is None]
                 job = self._waiting[0] if self._waiting and free else None
                 share = job.share if job is not None else None
                 source = min(share.rows) if share is not None and share.rows else None
-                if job is None or not job.cancelled and source is None and prefilled:
+                if job is None or not job.cancelled and source is None and budget <= 0:
                     self.stats.waiting = len(self._waiting)
                     return
                 self._waiting.popleft()
@@ -300,21 +321,28 @@ class Engine:
             elif source is not None:
                 self._admit_copy(free[0], job, source)
             else:
-                self._admit(free[0], job)
-                prefilled = True
+                row, donor, reused = self.prefixes.pick(free, job.prompt)
+                job.reused = 0 if job.score_prompt else reused  # scoring needs every prompt position's logits
+                self._admit(row, job, donor)
+                budget -= len(job.prompt) - job.reused
 
     def _start(self, row: int, job: Job) -> None:
         job.row = row
         job.generator = None if job.sampling.greedy else job.sampling.generator(self.session.device)
         self._rows[row] = job
 
-    def _admit(self, row: int, job: Job) -> None:
+    def _admit(self, row: int, job: Job, donor: int) -> None:
         self._start(row, job)
         self.stats.prompt_tokens += len(job.prompt)
+        kept = job.reused
+        self.prefixes.forget(row)  # until the prefill has written it
+        if donor != row and kept:
+            self.session.copy_row(donor, row, kept)
         ids = torch.tensor(job.prompt, dtype=torch.long)  # (T,)
-        logits = self.session.prefill_row_all(row, ids)  # (T, V)
+        logits = self.session.prefill_row_all(row, ids[kept:], start=kept)  # (T - kept, V)
+        self.prefixes.hold(row, job.prompt)
         scores = None
-        if job.score_prompt:
+        if job.score_prompt:  # kept == 0 here
             k = job.logprobs or 0
             picked, top = _scored(torch.log_softmax(logits[:-1].float(), dim=-1), ids[1:].to(logits.device), k)
             scores = PromptScores([None, *picked], [(), *top])
@@ -328,7 +356,9 @@ class Engine:
         share = job.share
         assert share is not None and share.logits is not None
         self._start(row, job)
+        self.prefixes.forget(row)
         self.session.copy_row(source, row, len(job.prompt))
+        self.prefixes.hold(row, job.prompt)
         share.rows.add(row)
         self._begin(row, job, share.logits[None], share.scores)
 
@@ -350,7 +380,14 @@ class Engine:
         if job.sampling.penalised and job.counts is None:
             job.counts = torch.zeros(logits.shape[-1], device=logits.device)  # (V,)
         counts = None if job.counts is None else job.counts[None]  # (1, V)
-        token = int(choose(logits, job.sampling, job.generator, counts)[0])
+        try:
+            masked = logits if job.constraint is None else job.constraint.mask(logits)
+            token = int(choose(masked, job.sampling, job.generator, counts)[0])
+            if job.constraint is not None and token not in job.stop_ids:
+                job.constraint.accept(token)
+        except QkvError as error:  # this request's grammar failed: the other rows go on
+            self._finish(row, Finished("error", str(error)))
+            return
         logprob, top = None, ()
         if job.logprobs is not None:
             picked, alternatives = _scored(torch.log_softmax(logits.float(), dim=-1),
@@ -369,7 +406,9 @@ class Engine:
             job.counts[token] += 1
         self.stats.completion_tokens += 1
         job.emit(Token(token, logprob, top))
-        if job.produced >= job.max_tokens:
+        if job.constraint is not None and job.constraint.finished:
+            self._finish(row, Finished("stop"))  # the grammar is complete: nothing may follow
+        elif job.produced >= job.max_tokens:
             self._finish(row, Finished("length"))
 
     def _finish(self, row: int, event: Finished) -> None:

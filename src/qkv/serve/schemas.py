@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from qkv.serve.tools import Tool
 
 from qkv.serve.errors import ERROR_TYPES, ApiError
 
@@ -29,9 +32,10 @@ class Limits:
 MAX_TOP_LOGPROBS = 20
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "n",
-           "logit_bias", "presence_penalty", "frequency_penalty", "logprobs", "user"}
+           "logit_bias", "presence_penalty", "frequency_penalty", "logprobs", "user", "response_format"}
 _HONOURED = {
-    True: _COMMON | {"messages", "max_completion_tokens", "top_logprobs"},  # /v1/chat/completions
+    True: _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
+                     "parallel_tool_calls"},  # /v1/chat/completions
     False: _COMMON | {"prompt", "echo", "best_of"},  # /v1/completions
 }
 
@@ -53,19 +57,11 @@ _REFUSED: dict[str, tuple[str, tuple[Any, ...]]] = {
     "safety_identifier": ("not supported", ()),
 }
 
-# ---- Not honoured yet: structured output and tool calls (issue 25's other half) ------------
-# These are refused by name for now. The code that honours one of them removes it from this
-# table, adds it to `_HONOURED`, reads it in `parse` into a field of CompletionRequest, and
-# acts on it in the app.
+# Deprecated by OpenAI in favour of `tools` (which qkv honours): refused by name.
 _NOT_YET: dict[str, tuple[str, tuple[Any, ...]]] = {
-    "response_format": ("structured output is not supported yet", ({"type": "text"},)),
-    "tools": ("tool calls are not supported yet", ()),
-    "tool_choice": ("tool calls are not supported yet", ("none",)),
-    "parallel_tool_calls": ("tool calls are not supported yet", ()),
     "functions": ("functions are deprecated by OpenAI and not supported; use tools", ()),
     "function_call": ("functions are deprecated by OpenAI and not supported; use tools", ()),
 }
-# --------------------------------------------------------------------------------------------
 
 
 Prompt = str | list[int]  # text, or token ids
@@ -91,6 +87,11 @@ class CompletionRequest:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     user: str | None = None  # the end user's id: metadata OpenAI uses to watch abuse; qkv keeps none
+    # -- structured output and tools (checked by qkv.serve.structured.parse_fields) --
+    response_schema: dict[str, Any] | None = None  # response_format: the JSON schema the reply follows
+    tools: list[Tool] | None = None  # shown to the model (None when tool_choice is 'none')
+    tool_choice: str = "none"  # 'none' | 'auto' | 'required' | a function's name
+    parallel_tool_calls: bool = True
 
 
 def _typed(body: dict[str, Any], name: str, kinds: tuple[type, ...], what: str, default: Any = None) -> Any:
@@ -239,9 +240,12 @@ def parse(body: Any, *, chat: bool, limits: Limits, vocab_size: int | None = Non
         raise ApiError(400, f"this request asks for {choices} completions (prompts x best_of or n); the most is "
                        f"{limits.max_choices}", param="n")
     user = _typed(body, "user", (str,), "a string")
+    from qkv.serve.structured import parse_fields  # response_format, tools, tool_choice, parallel_tool_calls
+
     return CompletionRequest(
         model, prompts, messages, max_tokens, temperature, None if top_p is None else float(top_p), seed, stop,
         stream, include_usage, n=n, best_of=best_of, logprobs=_logprobs(body, chat), echo=echo,
         logit_bias=_logit_bias(body, vocab_size),
         presence_penalty=_number(body, "presence_penalty", -2.0, 2.0, 0.0),
-        frequency_penalty=_number(body, "frequency_penalty", -2.0, 2.0, 0.0), user=user)
+        frequency_penalty=_number(body, "frequency_penalty", -2.0, 2.0, 0.0), user=user,
+        **parse_fields(body, chat=chat))

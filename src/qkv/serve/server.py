@@ -27,7 +27,7 @@ def model_name(source: str) -> str:
 
 def load_served(source: str, *, precision: str = "float32", max_batch: int = 8,
                 capacity: int | None = None, max_waiting: int | None = None,
-                threads: FollowIdleCores | None = None) -> Served:
+                threads: FollowIdleCores | None = None, prefix_reuse: bool = True) -> Served:
     """The model (with its chat template when it has one), ready for the engine."""
     from qkv.chat import ChatTemplate, load_chat_model
     from qkv.models.loader import load_pretrained
@@ -48,7 +48,8 @@ def load_served(source: str, *, precision: str = "float32", max_batch: int = 8,
     # the model (float32, int8, int4); not Inductor, whose graphs would follow the batch size.
     model.fused_layers = FusedLayers.for_model(model)
     require_kv_memory(model, max_batch=max_batch, capacity=capacity)  # before the engine allocates it
-    engine = Engine(model, max_batch=max_batch, capacity=capacity, max_waiting=max_waiting, threads=threads)
+    engine = Engine(model, max_batch=max_batch, capacity=capacity, max_waiting=max_waiting, threads=threads,
+                    prefix_reuse=prefix_reuse)
     return Served(model_name(source), model, tokenizer, template, frozenset(stop), engine)
 
 
