@@ -307,6 +307,9 @@ def attribute_recorded(record: ForwardRecord, *, layer: int, head: int, query: i
     if layer not in record.traces:
         raise QkvError(f"layer {layer} was not recorded; recorded: {sorted(record.traces)}")
     trace = record.traces[layer]
+    if trace.cache_length:
+        raise QkvError("score attribution explains one whole text: remove the model's KV cache first "
+                       "(model.remove_cache())")
     attention = record.layout.blocks[layer].attention
     h_all, d = attention.num_heads, attention.head_dim
     head = _index(head, h_all, "head")
