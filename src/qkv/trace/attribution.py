@@ -259,10 +259,11 @@ def _side(record: ForwardRecord, layer: int, matrix: Tensor, bias: Tensor | None
     for l in range(layer):
         attention = record.layout.blocks[l].attention
         h_l, d_l = attention.num_heads, attention.head_dim
-        concat = src.concat[l][positions].double().view(p, h_l, d_l)  # (P, H, D_l)
-        w_o = linear_weight(attention.o_proj).double().view(-1, h_l, d_l)  # (C, H, D_l)
+        concat = src.concat64(l)[positions].view(p, h_l, d_l)  # (P, H, D_l)
+        w_o = src.o_weight64(l)  # (C, H, D_l)
         if 2 * p > d:  # many positions: fold W_o into the projection once
-            heads = torch.einsum("phd,hde->phe", concat, torch.einsum("chd,ce->hde", w_o, m))
+            folded = (w_o.permute(1, 2, 0) @ m)  # (H, D_l, C) @ (C, D) -> (H, D_l, D)
+            heads = (concat.transpose(0, 1) @ folded).transpose(0, 1)  # (H, P, D_l) @ (H, D_l, D) -> (P, H, D)
         else:
             heads = torch.einsum("phd,chd->phc", concat, w_o) @ m  # (P, H, D)
         add([f"L{l}.H{h}" for h in range(h_l)], a.unsqueeze(-1) * heads)
