@@ -48,7 +48,7 @@ from torch import Tensor, nn
 from qkv.attention.rope import rotate_half
 from qkv.errors import QkvError
 from qkv.trace.recorder import LayerTrace, TraceMismatchError, recording
-from qkv.trace.residual import (ResidualLayout, SourceRecord, linear_weight, norm_kind, recording_sources,
+from qkv.trace.residual import (ResidualLayout, SourceRecord, norm_kind, recording_sources,
                                 residual_layout)
 
 # The split must add up to the model's float32 score within TOLERANCE · max(1, |q||k|):
@@ -327,8 +327,8 @@ def attribute_recorded(record: ForwardRecord, *, layer: int, head: int, query: i
     src = record.sources
     q_norm = (attention.q_norm, src.q_norm_in[layer][qpos, head]) if layer in src.q_norm_in else None
     k_norm = (attention.k_norm, src.k_norm_in[layer][kpos, kv_head]) if layer in src.k_norm_in else None
-    n_layers = layer * (h_all + 2) + 4
-    if len(keys) * n_layers * n_layers * 8 > MAX_PAIR_BYTES:
+    sources = len(record.layout.embeddings) + layer * (h_all + 2) + 2  # an upper bound per side
+    if len(keys) * sources * sources * 8 > MAX_PAIR_BYTES:  # (S, nq, nk) float64
         raise QkvError(f"attributing {len(keys)} keys at layer {layer} needs more than "
                        f"{MAX_PAIR_BYTES // 2**20} MiB; choose fewer keys")
     q_side = _side(record, layer, w_q, b_q, "q bias", qpos, q_norm)
