@@ -364,13 +364,15 @@ def _probe_regex(pattern: str, source: str) -> None:
                         "refusing the tokenizer")
 
 
-def guard(tokenizer: Any, source: str) -> BoundedTokenizer:
+def guard(tokenizer: Any, source: str, *, pipeline: dict[str, Any] | None = None) -> BoundedTokenizer:
     """Check `tokenizer`'s pipeline (module docstring) and wrap it; QkvError when it can grow
-    text more than MAX_EXPANSION times or its regexes backtrack out of bounds."""
+    text more than MAX_EXPANSION times or its regexes backtrack out of bounds. `pipeline`:
+    its normalizer, pre_tokenizer and decoder as tokenizer.json spells them, when the caller
+    built them (saves serializing a large vocabulary to read them back)."""
     if isinstance(tokenizer, BoundedTokenizer):
         return tokenizer
     try:
-        spec = json.loads(tokenizer.to_str())
+        spec = pipeline if pipeline is not None else json.loads(tokenizer.to_str())
     except Exception as error:  # noqa: BLE001
         raise QkvError(f"{source}: the tokenizer cannot be serialized for checking ({str(error)[:100]})") from None
     try:
