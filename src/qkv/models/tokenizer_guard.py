@@ -54,7 +54,6 @@ MAX_GROWTH = 4  # this many times the input's bytes, whichever is more (a large 
 SLOW_PROBE_SECONDS = 5e-4  # a probe slower than this, and
 GROWTH_RATIO = 16.0  # this many times slower than the one of half its length, is exponential
 _PROBE_LADDER = (8, 12, 16, 24, 32, 64)
-_PROBE_LENGTH = 64
 # Worst growth of one character in UTF-8 bytes (measured over every code point with Python's
 # unicodedata, then rounded up for Rust's Unicode version: NFKC U+FDFA 3 -> 33 bytes).
 _UNICODE_GROWTH = {"NFC": 4.0, "NFD": 4.0, "NFKC": 18.0, "NFKD": 18.0, "Lowercase": 3.0}
