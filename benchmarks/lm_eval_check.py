@@ -89,7 +89,7 @@ def direct_scores(pairs: list[list[tuple[str, str]]]) -> list[list[float]]:
 
 
 def accuracy(scores: list[list[float]], samples: list[dict]) -> float:
-    right = [max(range(len(s)), key=s.__getitem__) == sample["target"] for s, sample in zip(scores, samples)]
+    right = [max(range(len(s)), key=s.__getitem__) == sample["doc"]["label"] for s, sample in zip(scores, samples)]
     return sum(right) / len(right)
 
 
