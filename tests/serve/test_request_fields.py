@@ -58,6 +58,7 @@ def ids_of(server, text: str) -> list[int]:
     ("/v1/chat/completions", "store", True),
     ("/v1/chat/completions", "metadata", {"a": "b"}),
     ("/v1/chat/completions", "modalities", ["text", "audio"]),
+    ("/v1/chat/completions", "stream_options", {"include_usage": True}),  # without stream, as OpenAI refuses
 ])
 def test_fields_not_honoured_are_refused_by_name(server, path, field, value) -> None:
     body = {"prompt": "The cat"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "hi"}]}
