@@ -56,6 +56,7 @@ def test_reused_prefixes_give_the_tokens_of_each_request_alone(tiny_folder: Path
         finally:
             engine.stop()
         assert got == expected
+        assert engine.stats.prompt_tokens_reused == engine.prefixes.reused_tokens
         if reuse:  # the system prompt every time, and the whole first exchange for the last one
             assert engine.prefixes.reused_tokens >= 2 * len(system) + len(prompts[0]) + 5
         else:

@@ -130,3 +130,18 @@ def test_bad_structured_fields_are_refused_by_name(client) -> None:
 
 def test_folder_name_is_the_model(url: str, tmp_path: Path) -> None:
     assert openai.OpenAI(base_url=url + "/v1", api_key="x").models.list().data[0].id == "tiny-long"
+
+
+def test_metrics_count_the_prompt_tokens_reused(client, url: str) -> None:
+    import httpx
+
+    def reused() -> int:
+        lines = httpx.get(url + "/metrics", timeout=10).text.splitlines()
+        return int(next(line for line in lines if line.startswith("qkv_prompt_tokens_reused_total ")).split()[1])
+
+    system = {"role": "system", "content": "Keys, queries and values. " * 8}
+    before = reused()
+    for question in ("The cat?", "The mat?"):
+        first = client.chat.completions.create(model="tiny-long", messages=[system, {"role": "user", "content": question}],
+                                               max_tokens=2)
+    assert reused() - before >= first.usage.prompt_tokens // 2  # the second prompt's shared system turn

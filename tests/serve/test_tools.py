@@ -69,6 +69,8 @@ def test_a_template_with_a_tool_format_is_given_the_tools(smollm2_template) -> N
 
 def test_replies_that_are_not_calls_stay_content() -> None:
     tools = parse_tools([WEATHER])
+    fenced = '```json\n{"name": "get_weather", "arguments": {"city": "Rome", "unit": "celsius"}}\n```'
+    assert read_calls(fenced, tools, "json")[1][0]["function"]["name"] == "get_weather"
     for reply in ("It is sunny.", '{"name": "other", "arguments": {}}', '{"name": "get_weather", "arguments": 3}', "[1]"):
         assert read_calls(reply, tools, "json") == (reply, [])
     assert read_calls("<tool_call>\nnot json\n</tool_call>", tools, "hermes")[1] == []

@@ -48,6 +48,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="with --temperature > 0: sample only among the most likely tokens that "
                         "make up probability P")
     parser.add_argument("--seed", type=seed, metavar="S", help="seed for sampling (default: a fresh random one)")
+    parser.add_argument("--json-schema", metavar="FILE",
+                        help="the output is JSON valid under this JSON schema, enforced token by token "
+                        "(needs a model with an end token, e.g. --chat)")
     parser.add_argument("--no-cache", action="store_true",
                         help="recompute the whole sequence for every token instead of using the KV cache")
     add_speed_arguments(parser)
@@ -131,11 +134,17 @@ def run(args: argparse.Namespace) -> int:
     if kind is not None:
         check_kind(model, kind)
     check_request(model, input_ids, args.max_new_tokens, kind=kind or StaticKVCache)  # before a compile is paid for
+    constraint = None
+    if args.json_schema is not None:
+        from qkv.generation.constraints import schema_constraint
+
+        constraint = schema_constraint(args.json_schema, tokenizer, vocab_size=model.cfg.vocab_size,
+                                       stop_ids=stop_ids)
     speed = announce_speed(model, setup, kind)
     tokens = stream(
         model, input_ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache,
-        eos_token_id=stop_ids or None, kv_cache=kind or StaticKVCache,
+        eos_token_id=stop_ids or None, kv_cache=kind or StaticKVCache, constraint=constraint,
         on_past_context=lambda note: print(note, file=sys.stderr, flush=True),
     )
     emit = _utf8_writer()

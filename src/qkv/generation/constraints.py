@@ -5,6 +5,7 @@
     logits = constraint.mask(logits)     # (1, V): tokens the grammar forbids -> -inf
     constraint.accept(token)             # advance the matcher by the sampled token
     constraint.finished                  # the grammar is complete: nothing may follow
+    schema_constraint(path, tokenizer, vocab_size=V, stop_ids=...)   # qkv generate --json-schema
 
 Each request (each row of a batch) has its own `Constraint`, so rows in different states of
 different grammars decode together; the mask is applied to the row's logits before
@@ -127,3 +128,27 @@ class Grammars:
         if matcher.is_error():
             raise QkvError(f"the grammar cannot be used: {matcher.get_error()[:300]}")
         return Constraint(matcher, self.vocab_size)
+
+
+MAX_SCHEMA_BYTES = 1 << 20
+
+
+def schema_constraint(path: str, tokenizer: Any, *, vocab_size: int, stop_ids: Iterable[int]) -> Constraint:
+    """A Constraint for the JSON schema in file `path` (qkv generate --json-schema)."""
+    from pathlib import Path
+
+    file = Path(path).expanduser()
+    try:
+        if file.stat().st_size > MAX_SCHEMA_BYTES:
+            raise QkvError(f"--json-schema {path}: over {MAX_SCHEMA_BYTES} bytes; give a smaller schema")
+        schema = json.loads(file.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise QkvError(f"--json-schema {path}: cannot read it ({error.strerror})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise QkvError(f"--json-schema {path}: not JSON ({error})") from None
+    if not isinstance(schema, dict):
+        raise QkvError(f"--json-schema {path}: a JSON schema is an object, got {type(schema).__name__}")
+    grammars = Grammars(tokenizer, vocab_size=vocab_size, stop_ids=stop_ids)
+    grammar = json_schema_grammar(schema)
+    grammars.check(grammar)
+    return grammars.constraint(grammar)

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from qkv.errors import QkvError
+from qkv.generation.constraints import Constraint
 from qkv.generation.sampling import Sampling, choose
 from qkv.attention.kv_cache import CacheKind, StaticKVCache
 from qkv.generation.past_context import cropped_steps, plan_past_context
@@ -75,6 +76,18 @@ def _hold_finished(new: Tensor, finished: Tensor, stop_ids: Tensor) -> Tensor:
     return new
 
 
+def _choose(logits: Tensor, sampling: Sampling, generator: torch.Generator | None,
+            constraint: Constraint | None, stop: Sequence[int]) -> Tensor:
+    """The next tokens (B,); with a constraint (B = 1), only among those its grammar allows,
+    and the grammar advanced by the choice (an end token ends it, it is not fed)."""
+    if constraint is None:
+        return choose(logits, sampling, generator)
+    new = choose(constraint.mask(logits), sampling, generator)  # (1,)
+    if int(new[0]) not in stop:
+        constraint.accept(int(new[0]))
+    return new
+
+
 def continue_from(
     session: DecodeSession,
     logits: Tensor,
@@ -83,23 +96,27 @@ def continue_from(
     sampling: Sampling = Sampling(),
     stop: Sequence[int] = (),
     generator: torch.Generator | None = None,
+    constraint: Constraint | None = None,
 ) -> Iterator[Tensor]:
     """From the logits (B, V) of each row's last token, yield up to `max_new_tokens` new
     tokens (B,), decoding each one into the session's cache before asking for the next.
 
     A row that produces a `stop` token keeps yielding it; the loop ends when every row has
     (the stop token itself is yielded and is in the cache only if another step follows).
+    A `constraint` (one row) masks each step's logits by its grammar, and the loop ends when
+    the grammar is complete (qkv.generation.constraints).
     """
     if generator is None and not sampling.greedy:
         generator = sampling.generator(logits.device)
     stop_ids = torch.tensor(list(stop), dtype=torch.long, device=logits.device)
     finished = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
     for step in range(max_new_tokens):
-        new = choose(logits, sampling, generator)  # (B,)
+        new = _choose(logits, sampling, generator, constraint, stop)  # (B,)
         if stop:
             new = _hold_finished(new, finished, stop_ids)
         yield new
-        if (stop and bool(finished.all())) or step + 1 == max_new_tokens:
+        if (stop and bool(finished.all())) or step + 1 == max_new_tokens or (
+                constraint is not None and constraint.finished):
             return
         logits = session.decode(new)  # (B, V)
 
@@ -129,13 +146,17 @@ def stream(
     attention_mask: Tensor | None = None,
     kv_cache: CacheKind = StaticKVCache,
     on_past_context: Callable[[str], object] | None = None,
+    constraint: Constraint | None = None,
 ) -> Iterator[Tensor]:
-    """Yield the new tokens (B,) one step at a time; see `generate` for the arguments.
+    """Yield the new tokens (B,) one step at a time; see `generate` for the arguments
+    (and `continue_from` for `constraint`, which takes one row).
 
     Arguments are checked at the call, before the first token is asked for. The model is
     put in eval mode and given caches for the duration (a `DecodeSession`), then restored.
     """
     check_request(model, input_ids, max_new_tokens, attention_mask, kv_cache)
+    if constraint is not None and input_ids.shape[0] != 1:
+        raise QkvError(f"a grammar constrains one row; got {input_ids.shape[0]} prompts")
     sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     ids, lengths = _right_aligned(input_ids.to(next(model.parameters()).device), attention_mask)
     if max_new_tokens == 0:
@@ -147,20 +168,24 @@ def stream(
         else:
             on_past_context(plan.note)
     stop = stop_tokens(eos_token_id)
+    if plan.crop and constraint is not None:
+        raise QkvError(f"a constrained reply (--json-schema) must fit the context of {model.context_length} tokens: "
+                       "ask for fewer new tokens or a shorter prompt")
     if plan.crop:
         return _cropped(model, ids, lengths, max_new_tokens, sampling, stop, plan.kind, use_cache)
     if not use_cache:
-        return _uncached(model, ids, lengths, max_new_tokens, sampling, stop)
-    return _cached(model, ids, lengths, max_new_tokens, sampling, stop, plan.kind)
+        return _uncached(model, ids, lengths, max_new_tokens, sampling, stop, constraint=constraint)
+    return _cached(model, ids, lengths, max_new_tokens, sampling, stop, plan.kind, constraint=constraint)
 
 
 def _cached(model: CausalDecoder, ids: Tensor, lengths: list[int], max_new_tokens: int,
             sampling: Sampling, stop: tuple[int, ...], kind: CacheKind = StaticKVCache,
-            generator: torch.Generator | None = None) -> Iterator[Tensor]:
+            generator: torch.Generator | None = None, constraint: Constraint | None = None) -> Iterator[Tensor]:
     capacity = min(ids.shape[1] + max_new_tokens, model.context_length)  # a sink cache may go past it
     with DecodeSession(model, batch_size=ids.shape[0], capacity=capacity, kind=kind) as session:
         logits = session.prefill(ids, lengths=lengths)
-        yield from continue_from(session, logits, max_new_tokens, sampling=sampling, stop=stop, generator=generator)
+        yield from continue_from(session, logits, max_new_tokens, sampling=sampling, stop=stop, generator=generator,
+                                 constraint=constraint)
 
 
 def _cropped(model: CausalDecoder, ids: Tensor, lengths: list[int], max_new_tokens: int,
@@ -192,7 +217,8 @@ def _cropped(model: CausalDecoder, ids: Tensor, lengths: list[int], max_new_toke
 
 
 def _uncached(model: CausalDecoder, ids: Tensor, lengths: list[int], max_new_tokens: int,
-              sampling: Sampling, stop: tuple[int, ...], generator: torch.Generator | None = None) -> Iterator[Tensor]:
+              sampling: Sampling, stop: tuple[int, ...], generator: torch.Generator | None = None,
+              constraint: Constraint | None = None) -> Iterator[Tensor]:
     """Every step runs each row's whole sequence again (rows stay padded at the end)."""
     b = ids.shape[0]
     tokens = torch.zeros(b, ids.shape[1] + max_new_tokens, dtype=torch.long, device=ids.device)
@@ -209,13 +235,13 @@ def _uncached(model: CausalDecoder, ids: Tensor, lengths: list[int], max_new_tok
         for _ in range(max_new_tokens):
             with torch.inference_mode():
                 logits = model(tokens[:, : int(ends.max())])[rows, ends - 1]  # (B, V)
-            new = choose(logits, sampling, generator)
+            new = _choose(logits, sampling, generator, constraint, stop)
             if stop:
                 new = _hold_finished(new, finished, stop_ids)
             tokens[rows, ends] = new
             ends += 1
             yield new
-            if stop and bool(finished.all()):
+            if stop and bool(finished.all()) or constraint is not None and constraint.finished:
                 return
     finally:
         model.train(was_training)
@@ -235,6 +261,7 @@ def generate(
     attention_mask: Tensor | None = None,
     kv_cache: CacheKind = StaticKVCache,
     on_past_context: Callable[[str], object] | None = None,
+    constraint: Constraint | None = None,
 ) -> Tensor:
     """The prompt ids (B, T) followed by up to max_new_tokens new ones: (B, T + N).
 
@@ -244,12 +271,14 @@ def generate(
     `attention_mask` (B, T) marks real tokens (1) and left padding (0).
     Past the context length generation goes on (qkv.generation.past_context): the line
     saying how goes to `on_past_context`, or is a UserWarning when none is given.
+    `constraint` (one row): a grammar the new tokens follow, ending when it is complete
+    (see `continue_from`); not past the context length.
     """
     new = list(
         stream(
             model, input_ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
             seed=seed, use_cache=use_cache, eos_token_id=eos_token_id, attention_mask=attention_mask,
-            kv_cache=kv_cache, on_past_context=on_past_context,
+            kv_cache=kv_cache, on_past_context=on_past_context, constraint=constraint,
         )
     )
     if not new:

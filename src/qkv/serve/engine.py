@@ -148,6 +148,7 @@ class EngineStats:
     waiting: int = 0
     steps: int = 0
     prompt_tokens: int = 0
+    prompt_tokens_reused: int = 0  # of prompt_tokens: taken from a slot's cache, not prefilled
     completion_tokens: int = 0
     ttft: list[float] = field(default_factory=list)  # seconds, one per request (drained by metrics)
     tokens_per_second: float = 0.0
@@ -335,6 +336,7 @@ class Engine:
         self._start(row, job)
         self.stats.prompt_tokens += len(job.prompt)
         kept = job.reused
+        self.stats.prompt_tokens_reused += kept
         self.prefixes.forget(row)  # until the prefill has written it
         if donor != row and kept:
             self.session.copy_row(donor, row, kept)

@@ -58,6 +58,9 @@ class Metrics:
             lines += [
                 "# HELP qkv_prompt_tokens_total Prompt tokens prefilled.", "# TYPE qkv_prompt_tokens_total counter",
                 f"qkv_prompt_tokens_total {stats.prompt_tokens}",
+                "# HELP qkv_prompt_tokens_reused_total Prompt tokens whose keys/values came from an earlier "
+                "request (prefix reuse), not prefilled.", "# TYPE qkv_prompt_tokens_reused_total counter",
+                f"qkv_prompt_tokens_reused_total {stats.prompt_tokens_reused}",
                 "# HELP qkv_completion_tokens_total Tokens generated.", "# TYPE qkv_completion_tokens_total counter",
                 f"qkv_completion_tokens_total {stats.completion_tokens}",
                 "# HELP qkv_batch_slots KV cache slots (--max-batch).", "# TYPE qkv_batch_slots gauge",

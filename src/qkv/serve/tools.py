@@ -16,7 +16,7 @@ Either way earlier assistant calls (`tool_calls`) are rendered back in the same 
 `role: "tool"` results are rendered as tool messages, so a conversation round-trips.
 tool_choice "required" or a named function constrains the reply, token by token, to one
 call in the format (qkv.generation.constraints); "auto" lets the model choose and reads the
-reply; "none" does not show the tools to the model at all.
+reply (a bare call, or one in a ```json code block); "none" does not show the tools at all.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from qkv.generation.constraints import with_layout
 from qkv.serve.schemas import ApiError
 
 HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+FENCED = re.compile(r"\s*```(?:json)?\s*(.*?)\s*```\s*", re.DOTALL)  # a call a model put in a code block
 JSON_FORMAT_INSTRUCTION = (
     "Tools you can call:\n{tools}\nTo call one, reply with only "
     '{{"name": <its name>, "arguments": <an object of its arguments>}}. Its result comes back as a tool message.')
@@ -179,8 +180,9 @@ def read_calls(text: str, tools: list[Tool], fmt: str) -> tuple[str | None, list
                 return text, []
         rest = HERMES_CALL.sub("", text).strip()
     else:
+        fenced = FENCED.fullmatch(text)
         try:
-            value = json.loads(text.strip())
+            value = json.loads(fenced.group(1) if fenced else text.strip())
         except json.JSONDecodeError:
             return text, []
         found = value if isinstance(value, list) else [value]
