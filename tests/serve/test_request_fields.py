@@ -223,6 +223,15 @@ def test_n_answers_share_one_prefill_and_equal_separate_seeds(server) -> None:
     assert [c["text"] for c in together["choices"]] == alone
 
 
+def test_more_answers_than_slots_still_equal_separate_seeds(server) -> None:
+    """n=6 on 4 slots: the last two wait, then copy the prompt from a row still holding it
+    or prefill it again; either way each answer is the one its seed gives alone."""
+    body = {"prompt": "Keys, queries and values", "max_tokens": 6, "temperature": 1.0}
+    together = _ok(server, "/v1/completions", {**body, "n": 6, "seed": 40})
+    alone = [_ok(server, "/v1/completions", {**body, "seed": 40 + j})["choices"][0]["text"] for j in range(6)]
+    assert [c["text"] for c in together["choices"]] == alone
+
+
 def test_best_of_returns_the_candidate_of_highest_mean_logprob(server) -> None:
     body = {"prompt": "Keys", "max_tokens": 6, "temperature": 1.0, "seed": 3}
     candidates = _ok(server, "/v1/completions", {**body, "n": 4, "logprobs": 0})["choices"]
