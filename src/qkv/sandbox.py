@@ -12,11 +12,18 @@ memory. `BoundedSandbox` adds, per render:
   exponents are bounded the same way, so nothing huge is allocated to find out.
 
 Going over a bound raises `TemplateLimitError` (a jinja2 SecurityError).
+
+These checks give a precise reason for the common bombs; they are not the last line. Chat
+templates are rendered in a child process with a memory limit that is killed at the
+deadline (qkv.template_process), since a check between steps cannot stop one expensive
+builtin (a `sort` of a million items) and a size check after a step comes after the
+allocation. `chat_environment` is the environment that child renders with.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -36,8 +43,15 @@ _SIZED = "qkv_bounded_size"
 _WIDTH = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\d*)(?:\.(\d*))?")
 
 
+MAX_INDENT = 64  # tojson(indent=...): transformers' templates use 2 or 4
+
+
 class TemplateLimitError(SecurityError):
     """A template went over one of the sandbox's bounds."""
+
+
+class TemplateRefusal(Exception):
+    """The template called raise_exception(message): it refuses the conversation."""
 
 
 class _Budget:
@@ -50,7 +64,7 @@ class _Budget:
         self.steps += 1
         if self.steps > MAX_STEPS:
             raise TemplateLimitError(f"the template ran more than {MAX_STEPS:,} loop iterations and calls")
-        if self.steps % 256 == 0 and time.monotonic() > self.deadline:
+        if time.monotonic() > self.deadline:  # every step: ~50 ns against a step's microseconds
             raise TemplateLimitError(f"the template ran longer than {MAX_SECONDS} s")
 
 
@@ -178,3 +192,23 @@ def render(template: Any, **variables: Any) -> str:
         _BUDGET.reset(token)
 
 
+
+
+def _raise_exception(message: Any) -> None:
+    raise TemplateRefusal(str(message)[:200])
+
+
+def _tojson(value: Any, indent: Any = None) -> str:
+    if indent is not None and (not isinstance(indent, int) or isinstance(indent, bool) or not 0 <= indent <= MAX_INDENT):
+        raise TemplateLimitError(f"tojson's indent must be an integer from 0 to {MAX_INDENT}, got {str(indent)[:20]}")
+    return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
+def chat_environment() -> BoundedSandbox:
+    """The sandbox chat templates render in, with what transformers' templates expect:
+    loop controls, `tojson`, `raise_exception`, trimmed blocks."""
+    env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = _tojson
+    env.bound_filters()
+    env.globals["raise_exception"] = _raise_exception
+    return env

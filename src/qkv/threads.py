@@ -8,13 +8,21 @@ number of threads that were running or ready to run), at least 1. On a quiet mac
 is every core, as torch would choose; on a busy one it leaves the busy cores alone. Give
 `--threads N` to override it, for example when measuring.
 
+A long-lived process (`qkv serve`) cannot keep one snapshot taken at start: a server
+started while the machine was busy would run on one thread for its whole life.
+`FollowIdleCores.poll()`, called between steps, re-evaluates every few seconds; since the
+load average counts this process's own running threads too, it subtracts this process's
+own CPU use, averaged the way the kernel averages the load (over a minute).
+
 Importing this module does not import torch; `apply_threads` does, when it is called.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import time
 
 from qkv.errors import QkvError
 
@@ -27,14 +35,51 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def idle_cores() -> int:
-    """Usable cores minus the 1-minute load average, rounded, at least 1."""
+def idle_cores(own_load: float = 0.0) -> int:
+    """Usable cores minus the 1-minute load average (less `own_load`, this process's own
+    share of it), rounded, at least 1."""
     cores = usable_cores()
     try:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):  # no load average on this system: assume it is quiet
         return cores
-    return max(1, min(cores, cores - round(load)))
+    return max(1, min(cores, cores - round(max(0.0, load - own_load))))
+
+
+def _cpu_seconds() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+class FollowIdleCores:
+    """Keeps torch's thread count at this process's share of the idle cores while the
+    machine's load changes: `poll()` re-evaluates at most every `every` seconds."""
+
+    LOAD_WINDOW = 60.0  # seconds: the kernel's 1-minute load average decays over this
+
+    def __init__(self, *, every: float = 5.0, processes: int = 1) -> None:
+        self.every, self.processes = every, max(1, processes)
+        self.threads = 0  # not set yet: the first poll sets it, on the thread that polls
+        self._at, self._cpu = time.monotonic(), _cpu_seconds()
+        self._own = 0.0  # this process's running threads, averaged like the load average
+
+    def poll(self) -> int:
+        """torch's thread count for the calling thread (the one that runs the model), looked
+        at again when `every` seconds have passed since the last look."""
+        now = time.monotonic()
+        if self.threads and now - self._at < self.every:
+            return self.threads
+        import torch
+
+        cpu = _cpu_seconds()
+        decay = math.exp(-(now - self._at) / self.LOAD_WINDOW)
+        self._own = self._own * decay + (cpu - self._cpu) / max(now - self._at, 1e-3) * (1 - decay)
+        self._at, self._cpu = now, cpu
+        threads = max(1, idle_cores(own_load=self._own) // self.processes)
+        if threads != self.threads or threads != torch.get_num_threads():
+            torch.set_num_threads(threads)
+            self.threads = threads
+        return threads
 
 
 def add_threads_argument(parser: argparse.ArgumentParser) -> None:

@@ -198,3 +198,14 @@ def test_keys_png_and_html_beside_the_json(capsys, tiny_llama, tmp_path):
     text = page.read_text(encoding="utf-8")
     assert text.count("<tr>") == len(data["summary"]) + 1
     assert all(f"<td>{row['sink_mass']:.4g}</td>" in text for row in data["summary"])
+
+
+def test_a_model_without_text_explains_the_default_sentence_and_says_so(capsys):
+    from qkv.cli.explain_model import DEFAULT_SENTENCE
+
+    assert main(["explain", "--model", "minilm", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert f'No TEXT given: explaining the default sentence "{DEFAULT_SENTENCE}"' in err
+    default = json.loads(out)
+    assert main(["explain", DEFAULT_SENTENCE, "--model", "minilm", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == default  # the same trace as typing it

@@ -62,3 +62,22 @@ def test_rows_read_only_the_positions_they_reach() -> None:
     assert visible[0, 0, 0, :11].all() and not visible[0, 0, 0, 11:].any()
     cache.limit = None
     assert cache.update(k, k, torch.tensor([[11], [4]]))[0].shape == (2, 2, 256, 4)
+
+
+def test_a_copied_row_continues_as_its_own_prefill_would() -> None:
+    """copy_row: a prompt prefilled once serves a second row (n answers to one prompt);
+    prefill_row_all's rows are the uncached model's logits at every prompt position."""
+    model = tiny_llama()
+    prompt = torch.randint(0, 97, (7,))
+    with torch.inference_mode():
+        reference = model(prompt[None])[0]  # (T, V)
+    with DecodeSession(model, batch_size=3, capacity=32, kind=SlotKVCache) as session:
+        every = session.prefill_row_all(0, prompt)  # (T, V)
+        torch.testing.assert_close(every, reference, atol=1e-5, rtol=1e-5)
+        session.decode(torch.tensor([5]), rows=[0])  # row 0 moves on past the prompt
+        session.copy_row(0, 2, prompt.shape[0])  # row 2 takes the prompt's positions only
+        assert session.lengths[2] == prompt.shape[0]
+        copied = session.decode(torch.tensor([11]), rows=[2])[0]
+        session.prefill_row(1, prompt)
+        fresh = session.decode(torch.tensor([11]), rows=[1])[0]
+    torch.testing.assert_close(copied, fresh, atol=1e-5, rtol=1e-5)

@@ -2,7 +2,8 @@
 
     python harness.py cases.json results.json
 
-cases.json: [{"id": ..., "argv": [...], "cwd": ...}, ...]. The parent imports qkv and torch
+cases.json: [{"id": ..., "argv": [...], "cwd": ..., "env": {...}, "file_size_limit": bytes}, ...]
+(env and file_size_limit optional; an env value of null removes the variable). The parent imports qkv and torch
 once (about 2-4 s) and forks one child per case, so a case costs milliseconds of start-up.
 Each child gets RLIMIT_AS = the parent's address space + LIMIT_BYTES (what it may allocate
 on top of torch), one thread, and an audit hook that records any Python-level open of a
@@ -39,6 +40,11 @@ def _child(case: dict, out_path: str, err_path: str, sentinel_dir: str, opened_p
 
     torch.set_num_threads(1)
     os.chdir(case.get("cwd") or os.getcwd())
+    for name, value in case.get("env", {}).items():  # a case's own environment (cache folders)
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     sentinel_dir = os.path.realpath(sentinel_dir)
 
     def audit(event: str, args: tuple) -> None:
@@ -50,6 +56,8 @@ def _child(case: dict, out_path: str, err_path: str, sentinel_dir: str, opened_p
 
     sys.addaudithook(audit)
     resource.setrlimit(resource.RLIMIT_AS, (_vm_size() + LIMIT_BYTES, resource.RLIM_INFINITY))
+    if case.get("file_size_limit"):  # writes past it fail with EFBIG (Python ignores SIGXFSZ)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (case["file_size_limit"], resource.RLIM_INFINITY))
     out = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     err = os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(out, 1)

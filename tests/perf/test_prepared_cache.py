@@ -56,7 +56,7 @@ def _logits(model) -> torch.Tensor:
 @pytest.mark.parametrize("precision", ["int8", "int4"])
 def test_the_second_load_assigns_the_first_ones_weights(cache: Path, source: Path, precision: str) -> None:
     first, _, setup = load_for_generation(source, precision=precision)
-    assert not setup.from_cache and len(list(cache.iterdir())) == 1
+    assert not setup.from_cache and len(list(cache.glob("*.safetensors"))) == 1
     second, _, again = load_for_generation(source, precision=precision)
     assert again.from_cache and again.precision == precision and again.fused is not None
     assert torch.equal(_logits(first), _logits(second))
@@ -66,29 +66,49 @@ def test_the_second_load_assigns_the_first_ones_weights(cache: Path, source: Pat
     assert reference.fused_layers is None
 
 
+def _change_weights(source: Path, step: int) -> None:
+    """Rewrite the folder's weights with one value changed, same size, same modification time."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    weights = next(source.glob("*.safetensors"))
+    before = weights.stat()
+    with safe_open(str(weights), "pt") as handle:
+        metadata = handle.metadata()
+        tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+    tensors["model.norm.weight"][0] += step + 1
+    save_file(tensors, weights, metadata=metadata)
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert weights.stat().st_size == before.st_size
+
+
 def test_a_changed_source_or_precision_is_a_new_entry(cache: Path, source: Path) -> None:
     load_for_generation(source, precision="int8")
     weights = next(source.glob("*.safetensors"))
     os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
+    _, _, touched = load_for_generation(source, precision="int8")
+    assert touched.from_cache  # the same bytes: the same entry, whatever the modification time
+    _change_weights(source, 0)
     _, _, setup = load_for_generation(source, precision="int8")
     assert not setup.from_cache
     load_for_generation(source, precision="int4")
-    assert len(list(cache.iterdir())) == 3
+    assert len(list(cache.glob("*.safetensors"))) == 3
 
 
-def test_a_damaged_entry_is_replaced(cache: Path, source: Path) -> None:
+def test_a_damaged_entry_is_replaced(cache: Path, source: Path, capfd) -> None:
     first, _, _ = load_for_generation(source, precision="int8")
-    entry = next(cache.iterdir())
+    entry = next(cache.glob("*.safetensors"))
     entry.write_bytes(entry.read_bytes()[: entry.stat().st_size // 2])  # cut short
     second, _, setup = load_for_generation(source, precision="int8")
     assert not setup.from_cache and torch.equal(_logits(first), _logits(second))
+    assert "discarded" in capfd.readouterr().err
     third, _, setup = load_for_generation(source, precision="int8")
     assert setup.from_cache and torch.equal(_logits(first), _logits(third))
 
 
 def test_an_entry_for_another_model_is_refused_and_replaced(cache: Path, source: Path, monkeypatch) -> None:
     load_for_generation(source, precision="int8")
-    entry = next(cache.iterdir())
+    entry = next(cache.glob("*.safetensors"))
     from safetensors.torch import save_file
 
     save_file({"something.else": torch.zeros(3)}, entry)  # readable, but not this model's
@@ -106,9 +126,8 @@ def test_turned_off_and_float_precisions_keep_nothing(cache: Path, source: Path,
 
 def test_only_the_newest_entries_stay(cache: Path, source: Path, monkeypatch) -> None:
     monkeypatch.setattr(prepared_cache, "KEEP", 2)
-    weights = next(source.glob("*.safetensors"))
-    for step in range(4):  # each modification time is another source
-        os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
+    for step in range(4):  # each content is another source
+        _change_weights(source, step)
         load_for_generation(source, precision="int8")
     assert len(list(cache.glob("*.safetensors"))) == 2 and not list(cache.glob("*.tmp"))
 

@@ -24,7 +24,7 @@ def _post(server, path: str, body: object, **kw) -> httpx.Response:
 
 
 def _metric(server, name: str) -> float:
-    text = httpx.get(server.url + "/metrics", timeout=10).text
+    text = httpx.get(server.url + "/metrics", headers=AUTH, timeout=10).text
     return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")))
 
 
@@ -43,7 +43,8 @@ def test_health_models_and_metrics(server) -> None:
     assert httpx.get(server.url + "/health").json()["status"] == "ok"
     models = httpx.get(server.url + "/v1/models", headers=AUTH).json()
     assert models["object"] == "list" and models["data"][0]["id"] == server.served.name
-    text = httpx.get(server.url + "/metrics").text
+    assert httpx.get(server.url + "/metrics").status_code == 401  # behind --api-key like /v1
+    text = httpx.get(server.url + "/metrics", headers=AUTH).text
     for name in ("qkv_requests_total", "qkv_batch_occupancy", "qkv_time_to_first_token_seconds_bucket",
                  "qkv_tokens_per_second", "qkv_completion_tokens_total"):
         assert name in text
@@ -104,14 +105,16 @@ def test_bad_requests_get_openai_errors(server, body, status) -> None:
     if isinstance(body, dict) and "model" not in body:
         body = {"model": server.served.name, **body}
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    r = httpx.post(server.url + "/v1/completions", content=content, headers=AUTH, timeout=30)
+    r = httpx.post(server.url + "/v1/completions", content=content, timeout=30,
+                   headers={**AUTH, "Content-Type": "application/json"})
     assert r.status_code == status
     error = r.json()["error"]
     assert error["message"] and "Traceback" not in error["message"] and error["type"]
 
 
 def test_big_body_wrong_key_and_unknown_route(server) -> None:
-    r = httpx.post(server.url + "/v1/completions", content=b"x" * (10 << 20), headers=AUTH, timeout=60)
+    r = httpx.post(server.url + "/v1/completions", content=b"x" * (10 << 20), timeout=60,
+                   headers={**AUTH, "Content-Type": "application/json"})
     assert r.status_code == 413 and "error" in r.json()
     r = httpx.post(server.url + "/v1/completions", json={"model": "x", "prompt": "hi"},
                    headers={"Authorization": "Bearer wrong"})

@@ -40,8 +40,8 @@ def test_staggered_requests_match_each_prompt_alone(tiny_folder: Path) -> None:
                 ends[i] = item
                 if all(e is not None for e in ends):
                     done.set()
-            else:
-                got[i].append(item)
+            elif not item.stop:  # an end token ends the answer and is not one of its tokens
+                got[i].append(item.id)
         return emit
 
     engine.start()
@@ -76,3 +76,30 @@ def test_a_full_queue_refuses_and_a_cancelled_job_frees_its_slot(tiny_folder: Pa
     finally:
         engine.stop()
     assert engine.stats.occupied == 0
+
+
+def test_the_engine_follows_the_idle_cores_between_steps(tiny_folder: Path, monkeypatch) -> None:
+    """A server started on a busy machine does not stay on one thread: the engine asks
+    FollowIdleCores between steps (the load average is given: a test cannot set the machine's)."""
+    import os
+
+    from qkv.threads import FollowIdleCores, usable_cores
+
+    model, tokenizer = load_pretrained(tiny_folder)
+    before = torch.get_num_threads()
+    load = [float(usable_cores())]
+    monkeypatch.setattr(os, "getloadavg", lambda: (load[0],) * 3)
+    torch.set_num_threads(1)
+    engine = Engine(model, max_batch=1, capacity=64, threads=FollowIdleCores(every=0.0))
+    finished = threading.Event()
+    engine.start()
+    try:
+        load[0] = 0.0  # the machine has gone quiet
+        engine.submit(tokenizer.encode("The cat").ids, max_tokens=3, sampling=Sampling(), stop_ids=frozenset(),
+                      emit=lambda item: finished.set() if isinstance(item, Finished) else None)
+        assert finished.wait(30)
+        # torch's count is the engine thread's, which runs the model
+        assert engine.call(torch.get_num_threads).result(30) == usable_cores()
+    finally:
+        engine.stop()
+        torch.set_num_threads(before)

@@ -61,7 +61,7 @@ def test_typed_text_shows_the_traced_weights_and_chat_streams(browser, start_ser
     with page.expect_response("**/explorer/trace"):
         page.select_option("#head", "2")
     with page.expect_response("**/explorer/trace"):
-        page.select_option("#query", "4")
+        page.select_option("#query", "5")  # the query's position, counted from 1
     ids = served.tokenizer.encode(text).ids
     row = served.engine.call(lambda: query_row(
         trace(served.model, torch.tensor([ids]), layer=[1], head=[2], query=[4]).layer(1), None, 2, 4)).result(60)

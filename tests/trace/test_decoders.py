@@ -81,7 +81,7 @@ def test_after_rope_the_score_depends_only_on_relative_position(tiny_decoder, id
     assert demo["largest_spread_at_equal_distance"] < 1e-4
     assert demo["spread_across_distances"] > 1e-2
     # The rotated query and first key are the ones the model compared: their product is the score.
-    first = [p for p in demo["pairs"] if p["query_position"] == T - 1 and p["key_position"] == 0]
+    first = [p for p in demo["pairs"] if p["query_position"] == T and p["key_position"] == 1]  # from 1
     assert first[0]["score"] == pytest.approx(float(layer.scores[0, 0, -1, 0]), abs=1e-4)
     # Without RoPE (GPT-2) there is nothing to demonstrate.
     gpt_model, _ = qkv.load_pretrained(tiny_decoder("gpt2")[0])

@@ -84,6 +84,7 @@ def test_book_page_shows_the_numbers_and_the_query_picker_changes_them(browser, 
     one = run_walkthrough(query_position=5, causal=True)
     assert _weights_column(page) == [f"{w:.4f}" for w in one.weights.tolist()]
     assert page.locator("#query-buttons button.active").inner_text() == "5 one"
+    assert page.locator("#explorer tbody tr.query td:nth-child(2)").all_inner_texts() == ["one"]  # its own row
     page.hover("#explorer tbody tr[data-key='1']")
     detail = page.inner_text("#detail")
     assert "journey" in detail and f"weight = {one.weights[1]:.4f}" in detail
@@ -197,16 +198,16 @@ def test_every_story_step_shows_all_of_its_values(browser, tmp_path):
         for name, m in (("W_query", w.W_query), ("W_key", w.W_key), ("W_value", w.W_value))
         for i, r in enumerate(m.tolist())
     ]
-    assert _step_rows(page, 3) == [("q(2)", _vec(w.query.tolist()))]
-    assert _step_rows(page, 4) == [(f"k({s + 1}) {t}", _vec(k)) for s, (t, k) in enumerate(zip(tokens, w.keys.tolist()))]
+    assert _step_rows(page, 3) == [(f"k({s + 1}) {t}", _vec(k)) for s, (t, k) in enumerate(zip(tokens, w.keys.tolist()))]
+    assert _step_rows(page, 4) == [("q(2)", _vec(w.query.tolist()))]
     products = (w.keys * w.query).tolist()
     assert _step_rows(page, 5) == [(f"q ⊙ k({s + 1}) {t}", _vec(p)) for s, (t, p) in enumerate(zip(tokens, products))] + [
         ("q · k", _vec(w.scores.tolist()))]
     assert _step_rows(page, 6) == [("q · k / sqrt(2)", _vec(w.scaled_scores.tolist()))]
     assert _step_rows(page, 7) == [("softmax", _vec(w.weights.tolist()))]
-    assert _step_rows(page, 8)[-1] == ("context", "[0.3061, 0.8210]")  # the book's printed context
-    assert _step_rows(page, 8)[:-1] == [(f"v({s + 1}) {t}", _vec(v)) for s, (t, v) in enumerate(zip(tokens, w.values.tolist()))]
-    assert page.locator("#step-9").count() == 0  # one head, no output projection
+    assert _step_rows(page, 8) == [(f"v({s + 1}) {t}", _vec(v)) for s, (t, v) in enumerate(zip(tokens, w.values.tolist()))]
+    assert _step_rows(page, 9) == [("context", "[0.3061, 0.8210]")]  # the book's printed context
+    assert page.locator("#step-10").count() == 0  # one head, no output projection
     assert requests == [target.as_uri()] and errors == []
     page.close()
 
@@ -225,8 +226,8 @@ def test_a_model_pages_steps_show_every_token_and_shorten_long_vectors_saying_so
     assert inputs[0][1] == _vec(layer.x[0, 0, :8].tolist())[:-1] + ", … (16 in all)]"
     projections = _step_rows(page, 2)
     assert len(projections) == 3 * (8 + 1) and projections[8] == ("…", "8 more rows (16 in all)")
-    assert [label for label, _ in _step_rows(page, 4)] == [f"k({s + 1}) {t}" for s, t in enumerate(tokens)]
-    assert _step_rows(page, 4)[1][1] == _vec(layer.keys[0, 2, 1].tolist())
-    assert _step_rows(page, 9) == [("output", _vec(layer.output[0, 4, :8].tolist())[:-1] + ", … (16 in all)]")]
+    assert [label for label, _ in _step_rows(page, 3)] == [f"k({s + 1}) {t}" for s, t in enumerate(tokens)]
+    assert _step_rows(page, 3)[1][1] == _vec(layer.keys[0, 2, 1].tolist())
+    assert _step_rows(page, 10) == [("output", _vec(layer.output[0, 4, :8].tolist())[:-1] + ", … (16 in all)]")]
     assert requests == [target.as_uri()] and errors == []
     page.close()

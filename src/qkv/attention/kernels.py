@@ -97,6 +97,14 @@ def repeat_kv(x: Tensor, num_query_heads: int) -> Tensor:
     return expanded.reshape(*x.shape[:-3], num_query_heads, *x.shape[-2:])  # (..., H, S, D)
 
 
+def _fits_into(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    """Whether `shape` broadcasts to `target` without growing it. Plain Python on purpose:
+    torch.broadcast_shapes imports torch's symbolic-shape machinery (about a second) on
+    first use, which the book's six-token walkthrough would otherwise wait for."""
+    return len(shape) <= len(target) and all(
+        size in (1, full) for size, full in zip(reversed(shape), reversed(target)))
+
+
 def explicit_attention(
     q: Tensor,
     k: Tensor,
@@ -126,7 +134,7 @@ def explicit_attention(
     full_mask = _full_mask(q, k, mask, is_causal)
     if full_mask is not None:
         hidden = ~full_mask
-        if torch.broadcast_shapes(hidden.shape, scores.shape) == scores.shape:
+        if _fits_into(hidden.shape, scores.shape):
             scores.masked_fill_(hidden, -torch.inf)
         else:  # the mask adds batch dimensions: the result grows to its shape
             scores = scores.masked_fill(hidden, -torch.inf)

@@ -282,8 +282,8 @@ class SlotKVCache(StaticKVCache):
     def fused_rows(self) -> Tensor | None:
         return self.rows  # a call on some slots carries those rows (the whole batch without)
 
-    def copy_prefix(self, source: int, target: int, length: int) -> None:
-        """Row `target` gets row `source`'s first `length` positions (a shared prompt prefix)."""
+    def copy_row(self, source: int, target: int, length: int) -> None:
+        """Slot `target` holds slot `source`'s first `length` positions (and nothing after)."""
         self.k_cache[target, :, :length] = self.k_cache[source, :, :length]  # (H_kv, length, D)
         self.v_cache[target, :, :length] = self.v_cache[source, :, :length]
         self.lengths[target] = length

@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 
+from qkv.cli.explain_why import add_why_arguments, given_flags, wants_why
 from qkv.cli.numbers import add_max_memory_argument, integer, seed
 from qkv.errors import QkvError
 from qkv.threads import add_threads_argument, apply_threads
@@ -25,7 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "its 3-d embeddings, seed 123, d_out 2 and the query \"journey\".",
     )
     parser.add_argument("text", nargs="?", metavar="TEXT",
-                        help="your own text, traced through --model (without a model: the book's example)")
+                        help="your own text, traced through --model (without TEXT a model explains "
+                        "\"The cat sat on the mat because it was tired\"; without a model: the book's example)")
     parser.add_argument("--model", metavar="M",
                         help="a real model: minilm (all-MiniLM-L6-v2, offline), smollm2, or a "
                         "checkpoint folder qkv loads (GPT-2, Llama, Qwen, what qkv train writes)")
@@ -59,6 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "and one self-contained page")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object with every step instead of the tables")
+    add_why_arguments(parser)
     add_threads_argument(parser)
     add_max_memory_argument(parser)
     parser.set_defaults(run=run)
@@ -78,6 +81,10 @@ def run(args: argparse.Namespace) -> int:
                            "brings its own weights and masking; drop "
                            f"{'it' if len(book_only) == 1 else 'them'} or drop --model")
         apply_threads(args.threads)
+        if wants_why(args):
+            from qkv.cli.explain_why import run_why
+
+            return run_why(args)
         if args.keys:
             from qkv.cli.explain_keys import run_keys
 
@@ -90,11 +97,13 @@ def run(args: argparse.Namespace) -> int:
                        "explains the book's example")
     if args.generate is not None:
         raise QkvError("--generate needs a decoder model: give --model")
+    if wants_why(args):
+        raise QkvError(f"{given_flags(args)[0]} needs a decoder: give --model (for example --model smollm2)")
     if args.keys:
         raise QkvError("--keys needs a real model: give --model (for example --model smollm2)")
     if args.d_out < 1:
         raise QkvError(f"--d-out must be at least 1, got {args.d_out}")
-    from qkv.cli.explain_model import check_range, resolve_query
+    from qkv.cli.selection import check_range, resolve_query
     from qkv.walkthrough import run_walkthrough
 
     # The book's example is one attention layer with one head: 0 is the only valid choice.

@@ -9,7 +9,6 @@ import sys
 
 import torch
 from rich.console import Console
-from rich.table import Table
 
 from qkv.errors import QkvError
 
@@ -22,7 +21,7 @@ DEFAULT_TEXT = (
 
 def run_keys(args: argparse.Namespace) -> int:
     from qkv.cli.explain_model import load_model
-    from qkv.trace.keys import OUTLIER_RATIO, key_anatomy, summary_rows
+    from qkv.trace.keys import key_anatomy, summary_rows
 
     if args.generate is not None:
         raise QkvError("--keys measures the keys of a text; drop --generate")
@@ -51,33 +50,9 @@ def run_keys(args: argparse.Namespace) -> int:
         json.dump(anatomy.to_json() | {"summary": rows}, sys.stdout)
         sys.stdout.write("\n")
         return 0
-    rope = "keys after RoPE (before RoPE in brackets)" if anatomy.rope else (
-        "this model has no RoPE (learned absolute positions are added to its input), so keys "
-        "have one form")
-    console.print(f"Key anatomy of {loaded.name} on {anatomy.tokens} tokens: {rope}. "
-                  f"Outlier channel: mean |x| > {OUTLIER_RATIO:g} x the median channel.")
-    table = Table("layer", "kv head", "key max/median", "key outliers (stability)",
-                  "value max/median", "value outliers", "first key norm / median", "sink mass")
-    for row in rows:
-        ratio = f"{row['key_ratio']:.1f}"
-        if row["key_ratio_pre_rope"] is not None:
-            ratio += f" [{row['key_ratio_pre_rope']:.1f}]"
-        outliers = ", ".join(f"{c} ({s:.0%})" for c, s in zip(row["key_outliers"], row["stability"]))
-        table.add_row(str(row["layer"]), str(row["kv_head"]), ratio, outliers or "-",
-                      f"{row['value_ratio']:.1f}", ", ".join(map(str, row["value_outliers"])) or "-",
-                      f"{row['first_key_norm_over_median']:.2f}", f"{row['sink_mass']:.2f}")
-    console.print(table)
-    keys = sum(r["key_ratio"] for r in rows) / len(rows)
-    values = sum(r["value_ratio"] for r in rows) / len(rows)
-    sink = sum(r["sink_mass"] for r in rows) / len(rows)
-    console.print(f"Mean over heads: key max/median {keys:.1f}, value max/median {values:.1f}, "
-                  f"weight on the first token {sink:.2f}.")
-    if anatomy.rope and anatomy.heads:
-        bands = torch.tensor([h.band_magnitude for h in anatomy.heads]).mean(0)  # (D/2,)
-        order = bands.argsort(descending=True)[:4].tolist()
-        waves = anatomy.wavelengths or []
-        console.print("Largest RoPE bands (pair index: wavelength in tokens, RMS before RoPE): "
-                      + "; ".join(f"{i}: {waves[i]:.0f}, {float(bands[i]):.2f}" for i in order))
+    from qkv.trace.keys_terminal import render_keys
+
+    render_keys(console, anatomy, rows)
     return 0
 
 

@@ -20,6 +20,7 @@ from rich.console import Console
 from tokenizers import Tokenizer
 from torch import nn
 
+from qkv.cli.selection import check_range, resolve_query  # noqa: F401  (re-exported)
 from qkv.errors import QkvError
 from qkv.trace.analysis import analyse
 from qkv.trace.export import layer_summary, query_row
@@ -30,6 +31,10 @@ from qkv.serve.text import display_tokens  # one way to show token texts, here a
 # embeds them): beyond these many tokens only the chosen query (or layer) is recorded.
 ALL_QUERIES_UP_TO = 128
 ALL_LAYERS_UP_TO = 32
+
+# What `qkv explain --model M` traces when no TEXT is given (it says so): a sentence whose
+# "it" has a clear antecedent, so the heads have something to find.
+DEFAULT_SENTENCE = "The cat sat on the mat because it was tired"
 
 
 @dataclass
@@ -56,33 +61,6 @@ def load_model(name: str, *, max_memory: int | None = None) -> LoadedModel:
 
 def _plural(count: int, noun: str) -> str:
     return noun if count == 1 else noun + "s"
-
-
-def resolve_query(query: str | None, tokens: list[str], default: int) -> int:
-    """Index from 0 of the query token: a position counted from 1, or the token's text."""
-    if query is None:
-        return default
-    text = query.strip()
-    if text.lstrip("-").isdigit():
-        position = int(text)
-        if not 1 <= position <= len(tokens):
-            raise QkvError(
-                f"--query {position}: positions are counted from 1, between 1 and {len(tokens)}"
-            )
-        return position - 1
-    wanted = text.lower()
-    for i, token in enumerate(tokens):
-        if token.replace("␣", "").lstrip("#").strip().lower() == wanted.lstrip("#"):
-            return i
-    listed = ", ".join(f'{i + 1}:"{t}"' for i, t in enumerate(tokens[:40]))
-    raise QkvError(f"--query {query!r} is neither a position nor one of the tokens ({listed})")
-
-
-def check_range(value: int | None, count: int, option: str, subject: str, noun: str) -> None:
-    """`value` (None: not given) must index one of `count` things, counted from 0."""
-    if value is not None and not 0 <= value < count:
-        valid = "0 is the only choice" if count == 1 else f"0..{count - 1}, counted from 0"
-        raise QkvError(f"{option} {value} is out of range: {subject} has {count} {noun} ({valid})")
 
 
 def _write_outputs(args: argparse.Namespace, recorded: Trace, layer: int, head: int, query: int,
@@ -125,11 +103,15 @@ def run_book_figures(args: argparse.Namespace, query_position: int) -> None:
 
 
 def run_model(args: argparse.Namespace) -> int:
-    text = args.text if args.text is not None else ""
+    text = args.text if args.text is not None else DEFAULT_SENTENCE
     if args.generate is not None and args.generate < 1:
         raise QkvError(f"--generate needs at least 1 token, got {args.generate}")
     if not text.strip():
         raise QkvError("the text is empty: give some words to explain, e.g. qkv explain \"The cat sat\" --model minilm")
+    console = Console(stderr=True, highlight=False) if args.json else Console(highlight=False)
+    if args.text is None:
+        console.print(f"No TEXT given: explaining the default sentence \"{DEFAULT_SENTENCE}\" "
+                      "(give your own as the first argument).", soft_wrap=True)
     loaded = load_model(args.model, max_memory=args.max_memory)
     encoding = loaded.tokenizer.encode(text)
     ids = list(encoding.ids)
@@ -175,7 +157,6 @@ def run_model(args: argparse.Namespace) -> int:
         tokens = tokens + display_tokens(loaded.tokenizer, new_ids)  # the prompt's, then the new ones
 
     row = query_row(focus, recorded.tokens, head, query)
-    console = Console(stderr=True, highlight=False) if args.json else Console(highlight=False)
     if args.json:
         result: dict[str, Any] = {
             "model": loaded.name,

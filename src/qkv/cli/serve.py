@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import argparse
 
+from qkv.cli.serve_flags import add_front_door_arguments, check_serve_flags
 from qkv.cli.speed import add_precision_argument
 from qkv.errors import QkvError
-from qkv.threads import add_threads_argument, apply_threads
+from qkv.threads import FollowIdleCores, add_threads_argument, apply_threads
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,7 +36,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-prefix-reuse", dest="prefix_reuse", action="store_false",
                         help="prefill every prompt whole, instead of starting from the longest prefix a slot "
                         "already holds (the keys and values of earlier requests)")
-    parser.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on /v1 and the explorer")
+    parser.add_argument("--api-key", metavar="KEY",
+                        help="require 'Authorization: Bearer KEY' on /v1, /metrics and the explorer")
+    add_front_door_arguments(parser)
     add_precision_argument(parser)
     add_threads_argument(parser)
     parser.set_defaults(run=run)
@@ -43,16 +46,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     apply_threads(args.threads)
-    if not 0 < args.port < 65536:
-        raise QkvError(f"--port must be between 1 and 65535, got {args.port}")
-    if args.max_batch < 1:
-        raise QkvError(f"--max-batch must be at least 1, got {args.max_batch}")
+    door = check_serve_flags(args)  # every flag in range before anything loads or binds
     from qkv.serve.app import build_app
+    from qkv.serve.connections import bind_socket
     from qkv.serve.schemas import Limits
     from qkv.serve.server import load_served, serve
 
-    served = load_served(args.model, precision=args.dtype, max_batch=args.max_batch, capacity=args.context,
-                         max_waiting=args.max_waiting, prefix_reuse=args.prefix_reuse)
-    app = build_app(served, limits=Limits(max_tokens=args.max_tokens), api_key=args.api_key)
-    serve(app, host=args.host, port=args.port)
+    sock = bind_socket(args.host, args.port)  # a port in use: one line, before any "listening on"
+    try:
+        # Without --threads the count follows the idle cores for the server's whole life.
+        follow = FollowIdleCores() if args.threads is None else None
+        served = load_served(args.model, precision=args.dtype, max_batch=args.max_batch, capacity=args.context,
+                             max_waiting=args.max_waiting, threads=follow, prefix_reuse=args.prefix_reuse)
+        app = build_app(served, limits=Limits(max_tokens=args.max_tokens), api_key=args.api_key,
+                        door=door)
+        serve(app, sock=sock, door=door)
+    finally:
+        sock.close()
     return 0

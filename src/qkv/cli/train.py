@@ -23,17 +23,20 @@ from qkv.threads import add_threads_argument, apply_threads
 _OVERRIDES = (
     "context_length", "stride", "batch_size", "epochs", "max_steps", "lr", "min_lr_ratio", "weight_decay",
     "warmup_steps", "eval_every", "save_every", "seed", "tokenizer", "dtype", "dropout", "preset",
+    "emb_dim", "n_layers", "n_heads",
 )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "train",
-        description="Train the book's GPT (chapter 5) on a text file: byte-level BPE, sliding "
-        "windows with a 90/10 split, AdamW with warmup and cosine decay, evaluations with a "
-        "sample, metrics.jsonl, loss.png and atomic checkpoints. OUT becomes a model folder "
-        "that `qkv generate --model OUT` loads. Run it under `torchrun --nproc_per_node N -m qkv "
-        "train ...` to train on N processes (the global batch is N x --batch-size).",
+        description="Train the book's GPT (chapter 5) on a text file: byte-level BPE (GPT-2's for "
+        "the book presets), sliding windows with a 90/10 split, AdamW with warmup and cosine decay, "
+        "evaluations with a sample, metrics.jsonl, loss.png and atomic checkpoints. OUT becomes a "
+        "model folder that `qkv generate --model OUT` loads. --preset book is the book's own "
+        "train_model_simple run, printed in the book's format (no checkpoint: the final weights). "
+        "Run it under `torchrun --nproc_per_node N -m qkv train ...` to train on N processes (the "
+        "global batch is N x --batch-size).",
     )
     parser.add_argument("--data", required=True, metavar="FILE.txt", help="UTF-8 text to train on")
     parser.add_argument("--out", required=True, metavar="DIR", help="output folder (model, checkpoint, metrics)")
@@ -45,6 +48,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--stride", type=integer(1, 2**20), metavar="N", help="tokens between window starts (default: context length)"
     )
+    parser.add_argument("--emb-dim", type=integer(1, 2**16), metavar="C", help="model width (default: preset's)")
+    parser.add_argument("--n-layers", type=integer(1, 1024), metavar="N", help="transformer blocks (default: preset's)")
+    parser.add_argument("--n-heads", type=integer(1, 2**12), metavar="H", help="attention heads, dividing --emb-dim (default: preset's)")
     parser.add_argument("--batch-size", type=integer(1, 2**16), metavar="N", help="windows per step per process (default: preset's)")
     length = parser.add_mutually_exclusive_group()
     length.add_argument("--epochs", type=integer(1, 10**6), metavar="N", help="passes over the training windows (default: preset's)")
@@ -82,6 +88,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(generation_config.json, tokenizer_config.json, ...) removed, anything else left alone",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (evaluations still print)")
+    parser.add_argument(
+        "--plot", metavar="FILE",
+        help="also draw the losses into FILE (.png, .pdf or .svg); with --preset book the book's "
+        "figure 5.12: losses against epochs, tokens seen on a second axis",
+    )
     parser.set_defaults(run=run)
 
 
@@ -109,10 +120,26 @@ def run(args: argparse.Namespace) -> int:
     apply_threads(args.threads, processes=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     from qkv.training.loop import train
 
+    settings = settings_from_args(args)
     try:
-        train(settings_from_args(args), resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress)
+        result = train(settings, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress)
     except QkvError:
         if int(os.environ.get("RANK", "0")) != 0:  # under torchrun only rank 0 reports
             return 2
         raise
+    if args.plot and result.records and int(os.environ.get("RANK", "0")) == 0:
+        _plot(settings, result, args.plot)
     return 0
+
+
+def _plot(settings: TrainSettings, result: Any, path: str) -> None:
+    if PRESETS[settings.preset].loop == "book":
+        from qkv.training.book_figure import plot_book_losses
+
+        epochs = settings.epochs if settings.max_steps is None else float(result.records[-1].get("epoch", 1))
+        plot_book_losses(result.records, epochs, path)
+    else:
+        from qkv.training.metrics import plot_losses
+
+        plot_losses(result.records, path, title=f"qkv train --preset {settings.preset}")
+    print(f"losses drawn in {path}")

@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 from torch import Tensor
 
+from qkv.trace.steps import context_meaning, step_heading
 from qkv.walkthrough import Walkthrough
 
 
@@ -33,9 +34,10 @@ def _heat(weight: float, width: int = 20) -> Text:
     return Text("█" * filled + "·" * (width - filled), style=f"rgb({shade},{shade // 3},{255 - shade})")
 
 
-def _step(console: Console, number: int, name: str, shape: str, meaning: str) -> None:
+def _step(console: Console, step: str, detail: str, shape: str, meaning: str) -> None:
+    """A step's heading, numbered as the HTML page numbers it (qkv.trace.steps)."""
     console.print()
-    console.print(Text.assemble((f"{number}. {name}", "bold cyan"), ("  " + shape, "dim")))
+    console.print(Text.assemble((step_heading(step, detail), "bold cyan"), ("  " + shape, "dim")))
     console.print(Text(meaning, style="italic"))
 
 
@@ -50,7 +52,7 @@ def render_walkthrough(w: Walkthrough, console: Console) -> None:
         f", d_in = {w.inputs.shape[1]}, d_out = {d_out}" + (", causal" if w.causal else ""),
     ))
 
-    _step(console, 1, "inputs", _shape(w.inputs), "Each token's embedding: one row per token.")
+    _step(console, "inputs", "", _shape(w.inputs), "Each token's embedding: one row per token.")
     table = Table(box=box.SIMPLE, show_header=True)
     table.add_column("token")
     table.add_column("embedding", justify="right")
@@ -58,13 +60,13 @@ def render_walkthrough(w: Walkthrough, console: Console) -> None:
         table.add_row(token, _vector(w.inputs[i]))
     console.print(table)
 
-    _step(console, 2, "W_query, W_key, W_value", _shape(w.W_key) + " each",
+    _step(console, "projections", "", _shape(w.W_key) + " each",
           "Trainable projections, drawn with torch.rand after torch.manual_seed, in that order.")
     for name, matrix in (("W_query", w.W_query), ("W_key", w.W_key), ("W_value", w.W_value)):
         rows = "  ".join(_vector(row) for row in matrix)
         console.print(f"  {name:<8} {rows}")
 
-    _step(console, 3, "keys = inputs @ W_key", _shape(w.keys),
+    _step(console, "keys", " = inputs @ W_key", _shape(w.keys),
           "Every token's key: what it offers to be matched against a query.")
     table = Table(box=box.SIMPLE, show_header=True)
     table.add_column("token")
@@ -72,16 +74,16 @@ def render_walkthrough(w: Walkthrough, console: Console) -> None:
     for i, token in enumerate(tokens):
         table.add_row(token, _vector(w.keys[i]))
     console.print(table)
-    _step(console, 4, f'query = x({w.query_position}) @ W_query', _shape(w.query),
+    _step(console, "query", f' = x({w.query_position}) @ W_query', _shape(w.query),
           f'What "{w.query_token}" is looking for: {_vector(w.query)}')
-    _step(console, 5, "scores = keys @ query", _shape(w.scores),
+    _step(console, "scores", " = keys @ query", _shape(w.scores),
           "One dot product per key (in token order): how well each key matches the query.")
     console.print(f"  scores = {_vector(w.scores)}")
-    _step(console, 6, f"scaled = scores / sqrt({d_out})", _shape(w.scaled_scores),
+    _step(console, "scaled", f" = scores / sqrt({d_out})", _shape(w.scaled_scores),
           f"Dividing by sqrt(d_k) = {math.sqrt(d_out):.4f} keeps softmax from saturating as d_k grows."
           + (" Keys after the query are masked with -inf." if w.causal else ""))
     console.print(f"  scaled = {_vector(w.scaled_scores)}")
-    _step(console, 7, "weights = softmax(scaled)", _shape(w.weights),
+    _step(console, "weights", " = softmax(scaled)", _shape(w.weights),
           f"Non-negative and summing to {float(w.weights.sum()):.4f}: the share of attention each key gets.")
     table = Table(box=box.SIMPLE, show_header=True)
     for column, justify in (("token", "left"), ("score", "right"), ("scaled", "right"),
@@ -97,7 +99,7 @@ def render_walkthrough(w: Walkthrough, console: Console) -> None:
         )
     console.print(table)
 
-    _step(console, 8, "values = inputs @ W_value", _shape(w.values),
+    _step(console, "values", " = inputs @ W_value", _shape(w.values),
           "What each token hands over once it is attended to.")
     table = Table(box=box.SIMPLE, show_header=True)
     table.add_column("token")
@@ -107,6 +109,6 @@ def render_walkthrough(w: Walkthrough, console: Console) -> None:
         table.add_row(token, _vector(w.values[i]), _num(float(w.weights[i])))
     console.print(table)
 
-    _step(console, 9, "context = weights @ values", _shape(w.context),
-          f'The weighted mix of values: "{w.query_token}" in the light of the whole sentence.')
+    _step(console, "context", " = weights @ values", _shape(w.context),
+          "The weighted mix of values: " + context_meaning(w.query_token, masked=not bool(w.visible.all())))
     console.print(Text(f"  context vector of \"{w.query_token}\": {_vector(w.context)}", style="bold green"))

@@ -22,8 +22,8 @@ Shape legend: B batch, T prompt tokens, N new tokens, V vocabulary.
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -32,15 +32,16 @@ from qkv.errors import QkvError
 from qkv.generation.constraints import Constraint
 from qkv.generation.sampling import Sampling, choose
 from qkv.attention.kv_cache import CacheKind, StaticKVCache
+from qkv.generation.past_context import cropped_steps, plan_past_context
 from qkv.generation.session import DecodeSession
 from qkv.models.decoder import CausalDecoder
 
 
 def check_request(model: CausalDecoder, input_ids: Tensor, max_new_tokens: int,
                   attention_mask: Tensor | None = None, kind: CacheKind = StaticKVCache) -> None:
-    """What `stream` checks before anything runs: ids, token counts against the context
-    (unless caches of `kind` stream past it), the padding mask. Commands call it before
-    preparing (compiling) a model."""
+    """What `stream` checks before anything runs: the ids, the token count, the padding
+    mask (`kind` is the cache kind the request asks for). Commands call it before preparing
+    (compiling) a model."""
     if input_ids.dim() != 2 or input_ids.shape[1] < 1 or input_ids.dtype not in (torch.int64, torch.int32):
         raise QkvError(
             f"input_ids must be a non-empty (batch, tokens) integer tensor, got {input_ids.dtype} "
@@ -48,16 +49,8 @@ def check_request(model: CausalDecoder, input_ids: Tensor, max_new_tokens: int,
         )
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise QkvError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
-    t, context = input_ids.shape[1], model.context_length
-    if model.streams_past_context(kind):
-        context = sys.maxsize  # the cache evicts old tokens (and feeds a long prompt in parts)
-    if t > context:
-        raise QkvError(f"the prompt has {t} tokens, more than the model's context length ({context}); shorten it")
-    if t + max_new_tokens > context:
-        raise QkvError(
-            f"{t} prompt tokens + {max_new_tokens} new tokens exceed the model's context length "
-            f"({context}); ask for at most {context - t} new tokens"
-        )
+    # Past the context length generation goes on (qkv.generation.past_context), so the
+    # lengths are not limited here.
     if attention_mask is not None:
         if attention_mask.shape != input_ids.shape:
             raise QkvError(
@@ -152,6 +145,7 @@ def stream(
     eos_token_id: int | Sequence[int] | None = None,
     attention_mask: Tensor | None = None,
     kv_cache: CacheKind = StaticKVCache,
+    on_past_context: Callable[[str], object] | None = None,
     constraint: Constraint | None = None,
 ) -> Iterator[Tensor]:
     """Yield the new tokens (B,) one step at a time; see `generate` for the arguments
@@ -167,30 +161,71 @@ def stream(
     ids, lengths = _right_aligned(input_ids.to(next(model.parameters()).device), attention_mask)
     if max_new_tokens == 0:
         return iter(())
+    plan = plan_past_context(model, max(lengths), max_new_tokens, kv_cache, use_cache=use_cache)
+    if plan.note is not None:
+        if on_past_context is None:
+            warnings.warn(plan.note, stacklevel=2)
+        else:
+            on_past_context(plan.note)
+    stop = stop_tokens(eos_token_id)
+    if plan.crop:
+        if constraint is not None:
+            raise QkvError("a grammar-constrained generation must fit the model's context; ask for fewer tokens")
+        return _cropped(model, ids, lengths, max_new_tokens, sampling, stop, plan.kind, use_cache)
     if not use_cache:
-        return _uncached(model, ids, lengths, max_new_tokens, sampling, stop_tokens(eos_token_id), constraint)
-    return _cached(model, ids, lengths, max_new_tokens, sampling, stop_tokens(eos_token_id), kv_cache, constraint)
+        return _uncached(model, ids, lengths, max_new_tokens, sampling, stop, constraint=constraint)
+    return _cached(model, ids, lengths, max_new_tokens, sampling, stop, plan.kind, constraint=constraint)
 
 
 def _cached(model: CausalDecoder, ids: Tensor, lengths: list[int], max_new_tokens: int,
             sampling: Sampling, stop: tuple[int, ...], kind: CacheKind = StaticKVCache,
-            constraint: Constraint | None = None) -> Iterator[Tensor]:
+            generator: torch.Generator | None = None, constraint: Constraint | None = None) -> Iterator[Tensor]:
     capacity = min(ids.shape[1] + max_new_tokens, model.context_length)  # a sink cache may go past it
     with DecodeSession(model, batch_size=ids.shape[0], capacity=capacity, kind=kind) as session:
         logits = session.prefill(ids, lengths=lengths)
-        yield from continue_from(session, logits, max_new_tokens, sampling=sampling, stop=stop,
+        yield from continue_from(session, logits, max_new_tokens, sampling=sampling, stop=stop, generator=generator,
                                  constraint=constraint)
 
 
+def _cropped(model: CausalDecoder, ids: Tensor, lengths: list[int], max_new_tokens: int,
+             sampling: Sampling, stop: tuple[int, ...], kind: CacheKind, use_cache: bool) -> Iterator[Tensor]:
+    """As much as fits the context the usual way, then each step from the last
+    context_length tokens (qkv.generation.past_context)."""
+    context, longest = model.context_length, max(lengths)
+    fitting = min(max_new_tokens, context - longest + 1) if longest <= context else 0
+    b = ids.shape[0]
+    tokens = torch.zeros(b, ids.shape[1] + max_new_tokens, dtype=torch.long, device=ids.device)  # (B, T + N)
+    tokens[:, : ids.shape[1]] = ids
+    ends = torch.tensor(lengths, device=ids.device)  # (B,) each row's length so far
+    rows = torch.arange(b, device=ids.device)
+    generator = None if sampling.greedy else sampling.generator(ids.device)
+    stop_ids = torch.tensor(list(stop), dtype=torch.long, device=ids.device)
+    finished = torch.zeros(b, dtype=torch.bool, device=ids.device)
+    if fitting > 0:
+        first = (_cached(model, ids, lengths, fitting, sampling, stop, kind, generator) if use_cache
+                 else _uncached(model, ids, lengths, fitting, sampling, stop, generator))
+        for new in first:
+            tokens[rows, ends] = new
+            ends += 1
+            if stop:
+                finished |= torch.isin(new, stop_ids)
+            yield new
+        if stop and bool(finished.all()):
+            return
+    yield from cropped_steps(model, tokens, ends, max_new_tokens - fitting, sampling, stop, generator, finished)
+
+
 def _uncached(model: CausalDecoder, ids: Tensor, lengths: list[int], max_new_tokens: int,
-              sampling: Sampling, stop: tuple[int, ...], constraint: Constraint | None = None) -> Iterator[Tensor]:
+              sampling: Sampling, stop: tuple[int, ...], generator: torch.Generator | None = None,
+              constraint: Constraint | None = None) -> Iterator[Tensor]:
     """Every step runs each row's whole sequence again (rows stay padded at the end)."""
     b = ids.shape[0]
     tokens = torch.zeros(b, ids.shape[1] + max_new_tokens, dtype=torch.long, device=ids.device)
     tokens[:, : ids.shape[1]] = ids
     ends = torch.tensor(lengths, device=ids.device)  # (B,) each row's length so far
     rows = torch.arange(b, device=ids.device)
-    generator = None if sampling.greedy else sampling.generator(ids.device)
+    if generator is None and not sampling.greedy:
+        generator = sampling.generator(ids.device)
     stop_ids = torch.tensor(list(stop), dtype=torch.long, device=ids.device)
     finished = torch.zeros(b, dtype=torch.bool, device=ids.device)
     was_training = model.training
@@ -224,6 +259,7 @@ def generate(
     eos_token_id: int | Sequence[int] | None = None,
     attention_mask: Tensor | None = None,
     kv_cache: CacheKind = StaticKVCache,
+    on_past_context: Callable[[str], object] | None = None,
     constraint: Constraint | None = None,
 ) -> Tensor:
     """The prompt ids (B, T) followed by up to max_new_tokens new ones: (B, T + N).
@@ -231,14 +267,16 @@ def generate(
     temperature 0 is greedy; otherwise tokens are drawn (after top_k / top_p filtering)
     from a generator seeded with `seed`. Generation stops early once every row has
     produced one of `eos_token_id`; finished rows are filled with the (first) end token.
-    `attention_mask` (B, T) marks real tokens (1) and left padding (0). `constraint` (one
-    row): a grammar the new tokens follow, ending when it is complete (see `continue_from`).
+    `attention_mask` (B, T) marks real tokens (1) and left padding (0).
+    Past the context length generation goes on (qkv.generation.past_context): the line
+    saying how goes to `on_past_context`, or is a UserWarning when none is given.
+    `constraint` (one row): a grammar the new tokens follow, ending when it is complete.
     """
     new = list(
         stream(
             model, input_ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
             seed=seed, use_cache=use_cache, eos_token_id=eos_token_id, attention_mask=attention_mask,
-            kv_cache=kv_cache, constraint=constraint,
+            kv_cache=kv_cache, on_past_context=on_past_context, constraint=constraint,
         )
     )
     if not new:

@@ -40,6 +40,7 @@ from qkv.models.gpt2 import GPTConfig, GPTModel
 from qkv.models.llama import LlamaForCausalLM
 from qkv.models.llama_config import LlamaConfig
 from qkv.models.qwen import Qwen2Config, Qwen3Config
+from qkv.models.tokenizer_guard import guard
 from qkv.models.untrusted import format_size, inside, read_json_object, require_memory
 
 CONFIG = "config.json"
@@ -382,9 +383,14 @@ def read_tokenizer(folder: Path) -> Tokenizer:
     if path.stat().st_size > MAX_TOKENIZER_BYTES:
         raise QkvError(f"{path} is {format_size(path.stat().st_size)}; qkv reads tokenizers up to {format_size(MAX_TOKENIZER_BYTES)}")
     try:
-        return Tokenizer.from_file(str(path))
+        tokenizer = Tokenizer.from_file(str(path))
     except Exception as error:  # tokenizers raises its own Exception type on bad files
         raise QkvError(f"cannot read {path}: {str(error)[:200]}") from None
+    except BaseException as error:  # a pyo3 panic while reading
+        if type(error).__name__ != "PanicException":
+            raise
+        raise QkvError(f"cannot read {path}: the tokenizers library failed on it ({str(error)[:120]})") from None
+    return guard(tokenizer, str(path))
 
 
 def _token_text(value: Any) -> str | None:

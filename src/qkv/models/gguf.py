@@ -394,7 +394,9 @@ def read_tokenizer(reader: Any, path: Path) -> Any:
         single += f" {tokens[eos_id]}"
         special.append((tokens[eos_id], int(eos_id)))
     tokenizer.post_processor = processors.TemplateProcessing(single=single, special_tokens=special)
-    return tokenizer
+    from qkv.models.tokenizer_guard import guard
+
+    return guard(tokenizer, str(path))
 
 
 # ----------------------------------------------------------------------------- the whole file

@@ -188,16 +188,20 @@ def _zero_bias(hf_name: str) -> Callable[[Tensor], dict[str, Tensor]]:
 
 
 def gpt2_to_hf(model: GPTModel) -> dict[str, Tensor]:
-    """The book's GPTModel -> GPT2LMHeadModel tensors (Conv1D layout, fused c_attn)."""
-    cfg = model.cfg
+    """qkv's GPTModel -> GPT2LMHeadModel tensors (Conv1D layout, fused c_attn)."""
     sd = {k: v.detach() for k, v in model.state_dict().items()}
+    return gpt2_state_to_hf(sd, model.cfg, tied=model.weights_tied)
+
+
+def gpt2_state_to_hf(sd: Mapping[str, Tensor], cfg: GPTConfig, *, tied: bool) -> dict[str, Tensor]:
+    """A state dict with qkv's GPTModel names -> GPT2LMHeadModel tensors."""
     out = {
         "transformer.wte.weight": sd["tok_emb.weight"],
         "transformer.wpe.weight": sd["pos_emb.weight"],
         "transformer.ln_f.weight": sd["final_norm.scale"],
         "transformer.ln_f.bias": sd["final_norm.shift"],
     }
-    if not model.weights_tied:
+    if not tied:
         out["lm_head.weight"] = sd["out_head.weight"]
     for i in range(cfg.n_layers):
         hf, qkv = f"transformer.h.{i}.", f"trf_blocks.{i}."

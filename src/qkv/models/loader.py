@@ -1,4 +1,5 @@
-"""The one loader: a model name, a GGUF file, or a Hugging Face checkpoint folder -> a model.
+"""The one loader: a model name, a GGUF file, a Hugging Face checkpoint folder or the
+book's `model.pth` -> a model.
 
     load(path_or_name, dtype, max_memory=None) -> LoadedModel   model, tokenizer, chat template
     load_pretrained(path_or_name, dtype)       -> (model, tokenizer)
@@ -11,7 +12,9 @@ tokenizer's vocabulary fits the model's, and only then read the weights and buil
 Names of packaged models are matched without regard to letter case (`smollm2`, `SmolLM2`),
 unless a file or folder of that name exists, which then wins. A source is GGUF when it is a
 packaged name, a file ending in .gguf (any case) or starting with GGUF's magic bytes, or a
-folder with a .gguf file and no config.json.
+folder with a .gguf file and no config.json. Any other file is the book's saved GPT
+(`model.pth` / `model_and_optimizer.pth`, read with torch.load(weights_only=True) after
+size checks: qkv.models.book_pth).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import torch
 from tokenizers import Tokenizer
 
 from qkv.errors import QkvError
-from qkv.models import checkpoint, gguf
+from qkv.models import book_pth, checkpoint, gguf
 from qkv.models.checkpoint import ChatTemplateSource
 from qkv.models.decoder import CausalDecoder
 
@@ -94,7 +97,7 @@ class LoadedModel:
 class OpenedModel:
     """A source whose metadata passed every check, its weights not read yet."""
 
-    source: Any  # gguf.GGUFFile or checkpoint.FolderCheckpoint
+    source: Any  # gguf.GGUFFile, checkpoint.FolderCheckpoint or book_pth.BookFile
     plan: checkpoint.ModelPlan
     template: ChatTemplateSource | None
 
@@ -138,6 +141,8 @@ def open_model(
         source = gguf.open_gguf_file(NAMED_MODELS[name]())
     elif is_gguf(path_or_name):
         source = gguf.open_gguf_file(Path(os.fspath(path_or_name)).expanduser())
+    elif Path(os.fspath(path_or_name)).expanduser().is_file():
+        source = book_pth.open_book_file(Path(os.fspath(path_or_name)).expanduser())
     else:
         source = checkpoint.open_folder(Path(os.fspath(path_or_name)).expanduser())
     where = str(source.path)

@@ -6,6 +6,14 @@ source, the compiler's version, the flags and the torch version: a changed sourc
 torch builds anew, and two processes building at once each write a temporary file and
 rename it into place (the last rename wins, both are the same library).
 
+Beside the library, `<name>.so.sha256` holds the SHA-256 of its bytes, written before the
+library is renamed into place. A library is loaded only when its bytes match (a truncated
+file would otherwise SIGBUS the process in dlopen; another library under the name would
+register other operators) and then only used when its self-test passes; a library that
+fails either is deleted, rebuilt, and one line on stderr says so. Temporary files of
+builds that were killed are removed (qkv.cache_integrity), and a relative cache folder
+(`XDG_CACHE_HOME=cache`) is refused, so that nothing is loaded from the current folder.
+
 The instruction set follows the CPU: AVX2 + FMA + F16C everywhere, and AVX-512 VNNI on top
 where /proc/cpuinfo lists it (the int4 product then runs four blocks a step, kernels.cpp's
 `vnni_blocks`). `QKV_NATIVE_ISA=avx2` builds the AVX2-only library on such a CPU too (what
@@ -21,12 +29,14 @@ import platform
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from qkv.atomic import atomic_write_text, temporary_name
+from qkv.cache_integrity import absolute_folder, file_sha256, remove_stale_temporaries, say_discarded
 
 SOURCE = Path(__file__).with_name("kernels.cpp")
 FLAGS = ("-O3", "-std=c++17", "-mavx2", "-mfma", "-mf16c", "-shared", "-fPIC", "-w")
@@ -55,11 +65,12 @@ class NativeStatus:
 
 
 def cache_folder() -> Path:
-    """Where qkv keeps what it builds per machine."""
+    """Where qkv keeps what it builds per machine; QkvError for a relative folder."""
     if os.environ.get("QKV_CACHE_DIR"):
-        return Path(os.environ["QKV_CACHE_DIR"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "qkv"
+        return absolute_folder(os.environ["QKV_CACHE_DIR"], "QKV_CACHE_DIR")
+    if os.environ.get("XDG_CACHE_HOME"):
+        return absolute_folder(os.environ["XDG_CACHE_HOME"], "XDG_CACHE_HOME") / "qkv"
+    return absolute_folder(os.path.join(os.path.expanduser("~"), ".cache"), "HOME") / "qkv"
 
 
 def _torch_dirs() -> tuple[Path, Path]:
@@ -135,8 +146,7 @@ def _build(compiler: str, target: Path, build_flags: tuple[str, ...]) -> None:
     first error line."""
     include, lib = _torch_dirs()
     target.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(handle)
+    temporary = str(temporary_name(target))
     command = [compiler, *build_flags, f"-I{include}", str(SOURCE), "-o", temporary, f"-L{lib}",
                "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{lib}"]
     try:
@@ -144,6 +154,7 @@ def _build(compiler: str, target: Path, build_flags: tuple[str, ...]) -> None:
         if done.returncode != 0:
             errors = [line for line in done.stderr.splitlines() if "error" in line] or done.stderr.splitlines()
             raise RuntimeError(f"the C++ compiler failed: {errors[0].strip() if errors else done.returncode}")
+        atomic_write_text(_checksum_path(target), file_sha256(Path(temporary)) + "\n")
         os.replace(temporary, target)
     except subprocess.TimeoutExpired as error:
         raise RuntimeError(f"the C++ compiler took more than {BUILD_TIMEOUT_S} s") from error
@@ -174,6 +185,45 @@ def _self_test() -> str | None:
     return None
 
 
+def _checksum_path(target: Path) -> Path:
+    return target.with_name(target.name + ".sha256")
+
+
+def _damage(target: Path) -> str | None:
+    """Why the library at `target` may not be loaded (its bytes do not match its checksum),
+    or None when they match."""
+    try:
+        expected = _checksum_path(target).read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return "it has no checksum file"
+    try:
+        actual = file_sha256(target)
+    except OSError as error:
+        return f"it cannot be read: {error.strerror}"
+    return None if actual == expected else "its bytes do not match its checksum"
+
+
+def _discard(target: Path) -> None:
+    for path in (target, _checksum_path(target)):
+        try:
+            path.unlink()
+        except OSError:
+            pass
+
+
+def _load_checked(target: Path) -> str | None:
+    """Load the library and run the self-test; None when both pass, else why not."""
+    try:
+        torch.ops.load_library(str(target))
+        from qkv.native.ops import register_fakes
+
+        register_fakes()
+        return _self_test()
+    except Exception as error:  # noqa: BLE001 - a library of another build: missing operators, bad symbols
+        lines = str(error).strip().splitlines()
+        return f"it does not work: {lines[0][:160] if lines else type(error).__name__}"
+
+
 @functools.lru_cache(maxsize=1)
 def native_kernels() -> NativeStatus:
     """Load qkv's kernels, building them first if this machine has not yet (see the module
@@ -186,19 +236,26 @@ def native_kernels() -> NativeStatus:
     build_flags = flags()
     target = cache_folder() / "native" / f"qkv_kernels_{_key(compiler, build_flags)}.so"
     built = None
+    remove_stale_temporaries(target.parent)
+    damage = _damage(target) if target.is_file() else None
+    if damage is not None:
+        _discard(target)
+        say_discarded(target, damage, "building qkv's kernels again")
     try:
         if not target.is_file():
             start = time.perf_counter()
             _build(compiler, target, build_flags)
             built = time.perf_counter() - start
-        torch.ops.load_library(str(target))
+            damage = _damage(target)  # what was renamed into place is what was hashed
+            if damage is not None:
+                raise RuntimeError(f"the library just built is damaged: {damage}")
     except (OSError, RuntimeError) as error:
         return NativeStatus(False, str(error).splitlines()[0] if str(error) else type(error).__name__)
-    from qkv.native.ops import register_fakes
-
-    register_fakes()
-    failure = _self_test()
-    if failure is not None:
+    failure = _load_checked(target)
+    if failure is not None and failure.startswith("it does not work"):
+        _discard(target)  # a library of another build: the next process builds this one
+        say_discarded(target, failure, "PyTorch's kernels run instead; the next run builds qkv's again")
+    if failure is not None:  # a self-test that computes wrong stays: rebuilding gives the same library
         return NativeStatus(False, failure, target)
     global LOADED
     LOADED = True

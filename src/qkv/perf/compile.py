@@ -18,15 +18,25 @@ first with a tiny probe and leaves the model eager, saying why in its report. Th
 takes over a second even with warm caches, so a success with Inductor is remembered per
 machine (a marker in qkv's cache folder, keyed by the torch and Python versions and the C++
 compiler's path and modification time): the next process skips it.
+
+A damaged entry in Inductor's on-disk cache is one line too. Where Inductor recovers by
+itself (a truncated graph pickle: it compiles the graph again) its own warning, a
+traceback, and the `__del__` error of the half-read graph are replaced by one line naming
+the cache folder (`_quiet_cache_damage`). Where the compile fails, at a region's first call
+(a library that does not load), every region of the model goes eager, one line on stderr
+says why, and the call runs again eagerly; compiling happens before the graph runs, so
+nothing of the failed call was applied.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import os
 import shutil
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,6 +155,81 @@ def compile_decoder(model: nn.Module, *, backend: Backend = "inductor") -> Compi
     if reason is not None:
         return CompileReport(compiled=False, backend=_name(backend), reason=reason)
     chosen = regions(model)
+    _quiet_cache_damage()
+    fallback = _EagerFallback(chosen)
     for region in chosen:
         region.compile(backend=backend)
+        region._compiled_call_impl = fallback.guard(region, region._compiled_call_impl)
     return CompileReport(compiled=True, backend=_name(backend), regions=len(chosen))
+
+
+def _inductor_cache() -> str:
+    try:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        return str(cache_dir())
+    except Exception:  # noqa: BLE001 - a torch without it
+        return "Inductor's cache folder"
+
+
+class _EagerFallback:
+    """Turns every region of one model eager when a compiled call fails (module docstring)."""
+
+    def __init__(self, chosen: list[nn.Module]) -> None:
+        self.regions = chosen
+        self.lock = threading.Lock()
+        self.said = False
+
+    def guard(self, region: nn.Module, compiled: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return compiled(*args, **kwargs)
+            except Exception as error:  # noqa: BLE001 - any compile failure: run eagerly
+                self.fall_back(error)
+                return region._call_impl(*args, **kwargs)
+
+        return call
+
+    def fall_back(self, error: BaseException) -> None:
+        with self.lock:
+            for region in self.regions:
+                region._compiled_call_impl = None
+            if not self.said:
+                self.said = True
+                print(f"qkv: compiling failed ({_describe(error)[:200]}); running eagerly. If this repeats, "
+                      f"remove the Inductor cache at {_inductor_cache()}", file=sys.stderr, flush=True)
+
+
+class _CacheDamage(logging.Filter):
+    """Inductor's "unable to load compiled graph" warning (with its traceback) as one line."""
+
+    said = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING or not record.exc_info:
+            return True
+        if not _CacheDamage.said:
+            _CacheDamage.said = True
+            error = record.exc_info[1]
+            reason = f"{type(error).__name__}: {str(error).splitlines()[0][:120] if str(error) else ''}"
+            print(f"qkv: an entry of Inductor's cache at {_inductor_cache()} is damaged ({reason}); compiling it "
+                  "again", file=sys.stderr, flush=True)
+        return False
+
+
+def _drop_half_read_graphs(hook: Callable[[Any], None]) -> Callable[[Any], None]:
+    def unraisable(info: Any) -> None:
+        # A graph whose pickle was cut short fails in __del__ for a field it never got.
+        where = getattr(info.object, "__qualname__", "")
+        if where == "CompiledFxGraph.__del__" and isinstance(info.exc_value, AttributeError):
+            return
+        hook(info)
+
+    return unraisable
+
+
+@functools.lru_cache(maxsize=1)
+def _quiet_cache_damage() -> None:
+    """Install the one-line report of damaged Inductor cache entries (module docstring), once."""
+    logging.getLogger("torch._inductor.codecache").addFilter(_CacheDamage())
+    sys.unraisablehook = _drop_half_read_graphs(sys.unraisablehook)

@@ -54,7 +54,7 @@ from qkv.native import NativeStatus, native_kernels
 from qkv.perf.fused_layers import FusedLayers
 from qkv.perf.compile import Backend, CompileReport, compile_decoder
 from qkv.perf.huge_pages import place_on_huge_pages
-from qkv.perf.prepared_cache import discard, keep_prepared, prepared_path, read_prepared
+from qkv.perf.prepared_cache import check_entry, keep_prepared, prepared_path, read_prepared, reject
 from qkv.perf.quantize import activation_dtype, quantize
 from qkv.perf.float_linear import use_native_float
 from qkv.perf.transposed import store_input_major
@@ -175,6 +175,8 @@ def load_prepared_model(
 
     check_precision(precision)
     opened = open_model(source, load_dtype(precision), max_memory=max_memory, chat=chat)
+    if precision == AUTO and getattr(opened.source, "prefers_float32", False):
+        precision = "float32"  # the book's model.pth: its own float32 greedy text is the reference
     precision = resolve_precision(precision, stored_in_four_bits=getattr(opened.source, "stored_in_four_bits", False))
     kept = (prepared_path(opened.files, precision)
             if precision in QUANTIZED and native_kernels().available else None)
@@ -182,10 +184,14 @@ def load_prepared_model(
     if state is not None and kept is not None:
         loaded = opened.skeleton()
         _shape_layers(loaded.model, precision, empty=True)
-        try:
-            loaded.model.load_state_dict(state, assign=True, strict=True)
-        except (RuntimeError, ValueError):  # written by another qkv, or damaged: prepare afresh
-            discard(kept)
+        damage = check_entry(state, loaded.model.state_dict())
+        if damage is None:
+            try:
+                loaded.model.load_state_dict(state, assign=True, strict=True)
+            except (RuntimeError, ValueError) as error:  # written by another qkv: prepare afresh
+                damage = str(error).splitlines()[0][:120]
+        if damage is not None:
+            reject(kept, damage)
         else:
             return loaded, _finish(loaded.model, precision, compile=compile, backend=backend, from_cache=True)
     loaded = opened.build()

@@ -1,32 +1,42 @@
 """The HTTP application: OpenAI-shaped routes over the batching engine, /health, /metrics,
 and the live attention explorer at `/`.
 
-    app = build_app(Served(...), limits=Limits(), api_key=None)   # a Starlette app
+    app = build_app(Served(...), limits=Limits(), api_key=None, door=Door())   # an ASGI app
+
+The app answers behind `qkv.serve.front_door` (Host, Origin, CORS, JSON-only bodies, metrics
+counting); bodies are parsed by `qkv.serve.json_body`, prompts rendered and tokenized by
+`qkv.serve.prompt_worker`, off the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
-import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from qkv.chat import ChatTemplate
 from qkv.errors import QkvError
 from qkv.generation.sampling import Sampling
-from qkv.serve.engine import Engine, EngineFull, Finished
+from qkv.serve.answer import Answer, Choice
+from qkv.serve.engine import Engine, EngineFull, Event, Finished, Job, SharedPrompt
+from qkv.serve.front_door import Door, front_door
+from qkv.serve.json_body import parse_json
 from qkv.serve.metrics import Metrics
+from qkv.serve.prompt_worker import PromptWorker, gil_free_encoder
 from qkv.serve.schemas import ApiError, CompletionRequest, Limits, parse
 from qkv.serve.structured import Plan
-from qkv.serve.text import TextStream
+from qkv.serve.tokens import TokenTexts
+
+DISCONNECT_POLL_S = 0.25  # how often a waiting non-streamed request checks that its client is there
 
 
 @dataclass
@@ -40,7 +50,6 @@ class Served:
     stop_ids: frozenset[int]
     engine: Engine
     created: int = field(default_factory=lambda: int(time.time()))
-    grammars: Any = None  # qkv.generation.constraints.Grammars, built on the first structured request
 
 
 def _error(error: ApiError) -> JSONResponse:
@@ -52,20 +61,23 @@ async def _json_body(request: Request, limits: Limits) -> Any:
     if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
         raise ApiError(413, f"the request body is over {limits.max_body_bytes} bytes")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limits.max_body_bytes:
-            raise ApiError(413, f"the request body is over {limits.max_body_bytes} bytes")
-        chunks.append(chunk)
     try:
-        return json.loads(b"".join(chunks))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ApiError(400, f"the request body is not valid JSON: {error}") from None
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limits.max_body_bytes:
+                raise ApiError(413, f"the request body is over {limits.max_body_bytes} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:  # the client left, or its body missed the read deadline
+        raise ApiError(408, "the connection closed before the whole request body arrived") from None
+    return parse_json(b"".join(chunks))
 
 
 class Api:
     def __init__(self, served: Served, *, limits: Limits, api_key: str | None, metrics: Metrics) -> None:
         self.served, self.limits, self.api_key, self.metrics = served, limits, api_key, metrics
+        self.prompts = PromptWorker()  # build_app gives it the door's prompt deadline
+        self.texts = TokenTexts(served.tokenizer)
+        self.vocab_size = int(served.model.cfg.vocab_size)
 
     # -- plumbing ------------------------------------------------------------------------
     def check_key(self, request: Request) -> None:
@@ -86,6 +98,7 @@ class Api:
         return JSONResponse({"status": "ok", "model": self.served.name})
 
     async def metrics_page(self, request: Request) -> Response:
+        self.check_key(request)
         return PlainTextResponse(self.metrics.render(self.served.engine.stats),
                                  media_type="text/plain; version=0.0.4")
 
@@ -108,189 +121,152 @@ class Api:
         return await self._complete(request, chat=True)
 
     # -- generation ----------------------------------------------------------------------
-    def _prompt_ids(self, req: CompletionRequest, plan: Plan) -> list[int]:
-        encode = self.served.tokenizer.encode
-        if req.messages is not None:
-            if self.served.template is None:
-                raise ApiError(400, f"the model '{self.served.name}' has no chat template; use /v1/completions")
-            try:
-                text = plan.render(self.served.template, req.messages)  # tools shown as the template wants
-            except QkvError as error:
-                raise ApiError(400, str(error), param="messages") from None
-            return encode(text, add_special_tokens=False).ids
-        assert req.prompt is not None
-        return encode(req.prompt).ids
+    def _chat_ids(self, req: CompletionRequest, plan: Plan) -> list[int]:
+        if self.served.template is None:
+            raise ApiError(400, f"the model '{self.served.name}' has no chat template; use /v1/completions")
+        try:
+            text = plan.render(self.served.template, req.messages or [])  # tools shown as the template wants
+        except QkvError as error:
+            raise ApiError(400, str(error), param="messages") from None
+        return gil_free_encoder(self.served.tokenizer)(text, add_special_tokens=False).ids
+
+    def _prompts(self, req: CompletionRequest, chat: bool, plan: Plan) -> list[tuple[list[int], str]]:
+        """Each prompt's token ids and the text an echo shows. Runs on a prompt worker
+        (`PromptWorker`), so the event loop goes on meanwhile."""
+        if chat:
+            return [(self._chat_ids(req, plan), "")]
+        encode = gil_free_encoder(self.served.tokenizer)
+        out = []
+        for prompt in req.prompts or []:
+            if isinstance(prompt, str):
+                out.append((encode(prompt).ids, prompt))
+            else:
+                out.append((prompt, self.served.tokenizer.decode(prompt, skip_special_tokens=False)))
+        return out
+
+    def _jobs(self, req: CompletionRequest, chat: bool, prompts: list[tuple[list[int], str]],
+              emit: Any, plan: Plan) -> tuple[list[Job], Answer]:
+        capacity = self.served.engine.capacity
+        answer = Answer(req, chat, self.served.name, sum(len(ids) for ids, _ in prompts))
+        base = Sampling(temperature=req.temperature, top_p=req.top_p, seed=req.seed,
+                        logit_bias=tuple(req.logit_bias.items()), presence_penalty=req.presence_penalty,
+                        frequency_penalty=req.frequency_penalty)
+        # The chosen tokens' logprobs rank best_of candidates even when the client asked for none.
+        logprobs = req.logprobs if req.logprobs is not None else 0 if req.best_of > req.n else None
+        jobs = []
+        for p, (ids, text) in enumerate(prompts):
+            if not ids:
+                raise ApiError(400, "the prompt is empty", param="prompt")
+            if len(ids) + req.max_tokens > capacity:
+                raise ApiError(400, f"the prompt{f' {p}' if len(prompts) > 1 else ''} has {len(ids)} tokens; with "
+                               f"max_tokens {req.max_tokens} that is over the model's context of {capacity} tokens",
+                               param="messages" if chat else "prompt", code="context_length_exceeded")
+            share = SharedPrompt() if req.best_of > 1 else None
+            for j in range(req.best_of):
+                sampling = base if j == 0 or req.seed is None else replace(base, seed=(req.seed + j) % 2**63)
+                choice = Choice(req, chat, self.texts, ids, text, plan=plan)
+                choice.index = len(answer.choices)
+                answer.choices.append(choice)
+                jobs.append(Job(ids, req.max_tokens, sampling, self.served.stop_ids,
+                                emit=functools.partial(emit, choice.index), logprobs=logprobs,
+                                score_prompt=req.echo and req.logprobs is not None, share=share,
+                                constraint=plan.constraint()))
+        return jobs, answer
+
+    async def read_body(self, request: Request) -> Any:
+        """The JSON body of an authorised request, bounded in size."""
+        self.check_key(request)
+        return await _json_body(request, self.limits)
 
     async def _complete(self, request: Request, *, chat: bool) -> Response:
-        self.check_key(request)
-        req = parse(await _json_body(request, self.limits), chat=chat, limits=self.limits)
+        req = parse(await self.read_body(request), chat=chat, limits=self.limits, vocab_size=self.vocab_size)
         self.check_model(req.model)
-        # response_format / tools -> grammar (qkv.serve.structured); off the event loop: the first
-        # one builds the token tables (~0.4 s on SmolLM2)
+        # response_format / tools -> a grammar (qkv.serve.structured); off the event loop too:
+        # the first one builds the token tables (~0.4 s on SmolLM2)
         structured = req.response_schema is not None or req.tools
-        plan = await asyncio.to_thread(Plan.for_request, req, self.served) if structured else Plan()
-        ids = self._prompt_ids(req, plan)
-        if not ids:
-            raise ApiError(400, "the prompt is empty", param="prompt")
-        capacity = self.served.engine.capacity
-        if len(ids) + req.max_tokens > capacity:
-            raise ApiError(400, f"the prompt has {len(ids)} tokens; with max_tokens {req.max_tokens} that is over "
-                           f"the model's context of {capacity} tokens", param="messages" if chat else "prompt",
-                           code="context_length_exceeded")
-        sampling = Sampling(temperature=req.temperature, top_p=req.top_p, seed=req.seed)
+        plan = await self.prompts.run(Plan.for_request, req, self.served) if structured else Plan()
+        prompts = await self.prompts.run(self._prompts, req, chat, plan)  # off the event loop, with a deadline
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[int | Finished] = asyncio.Queue()
+        queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+
+        def emit(index: int, event: Event) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, (index, event))
+
+        jobs, answer = self._jobs(req, chat, prompts, emit, plan)
         try:
-            job = self.served.engine.submit(ids, max_tokens=req.max_tokens, sampling=sampling,
-                                            stop_ids=self.served.stop_ids, constraint=plan.constraint,
-                                            emit=lambda item: loop.call_soon_threadsafe(queue.put_nowait, item))
+            self.served.engine.submit_jobs(jobs)
         except EngineFull as error:
             raise ApiError(503, str(error), headers={"Retry-After": "1"}) from None
         except QkvError as error:
             raise ApiError(400, str(error)) from None
-        answer = _Answer(req, chat, self.served.name, len(ids), plan=plan)
-        pieces = self._pieces(job, queue, TextStream(self.served.tokenizer, req.stop), answer)
         if req.stream:
-            return StreamingResponse(answer.sse(pieces), media_type="text/event-stream",
+            return StreamingResponse(_stream(answer, jobs, queue), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         try:
-            text = "".join([piece async for piece in _until_disconnected(pieces, request)])
+            async for _ in _events(answer, jobs, queue, request):
+                pass
         finally:
-            job.cancel()
-        if answer.finish == "error":
+            for job in jobs:
+                job.cancel()
+        if answer.error is not None:
             raise ApiError(500, f"generation failed: {answer.error}")
-        return JSONResponse(answer.whole(text))
-
-    async def _pieces(self, job: Any, queue: asyncio.Queue[int | Finished], text: TextStream,
-                      answer: _Answer) -> AsyncIterator[str]:
-        """The answer's text in pieces, as the engine makes tokens; ends the job on exit."""
-        try:
-            while True:
-                item = await queue.get()
-                if isinstance(item, Finished):
-                    answer.finish = {"length": "length", "error": "error"}.get(item.reason, "stop")
-                    answer.error = item.message
-                    rest = text.flush()
-                    if rest:
-                        yield rest
-                    return
-                answer.completion_tokens += 1
-                piece = text.push(item)
-                if piece:
-                    yield piece
-                if text.stopped:
-                    answer.finish = "stop"
-                    return
-        finally:
-            job.cancel()
+        return JSONResponse(answer.whole())
 
 
-async def _until_disconnected(pieces: AsyncIterator[str], request: Request) -> AsyncIterator[str]:
-    """Pass pieces on; stop (and so free the slot) if the client goes away meanwhile."""
-    iterator = pieces.__aiter__()
-    while True:
-        next_piece = asyncio.ensure_future(iterator.__anext__())
-        while not next_piece.done():
-            done, _ = await asyncio.wait({next_piece}, timeout=0.5)
-            if not done and await request.is_disconnected():
-                next_piece.cancel()
-                await iterator.aclose()  # type: ignore[attr-defined]
+async def _events(answer: Answer, jobs: list[Job], queue: asyncio.Queue[tuple[int, Event]],
+                  request: Request | None) -> AsyncIterator[Choice]:
+    """Hand each event to its choice, and yield the choice, until every job has finished.
+    With `request`, stop early (the jobs are then cancelled by the caller) once its client
+    has gone away: checked every DISCONNECT_POLL_S, whether events keep coming or not."""
+    open_jobs = len(jobs)
+    checked = time.monotonic()
+    while open_jobs:
+        if request is not None and time.monotonic() - checked >= DISCONNECT_POLL_S:
+            if await request.is_disconnected():
                 return
+            checked = time.monotonic()
         try:
-            yield next_piece.result()
-        except StopAsyncIteration:
-            return
+            index, event = await asyncio.wait_for(queue.get(), timeout=DISCONNECT_POLL_S)
+        except asyncio.TimeoutError:
+            continue
+        choice = answer.choices[index]
+        choice.take(event)
+        if isinstance(event, Finished):
+            open_jobs -= 1
+        elif choice.stream.stopped:
+            jobs[index].cancel()  # a stop string: the engine need not go on
+        yield choice
 
 
-@dataclass
-class _Answer:
-    """One response in OpenAI's shapes (whole, or as stream chunks)."""
-
-    req: CompletionRequest
-    chat: bool
-    model: str
-    prompt_tokens: int
-    completion_tokens: int = 0
-    finish: str = "stop"
-    error: str = ""
-    plan: Plan = field(default_factory=Plan)
-    id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
-    created: int = field(default_factory=lambda: int(time.time()))
-
-    @property
-    def usage(self) -> dict[str, int]:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens}
-
-    def _head(self, chunk: bool) -> dict[str, Any]:
-        kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
-        return {"id": ("chatcmpl-" if self.chat else "cmpl-") + self.id, "object": kind,
-                "created": self.created, "model": self.model}
-
-    def whole(self, text: str) -> dict[str, Any]:
-        if self.chat:
-            message, finish = self.plan.message(text, self.finish)  # content, or tool_calls
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": self.finish}
-        return {**self._head(False), "choices": [choice], "usage": self.usage}
-
-    def _chunk(self, text: str | None, finish: str | None, first: bool = False) -> dict[str, Any]:
-        if self.chat:
-            delta: dict[str, Any] = {} if text is None else {"content": text}
-            if first:
-                delta["role"] = "assistant"
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-        body = {**self._head(True), "choices": [choice]}
-        if self.req.include_usage:
-            body["usage"] = None
-        return body
-
-    async def sse(self, pieces: AsyncIterator[str]) -> AsyncIterator[str]:
-        def event(body: dict[str, Any]) -> str:
-            return f"data: {json.dumps(body)}\n\n"
-
-        if self.chat:
-            yield event(self._chunk("", None, first=True))
-        if self.plan.buffers:  # a reply that may be a tool call is read whole, then sent
-            text = "".join([piece async for piece in pieces])
-            message, self.finish = self.plan.message(text, self.finish)
-            for chunk in _tool_chunks(self, message):
-                yield event(chunk)
-        async for piece in pieces:
-            yield event(self._chunk(piece, None))
-        if self.finish == "error":
-            yield event(ApiError(500, f"generation failed: {self.error}").body())
-        else:
-            yield event(self._chunk(None, self.finish))
-        if self.req.include_usage:
-            yield event({**self._head(True), "choices": [], "usage": self.usage})
-        yield "data: [DONE]\n\n"
-
-
-def _tool_chunks(answer: _Answer, message: dict[str, Any]) -> list[dict[str, Any]]:
-    """The stream chunks of a whole message: its content, then each tool call in OpenAI's
-    delta shape (index, id, type and name first; then the arguments)."""
-    chunks = [answer._chunk(message["content"], None)] if message.get("content") else []
-    for i, call in enumerate(message.get("tool_calls") or []):
-        head = {"index": i, "id": call["id"], "type": "function",
-                "function": {"name": call["function"]["name"], "arguments": ""}}
-        for part in (head, {"index": i, "function": {"arguments": call["function"]["arguments"]}}):
-            chunk = answer._chunk(None, None)
-            chunk["choices"][0]["delta"]["tool_calls"] = [part]
-            chunks.append(chunk)
-    return chunks
+async def _stream(answer: Answer, jobs: list[Job], queue: asyncio.Queue[tuple[int, Event]]) -> AsyncIterator[str]:
+    """Server-sent events: a first chunk per chat choice, then each choice's chunks as its
+    events come (a closed connection ends this generator, and so the jobs)."""
+    try:
+        if answer.chat:
+            for choice in answer.choices:
+                for event in answer.chunk_events(choice, first=True):
+                    yield event
+        async for choice in _events(answer, jobs, queue, None):
+            for event in answer.chunk_events(choice, first=False):
+                yield event
+        yield "".join(answer.closing_events())
+    finally:
+        for job in jobs:
+            job.cancel()
 
 
 def build_app(served: Served, *, limits: Limits = Limits(), api_key: str | None = None,
-              metrics: Metrics | None = None, start_engine: bool = True) -> Starlette:
+              metrics: Metrics | None = None, start_engine: bool = True, door: Door = Door()) -> Any:
     from qkv.serve.explorer import Explorer
+    from qkv.serve.explorer_why import ExplorerWhy, with_why
+    from qkv.serve.tokenize import TokenizerRoutes
 
     metrics = metrics or Metrics()
     api = Api(served, limits=limits, api_key=api_key, metrics=metrics)
+    api.prompts = PromptWorker(timeout=door.prompt_timeout)
     explorer = Explorer(api)
+    explorer.html = with_why(explorer.html)  # click a key's row: its score split (qkv.serve.explorer_why)
+    explorer_why = ExplorerWhy(api)
 
     def guarded(handler: Any) -> Any:
         async def endpoint(request: Request) -> Response:
@@ -300,19 +276,20 @@ def build_app(served: Served, *, limits: Limits = Limits(), api_key: str | None 
                 response = _error(error)
             except Exception as error:  # noqa: BLE001 - an answer, never a traceback
                 response = _error(ApiError(500, f"internal error: {type(error).__name__}: {error}"))
-            metrics.count(request.url.path if request.url.path.count("/") < 4 else "other", response.status_code)
-            return response
+            return response  # counted on /metrics by the front door
         return endpoint
 
     routes = [
         Route("/", guarded(explorer.page), methods=["GET"]),
         Route("/explorer/trace", guarded(explorer.trace), methods=["POST"]),
+        Route("/explorer/why", guarded(explorer_why.why), methods=["POST"]),
         Route("/health", guarded(api.health), methods=["GET"]),
         Route("/metrics", guarded(api.metrics_page), methods=["GET"]),
         Route("/v1/models", guarded(api.models), methods=["GET"]),
         Route("/v1/models/{model:path}", guarded(api.model), methods=["GET"]),
         Route("/v1/completions", guarded(api.completions), methods=["POST"]),
         Route("/v1/chat/completions", guarded(api.chat_completions), methods=["POST"]),
+        *(Route(path, guarded(handler), methods=methods) for path, handler, methods in TokenizerRoutes(api).routes()),
     ]
 
     async def not_found(request: Request, exc: Exception) -> Response:
@@ -330,8 +307,10 @@ def build_app(served: Served, *, limits: Limits = Limits(), api_key: str | None 
             try:
                 yield
             finally:
+                api.prompts.close()
                 if start_engine:
                     served.engine.stop()
         return span()
 
-    return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found}, lifespan=lifespan)
+    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found}, lifespan=lifespan)
+    return front_door(app, door, metrics)

@@ -3,7 +3,8 @@
     engine = Engine(model, max_batch=8, capacity=2048)
     engine.start()
     job = engine.submit(prompt_ids, max_tokens=64, sampling=Sampling(), stop_ids={eos}, emit=fn)
-    ...                      # emit(token_id) per new token, then emit(Finished(reason))
+    ...                      # emit(Token) per new token, then emit(Finished(reason))
+    engine.submit_jobs([Job(...), Job(...)])   # several at once (all queued, or none)
     job.cancel()             # a closed connection: the slot is freed at the next step
     engine.stop()
 
@@ -13,7 +14,14 @@ PREFILL_BUDGET new tokens (requests arriving together start together); then the 
 rows (only those) decode one token per step, each at its own position, and a request leaves as soon as it stops, reaches max_tokens or is cancelled. Requests beyond
 the free slots wait in a bounded queue; `submit` refuses one more (EngineFull).
 
-A freed row keeps its keys and values: a new request takes the free row that shares the
+Jobs that share a `SharedPrompt` (n answers to one prompt) prefill it once: a later one
+copies the prompt's positions from a row that holds them (`DecodeSession.copy_row`) and
+draws from the same last logits. With `logprobs`, each Token carries the model's own
+log-softmax (before bias, penalties and temperature) of the chosen token and the k most
+likely; with `score_prompt`, the job first receives `PromptScores` for the prompt's own
+tokens (the first has none). max_tokens 0 scores the prompt and generates nothing.
+
+A freed row keeps its keys and values: a new request starts from the row that shares the
 longest prefix with its prompt and prefills only the rest (qkv.serve.prefix_cache). A job
 may carry a `Constraint` (qkv.generation.constraints): its row's logits are masked by the
 grammar before sampling, each chosen token advances it, and the job ends when it is complete.
@@ -40,6 +48,7 @@ from qkv.generation.sampling import Sampling, choose
 from qkv.generation.session import DecodeSession
 from qkv.models.decoder import CausalDecoder
 from qkv.serve.prefix_cache import RowPrefixes
+from qkv.threads import FollowIdleCores
 
 
 PREFILL_BUDGET = 256  # new prompt tokens prefilled between two decode steps (beyond the first request)
@@ -57,13 +66,53 @@ class Finished:
     message: str = ""
 
 
+Alternatives = tuple[tuple[int, float], ...]  # (token id, logprob), most likely first
+
+
+@dataclass(frozen=True)
+class Token:
+    """A new token. With logprobs asked: the model's log-softmax of it and the `top` most
+    likely tokens, before bias, penalties and temperature. `stop`: an end token, which ends
+    the answer and is no part of its text."""
+
+    id: int
+    logprob: float | None = None
+    top: Alternatives = ()
+    stop: bool = False
+
+
+@dataclass(frozen=True)
+class PromptScores:
+    """The prompt's own tokens scored: logprobs[t] of token t given the tokens before it,
+    and the top alternatives there; None and () for the first token, which has no context."""
+
+    logprobs: list[float | None]
+    top: list[Alternatives]
+
+
+Event = Token | PromptScores | Finished
+
+
+@dataclass
+class SharedPrompt:
+    """What jobs answering one prompt share: its last logits (V,) once prefilled, its scores,
+    and the rows that hold its positions now."""
+
+    logits: torch.Tensor | None = None
+    scores: PromptScores | None = None
+    rows: set[int] = field(default_factory=set)
+
+
 @dataclass
 class Job:
     prompt: list[int]
     max_tokens: int
     sampling: Sampling
     stop_ids: frozenset[int]
-    emit: Callable[[int | Finished], None]
+    emit: Callable[[Event], None]
+    logprobs: int | None = None  # alternatives per token to score (0: the chosen one only)
+    score_prompt: bool = False
+    share: SharedPrompt | None = None
     submitted: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
     produced: int = 0
@@ -71,11 +120,20 @@ class Job:
     row: int = -1
     last: int = 0
     generator: torch.Generator | None = None
+    counts: torch.Tensor | None = None  # (V,) generated tokens, for the penalties
     constraint: Constraint | None = None  # a grammar the reply must follow (response_format, tools)
-    reused: int = 0  # prompt tokens whose keys/values came from an earlier request
 
     def cancel(self) -> None:
         self.cancelled = True
+
+
+def _scored(logprobs: torch.Tensor, chosen: torch.Tensor, k: int) -> tuple[list[float], list[Alternatives]]:
+    """logprobs (T, V), chosen (T,) -> each row's chosen logprob and its k best."""
+    picked = logprobs.gather(1, chosen[:, None])[:, 0].tolist()  # (T,)
+    if k == 0:
+        return picked, [() for _ in picked]
+    values, ids = logprobs.topk(k, dim=-1)  # (T, k)
+    return picked, [tuple(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
 
 
 @dataclass
@@ -95,7 +153,8 @@ class EngineStats:
 
 class Engine:
     def __init__(self, model: CausalDecoder, *, max_batch: int = 8, capacity: int | None = None,
-                 max_waiting: int | None = None, prefix_reuse: bool = True) -> None:
+                 max_waiting: int | None = None, threads: FollowIdleCores | None = None,
+                 prefix_reuse: bool = True) -> None:
         if max_batch < 1:
             raise QkvError(f"--max-batch must be at least 1, got {max_batch}")
         self.model = model
@@ -113,6 +172,7 @@ class Engine:
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
         self._running = False
+        self._threads = threads  # set torch's threads to the idle cores between steps, when given
 
     # -- outside the engine thread -------------------------------------------------------
     def start(self) -> None:
@@ -130,23 +190,27 @@ class Engine:
         self.session.close()
 
     def submit(self, prompt: list[int], *, max_tokens: int, sampling: Sampling,
-               stop_ids: frozenset[int], emit: Callable[[int | Finished], None],
-               constraint: Constraint | None = None) -> Job:
-        if not prompt:
-            raise QkvError("the prompt is empty")
-        if len(prompt) + max_tokens > self.capacity:
-            raise QkvError(f"{len(prompt)} prompt tokens + {max_tokens} new tokens exceed the server's "
-                           f"context ({self.capacity} tokens)")
-        job = Job(prompt, max_tokens, sampling, stop_ids, emit, constraint=constraint)
+               stop_ids: frozenset[int], emit: Callable[[Event], None], **options: object) -> Job:
+        job = Job(prompt, max_tokens, sampling, stop_ids, emit, **options)  # type: ignore[arg-type]
+        self.submit_jobs([job])
+        return job
+
+    def submit_jobs(self, jobs: list[Job]) -> None:
+        """Queue every job, or none (EngineFull when the queue is full already)."""
+        for job in jobs:
+            if not job.prompt:
+                raise QkvError("the prompt is empty")
+            if len(job.prompt) + job.max_tokens > self.capacity:
+                raise QkvError(f"{len(job.prompt)} prompt tokens + {job.max_tokens} new tokens exceed the server's "
+                               f"context ({self.capacity} tokens)")
         with self._wake:
             free = sum(job is None for job in self._rows)  # a free slot takes the next waiting job
             if len(self._waiting) >= self.max_waiting + free:
                 raise EngineFull(f"the server is busy ({self.max_batch} running, {len(self._waiting)} waiting); "
                                  "retry shortly")
-            self._waiting.append(job)
+            self._waiting.extend(jobs)
             self.stats.waiting = len(self._waiting)
             self._wake.notify()
-        return job
 
     def call(self, fn: Callable[[], object]) -> concurrent.futures.Future[object]:
         """Run `fn()` on the engine thread between two steps, with the slot caches detached
@@ -193,6 +257,8 @@ class Engine:
                     self._wake.wait()
                 if not self._running:
                     break
+            if self._threads is not None:
+                self._threads.poll()
             self._run_calls()
             try:
                 self._step()
@@ -214,26 +280,7 @@ class Engine:
         for row, job in enumerate(self._rows):
             if job is not None and job.cancelled:
                 self._finish(row, Finished("cancelled"))
-        # Admit waiting requests while this step's prefill stays within PREFILL_BUDGET new
-        # tokens (at least one request), so that requests arriving together start together
-        # while a long prompt never stalls the running rows for more than one prefill.
-        free = [row for row, job in enumerate(self._rows) if job is None]
-        budget = PREFILL_BUDGET
-        while free and budget > 0:
-            with self._wake:
-                job = None
-                while self._waiting and job is None:
-                    candidate = self._waiting.popleft()
-                    job = None if candidate.cancelled else candidate
-                    if candidate.cancelled:
-                        candidate.emit(Finished("cancelled"))
-                self.stats.waiting = len(self._waiting)
-            if job is None:
-                break
-            row, donor, job.reused = self.prefixes.pick(free, job.prompt)
-            self._admit(row, job, donor)
-            free.remove(row)
-            budget -= len(job.prompt) - job.reused
+        self._admit_waiting()
         running = [row for row, job in enumerate(self._rows) if job is not None]
         self.stats.occupied = len(running)
         if not running:
@@ -250,19 +297,76 @@ class Engine:
         self.stats.steps += 1
         self.stats.tokens_per_second = len(running) / elapsed if elapsed > 0 else 0.0
 
-    def _admit(self, row: int, job: Job, donor: int) -> None:
+    def _admit_waiting(self) -> None:
+        """Waiting jobs take free rows: prefills while they fit in PREFILL_BUDGET new tokens
+        (at least one), so a long prompt never stalls the others for more than one prefill,
+        and any number of copies of a prompt some row holds."""
+        budget = PREFILL_BUDGET
+        while True:
+            with self._wake:
+                free = [row for row, job in enumerate(self._rows) if job is None]
+                job = self._waiting[0] if self._waiting and free else None
+                share = job.share if job is not None else None
+                source = min(share.rows) if share is not None and share.rows else None
+                if job is None or not job.cancelled and source is None and budget <= 0:
+                    self.stats.waiting = len(self._waiting)
+                    return
+                self._waiting.popleft()
+                self.stats.waiting = len(self._waiting)
+            if job.cancelled:
+                job.emit(Finished("cancelled"))
+            elif source is not None:
+                self._admit_copy(self.prefixes.pick(free, job.prompt)[0], job, source)
+            else:
+                row, donor, kept = self.prefixes.pick(free, job.prompt)
+                if job.score_prompt:  # every prompt position's logits are needed: prefill it whole
+                    donor, kept = row, 0
+                self._admit(row, job, donor, kept)
+                budget -= len(job.prompt) - kept
+
+    def _start(self, row: int, job: Job) -> None:
         job.row = row
         job.generator = None if job.sampling.greedy else job.sampling.generator(self.session.device)
         self._rows[row] = job
+
+    def _admit(self, row: int, job: Job, donor: int, kept: int) -> None:
+        """Prefill `job` into `row`, its first `kept` positions taken from row `donor`."""
+        self._start(row, job)
         self.stats.prompt_tokens += len(job.prompt)
-        kept = job.reused
         self.stats.prompt_tokens_reused += kept
         self.prefixes.forget(row)  # until the prefill has written it
         if donor != row and kept:
-            self.session.copy_row_prefix(donor, row, kept)
-        logits = self.session.prefill_row(row, torch.tensor(job.prompt[kept:], dtype=torch.long), start=kept)  # (V,)
+            self.session.copy_row(donor, row, kept)
+        ids = torch.tensor(job.prompt, dtype=torch.long)  # (T,)
+        logits = self.session.prefill_row_all(row, ids[kept:], start=kept)  # (T - kept, V)
         self.prefixes.hold(row, job.prompt)
-        self._deliver(row, logits[None])
+        scores = None
+        if job.score_prompt:
+            k = job.logprobs or 0
+            picked, top = _scored(torch.log_softmax(logits[:-1].float(), dim=-1), ids[1:].to(logits.device), k)
+            scores = PromptScores([None, *picked], [(), *top])
+        if job.share is not None:
+            job.share.logits, job.share.scores = logits[-1].clone(), scores
+            job.share.rows.add(row)
+        self._begin(row, job, logits[-1:], scores)
+
+    def _admit_copy(self, row: int, job: Job, source: int) -> None:
+        """A job whose prompt row `source` holds: copy its positions instead of prefilling."""
+        share = job.share
+        assert share is not None and share.logits is not None
+        self._start(row, job)
+        self.session.copy_row(source, row, len(job.prompt))
+        self.prefixes.hold(row, job.prompt)
+        share.rows.add(row)
+        self._begin(row, job, share.logits[None], share.scores)
+
+    def _begin(self, row: int, job: Job, logits: torch.Tensor, scores: PromptScores | None) -> None:
+        if job.score_prompt and scores is not None:
+            job.emit(scores)
+        if job.max_tokens == 0:
+            self._finish(row, Finished("length"))
+            return
+        self._deliver(row, logits)
 
     def _deliver(self, row: int, logits: torch.Tensor) -> None:
         """Choose row `row`'s next token from its logits (1, V) and hand it to the job."""
@@ -271,25 +375,35 @@ class Engine:
         if job.cancelled:
             self._finish(row, Finished("cancelled"))
             return
+        if job.sampling.penalised and job.counts is None:
+            job.counts = torch.zeros(logits.shape[-1], device=logits.device)  # (V,)
+        counts = None if job.counts is None else job.counts[None]  # (1, V)
         try:
-            if job.constraint is not None:
-                logits = job.constraint.mask(logits)
-            token = int(choose(logits, job.sampling, job.generator)[0])
+            allowed = logits if job.constraint is None else job.constraint.mask(logits)  # (1, V)
+            token = int(choose(allowed, job.sampling, job.generator, counts)[0])
             if job.constraint is not None and token not in job.stop_ids:
                 job.constraint.accept(token)
         except QkvError as error:  # this request's grammar failed: the other rows go on
             self._finish(row, Finished("error", str(error)))
             return
+        logprob, top = None, ()
+        if job.logprobs is not None:
+            picked, alternatives = _scored(torch.log_softmax(logits.float(), dim=-1),
+                                           torch.tensor([token], device=logits.device), job.logprobs)
+            logprob, top = picked[0], alternatives[0]
         if job.first_token_at is None:
             job.first_token_at = time.perf_counter()
             self.stats.ttft.append(job.first_token_at - job.submitted)
         if token in job.stop_ids:
+            job.emit(Token(token, logprob, top, stop=True))
             self._finish(row, Finished("stop"))
             return
         job.last = token
         job.produced += 1
+        if job.counts is not None:
+            job.counts[token] += 1
         self.stats.completion_tokens += 1
-        job.emit(token)
+        job.emit(Token(token, logprob, top))
         if job.constraint is not None and job.constraint.finished:
             self._finish(row, Finished("stop"))  # the grammar is complete: nothing may follow
         elif job.produced >= job.max_tokens:
@@ -299,6 +413,8 @@ class Engine:
         job = self._rows[row]
         self._rows[row] = None
         self.session.release_row(row)
+        if job is not None and job.share is not None:
+            job.share.rows.discard(row)
         self.stats.occupied = sum(job is not None for job in self._rows)
         if job is not None:
             job.emit(event)

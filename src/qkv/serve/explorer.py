@@ -1,10 +1,15 @@
 """The live attention explorer: the page at `/` and the endpoint it posts text to.
 
-POST /explorer/trace {"text", "layer", "head", "query" (from 0; null = the last token),
-"generate" (0..16 new tokens)} answers what `qkv explain --json` prints for that
-selection: the tokens, the query's keys, scores, weights and context (qkv.trace records
-only the chosen layer and query, with its faithfulness check), and for each generated
-token its weights over the growing KV cache. The model runs on the engine thread,
+POST /explorer/trace {"text", "layer", "head" (both counted from 0, as transformers counts
+them), "query" (the token's position counted from 1, as `qkv explain --query` and the book's
+x(2) count it; null = the last token), "generate" (0..16 new tokens)} answers what
+`qkv explain --json` prints for that selection: the tokens, the query's keys, scores,
+weights and context (qkv.trace records only the chosen layer and query, with its
+faithfulness check), the analysis (sink share, key/value groups, key norms, RoPE pairs;
+positions from 1), and for each generated token its weights over the growing KV cache.
+Every position in the answer counts from 1: `"query": 7` comes back as `"position": 7`.
+Every head of the layer is recorded for the one query (heads x keys numbers), so the sink
+share and the key/value groups compare the heads. The model runs on the engine thread,
 between decode steps, so tracing never races the batch.
 """
 
@@ -18,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 
 from qkv.errors import QkvError
+from qkv.serve.prompt_worker import gil_free_encoder
 from qkv.serve.schemas import ApiError
 from qkv.serve.explorer_page import PAGE
 from qkv.serve.text import display_tokens
@@ -59,13 +65,17 @@ class Explorer:
         generate = _int(body, "generate", 0) or 0
         if not 0 <= generate <= MAX_GENERATE:
             raise ApiError(400, f"'generate' must be between 0 and {MAX_GENERATE}, got {generate}", param="generate")
-        future = self.api.served.engine.call(lambda: self._record(body["text"], layer, head, query, generate))
+        text = body["text"]
+        # Tokenized on a prompt worker, not the engine thread: a long text must not stall decoding.
+        encode = gil_free_encoder(self.api.served.tokenizer)
+        ids = await self.api.prompts.run(lambda: encode(text).ids)
+        future = self.api.served.engine.call(lambda: self._record(ids, layer, head, query, generate))
         try:
             return JSONResponse(await asyncio.wrap_future(future))
         except QkvError as error:
             raise ApiError(400, str(error)) from None
 
-    def _record(self, text: str, layer: int | None, head: int | None, query: int | None,
+    def _record(self, ids: list[int], layer: int | None, head: int | None, query: int | None,
                 generate: int) -> dict[str, Any]:
         from qkv.trace import trace
         from qkv.trace.analysis import analyse
@@ -74,7 +84,6 @@ class Explorer:
 
         served = self.api.served
         model = served.model
-        ids = served.tokenizer.encode(text).ids
         limit = min(MAX_TRACE_TOKENS, model.context_length - generate)
         if not 1 <= len(ids) <= limit:
             raise QkvError(f"the text has {len(ids)} tokens; the explorer takes 1 to {limit}")
@@ -86,12 +95,14 @@ class Explorer:
         head = 0 if head is None else head
         if not 0 <= head < num_heads:
             raise QkvError(f"head {head} is out of range: layer {layer} has {num_heads} heads (0..{num_heads - 1})")
-        query = len(ids) - 1 if query is None else query
-        if not 0 <= query < len(ids):
-            raise QkvError(f"query {query} is out of range: the text has {len(ids)} tokens (0..{len(ids) - 1})")
+        position = len(ids) if query is None else query
+        if not 1 <= position <= len(ids):
+            raise QkvError(f"query {position} is out of range: positions count from 1 and the text has "
+                           f"{len(ids)} tokens (1..{len(ids)})")
+        query = position - 1  # the recorder's index, from 0
         tokens = display_tokens(served.tokenizer, ids)
         input_ids = torch.tensor([ids])
-        recorded = trace(model, input_ids, layer=[layer], head=[head], query=[query], tokens=tokens)
+        recorded = trace(model, input_ids, layer=[layer], head=None, query=[query], tokens=tokens)
         focus = recorded.layer(layer)
         result: dict[str, Any] = {
             "model": served.name, "tokens": tokens, **query_row(focus, tokens, head, query),

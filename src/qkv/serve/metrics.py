@@ -1,6 +1,11 @@
 """Prometheus text for /metrics: requests, tokens, batch occupancy, time to first token,
 tokens per second. Counters live here (requests, written on the event loop) and in the
-engine's EngineStats (tokens, slots, written by the engine thread)."""
+engine's EngineStats (tokens, slots, written by the engine thread).
+
+Request labels come from a fixed set of routes (`route_label`): a path no route serves is
+counted as "other", so no client can make the page grow a label per path it invents; and
+every label value is escaped as the Prometheus text format asks (backslash, quote, newline).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,22 @@ import threading
 from qkv.serve.engine import EngineStats
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+ROUTES = frozenset({"/", "/explorer/trace", "/explorer/why", "/health", "/metrics", "/v1/models",
+                    "/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/tokenizer_info"})
+MODEL_ROUTE = "/v1/models/{model}"
+OTHER = "other"
+
+
+def route_label(path: str) -> str:
+    """The route a request path belongs to: one of ROUTES, MODEL_ROUTE or OTHER."""
+    if path in ROUTES:
+        return path
+    return MODEL_ROUTE if path.startswith("/v1/models/") else OTHER
+
+
+def escape_label(value: str) -> str:
+    """A label value as the Prometheus text format writes it between double quotes."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 class Metrics:
@@ -21,7 +42,7 @@ class Metrics:
 
     def count(self, path: str, status: int) -> None:
         with self._lock:
-            self.requests[(path, status)] += 1
+            self.requests[(route_label(path), int(status))] += 1
 
     def render(self, stats: EngineStats) -> str:
         with self._lock:
@@ -33,7 +54,7 @@ class Metrics:
             lines = ["# HELP qkv_requests_total HTTP requests answered, by path and status.",
                      "# TYPE qkv_requests_total counter"]
             for (path, status), n in sorted(self.requests.items()):
-                lines.append(f'qkv_requests_total{{path="{path}",status="{status}"}} {n}')
+                lines.append(f'qkv_requests_total{{path="{escape_label(path)}",status="{status}"}} {n}')
             lines += [
                 "# HELP qkv_prompt_tokens_total Prompt tokens prefilled.", "# TYPE qkv_prompt_tokens_total counter",
                 f"qkv_prompt_tokens_total {stats.prompt_tokens}",

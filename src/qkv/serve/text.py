@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from qkv.terminal_text import escape_controls
+
 
 class TextStream:
     """Feed token ids one by one; `push` answers the text that is safe to send now.
@@ -55,6 +57,6 @@ def display_tokens(tokenizer: Any, ids: list[int]) -> list[str]:
         text = tokenizer.decode([token_id], skip_special_tokens=False)
         if not text:
             text = tokenizer.id_to_token(token_id) or f"#{token_id}"
-        text = text.replace("\n", "↵").replace("\t", "→").replace("\r", "")
+        text = escape_controls(text.replace("\n", "↵").replace("\t", "→").replace("\r", ""))
         shown.append("␣" + text[1:] if text.startswith(" ") else text)
     return shown

@@ -94,7 +94,8 @@ def rope_relative(
     recorded rotation table covers. Same distance -> same score; other distance -> other score.
 
     `query` indexes the recorded queries' new tokens, `key` an absolute key position among
-    the new tokens. Returns None without RoPE.
+    the new tokens (both from 0); the positions it returns count from 1, as every position
+    shown to a reader does. Returns None without RoPE.
     """
     if not layer.rope or layer.cos is None or layer.sin is None:
         return None
@@ -103,13 +104,18 @@ def rope_relative(
     k = layer.k_unrotated[0, slot, key - layer.cache_length]  # (D,)
     cos, sin = layer.cos.float(), layer.sin.float()  # (T, D) rows = new tokens
     t = min(cos.shape[0], max_positions)
+    # Every position at once: the query rotated to each of t positions against the key rotated
+    # to each, one (t, t) product (the page asks this for every layer and head).
+    rotated_q = _rotate(q.float(), cos[:t], sin[:t])  # (t, D)
+    rotated_k = _rotate(k.float(), cos[:t], sin[:t])  # (t, D)
+    scores = (rotated_q @ rotated_k.T).tolist()  # (t, t): [m][n] = query at m, key at n
     pairs = []
     for m in range(t):
         for n in range(m + 1):
-            score = float(_rotate(q.float(), cos[m], sin[m]) @ _rotate(k.float(), cos[n], sin[n]))
+            score = scores[m][n]
             pairs.append({
-                "query_position": layer.cache_length + m,
-                "key_position": layer.cache_length + n,
+                "query_position": layer.cache_length + m + 1,  # counted from 1, as shown
+                "key_position": layer.cache_length + n + 1,
                 "distance": m - n,
                 "score": score,
             })
@@ -120,8 +126,8 @@ def rope_relative(
     means = {d: sum(v) / len(v) for d, v in sorted(by_distance.items())}
     return {
         "head": head,
-        "query_position": _absolute(layer, query),
-        "key_position": key,
+        "query_position": _absolute(layer, query) + 1,
+        "key_position": key + 1,
         "pairs": pairs,
         "score_by_distance": means,
         "largest_spread_at_equal_distance": spread,

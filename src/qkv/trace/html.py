@@ -26,12 +26,14 @@ from torch import Tensor
 
 from qkv.errors import QkvError
 from qkv.trace.analysis import ALIKE
-from qkv.trace.export import layer_summary, plain, query_row, token_at
+from qkv.trace.export import layer_summary, query_row, token_at
 from qkv.trace.generation import CacheStep
+from qkv.trace.html_analysis import trace_analyses
+from qkv.trace.html_story import SHOWN_DIMS, story_steps
 from qkv.trace.png import layer_figures, render_pngs, write_atomic
 from qkv.trace.recorder import LayerTrace, Trace
 
-_SHOWN_DIMS = 8
+_SHOWN_DIMS = SHOWN_DIMS
 
 
 def data_uri(png: bytes) -> str:
@@ -68,12 +70,6 @@ def _explorer_rows(layer: LayerTrace) -> dict[str, Any]:
     return rows
 
 
-def _fmt(values: list[float | None]) -> str:
-    shown = ", ".join("-inf" if v is None else f"{v:.4f}" for v in values[:_SHOWN_DIMS])
-    more = f", … ({len(values)} in all)" if len(values) > _SHOWN_DIMS else ""
-    return f"[{shown}{more}]"
-
-
 _TEMPLATE = r"""<!doctype html>
 <html lang="en">
 <head>
@@ -92,6 +88,7 @@ td.tok, th.tok { text-align: left; }
 .qbtn.active { background: #c2185b; color: white; }
 .bar { display: inline-block; height: .8rem; background: #ef6c00; vertical-align: middle; }
 .masked { color: #999; }
+#explorer tr.query td { background: #fde0ec; font-weight: bold; }
 #detail { min-height: 1.6rem; padding: .3rem .6rem; background: #fff8e1; border-radius: .3rem; }
 .heat span { display: inline-block; padding: .15rem .4rem; margin: .1rem; border-radius: .25rem; }
 img { max-width: 100%; }
@@ -99,6 +96,8 @@ img { max-width: 100%; }
 table.values th { font-weight: normal; color: #556; padding-right: 1rem; }
 table.values td, table.values th { border-bottom: none; padding-top: 0; padding-bottom: 0; }
 .controls label { margin-right: 1rem; }
+.scope { color: #556; font-style: italic; }
+td.current, th.current { background: #fde0ec; }
 #matrix td.cell { width: 1.6rem; height: 1.1rem; padding: 0; border: 1px solid #fff; }
 #matrix tr.qrow { cursor: pointer; } #matrix tr.active th { color: #c2185b; }
 #matrix th.ktok { writing-mode: vertical-rl; transform: rotate(180deg); font-weight: normal; font-size: .8rem; }
@@ -111,7 +110,7 @@ table.values td, table.values th { border-bottom: none; padding-top: 0; padding-
 
 <h2>The story, step by step: layer {{ focus.layer }}, head {{ focus.head }}, query x({{ focus.query.position }}) = “{{ focus.query.token }}”</h2>
 {% for step in steps %}
-<div class="step" id="step-{{ loop.index }}"><b>{{ loop.index }}. {{ step.name }}</b> <span class="num">{{ step.shape }}</span><br>
+<div class="step" id="step-{{ step.number }}"><b>{{ step.heading }}</b> <span class="num">{{ step.shape }}</span><br>
 {{ step.meaning }}
 <table class="values">{% for r in step.rows %}<tr><th class="tok">{{ r.label }}</th><td class="num tok">{{ r.value }}</td></tr>{% endfor %}</table></div>
 {% endfor %}
@@ -134,6 +133,7 @@ table.values td, table.values th { border-bottom: none; padding-top: 0; padding-
 <label>head <select id="head-select"></select></label>
 <span id="kv-note"></span>
 </div>
+<p id="scope-note" class="scope"></p>
 <p id="query-buttons"></p>
 <div id="detail">hover a key</div>
 <p class="heat" id="heat-row"></p>
@@ -144,30 +144,18 @@ that query, hover a cell for its numbers (colour: weight relative to the row's l
 <table id="matrix"></table>
 
 {% if analysis %}
-<h2>What the learned weights do (layer {{ focus.layer }})</h2>
-<p>Weight on the first token “{{ key_tokens[0] }}”, per head, averaged over the {{ analysis.sink_queries }}
+<h2>What the learned weights do (<span id="analysis-scope">layer {{ focus.layer }}</span>)</h2>
+<p class="scope">This section follows the layer and head switch of the Explore section above.</p>
+<p>Weight on the first token “{{ key_tokens[0] }}”, per head, averaged over the <span id="sink-queries"></span>
 recorded queries that see more than it (an “attention sink” parks weight there; the story above is one query):</p>
-<table id="sink-table"><tr><th>head</th>{% for h, v in analysis.sink_share.items() %}<td>{{ h }}</td>{% endfor %}</tr>
-<tr><th>mean weight on token 1</th>{% for h, v in analysis.sink_share.items() %}<td class="num">{{ "%.3f"|format(v) }}</td>{% endfor %}</tr></table>
-{% if grouped %}
-<p>Grouped-query attention: the query heads that share each key/value head, and how alike they attend.
+<table id="sink-table"></table>
+<div id="kv-section"><p>Grouped-query attention: the query heads that share each key/value head, and how alike they attend.
 <span id="alike-note">{{ alike }}</span></p>
-<table id="kv-groups"><tr><th>kv head</th><th class="tok">query heads</th><th>alike within</th><th>alike across</th></tr>
-{% for g in analysis.kv_groups %}<tr><td>{{ g.kv_head }}</td><td class="tok">{{ g.query_heads|join(", ") }}</td>
-<td class="num">{{ "-" if g.within_group_similarity is none else "%.3f"|format(g.within_group_similarity) }}</td>
-<td class="num">{{ "-" if g.across_group_similarity is none else "%.3f"|format(g.across_group_similarity) }}</td></tr>{% endfor %}
-</table>
-{% endif %}
-<p>Key length by position:</p>
-<table id="key-norms"><tr>{% for n in analysis.key_norms %}<td class="tok">{{ key_tokens[loop.index0] }}</td>{% endfor %}</tr>
-<tr>{% for n in analysis.key_norms %}<td class="num">{{ "%.2f"|format(n) }}</td>{% endfor %}</tr></table>
-{% if analysis.rope %}
-<p>RoPE: the same query and key vectors, rotated as if they sat at other positions. The score
-depends only on the distance between them (largest spread at equal distance:
-{{ "%.1e"|format(analysis.rope.largest_spread_at_equal_distance) }}):</p>
-<table id="rope-table"><tr><th>distance</th>{% for d, s in analysis.rope.score_by_distance.items() %}<td>{{ d }}</td>{% endfor %}</tr>
-<tr><th>q · k</th>{% for d, s in analysis.rope.score_by_distance.items() %}<td class="num">{{ "%.4f"|format(s) }}</td>{% endfor %}</tr></table>
-{% endif %}
+<table id="kv-groups"></table></div>
+<p>Key length by position (counted from 1; mean over the key/value heads):</p>
+<table id="key-norms"></table>
+<div id="rope-section"><p id="rope-note"></p>
+<table id="rope-table"></table></div>
 {% endif %}
 
 {% if generation %}
@@ -222,7 +210,8 @@ depends only on the distance between them (largest spread at equal distance:
     var heat = el("heat-row"); clear(heat);
     var top = Math.max.apply(null, row.weights.concat([1e-12]));
     row.weights.forEach(function (w, s) {
-      var tr = document.createElement("tr"); tr.className = "key-row" + (row.visible[s] ? "" : " masked");
+      var tr = document.createElement("tr");
+      tr.className = "key-row" + (row.visible[s] ? "" : " masked") + (s === l.cache_length + state.query ? " query" : "");
       tr.dataset.key = String(s);
       [String(s + 1), token(s), row.visible[s] ? fmt(row.scores[s]) : "(masked)", fmt(row.scaled_scores[s]), w.toFixed(4)]
         .forEach(function (text, c) { var td = document.createElement("td"); td.textContent = text; if (c === 1) { td.className = "tok"; } tr.appendChild(td); });
@@ -244,6 +233,8 @@ depends only on the distance between them (largest spread at equal distance:
     el("context-out").textContent = "[" + row.context.map(fmt).join(", ") +
       (row.context_dims > row.context.length ? ", \u2026 (" + row.context_dims + " in all)" : "") + "]";
     renderMatrix();
+    renderScope();
+    renderAnalysis();
   }
   function renderMatrix() {
     var l = layer(), table = el("matrix"); clear(table);
@@ -271,6 +262,56 @@ depends only on the distance between them (largest spread at equal distance:
       table.appendChild(tr);
     });
   }
+  function fillTable(id, rows) {
+    var t = el(id); clear(t);
+    rows.forEach(function (cells) {
+      var tr = document.createElement("tr");
+      cells.forEach(function (c, i) {
+        var td = document.createElement(i === 0 ? "th" : "td");
+        td.textContent = typeof c === "object" ? c.text : c;
+        if (typeof c === "object" && c.cls) { td.className = c.cls; }
+        tr.appendChild(td);
+      });
+      t.appendChild(tr);
+    });
+  }
+  function renderScope() {
+    var l = layer(), f = data.focus;
+    var same = l.layer === f.layer && state.head === f.head;
+    el("scope-note").textContent = same
+      ? "The story and the figures above show this layer and head, for the query x(" + f.query_position + ")."
+      : "The story and the figures above stay at layer " + f.layer + ", head " + f.head + ", query x(" +
+        f.query_position + ") (rerun qkv explain with --layer " + l.layer + " --head " + state.head +
+        " to draw them for this choice); this section and \u201cWhat the learned weights do\u201d follow the switch.";
+  }
+  function renderAnalysis() {
+    var l = layer(), a = l.analysis;
+    if (!a) { return; }
+    el("analysis-scope").textContent = "layer " + l.layer + "; head " + state.head + " marked";
+    el("sink-queries").textContent = String(a.sink_queries);
+    var mark = function (h) { return h === state.head ? "num current" : "num"; };
+    fillTable("sink-table", [["head"].concat(a.sink_share.map(function (p) { return {text: String(p[0]), cls: mark(p[0])}; })),
+      ["mean weight on token 1"].concat(a.sink_share.map(function (p) { return {text: p[1].toFixed(3), cls: mark(p[0])}; }))]);
+    el("kv-section").hidden = l.num_kv_heads === l.num_heads;
+    var dash = function (v) { return v === null ? "-" : v.toFixed(3); };
+    fillTable("kv-groups", [["kv head", "query heads", "alike within", "alike across"]].concat(a.kv_groups.map(function (g) {
+      var cls = g.query_heads.indexOf(state.head) >= 0 ? "current" : "";
+      return [String(g.kv_head), {text: g.query_heads.join(", "), cls: cls}, {text: dash(g.within), cls: cls}, {text: dash(g.across), cls: cls}];
+    })));
+    fillTable("key-norms", [["position"].concat(a.key_norms.map(function (n, s) { return String(s + 1); })),
+      ["key token"].concat(a.key_norms.map(function (n, s) { return {text: token(s), cls: "tok"}; })),
+      ["|k|"].concat(a.key_norms.map(function (n) { return {text: n.toFixed(2), cls: "num"}; }))]);
+    var rope = a.rope_by_head[String(state.head)];
+    el("rope-section").hidden = !rope;
+    if (rope) {
+      el("rope-note").textContent = "RoPE, head " + rope.head + ": the query of x(" + rope.query_position +
+        ") and the key of x(" + rope.key_position + "), rotated as if they sat at other positions. The score " +
+        "depends only on the distance between them (largest spread at equal distance: " +
+        rope.largest_spread_at_equal_distance.toExponential(1) + "):";
+      fillTable("rope-table", [["distance"].concat(rope.score_by_distance.map(function (p) { return String(p[0]); })),
+        ["q \u00b7 k"].concat(rope.score_by_distance.map(function (p) { return {text: p[1].toFixed(4), cls: "num"}; }))]);
+    }
+  }
   el("layer-select").addEventListener("change", function (e) { state.layer = Number(e.target.value); fillControls(); render(); });
   el("head-select").addEventListener("change", function (e) { state.head = Number(e.target.value); render(); });
   fillControls();
@@ -280,92 +321,6 @@ depends only on the distance between them (largest spread at equal distance:
 </body>
 </html>
 """
-
-
-_SHOWN_ROWS = 64  # a step's table shows at most this many rows (one per token, or matrix row)
-
-
-def _vector_rows(labels: list[str], rows: list[list[float | None]],
-                 limit: int = _SHOWN_ROWS) -> list[dict[str, str]]:
-    """One row per vector, labelled; vectors longer than _SHOWN_DIMS show their first entries
-    and their length, tables longer than `limit` end with a row that says how many more."""
-    shown = [{"label": label, "value": _fmt(row)} for label, row in zip(labels[:limit], rows)]
-    if len(rows) > limit:
-        shown.append({"label": "…", "value": f"{len(rows) - limit} more rows ({len(rows)} in all)"})
-    return shown
-
-
-def _one(label: str, values: list[float | None]) -> list[dict[str, str]]:
-    return [{"label": label, "value": _fmt(values)}]
-
-
-def _matrix_rows(name: str, matrix: Tensor) -> list[dict[str, str]]:
-    """A projection (C, H*D), one row per input dimension: in full for the book's 3 x 2,
-    its corner (as many rows as columns shown) for a real model's."""
-    rows = plain(matrix[:_SHOWN_ROWS])
-    labels = [f"{name} row {i + 1}" for i in range(matrix.shape[0])]
-    return _vector_rows(labels, rows + [[]] * (matrix.shape[0] - len(rows)), limit=_SHOWN_DIMS)
-
-
-def _story_steps(layer: LayerTrace, row: dict[str, Any], tokens: list[str], *, book: bool) -> list[dict[str, Any]]:
-    """The steps for one (head, query), each with every value it has: one row per token,
-    per matrix row or per vector (long vectors and tables shortened, saying so)."""
-    c = layer.x.shape[-1]
-    h, d = layer.num_heads, layer.head_dim
-    key_labels = [f"k({s + 1}) {token_at(tokens, s)}" for s in range(layer.num_keys)]
-    input_labels = [token_at(tokens, layer.cache_length + i) for i in range(layer.x.shape[1])]
-    keys_rows = _vector_rows(key_labels, row["keys"])
-    if layer.rope:
-        new_keys = [f"k({layer.cache_length + i + 1}) {token_at(tokens, layer.cache_length + i)} before RoPE"
-                    for i in range(len(row["keys_unrotated"]))]
-        keys_rows = _vector_rows(new_keys, row["keys_unrotated"]) + keys_rows
-    weights_rows = []
-    for name, matrix in (("W_query", layer.W_query), ("W_key", layer.W_key), ("W_value", layer.W_value)):
-        weights_rows += _matrix_rows(name, matrix)
-    steps: list[dict[str, Any]] = [
-        {"name": "inputs x", "shape": f"[{layer.x.shape[1]}, {c}]",
-         "meaning": "One vector per token: the layer's input.",
-         "rows": _vector_rows(input_labels, plain(layer.x[0]))},
-        {"name": "W_query, W_key, W_value", "shape": f"[{c}, {h * d}] each" if not book else f"[{c}, {d}] each",
-         "meaning": "Trainable projections: queries = x @ W_query, keys = x @ W_key, values = x @ W_value."
-         + (" Drawn with torch.rand after torch.manual_seed, as the book does." if book else
-            " (all heads side by side, one row per input dimension)."),
-         "rows": weights_rows},
-        {"name": "the query q", "shape": f"[{d}]",
-         "meaning": f"Head {row['head']}'s query for x({row['query']['position']}) = "
-         f"“{row['query']['token']}”" + (", rotated by RoPE for its position." if layer.rope else "."),
-         "rows": (_one("before RoPE", row["query_unrotated"]) + _one("after RoPE", row["query_vector"]))
-         if layer.rope else _one(f"q({row['query']['position']})", row["query_vector"])},
-        {"name": "the keys k", "shape": f"[{layer.num_keys}, {d}]",
-         "meaning": "One key per token the query may look at" + (
-             f"; this head reads key/value head {row['kv_head']}, shared by query heads "
-             f"{', '.join(map(str, layer.query_heads_of(row['kv_head'])))}." if layer.num_kv_heads != h else ".")
-         + (" Before RoPE only the new tokens' keys exist; the cache keeps them rotated." if layer.rope else ""),
-         "rows": keys_rows},
-        {"name": "q ⊙ k, then q · k", "shape": f"[{layer.num_keys}, {d}] → [{layer.num_keys}]",
-         "meaning": "Multiply query and key component by component, add up: one score per key.",
-         "rows": _vector_rows([f"q ⊙ k({s + 1}) {token_at(tokens, s)}" for s in range(layer.num_keys)],
-                              row["products"]) + _one("q · k", row["scores"])},
-        {"name": "scaled scores", "shape": f"[{layer.num_keys}]",
-         "meaning": f"Divide by sqrt(d_k) = sqrt({d}) so the softmax does not saturate"
-         + ("; keys the query may not see (the mask) get -inf." if layer.causal or not all(row["visible"]) else "."),
-         "rows": _one(f"q · k / sqrt({d})", row["scaled_scores"])},
-        {"name": "attention weights", "shape": f"[{layer.num_keys}]",
-         "meaning": "Softmax: positive, summing to 1.", "rows": _one("softmax", row["weights"])},
-        {"name": "context vector", "shape": f"[{d}]",
-         "meaning": "The weights mix the value vectors: context = weights @ values.",
-         "rows": _vector_rows([f"v({s + 1}) {token_at(tokens, s)}" for s in range(layer.num_keys)], row["values"])
-         + _one("context", row["context"])},
-    ]
-    if h > 1 or layer.kind not in ("book example", "SelfAttention_v1", "SelfAttention_v2", "CausalAttention"):
-        steps.append({
-            "name": "heads side by side, then the output projection",
-            "shape": f"[{layer.concat.shape[-1]}] → [{layer.output.shape[-1]}]",
-            "meaning": f"The {h} heads' contexts are concatenated and projected back; the trace "
-            "checked that this reproduces the module's real output.",
-            "rows": _one("output", plain(layer.output[0, layer.query_slot(row['_q'])])),
-        })
-    return steps
 
 
 def build_page(
@@ -384,24 +339,31 @@ def build_page(
 ) -> str:
     """The page's HTML text. `layer`, `head`, `query` (from 0, among the new tokens) pick the
     story; `images` are the figures as PNG bytes, drawn here when not given;
-    `generation_tokens` name the prompt and the generated tokens (default: the trace's)."""
+    `generation_tokens` name the prompt and the generated tokens (default: the trace's).
+    `analysis` (given for learned weights) turns on "What the learned weights do", which is
+    then computed for every recorded layer so that the layer/head switch can show each."""
     tokens = trace.tokens or []
     focus_layer = trace.layer(layer)
     row = query_row(focus_layer, tokens, head, query)
-    row["_q"] = query
     if images is None:
         images = render_pngs(layer_figures(focus_layer, tokens, head, query))
-    figures = [{"caption": _CAPTIONS[stem], "uri": data_uri(data)} for stem, data in images.items()]
+    figures = [{"caption": f"{_CAPTIONS[stem]} (layer {layer}"
+                + ("" if stem in _LAYER_WIDE else f", head {head}") + ")", "uri": data_uri(data)}
+               for stem, data in images.items()]
     layers = []
     for recorded in trace.layers:
         summary = layer_summary(recorded)
         summary["query_indices"] = recorded.queries
         summary["rows"] = _explorer_rows(recorded)
         layers.append(summary)
+    if analysis is not None:  # learned weights: the switch shows each layer's analysis
+        for summary, per_layer in zip(layers, trace_analyses(trace, head, query)):
+            summary["analysis"] = per_layer
     data = {
         "tokens": tokens,
         "layers": layers,
-        "focus": {"layer_slot": [l.index for l in trace.layers].index(layer), "head": head, "query": query},
+        "focus": {"layer_slot": [l.index for l in trace.layers].index(layer), "layer": layer, "head": head,
+                  "query": query, "query_position": row["query"]["position"]},
     }
     focus_keys = [
         {"number": s + 1, "token": token_at(tokens, s),
@@ -425,17 +387,18 @@ def build_page(
     env = Environment(autoescape=True)
     return env.from_string(_TEMPLATE).render(
         title=title, subtitle=subtitle, tokens=tokens, focus=row,
-        steps=_story_steps(focus_layer, row, tokens, book=book), focus_keys=focus_keys, figures=figures,
-        analysis=analysis, grouped=focus_layer.num_kv_heads != focus_layer.num_heads,
+        steps=story_steps(focus_layer, row, tokens, book=book, query=query), focus_keys=focus_keys, figures=figures,
+        analysis=analysis,
         key_tokens=[token_at(tokens, s) for s in range(focus_layer.num_keys)],
         generation=steps_view, data_json=_safe_json(data), alike=ALIKE,
     )
 
 
+_LAYER_WIDE = ("causal_mask", "heads")  # figures of the whole layer, not one head
 _CAPTIONS = {
     "keys_plane": "The keys and the query as arrows in the plane, each key labelled with its dot product",
     "scores": "From scores to scaled scores to weights",
-    "heatmap": "Every query's weights over the keys (this head)",
+    "heatmap": "Every query's weights over the keys, the story's query marked",
     "causal_mask": "The causal mask",
     "heads": "Every recorded head of this layer",
 }

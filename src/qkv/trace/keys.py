@@ -10,8 +10,10 @@ For each attention layer and KV head, over the tokens of one text:
 - key norms by position (the first token's key is often unlike the rest);
 - the sink mass: the mean attention weight the queries (after the first) put on the first
   token, per query head;
-- with RoPE, the magnitude of each rotation pair (channels i and i + D/2 rotate together at
-  frequency inv_freq[i]) against its wavelength: the large channels sit in the slow bands;
+- with RoPE, the magnitude of each rotation pair (in qkv's rotate-half layout channels i and
+  i + D/2 rotate together at frequency inv_freq[i]; `rope_partner` computes the pairing for a
+  head size and layout) against its wavelength: the large channels sit in the slow bands, and
+  two outlier channels D/2 apart are one pair;
 - the same channel statistics for values, so the asymmetry shows.
 Models without RoPE (GPT-2: learned absolute position embeddings added to the input) get
 every statistic but the pre/post-RoPE split and the frequency bands, and say so.
@@ -35,6 +37,22 @@ from qkv.trace.adapters import AttentionCall, explain_call
 from qkv.trace.recorder import attention_modules
 
 OUTLIER_RATIO = 4.0
+ROPE_LAYOUTS = ("rotate-half", "interleaved")  # Hugging Face / qkv; Meta's complex pairs
+
+
+def rope_partner(channel: int, head_dim: int, layout: str = "rotate-half") -> tuple[int, int]:
+    """(pair index, the other channel) of `channel` in a head of `head_dim` channels: in the
+    rotate-half layout channel i turns with i + D/2 (pair i mod D/2, frequency inv_freq[i]);
+    interleaved (Meta's original Llama), channels 2j and 2j + 1 are pair j."""
+    if head_dim < 2 or head_dim % 2 or not 0 <= channel < head_dim:
+        raise ValueError(f"channel {channel} of a head of {head_dim} channels has no RoPE pair "
+                         "(the head size must be even and the channel in range)")
+    if layout == "rotate-half":
+        half = head_dim // 2
+        return channel % half, (channel + half) % head_dim
+    if layout == "interleaved":
+        return channel // 2, channel ^ 1
+    raise ValueError(f"unknown RoPE layout {layout!r}: one of {', '.join(ROPE_LAYOUTS)}")
 
 
 @dataclass
@@ -63,6 +81,8 @@ class KeyAnatomy:
     tokens: int
     rope: bool
     wavelengths: list[float] | None  # (D/2,) 2*pi / inv_freq per rotation pair
+    head_dim: int = 0
+    rope_layout: str | None = None  # how channels pair up under RoPE (None: no RoPE)
     heads: list[HeadAnatomy] = field(default_factory=list)
 
     def to_json(self) -> dict:
@@ -114,7 +134,10 @@ def key_anatomy(model: nn.Module, input_ids: Tensor, name: str = "") -> KeyAnato
     rotary = _rotary(model)
     rope = rotary is not None and calls and calls[0].cos is not None
     wavelengths = [round(2 * math.pi / float(f), 2) for f in rotary.inv_freq] if rope else None
-    anatomy = KeyAnatomy(name, int(input_ids.shape[1]), bool(rope), wavelengths)
+    head_dim = int(calls[0].k_new.shape[-1]) if calls else 0
+    # qkv's RotaryEmbedding and apply_rope are rotate-half (Hugging Face's layout).
+    anatomy = KeyAnatomy(name, int(input_ids.shape[1]), bool(rope), wavelengths, head_dim,
+                         "rotate-half" if rope else None)
     for layer, call in enumerate(calls):
         for h in range(call.keys.shape[1]):
             k = call.k_new[0, h].float()  # (T, D)
@@ -132,6 +155,34 @@ def key_anatomy(model: nn.Module, input_ids: Tensor, name: str = "") -> KeyAnato
     return anatomy
 
 
+def outlier_pairs(anatomy: KeyAnatomy, channels: list[int]) -> list[list[int]]:
+    """The RoPE pairs among `channels` whose two channels are both listed, as [a, b], a < b."""
+    if not anatomy.rope_layout:
+        return []
+    listed = set(channels)
+    pairs = {tuple(sorted((c, rope_partner(c, anatomy.head_dim, anatomy.rope_layout)[1])))
+             for c in channels}
+    return [list(p) for p in sorted(pairs) if p[0] in listed and p[1] in listed]
+
+
+def outliers_by_pair(anatomy: KeyAnatomy) -> list[dict[str, object]]:
+    """Per RoPE pair: its channels, and in how many (layer, KV head)s either is a key outlier
+    channel, most often first. The bright stripes of the channel figure, pair by pair."""
+    if not anatomy.rope_layout:
+        return []
+    counts: dict[int, int] = {}
+    for head in anatomy.heads:
+        for pair in {rope_partner(c, anatomy.head_dim, anatomy.rope_layout)[0] for c in head.keys.outliers}:
+            counts[pair] = counts.get(pair, 0) + 1
+    half = anatomy.head_dim // 2
+    result = []
+    for pair, count in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
+        a = pair if anatomy.rope_layout == "rotate-half" else 2 * pair
+        result.append({"pair": pair, "channels": [a, a + half if anatomy.rope_layout == "rotate-half" else a + 1],
+                       "heads": count})
+    return result
+
+
 def summary_rows(anatomy: KeyAnatomy) -> list[dict[str, object]]:
     """One row per layer and KV head: the numbers a terminal table shows."""
     rows = []
@@ -143,6 +194,7 @@ def summary_rows(anatomy: KeyAnatomy) -> list[dict[str, object]]:
             "key_ratio": head.keys.max_over_median,
             "key_ratio_pre_rope": head.keys_pre_rope.max_over_median if head.keys_pre_rope else None,
             "key_outliers": head.keys.outliers, "stability": head.keys.stability,
+            "key_outlier_pairs": outlier_pairs(anatomy, head.keys.outliers),
             "value_ratio": head.values.max_over_median, "value_outliers": head.values.outliers,
             "first_key_norm_over_median": round(norms[0] / max(rest[len(rest) // 2], 1e-12), 3),
             "sink_mass": round(sum(head.sink_mass) / len(head.sink_mass), 4),

@@ -2,10 +2,13 @@
 
 - `keys_plane`: for 2-d keys (the book's d_out = 2), each key and the query as arrows in
   the plane, each key labelled with its dot product with the query;
-- `score_bars`: q · k, then scaled by 1/sqrt(d_k), then softmax weights, key by key;
-- `heatmap`: the weights, query (row) by key (column), with token labels;
+- `score_bars`: q · k, then scaled by 1/sqrt(d_k), then softmax weights, key by key; keys
+  the mask hides are hatched, and a legend says so;
+- `heatmap`: the weights, query (row) by key (column), with token labels, the chosen
+  query's row outlined;
 - `mask_figure`: which keys each query may see (the causal mask);
-- `head_grid`: the heatmap of every recorded head of the layer.
+- `head_grid`: the heatmap of every recorded head of the layer, on one colour scale with one
+  colour bar, token labels on the outer axes.
 
 `render_pngs` draws them once; `write_pngs` saves them into a folder, each file atomically.
 
@@ -20,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch, Rectangle
 
 from qkv.atomic import atomic_write_bytes
 from qkv.errors import QkvError
@@ -127,27 +131,40 @@ def score_bars(layer: LayerTrace, tokens: list[str] | None, head: int, query: in
         ax.set_title(title, fontsize=10)
         ax.axhline(0, color="black", lw=0.5)
         _ticks(ax, names, "x")
+    masked = not all(row["visible"])
+    if masked:  # below the panels, where it hides no bar
+        hidden = "hatched: a key the mask hides (its q · k is discarded: scaled = -inf, weight 0)"
+        fig.legend(handles=[Patch(facecolor="white", edgecolor="gray", hatch="//", label=hidden)],
+                   fontsize=8, loc="lower center", frameon=False)
     fig.suptitle(f"query x({row['query']['position']}) = \"{row['query']['token']}\", "
                  f"layer {layer.index}, head {head}", fontsize=11)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.07, 1, 1) if masked else (0, 0, 1, 1))
     return fig
 
 
-def _draw_heatmap(ax, layer: LayerTrace, tokens: list[str] | None, head: int, *, labels: bool) -> None:
+def _draw_heatmap(ax, layer: LayerTrace, tokens: list[str] | None, head: int, *, labels: bool,
+                  keys_axis: bool = True, queries_axis: bool = True, vmax: float | None = None) -> None:
+    """`labels`: token tick labels, on the key axis and the query axis as asked; `vmax`: the
+    top of the colour scale (default: this head's largest weight)."""
     weights = layer.weights[0, layer.head_slot(head)].float().numpy()  # (t, S)
-    ax.imshow(weights, cmap="viridis", vmin=0.0, vmax=max(float(weights.max()), 1e-9), aspect="auto")
-    if labels:
-        queries, keys = _labels(layer, tokens)
+    top = max(float(weights.max()), 1e-9) if vmax is None else vmax
+    ax.imshow(weights, cmap="viridis", vmin=0.0, vmax=top, aspect="auto")
+    queries, keys = _labels(layer, tokens)
+    if labels and keys_axis:
         _ticks(ax, keys, "x")
-        _ticks(ax, queries, "y")
         ax.set_xlabel("key (column)")
-        ax.set_ylabel("query (row)")
     else:
         ax.set_xticks([])
+    if labels and queries_axis:
+        _ticks(ax, queries, "y")
+        ax.set_ylabel("query (row)")
+    else:
         ax.set_yticks([])
 
 
-def heatmap(layer: LayerTrace, tokens: list[str] | None, head: int) -> Figure:
+def heatmap(layer: LayerTrace, tokens: list[str] | None, head: int, query: int | None = None) -> Figure:
+    """`query` (from 0, among the new tokens; None: none marked): its row is outlined in red and
+    its label is bold red, so the story's query can be found among the others."""
     queries, keys = _labels(layer, tokens)
     width = min(14.0, 3.0 + 0.35 * len(keys))
     height = min(12.0, 2.5 + 0.35 * len(queries))  # one recorded query: one short row
@@ -161,7 +178,17 @@ def heatmap(layer: LayerTrace, tokens: list[str] | None, head: int) -> Figure:
                 ax.text(j, i, f"{w:.2f}", ha="center", va="center", fontsize=7,
                         color="white" if w < 0.5 * float(weights.max()) else "black")
     ax.figure.colorbar(ax.images[0], ax=ax, label="attention weight")
-    ax.set_title(f"attention weights, layer {layer.index}, head {head}")
+    title = f"attention weights, layer {layer.index}, head {head}"
+    if query is not None and query in layer.queries:
+        row = layer.queries.index(query)
+        ax.add_patch(Rectangle((-0.5, row - 0.5), len(keys), 1, fill=False, edgecolor="red", lw=2))
+        step = max(1, len(queries) // _MAX_LABELS)
+        if row % step == 0:
+            label = ax.get_yticklabels()[row // step]
+            label.set_color("red")
+            label.set_fontweight("bold")
+        title += f"; the query x({layer.cache_length + query + 1}) outlined"
+    ax.set_title(title)
     fig.tight_layout()
     return fig
 
@@ -187,18 +214,25 @@ def head_grid(layer: LayerTrace, tokens: list[str] | None) -> Figure:
     n = len(layer.heads)
     cols = min(4, n)
     rows = (n + cols - 1) // cols
-    fig, axes = _new_figure(rows, cols, figsize=(3.2 * cols, 3.2 * rows), squeeze=False)
+    fig = Figure(figsize=(3.2 * cols + 1.5, 3.2 * rows + 0.8), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False)
+    top = max(float(layer.weights[0].max()), 1e-9)  # one colour scale for every head
+    labels = len(layer.queries) <= _MAX_LABELS and layer.num_keys <= _MAX_LABELS
     for slot, head in enumerate(layer.heads):
         ax = axes[slot // cols][slot % cols]
-        _draw_heatmap(ax, layer, tokens, head, labels=False)
+        last_in_column = slot + cols >= n
+        _draw_heatmap(ax, layer, tokens, head, labels=labels, keys_axis=last_in_column,
+                      queries_axis=slot % cols == 0, vmax=top)
+        ax.set_xlabel("")
+        ax.set_ylabel("")
         shared = f" (kv {layer.kv_heads[slot]})" if layer.num_kv_heads != layer.num_heads else ""
         ax.set_title(f"head {head}{shared}", fontsize=9)
     for slot in range(n, rows * cols):
         axes[slot // cols][slot % cols].axis("off")
+    fig.colorbar(axes[0][0].images[0], ax=axes.ravel().tolist(), label="attention weight", shrink=0.8)
     fig.supxlabel("key (column)")
     fig.supylabel("query (row)")
     fig.suptitle(f"every recorded head of layer {layer.index}")
-    fig.tight_layout()
     return fig
 
 
@@ -208,7 +242,7 @@ def layer_figures(layer: LayerTrace, tokens: list[str] | None, head: int, query:
     if layer.head_dim == 2:
         figures["keys_plane"] = keys_plane(layer, tokens, head, query)
     figures["scores"] = score_bars(layer, tokens, head, query)
-    figures["heatmap"] = heatmap(layer, tokens, head)
+    figures["heatmap"] = heatmap(layer, tokens, head, query)
     if layer.causal:
         figures["causal_mask"] = mask_figure(layer, tokens)
     if len(layer.heads) > 1:

@@ -117,6 +117,12 @@ class Trace:
     tokens: list[str] | None = None
     extras: dict[str, Any] = field(default_factory=dict)
 
+    def _repr_html_(self) -> str:
+        """Jupyter's view of a trace: weights tables and figures (qkv.trace.notebook)."""
+        from qkv.trace.notebook import trace_html
+
+        return trace_html(self)
+
     def layer(self, index: int) -> LayerTrace:
         for layer in self.layers:
             if layer.index == index:

@@ -16,6 +16,7 @@ Shape legend: B batch (per process), L window length, V vocabulary.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import sys
 import time
@@ -34,6 +35,7 @@ from torch.nn.parallel import DistributedDataParallel
 from qkv.errors import QkvError
 from qkv.models.context_parallel import ContextParallel, join_context_parallel, sharded_forward
 from qkv.models.gpt2 import GPTConfig, GPTModel
+from qkv.models.gpt2_tokenizer import gpt2_tokenizer
 from qkv.progress import progress_bar
 from qkv.training.checkpoint import (
     TrainingState,
@@ -96,18 +98,34 @@ def train(
     ctx = init_distributed(group_even_alone=settings.context_parallel and "WORLD_SIZE" in os.environ)
     folder = OutputFolder(settings.out)
     created = _missing_folders(folder.path.absolute())
-    run: _Run | None = None
+    was_empty = _is_empty_folder(folder.path)
+    run: Any = None  # _Run or book_run.BookRun
     try:
         if ctx.is_main:  # only rank 0 writes
             folder.claim(resume=resume, overwrite=overwrite, settings=settings.to_dict())
         try:
-            run = _Run(settings, ctx, resume=resume, progress=progress)
+            if PRESETS[settings.preset].loop == "book":
+                from qkv.training.book_run import BookRun  # the book's train_model_simple
+
+                run = BookRun(settings, ctx, resume=resume, progress=progress)
+            else:
+                run = _Run(settings, ctx, resume=resume, progress=progress)
+            if ctx.is_main:
+                folder.note_model(run.config.to_dict())
         except BaseException:
-            if created and ctx.is_main:  # bad input found before anything but the claim was written
+            if (created or was_empty) and ctx.is_main:  # bad input found before anything but the claim was written
                 folder.forget()
                 _remove_if_empty(created)
             raise
         return run.fit(on_step)
+    except Exception as error:
+        if not _disk_full(error):
+            raise
+        raise QkvError(
+            f"the disk holding --out {settings.out} is full ({getattr(error, 'strerror', None) or str(error)[:80]}"
+            f"{_where(error)}); free some space and "
+            "run again with --resume: every file qkv writes is replaced whole, so the last checkpoint is intact"
+        ) from None
     finally:
         folder.release()
         del run  # DDP's reducer must go while the process group lives: see shutdown_distributed
@@ -132,6 +150,31 @@ def _missing_folders(folder: Path) -> list[Path]:
             break
         missing.append(path)
     return missing
+
+
+_DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # EFBIG: a file-size limit (ulimit -f)
+
+
+_DISK_FULL_TEXT = ("No space left on device", "File too large", "Disk quota exceeded")
+
+
+def _disk_full(error: BaseException) -> bool:
+    """An OSError for a full disk, or a writer library's own error saying so (safetensors)."""
+    if isinstance(error, OSError) and error.errno in _DISK_FULL:
+        return True
+    return not isinstance(error, QkvError) and any(text in str(error) for text in _DISK_FULL_TEXT)
+
+
+def _where(error: BaseException) -> str:
+    name = getattr(error, "filename", None)
+    return f" writing {Path(name).name}" if isinstance(name, str) else ""
+
+
+def _is_empty_folder(path: Path) -> bool:
+    try:
+        return path.is_dir() and not any(path.iterdir())
+    except OSError:
+        return False
 
 
 def _remove_if_empty(folders: list[Path]) -> None:
@@ -207,11 +250,14 @@ class _Run:
     # -- set-up -----------------------------------------------------------------------
 
     def _tokenizer(self, train_text: str) -> Tokenizer:
-        """The checkpoint's tokenizer, the given one, or a BPE that rank 0 trains and shares."""
+        """The checkpoint's tokenizer, the given one, GPT-2's (the book presets), or a BPE
+        that rank 0 trains and shares."""
         if self.checkpoint is not None:
             return load_tokenizer(self.out / TOKENIZER_NAME)
         if self.settings.tokenizer is not None:
             return load_tokenizer(self.settings.tokenizer)
+        if PRESETS[self.settings.preset].tokenizer == "gpt2":
+            return gpt2_tokenizer()
         trained = train_bpe(train_text, self.settings.vocab_size).to_str() if self.ctx.is_main else None
         return Tokenizer.from_str(self.ctx.broadcast_object(trained))
 
@@ -335,7 +381,8 @@ class _Run:
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.grad_clip)
+        if self.settings.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
         return self.ctx.all_mean(loss.item())
@@ -356,7 +403,8 @@ class _Run:
             dist.all_reduce(totals, group=cp.group)  # every shard's share, on every rank
         for p, g in zip(params, totals[:-1].split([p.numel() for p in params])):
             p.grad.copy_(g.view_as(p))  # type: ignore[union-attr]
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.grad_clip)
+        if self.settings.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
         return totals[-1].item() / targets.numel()
@@ -431,13 +479,17 @@ def _length(settings: TrainSettings) -> str:
 
 
 def model_config(settings: TrainSettings, tokenizer_vocab: int) -> GPTConfig:
-    """The preset's model with the run's window length and dropout, and a vocabulary
-    that is the preset's or, if larger, the tokenizer's."""
+    """The preset's model with the run's window length, dropout and any width, depth or
+    heads given, and a vocabulary that is the preset's or, if larger, the tokenizer's."""
     preset = PRESETS[settings.preset].model
-    return replace(
-        preset, vocab_size=max(settings.vocab_size, tokenizer_vocab),
-        context_length=settings.context_length, drop_rate=settings.dropout,
-    )
+    shape = {k: getattr(settings, k) for k in ("emb_dim", "n_layers", "n_heads") if getattr(settings, k) is not None}
+    try:
+        return replace(
+            preset, vocab_size=max(settings.vocab_size, tokenizer_vocab),
+            context_length=settings.context_length, drop_rate=settings.dropout, **shape,
+        )
+    except ValueError as error:
+        raise QkvError(f"--emb-dim, --n-layers, --n-heads: {error}") from None
 
 
 def _adamw(model: nn.Module, settings: TrainSettings) -> torch.optim.AdamW:

@@ -86,6 +86,14 @@ class OutputFolder:
             os.unlink(self.path / RUN_NAME)
         self.release()
 
+    def note_model(self, model_config: dict[str, Any]) -> None:
+        """Add the model the run builds to its record: its real vocabulary, which the
+        settings' vocab_size (a BPE's target size) need not be."""
+        marker = self.path / RUN_NAME
+        data = read_json_object(marker) if marker.exists() else {"format": RUN_FORMAT, "settings": {}}
+        data["model_config"] = model_config
+        atomic_write_text(marker, json.dumps(data, indent=1) + "\n")
+
     # -- what the folder holds -----------------------------------------------------------
 
     def run_settings(self) -> dict[str, Any] | None:

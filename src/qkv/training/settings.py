@@ -33,7 +33,7 @@ class TrainSettings:
     min_lr_ratio: float = 0.1  # cosine decay ends at lr x min_lr_ratio
     weight_decay: float = 0.1
     warmup_steps: int = 0
-    grad_clip: float = 1.0
+    grad_clip: float | None = 1.0  # None: no gradient clipping (the book's run)
     eval_every: int = 20
     eval_windows: int = 64
     save_every: int = 50
@@ -47,6 +47,10 @@ class TrainSettings:
     # Shard every window over the processes (ring attention) instead of splitting the batch:
     # the global batch is batch_size, and the run equals one process with that batch.
     context_parallel: bool = False
+    # The model's shape beyond the preset's (None: the preset's).
+    emb_dim: int | None = None
+    n_layers: int | None = None
+    n_heads: int | None = None
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -56,6 +60,9 @@ class TrainSettings:
             "eval_windows": self.eval_windows, "save_every": self.save_every,
             "vocab_size": self.vocab_size,
         }
+        for name in ("emb_dim", "n_layers", "n_heads"):
+            if getattr(self, name) is not None:
+                positive[name] = getattr(self, name)
         if self.epochs is not None:
             positive["epochs"] = self.epochs
         if self.max_steps is not None:
@@ -65,7 +72,9 @@ class TrainSettings:
             raise QkvError(f"these options must be at least 1: {bad}")
         if (self.epochs is None) == (self.max_steps is None):
             raise QkvError("give exactly one of --epochs and --max-steps")
-        if self.lr <= 0 or self.weight_decay < 0 or self.warmup_steps < 0 or self.grad_clip <= 0:
+        if self.grad_clip is not None and self.grad_clip <= 0:
+            raise QkvError(f"the gradient clipping norm must be > 0, got {self.grad_clip}")
+        if self.lr <= 0 or self.weight_decay < 0 or self.warmup_steps < 0:
             raise QkvError(
                 f"need --lr > 0, --weight-decay >= 0, --warmup-steps >= 0; got lr={self.lr}, "
                 f"weight_decay={self.weight_decay}, warmup_steps={self.warmup_steps}"
@@ -95,7 +104,8 @@ class TrainSettings:
             batch_size=p.batch_size, epochs=p.epochs, lr=p.lr, weight_decay=p.weight_decay,
             warmup_steps=p.warmup_steps, eval_every=p.eval_every, save_every=p.save_every,
             eval_windows=p.eval_windows, dropout=p.model.drop_rate,
-            vocab_size=p.tokenizer_vocab_size,
+            vocab_size=p.tokenizer_vocab_size, grad_clip=p.grad_clip, min_lr_ratio=p.min_lr_ratio,
+            sample_tokens=p.sample_tokens,
         )
         given = {k: v for k, v in overrides.items() if v is not None}
         if given.get("max_steps") is not None:

@@ -12,6 +12,10 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from qkv.errors import QkvError
+from qkv.models.tokenizer_guard import BoundedTokenizer, guard
+
+MAX_TOKENIZER_BYTES = 512 * 2**20  # as for a model folder's tokenizer.json
+GROWTH = 4  # training text may grow at most this many times in a given tokenizer's normalizer
 
 END_OF_TEXT = "<|endoftext|>"
 
@@ -41,20 +45,29 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     p = Path(path)
     if not p.is_file():
         raise QkvError(f"tokenizer file {p} does not exist; give a tokenizer.json made by `tokenizers`")
+    if p.stat().st_size > MAX_TOKENIZER_BYTES:
+        raise QkvError(f"{p} is {p.stat().st_size:,} bytes; qkv reads tokenizers up to {MAX_TOKENIZER_BYTES:,}")
     try:
         tokenizer = Tokenizer.from_file(str(p))
     except Exception as error:  # tokenizers raises a bare Exception on bad JSON
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise QkvError(f"{p} is not a tokenizer.json that `tokenizers` can read ({first})") from None
+    except BaseException as error:  # a pyo3 panic while reading
+        if type(error).__name__ != "PanicException":
+            raise
+        raise QkvError(f"{p} is not a tokenizer.json that `tokenizers` can read (it panicked)") from None
     if tokenizer.get_vocab_size() < 2:
         raise QkvError(f"{p} holds a tokenizer with an empty vocabulary")
-    return tokenizer
+    return guard(tokenizer, str(p))
 
 
-def encode(tokenizer: Tokenizer, text: str, chunk_chars: int = 1 << 20) -> list[int]:
-    """Token ids of `text`; large texts are encoded in line-aligned pieces, in parallel."""
+def encode(tokenizer: Tokenizer | BoundedTokenizer, text: str, chunk_chars: int = 1 << 20) -> list[int]:
+    """Token ids of `text`; large texts are encoded in line-aligned pieces, in parallel. A
+    given tokenizer (BoundedTokenizer) may grow each piece at most GROWTH times."""
+    if not isinstance(tokenizer, BoundedTokenizer):  # one qkv trained: byte-level, no normalizer
+        tokenizer = guard(tokenizer, "the trained tokenizer")
     if len(text) <= chunk_chars:
-        return tokenizer.encode(text, add_special_tokens=False).ids
+        return tokenizer.encode_batch([text], add_special_tokens=False, limit=_limit(text))[0].ids
     pieces, start = [], 0
     while start < len(text):
         end = text.find("\n", start + chunk_chars)
@@ -62,6 +75,13 @@ def encode(tokenizer: Tokenizer, text: str, chunk_chars: int = 1 << 20) -> list[
         pieces.append(text[start:end])
         start = end
     ids: list[int] = []
-    for encoding in tokenizer.encode_batch(pieces, add_special_tokens=False):
+    limit = max(_limit(piece) for piece in pieces)
+    for encoding in tokenizer.encode_batch(pieces, add_special_tokens=False, limit=limit):
         ids.extend(encoding.ids)
     return ids
+
+
+def _limit(text: str) -> int:
+    from qkv.models.tokenizer_guard import MAX_ENCODE_BYTES
+
+    return max(MAX_ENCODE_BYTES, GROWTH * len(text.encode("utf-8", "surrogatepass")))

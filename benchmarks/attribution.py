@@ -1,0 +1,104 @@
+"""Issue 27 on real SmolLM2-135M: how fast the exact split is, what carries the sink, and which
+keys the prediction depends on in a copying example.
+
+    .venv/bin/python benchmarks/attribution.py --threads 2 --repeats 5 --json attribution.json
+
+1. Speed: one head's full attribution of one query row (every key) at the first, middle and
+   last layer, from the forward that records the sources to the checked split; median of
+   `--repeats` runs, next to the plain forward of the same text in the same rounds.
+2. The sink: for the five heads with the most sink mass, the share of the first key's mean
+   score held by its three largest (query source x key source) terms.
+3. Copying: "Anna lives in Paris. ... The capital of France is": a patch sweep over every
+   layer and position with the same text naming Rome instead of Paris as the donor, and
+   one with mean keys; the positions whose patch moves the prediction most.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+import qkv
+from qkv.trace.attribution import attribute_recorded, record_forward
+from qkv.trace.patching import patch_sweep
+from qkv.trace.sink import explain_sinks
+
+SINK_TEXT = (
+    "I had always thought Jack Gisburn rather a cheap genius--though a good fellow enough--so it "
+    "was no great surprise to me to hear that, in the height of his glory, he had dropped his "
+    "painting, married a rich widow, and established himself in a villa on the Riviera."
+)
+COPY_TEXT = "Anna lives in Paris. She loves the city. The capital of France is"
+COPY_DONOR = "Anna lives in Rome. She loves the city. The capital of France is"
+
+
+def _speed(model, ids, repeats: int) -> dict:
+    t = ids.shape[1]
+    rows: dict[str, list[float]] = {"forward": []}
+    for _ in range(repeats):
+        start = time.perf_counter()
+        with torch.no_grad():
+            model(ids)
+        rows["forward"].append(time.perf_counter() - start)
+        for layer in (0, 15, 29):
+            start = time.perf_counter()
+            record = record_forward(model, ids, layers=[layer], queries=[t - 1])
+            result = attribute_recorded(record, layer=layer, head=4, query=t - 1)
+            rows.setdefault(f"layer {layer}", []).append(time.perf_counter() - start)
+            rows.setdefault(f"layer {layer} terms", []).append(float(result.pairs.numel()))
+    return {name: statistics.median(values) for name, values in rows.items()}
+
+
+def _named(tokens: list[str], cells) -> list[dict]:
+    return [{"layer": l, "position": p + 1, "token": tokens[p], "kl": round(kl, 4)} for l, p, kl in cells]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", metavar="FILE")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    model, tokenizer = qkv.load_pretrained("smollm2")
+    out: dict = {"threads": args.threads}
+
+    ids = torch.tensor([tokenizer.encode(SINK_TEXT).ids])
+    out["tokens"] = int(ids.shape[1])
+    out["speed_s"] = _speed(model, ids, args.repeats)
+    print("speed (median s):", json.dumps(out["speed_s"]))
+
+    sinks = explain_sinks(model, ids, count=5)
+    out["sinks"] = [{"layer": s.layer, "head": s.head, "sink_mass": round(s.sink_mass, 4),
+                     "score": round(s.score, 3), "top3_share_of_score": round(s.top_share(3), 4),
+                     "top3_share_of_term_sizes": round(s.top_size_share(3), 4),
+                     "top3": [(q, k, round(t, 3)) for q, k, t in s.top_pairs(3)],
+                     "key_source_1": s.key_totals()[0]} for s in sinks]
+    for s in out["sinks"]:
+        print("sink:", json.dumps(s))
+
+    ids = torch.tensor([tokenizer.encode(COPY_TEXT).ids])
+    donor = torch.tensor([tokenizer.encode(COPY_DONOR).ids])
+    tokens = [tokenizer.decode([i]) for i in ids[0].tolist()]
+    for name, donor_ids in (("donor Rome", donor), ("mean keys", None)):
+        start = time.perf_counter()
+        sweep = patch_sweep(model, ids, layers=range(30), donor_ids=donor_ids)
+        seconds = time.perf_counter() - start
+        by_position = [max(row.kl[p] for row in sweep.rows) for p in range(ids.shape[1])]
+        out[f"sweep, {name}"] = {
+            "prediction": tokenizer.decode([sweep.top_token]), "probability": round(sweep.top_probability, 4),
+            "strongest": _named(tokens, sweep.strongest(6)), "seconds": round(seconds, 1),
+            "largest KL per position": {f"{p + 1} {tokens[p]!r}": round(v, 4) for p, v in enumerate(by_position)},
+        }
+        print(f"sweep, {name}:", json.dumps(out[f"sweep, {name}"]))
+    if args.json:
+        with open(args.json, "w") as file:
+            json.dump(out, file, indent=1)
+
+
+if __name__ == "__main__":
+    main()
