@@ -59,7 +59,7 @@ def run(served, prompt: list[int], seeds: list[int], batch: int, grammar: str | 
                         left[0] -= 1
                         if not left[0]:
                             done.set()
-                elif not item.stop:  # a Token (an end token is no part of the reply)
+                elif not item.stop:
                     stamps.append(time.perf_counter())
                     out.append(item.id)
             return emit

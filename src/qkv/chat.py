@@ -74,8 +74,7 @@ class ChatTemplate:
     def render(self, messages: list[Message], *, add_generation_prompt: bool = True,
                tools: list[dict[str, Any]] | None = None) -> str:
         """The conversation as the model's text, rendered in qkv.template_process's child;
-        `tools` (OpenAI function specs) is passed to templates that show tools themselves
-        (qkv.serve.tools)."""
+        `tools` (OpenAI function specs) goes to templates that show tools (qkv.serve.tools)."""
         from qkv.template_process import TemplateProcessError, shared
 
         variables = {"messages": messages, "add_generation_prompt": add_generation_prompt,

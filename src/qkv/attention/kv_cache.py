@@ -283,8 +283,7 @@ class SlotKVCache(StaticKVCache):
         return self.rows  # a call on some slots carries those rows (the whole batch without)
 
     def copy_row(self, source: int, target: int, length: int) -> None:
-        """Slot `target` holds slot `source`'s first `length` positions (and nothing after): a
-        shared prompt, or a prompt prefix a freed slot still holds (qkv.serve.prefix_cache)."""
+        """Slot `target` holds slot `source`'s first `length` positions (and nothing after)."""
         self.k_cache[target, :, :length] = self.k_cache[source, :, :length]  # (H_kv, length, D)
         self.v_cache[target, :, :length] = self.v_cache[source, :, :length]
         self.lengths[target] = length

@@ -116,6 +116,11 @@ def run(args: argparse.Namespace) -> int:
     kind = kv_cache_kind(args)  # bad cache options are reported before loading
     if kind is not None and args.no_cache:
         raise QkvError("--kv-cache needs a cache; drop --no-cache")
+    schema = None
+    if args.json_schema is not None:  # a bad schema file is reported before loading
+        from qkv.generation.constraints import read_schema
+
+        schema = read_schema(args.json_schema)
     loaded, setup = load_for_speed(args, chat=args.chat)
     if args.chat:
         from qkv.chat import chat_model_from
@@ -134,18 +139,17 @@ def run(args: argparse.Namespace) -> int:
     if kind is not None:
         check_kind(model, kind)
     check_request(model, input_ids, args.max_new_tokens, kind=kind or StaticKVCache)  # before a compile is paid for
+    speed = announce_speed(model, setup, kind)
     constraint = None
-    if args.json_schema is not None:
+    if schema is not None:
         from qkv.generation.constraints import schema_constraint
 
-        constraint = schema_constraint(args.json_schema, tokenizer, vocab_size=model.cfg.vocab_size,
-                                       stop_ids=stop_ids)
-    speed = announce_speed(model, setup, kind)
+        constraint = schema_constraint(schema, tokenizer, vocab_size=model.cfg.vocab_size, stop_ids=stop_ids)
     tokens = stream(
         model, input_ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache,
-        eos_token_id=stop_ids or None, kv_cache=kind or StaticKVCache, constraint=constraint,
-        on_past_context=lambda note: print(note, file=sys.stderr, flush=True),
+        eos_token_id=stop_ids or None, kv_cache=kind or StaticKVCache,
+        on_past_context=lambda note: print(note, file=sys.stderr, flush=True), constraint=constraint,
     )
     emit = _utf8_writer()
     if not args.chat:

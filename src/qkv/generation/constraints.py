@@ -5,7 +5,7 @@
     logits = constraint.mask(logits)     # (1, V): tokens the grammar forbids -> -inf
     constraint.accept(token)             # advance the matcher by the sampled token
     constraint.finished                  # the grammar is complete: nothing may follow
-    schema_constraint(path, tokenizer, vocab_size=V, stop_ids=...)   # qkv generate --json-schema
+    schema_constraint(read_schema(path), tokenizer, vocab_size=V, stop_ids=...)   # qkv generate
 
 Each request (each row of a batch) has its own `Constraint`, so rows in different states of
 different grammars decode together; the mask is applied to the row's logits before
@@ -133,8 +133,8 @@ class Grammars:
 MAX_SCHEMA_BYTES = 1 << 20
 
 
-def schema_constraint(path: str, tokenizer: Any, *, vocab_size: int, stop_ids: Iterable[int]) -> Constraint:
-    """A Constraint for the JSON schema in file `path` (qkv generate --json-schema)."""
+def read_schema(path: str) -> dict[str, Any]:
+    """The JSON schema in file `path` (qkv generate --json-schema), bounded, checked to be an object."""
     from pathlib import Path
 
     file = Path(path).expanduser()
@@ -148,6 +148,17 @@ def schema_constraint(path: str, tokenizer: Any, *, vocab_size: int, stop_ids: I
         raise QkvError(f"--json-schema {path}: not JSON ({error})") from None
     if not isinstance(schema, dict):
         raise QkvError(f"--json-schema {path}: a JSON schema is an object, got {type(schema).__name__}")
+    import llguidance
+
+    failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(json_schema_grammar(schema), None)
+    if failed:
+        raise QkvError(f"--json-schema {path}: the schema cannot be enforced: {messages[0][:300]}")
+    return schema
+
+
+def schema_constraint(schema: dict[str, Any], tokenizer: Any, *, vocab_size: int,
+                      stop_ids: Iterable[int]) -> Constraint:
+    """A Constraint for `schema` on this tokenizer (qkv generate --json-schema)."""
     grammars = Grammars(tokenizer, vocab_size=vocab_size, stop_ids=stop_ids)
     grammar = json_schema_grammar(schema)
     grammars.check(grammar)

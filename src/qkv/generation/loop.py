@@ -172,6 +172,8 @@ def stream(
         raise QkvError(f"a constrained reply (--json-schema) must fit the context of {model.context_length} tokens: "
                        "ask for fewer new tokens or a shorter prompt")
     if plan.crop:
+        if constraint is not None:
+            raise QkvError("a grammar-constrained generation must fit the model's context; ask for fewer tokens")
         return _cropped(model, ids, lengths, max_new_tokens, sampling, stop, plan.kind, use_cache)
     if not use_cache:
         return _uncached(model, ids, lengths, max_new_tokens, sampling, stop, constraint=constraint)
@@ -271,8 +273,7 @@ def generate(
     `attention_mask` (B, T) marks real tokens (1) and left padding (0).
     Past the context length generation goes on (qkv.generation.past_context): the line
     saying how goes to `on_past_context`, or is a UserWarning when none is given.
-    `constraint` (one row): a grammar the new tokens follow, ending when it is complete
-    (see `continue_from`); not past the context length.
+    `constraint` (one row): a grammar the new tokens follow, ending when it is complete.
     """
     new = list(
         stream(

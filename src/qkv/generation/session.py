@@ -161,15 +161,16 @@ class DecodeSession:
         return logits[torch.arange(b, device=self.device), last]  # (B, V)
 
     def prefill_row(self, row: int, ids: Tensor, *, start: int = 0) -> Tensor:
-        """Start row `row` with one request's prompt ids (T,) at positions [start, start + T),
-        leaving the other rows as they are (a continuous batch: needs kind=SlotKVCache).
-        start > 0 keeps the row's first `start` cached positions (a prompt prefix the row
-        already holds, qkv.serve.prefix_cache). Returns the logits of its last token, (V,)."""
+        """Start row `row` afresh with one request's prompt ids (T,), leaving the other rows
+        as they are (a continuous batch: needs kind=SlotKVCache). Returns the logits of its
+        last token, (V,). start: see `prefill_row_all`."""
         return self.prefill_row_all(row, ids, start=start)[-1]
 
     def prefill_row_all(self, row: int, ids: Tensor, *, start: int = 0) -> Tensor:
         """`prefill_row`, returning the logits at every prompt position, (T, V): row t
-        scores the token after ids[t] (a server scoring a prompt's own tokens needs them)."""
+        scores the token after ids[t] (a server scoring a prompt's own tokens needs them).
+        The ids go at positions [start, start + T): start > 0 keeps the row's first `start`
+        positions (a prompt prefix the row holds already, qkv.serve.prefix_cache)."""
         self._check_open()
         if not 0 <= row < self.batch_size or ids.dim() != 1 or ids.shape[0] < 1 or start < 0:
             raise QkvError(f"prefill_row takes a row in 0..{self.batch_size - 1}, ids (T,) and start >= 0, got row "
@@ -184,19 +185,17 @@ class DecodeSession:
         return logits[0]  # (T, V)
 
     def copy_row(self, source: int, target: int, length: int) -> None:
-        """Row `target` starts with the first `length` positions row `source` holds, which
-        `source` keeps: one prompt prefilled once for several answers to it, or a prompt
-        prefix a released row still holds (its buffers keep what it had, which the caller
-        knows: qkv.serve.prefix_cache); prefill_row(target, ..., start=length) goes on from
-        there. Needs kind=SlotKVCache."""
+        """Row `target` starts with the first `length` positions row `source` holds (one
+        prompt prefilled once for several answers to it; a prefix a released row still holds,
+        as qkv.serve.prefix_cache knows); needs kind=SlotKVCache."""
         self._check_open()
-        if not (0 <= source < self.batch_size and 0 <= target < self.batch_size
-                and 0 <= length <= self.capacity and source != target):
-            raise QkvError(f"copy_row takes two different rows in 0..{self.batch_size - 1} and at most "
-                           f"{self.capacity} positions; got {source}, {target}, {length}")
+        if source == target or not (0 <= source < self.batch_size and 0 <= target < self.batch_size):
+            raise QkvError(f"copy_row takes two different rows in 0..{self.batch_size - 1}, got {source}, {target}")
+        if not 1 <= length <= self.capacity:
+            raise QkvError(f"a row holds at most {self.capacity} positions; cannot copy {length}")
         caches = self.model.caches()
         if not all(isinstance(cache, SlotKVCache) for cache in caches):
-            raise QkvError("copying rows needs a session with kind=SlotKVCache")
+            raise QkvError("copy_row needs a session with kind=SlotKVCache")
         for cache in caches:
             cache.copy_row(source, target, length)  # type: ignore[attr-defined]
         self.lengths[target] = length

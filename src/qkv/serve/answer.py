@@ -42,9 +42,10 @@ class _Entry:
 
 class Choice:
     def __init__(self, req: CompletionRequest, chat: bool, texts: TokenTexts, prompt: list[int],
-                 prompt_text: str, *, plan: Plan | None = None) -> None:
+                 prompt_text: str, plan: Plan | None = None) -> None:
         self.req, self.chat, self.texts = req, chat, texts
-        self.plan = plan or Plan()
+        self.plan = plan or Plan()  # response_format / tools (qkv.serve.structured)
+        self._whole_sent = False
         self.stream = TextStream(texts.tokenizer, req.stop)
         self.prefix = prompt_text if req.echo else ""  # text before the generated part
         self.prompt = prompt
@@ -142,7 +143,7 @@ class Choice:
         choice: dict[str, Any] = {"index": self.index}
         finish = self.finish
         if self.chat:
-            choice["message"], finish = self.plan.message(self.text, finish or "stop")  # content, or tool_calls
+            choice["message"], finish = self.plan.message(self.text, self.finish)  # content, or tool_calls
         else:
             choice["text"] = self.text
         return {**choice, "logprobs": self.logprobs(self.entries), "finish_reason": finish}
@@ -150,8 +151,8 @@ class Choice:
     def chunks(self, first: bool) -> Iterator[dict[str, Any]]:
         """What this choice adds to the stream since the last call: a chunk for the new
         text (and its logprobs), then one with finish_reason once it has ended."""
-        if self.chat and self.plan.buffers:  # maybe a tool call: sent whole once it has ended
-            yield from self._buffered_chunks(first)
+        if self.chat and self.plan.buffers:
+            yield from self._whole_chunks(first)
             return
         text = self.text[self._text_out:]
         entries = self.entries[self._out:]
@@ -161,26 +162,26 @@ class Choice:
         if self.finish is not None and self.finish != "error":
             yield self._chunk(None, [], self.finish, False)
 
-    def _buffered_chunks(self, first: bool) -> Iterator[dict[str, Any]]:
+    def _whole_chunks(self, first: bool) -> Iterator[dict[str, Any]]:
+        """A reply that may be a tool call, sent once complete: its content, then each call
+        in OpenAI's delta shape (index, id, type and name first; then the arguments)."""
         if first:
-            yield self._chunk(None, [], None, True)
-        if self.finish is None or self.finish == "error" or self._out < 0:
+            yield self._chunk("", [], None, True)
+        if self.finish is None or self._whole_sent:
             return
-        self._out = -1  # sent
+        self._whole_sent = True
         message, finish = self.plan.message(self.text, self.finish)
-        entries = self.entries
         if message.get("content"):
-            yield self._chunk(message["content"], entries, None, False)
-            entries = []
+            yield self._chunk(message["content"], self.entries, None, False)
         for i, call in enumerate(message.get("tool_calls") or []):
             head = {"index": i, "id": call["id"], "type": "function",
                     "function": {"name": call["function"]["name"], "arguments": ""}}
             for part in (head, {"index": i, "function": {"arguments": call["function"]["arguments"]}}):
-                chunk = self._chunk(None, entries, None, False)
-                entries = []
+                chunk = self._chunk(None, [], None, False)
                 chunk["delta"]["tool_calls"] = [part]
                 yield chunk
-        yield self._chunk(None, [], finish, False)
+        if finish != "error":
+            yield self._chunk(None, [], finish, False)
 
     def _chunk(self, text: str | None, entries: list[_Entry], finish: str | None, first: bool) -> dict[str, Any]:
         logprobs = self.logprobs(entries) if entries else None

@@ -49,7 +49,6 @@ class Served:
     stop_ids: frozenset[int]
     engine: Engine
     created: int = field(default_factory=lambda: int(time.time()))
-    grammars: Any = None  # qkv.generation.constraints.Grammars, built on the first structured request
 
 
 def _error(error: ApiError) -> JSONResponse:
@@ -130,15 +129,9 @@ class Api:
             raise ApiError(400, str(error), param="messages") from None
         return gil_free_encoder(self.served.tokenizer)(text, add_special_tokens=False).ids
 
-    def _prepare(self, req: CompletionRequest, chat: bool) -> tuple[Plan, list[tuple[list[int], str]]]:
-        """The request's structured-output plan (response_format / tools -> grammar; the first
-        one builds the token tables, ~0.4 s on SmolLM2) and each prompt's token ids with the
-        text an echo shows. Runs on a prompt worker (`PromptWorker`), off the event loop."""
-        # A chat's plan also knows the template's tool format, for earlier calls in the messages.
-        plan = Plan.for_request(req, self.served) if chat or req.response_schema is not None else Plan()
-        return plan, self._prompts(req, chat, plan)
-
     def _prompts(self, req: CompletionRequest, chat: bool, plan: Plan) -> list[tuple[list[int], str]]:
+        """Each prompt's token ids and the text an echo shows. Runs on a prompt worker
+        (`PromptWorker`), so the event loop goes on meanwhile."""
         if chat:
             return [(self._chat_ids(req, plan), "")]
         encode = gil_free_encoder(self.served.tokenizer)
@@ -150,8 +143,8 @@ class Api:
                 out.append((prompt, self.served.tokenizer.decode(prompt, skip_special_tokens=False)))
         return out
 
-    def _jobs(self, req: CompletionRequest, chat: bool, plan: Plan, prompts: list[tuple[list[int], str]],
-              emit: Any) -> tuple[list[Job], Answer]:
+    def _jobs(self, req: CompletionRequest, chat: bool, prompts: list[tuple[list[int], str]],
+              emit: Any, plan: Plan) -> tuple[list[Job], Answer]:
         capacity = self.served.engine.capacity
         answer = Answer(req, chat, self.served.name, sum(len(ids) for ids, _ in prompts))
         base = Sampling(temperature=req.temperature, top_p=req.top_p, seed=req.seed,
@@ -176,7 +169,7 @@ class Api:
                 jobs.append(Job(ids, req.max_tokens, sampling, self.served.stop_ids,
                                 emit=functools.partial(emit, choice.index), logprobs=logprobs,
                                 score_prompt=req.echo and req.logprobs is not None, share=share,
-                                constraint=plan.new_constraint()))
+                                constraint=plan.constraint()))
         return jobs, answer
 
     async def read_body(self, request: Request) -> Any:
@@ -187,14 +180,18 @@ class Api:
     async def _complete(self, request: Request, *, chat: bool) -> Response:
         req = parse(await self.read_body(request), chat=chat, limits=self.limits, vocab_size=self.vocab_size)
         self.check_model(req.model)
-        plan, prompts = await self.prompts.run(self._prepare, req, chat)  # off the event loop, with a deadline
+        # response_format / tools -> a grammar (qkv.serve.structured); off the event loop too:
+        # the first one builds the token tables (~0.4 s on SmolLM2)
+        structured = req.response_schema is not None or req.tools
+        plan = await self.prompts.run(Plan.for_request, req, self.served) if structured else Plan()
+        prompts = await self.prompts.run(self._prompts, req, chat, plan)  # off the event loop, with a deadline
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
 
         def emit(index: int, event: Event) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, (index, event))
 
-        jobs, answer = self._jobs(req, chat, plan, prompts, emit)
+        jobs, answer = self._jobs(req, chat, prompts, emit, plan)
         try:
             self.served.engine.submit_jobs(jobs)
         except EngineFull as error:

@@ -29,6 +29,11 @@ log-softmax (before bias, penalties and temperature) of the chosen token and the
 likely; with `score_prompt`, the job first receives `PromptScores` for the prompt's own
 tokens (the first has none). max_tokens 0 scores the prompt and generates nothing.
 
+A freed row keeps its keys and values: a new request starts from the row that shares the
+longest prefix with its prompt and prefills only the rest (qkv.serve.prefix_cache). A job
+may carry a `Constraint` (qkv.generation.constraints): its row's logits are masked by the
+grammar before sampling, each chosen token advances it, and the job ends when it is complete.
+
 Shape legend: B slots (max_batch), T prompt tokens, V vocabulary.
 """
 
@@ -52,6 +57,7 @@ from qkv.generation.session import DecodeSession
 from qkv.models.decoder import CausalDecoder
 from qkv.serve.prefix_cache import RowPrefixes
 from qkv.threads import FollowIdleCores
+
 
 PREFILL_BUDGET = 256  # new prompt tokens prefilled between two decode steps (beyond the first request)
 
@@ -124,7 +130,6 @@ class Job:
     generator: torch.Generator | None = None
     counts: torch.Tensor | None = None  # (V,) generated tokens, for the penalties
     constraint: Constraint | None = None  # a grammar the reply must follow (response_format, tools)
-    reused: int = 0  # prompt tokens whose keys/values came from an earlier request
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -301,10 +306,9 @@ class Engine:
         self.stats.tokens_per_second = len(running) / elapsed if elapsed > 0 else 0.0
 
     def _admit_waiting(self) -> None:
-        """Waiting jobs take free rows while this step's prefill stays within PREFILL_BUDGET
-        new tokens (at least one request), so that requests arriving together start together
-        while a long prompt never stalls the running rows for more than one prefill; a copy
-        of a prompt some row holds (n answers) costs no prefill."""
+        """Waiting jobs take free rows: prefills while they fit in PREFILL_BUDGET new tokens
+        (at least one), so a long prompt never stalls the others for more than one prefill,
+        and any number of copies of a prompt some row holds."""
         budget = PREFILL_BUDGET
         while True:
             with self._wake:
@@ -320,22 +324,23 @@ class Engine:
             if job.cancelled:
                 job.emit(Finished("cancelled"))
             elif source is not None:
-                self._admit_copy(free[0], job, source)
+                self._admit_copy(self.prefixes.pick(free, job.prompt)[0], job, source)
             else:
-                row, donor, reused = self.prefixes.pick(free, job.prompt)
-                job.reused = 0 if job.score_prompt else reused  # scoring needs every prompt position's logits
-                self._admit(row, job, donor)
-                budget -= len(job.prompt) - job.reused
+                row, donor, kept = self.prefixes.pick(free, job.prompt)
+                if job.score_prompt:  # every prompt position's logits are needed: prefill it whole
+                    donor, kept = row, 0
+                self._admit(row, job, donor, kept)
+                budget -= len(job.prompt) - kept
 
     def _start(self, row: int, job: Job) -> None:
         job.row = row
         job.generator = None if job.sampling.greedy else job.sampling.generator(self.session.device)
         self._rows[row] = job
 
-    def _admit(self, row: int, job: Job, donor: int) -> None:
+    def _admit(self, row: int, job: Job, donor: int, kept: int) -> None:
+        """Prefill `job` into `row`, its first `kept` positions taken from row `donor`."""
         self._start(row, job)
         self.stats.prompt_tokens += len(job.prompt)
-        kept = job.reused
         self.stats.prompt_tokens_reused += kept
         self.prefixes.forget(row)  # until the prefill has written it
         if donor != row and kept:
@@ -383,8 +388,8 @@ class Engine:
             job.counts = torch.zeros(logits.shape[-1], device=logits.device)  # (V,)
         counts = None if job.counts is None else job.counts[None]  # (1, V)
         try:
-            masked = logits if job.constraint is None else job.constraint.mask(logits)
-            token = int(choose(masked, job.sampling, job.generator, counts)[0])
+            allowed = logits if job.constraint is None else job.constraint.mask(logits)  # (1, V)
+            token = int(choose(allowed, job.sampling, job.generator, counts)[0])
             if job.constraint is not None and token not in job.stop_ids:
                 job.constraint.accept(token)
         except QkvError as error:  # this request's grammar failed: the other rows go on

@@ -43,7 +43,6 @@ class RowPrefixes:
         self._held: list[list[int]] = [[] for _ in range(slots)]
         self._used = [0] * slots  # when each row was last given out (least recently used goes first)
         self._clock = itertools.count(1)
-        self.reused_tokens = 0  # prompt tokens not prefilled thanks to reuse (for /metrics)
 
     def pick(self, free: list[int], prompt: list[int]) -> tuple[int, int, int]:
         """(row, donor, kept): the free row to take, and the row (free or busy, maybe `row`
@@ -64,7 +63,6 @@ class RowPrefixes:
         donor = max(range(len(shared)), key=lambda r: (shared[r], r in free))
         row = min(free, key=lambda r: (len(self._held[r]) > common[r], r != donor, self._used[r]))
         self._used[row] = next(self._clock)
-        self.reused_tokens += shared[donor]
         return row, donor, shared[donor]
 
     def hold(self, row: int, tokens: list[int]) -> None:

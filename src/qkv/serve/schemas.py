@@ -14,10 +14,10 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from qkv.serve.errors import ERROR_TYPES, ApiError
+
 if TYPE_CHECKING:
     from qkv.serve.tools import Tool
-
-from qkv.serve.errors import ERROR_TYPES, ApiError
 
 __all__ = ["ERROR_TYPES", "ApiError", "CompletionRequest", "Limits", "parse"]
 
@@ -32,11 +32,11 @@ class Limits:
 MAX_TOP_LOGPROBS = 20
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "n",
-           "logit_bias", "presence_penalty", "frequency_penalty", "logprobs", "user", "response_format"}
-_HONOURED = {
-    True: _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
+           "logit_bias", "presence_penalty", "frequency_penalty", "logprobs", "user"}
+_HONOURED = {  # structured output and tools: qkv.serve.structured
+    True: _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "response_format", "tools", "tool_choice",
                      "parallel_tool_calls"},  # /v1/chat/completions
-    False: _COMMON | {"prompt", "echo", "best_of"},  # /v1/completions
+    False: _COMMON | {"prompt", "echo", "best_of", "response_format"},  # /v1/completions
 }
 
 # OpenAI fields qkv does not do, refused by name unless they carry their default value.
@@ -57,7 +57,6 @@ _REFUSED: dict[str, tuple[str, tuple[Any, ...]]] = {
     "safety_identifier": ("not supported", ()),
 }
 
-# Deprecated by OpenAI in favour of `tools` (which qkv honours): refused by name.
 _NOT_YET: dict[str, tuple[str, tuple[Any, ...]]] = {
     "functions": ("functions are deprecated by OpenAI and not supported; use tools", ()),
     "function_call": ("functions are deprecated by OpenAI and not supported; use tools", ()),
@@ -184,6 +183,7 @@ def parse(body: Any, *, chat: bool, limits: Limits, vocab_size: int | None = Non
     """Check a request body against the endpoint (`chat` or completions) and the server's limits;
     token ids (prompts, logit_bias) against `vocab_size` when it is given."""
     from qkv.serve.messages import parse_messages
+    from qkv.serve.structured import parse_fields
 
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")

@@ -4,8 +4,8 @@ grammar the engine enforces per request, and the reply turned back into OpenAI's
     fields = parse_fields(body, chat=True)       # response_format, tools, tool_choice, ... checked
     plan = Plan.for_request(req, served)         # the grammar (if any) and the tool format
     text = plan.render(template, req.messages)   # the prompt, with the tools shown to the model
-    Job(..., constraint=plan.new_constraint())   # one matcher per answer (n, best_of, prompts)
-    message, finish = plan.message(reply_text, finish)   # content or tool_calls, finish_reason
+    Job(..., constraint=plan.constraint())       # one matcher per job (n > 1: one per choice)
+    message, finish = plan.message(text, finish) # content or tool_calls, finish_reason
 
 response_format:
 - {"type": "text"} (or none): free text.
@@ -20,13 +20,13 @@ as with OpenAI's API.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from qkv.errors import QkvError
 from qkv.generation.constraints import Constraint, Grammars, json_schema_grammar, lark_grammar
 from qkv.serve import tools as tool_calls
-from qkv.serve.schemas import ApiError
+from qkv.serve.errors import ApiError
 
 STRUCTURED_FIELDS = ("response_format", "tools", "tool_choice", "parallel_tool_calls")
 
@@ -104,12 +104,17 @@ def grammars_for(served: Any) -> Grammars:
 class Plan:
     """What one request's structured fields make of it."""
 
-    grammar: str | None = None  # what every answer's constraint follows (None: free text)
+    grammar: str | None = None  # what every reply of the request must follow
     grammars: Grammars | None = None
     tools: list[tool_calls.Tool] | None = None  # shown to the model (tool_choice not 'none')
     tool_format: str = "json"
     parallel: bool = True
-    calls: list[dict[str, Any]] = field(default_factory=list)  # the reply's tool calls, once read
+
+    def constraint(self) -> Constraint | None:
+        """A fresh matcher for one reply (None: free text)."""
+        if self.grammar is None or self.grammars is None:
+            return None
+        return self.grammars.constraint(self.grammar)
 
     @classmethod
     def for_request(cls, req: Any, served: Any) -> Plan:
@@ -124,10 +129,9 @@ class Plan:
                 kind, source = tool_calls.call_grammar_source(req.tools, req.tool_choice, fmt)
                 grammar = json_schema_grammar(source) if kind == "json" else lark_grammar(source["lark"])
             if grammar is not None:
-                grammars = grammars_for(served)
-                grammars.check(grammar)
-                grammars.constraint(grammar)  # a grammar llguidance cannot start is refused here, as a 400
-                plan.grammar, plan.grammars = grammar, grammars
+                plan.grammars = grammars_for(served)
+                plan.grammars.check(grammar)
+                plan.grammar = grammar
         except QkvError as error:
             param = "response_format" if req.response_schema is not None else "tools"
             raise ApiError(400, str(error), param=param) from None
@@ -156,6 +160,6 @@ class Plan:
         if self.tools and finish == "stop":
             content, calls = tool_calls.read_calls(text, self.tools, self.tool_format)
             if calls:
-                self.calls = calls if self.parallel else calls[:1]
-                return {"role": "assistant", "content": content, "tool_calls": self.calls}, "tool_calls"
+                return ({"role": "assistant", "content": content, "tool_calls": calls if self.parallel else calls[:1]},
+                        "tool_calls")
         return {"role": "assistant", "content": text}, finish
