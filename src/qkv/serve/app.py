@@ -182,7 +182,8 @@ class Api:
         self.check_model(req.model)
         # response_format / tools -> a grammar (qkv.serve.structured); off the event loop too:
         # the first one builds the token tables (~0.4 s on SmolLM2)
-        structured = req.response_schema is not None or req.tools
+        # A chat's plan also knows the template's tool format, for earlier calls in its messages.
+        structured = chat or req.response_schema is not None
         plan = await self.prompts.run(Plan.for_request, req, self.served) if structured else Plan()
         prompts = await self.prompts.run(self._prompts, req, chat, plan)  # off the event loop, with a deadline
         loop = asyncio.get_running_loop()
