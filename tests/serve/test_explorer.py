@@ -45,7 +45,7 @@ def test_why_endpoint_equals_the_attribution_and_the_page_asks_for_it(server) ->
 
     text = "The cat sat on the mat"
     r = httpx.post(server.url + "/explorer/why", headers=AUTH, timeout=60,
-                   json={"text": text, "layer": 1, "head": 3, "query": 4, "key": 1, "top": 5})
+                   json={"text": text, "layer": 1, "head": 3, "query": 5, "key": 2, "top": 5})  # from 1
     assert r.status_code == 200, r.text
     data = r.json()
     served = server.served
@@ -56,8 +56,8 @@ def test_why_endpoint_equals_the_attribution_and_the_page_asks_for_it(server) ->
     assert key["score"] == float(reference.scores[0]) and key["position"] == 2
     assert [(p["query_source"], p["key_source"]) for p in key["top_pairs"]] == \
         [(q, k) for q, k, _ in reference.top_pairs(1, 5)]
-    r = httpx.post(server.url + "/explorer/why", headers=AUTH, json={"text": text, "query": 1, "key": 3})
-    assert r.status_code == 400 and "0 <= key <= query" in r.json()["error"]["message"]
+    r = httpx.post(server.url + "/explorer/why", headers=AUTH, json={"text": text, "query": 2, "key": 4})
+    assert r.status_code == 400 and "1 <= key <= query" in r.json()["error"]["message"]
     page = httpx.get(server.url + "/").text
     assert "/explorer/why" in page and page.count("</script>") == 1
 

@@ -1,6 +1,6 @@
 """The explorer's "why this key?": click a key's row to see its score split exactly.
 
-POST /explorer/why {"text", "layer", "head", "query" (from 0), "key" (from 0), "top"
+POST /explorer/why {"text", "layer", "head", "query" (from 1), "key" (from 1), "top"
 (1..50, default 12)} answers `ScoreAttribution.to_json` for that one key (what
 `qkv explain --why QUERY:KEY --json` prints under "why"). The split runs on the engine
 thread, between decode steps, like the trace.
@@ -68,11 +68,12 @@ class ExplorerWhy:
         count = len(list(served.model.attention_layers()))
         if not 0 <= layer < count:
             raise QkvError(f"layer {layer} is out of range: the model has {count} layers (0..{count - 1})")
-        if not 0 <= query < len(ids) or not 0 <= key <= query:
-            raise QkvError(f"query {query} and key {key}: give 0 <= key <= query < {len(ids)}")
+        # Positions count from 1, as /explorer/trace's (layers and heads from 0).
+        if not 1 <= query <= len(ids) or not 1 <= key <= query:
+            raise QkvError(f"query {query} and key {key}: give 1 <= key <= query <= {len(ids)} (positions from 1)")
         tokens = display_tokens(served.tokenizer, ids)
-        result = attribute(served.model, torch.tensor([ids]), layer=layer, head=head, query=query,
-                           keys=[key], tokens=tokens)
+        result = attribute(served.model, torch.tensor([ids]), layer=layer, head=head, query=query - 1,
+                           keys=[key - 1], tokens=tokens)
         return result.to_json(top=top)
 
 
@@ -83,9 +84,9 @@ WHY_SCRIPT = r"""
   $("keys").addEventListener("click", async e => {
     const tr = e.target.closest("tr.key"); if (!tr || !last) return;
     const body = {text: $("text").value, layer: last.layer, head: last.head,
-                  query: last.query.position - 1, key: tr.sectionRowIndex, top: 12};
+                  query: last.query.position, key: tr.sectionRowIndex + 1, top: 12};
     box.replaceChildren(); const note = document.createElement("p"); note.className = "muted";
-    note.textContent = "splitting the score of key " + (body.key + 1) + "…"; box.appendChild(note);
+    note.textContent = "splitting the score of key " + body.key + "…"; box.appendChild(note);
     const r = await fetch("/explorer/why", {method: "POST", headers: headers(), body: JSON.stringify(body)});
     const d = await r.json();
     if (!r.ok) { note.textContent = d.error ? d.error.message : r.statusText; return; }
