@@ -425,3 +425,17 @@ def test_a_full_disk_during_training_is_one_line_and_leaves_no_partial_file(outc
     assert r["code"] == 2 and len(lines) == 1 and "is full" in lines[0], r["stderr"][-1500:]
     mounted, names = outcome["disk"]
     assert not [n for n in names if n.endswith(".tmp")], names
+
+
+def test_qkv_chat_writes_model_text_escaped(tmp_path: Path) -> None:
+    """`qkv chat` (stdin, not the harness's argv) prints replies through the same escaping."""
+    with_tokenizer(escaping_decoder)(tmp_path, {})
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({
+        "chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}", "eos_token": "a"}))
+    code = "import sys; from qkv.cli.main import main; raise SystemExit(main(sys.argv[1:]))"
+    done = subprocess.run([sys.executable, "-c", code, "chat", "--model", str(tmp_path), "--max-new-tokens", "3",
+                           "--temperature", "0", "--no-compile"], input="Your journey\n/exit\n",
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-1500:]
+    assert "\x1b" not in done.stdout and "\x07" not in done.stdout
+    assert "\\x1b]0;pwned\\x07\\x1b[2J" in done.stdout

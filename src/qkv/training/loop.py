@@ -37,6 +37,7 @@ from qkv.models.context_parallel import ContextParallel, join_context_parallel, 
 from qkv.models.gpt2 import GPTConfig, GPTModel
 from qkv.models.gpt2_tokenizer import gpt2_tokenizer
 from qkv.progress import progress_bar
+from qkv.terminal_text import escape_controls
 from qkv.training.checkpoint import (
     TrainingState,
     checkpoint_path,
@@ -458,7 +459,8 @@ class _Run:
         self.metrics.append(record)
         write(
             f"step {self.step:>6}  tokens {self.tokens_seen:>10,}  train loss {train_loss:.3f}  "
-            f"val loss {val_loss:.3f}  | " + (self.settings.sample_prompt + sample).replace("\n", "\\n")
+            f"val loss {val_loss:.3f}  | "
+            + escape_controls((self.settings.sample_prompt + sample).replace("\n", "\\n"))  # the model's text
         )
 
     def _save(self) -> None:
