@@ -293,3 +293,23 @@ def test_tokenizer_endpoints_are_the_servers_tokenizer(server) -> None:
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "messages"
     assert httpx.post(server.url + "/detokenize", headers=AUTH, json={"tokens": [10**6]}).status_code == 422
     assert httpx.get(server.url + "/tokenizer_info").status_code == 401  # the API key guards it too
+
+
+def test_a_prompt_the_tokenizer_bounds_refuse_is_a_400(server) -> None:
+    """A prompt that the tokenizer's normalizer would grow past the encode bound
+    (qkv.models.tokenizer_guard) is the client's 400, and the server goes on answering."""
+    from tokenizers import Tokenizer, normalizers
+
+    from qkv.models.tokenizer_guard import guard
+
+    original = server.served.tokenizer
+    growing = Tokenizer.from_str(original.inner.to_str())
+    growing.normalizer = normalizers.Replace("o", "o" * 40)  # 40x: under the load-time bound
+    server.served.tokenizer = guard(growing, "a tokenizer that grows o forty times")
+    try:
+        r = _post(server, "/v1/completions", {"prompt": "o" * 60_000, "max_tokens": 1})
+    finally:
+        server.served.tokenizer = original
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+    assert "grow" in r.json()["error"]["message"]
+    assert _post(server, "/v1/completions", {"prompt": "The cat", "max_tokens": 1}).status_code == 200

@@ -25,6 +25,7 @@ from starlette.routing import Route
 from qkv.chat import ChatTemplate
 from qkv.errors import QkvError
 from qkv.generation.sampling import Sampling
+from qkv.models.tokenizer_guard import TokenizerPanicError
 from qkv.serve.answer import Answer, Choice
 from qkv.serve.engine import Engine, EngineFull, Event, Finished, Job, SharedPrompt
 from qkv.serve.front_door import Door, front_door
@@ -131,7 +132,17 @@ class Api:
 
     def _prompts(self, req: CompletionRequest, chat: bool, plan: Plan) -> list[tuple[list[int], str]]:
         """Each prompt's token ids and the text an echo shows. Runs on a prompt worker
-        (`PromptWorker`), so the event loop goes on meanwhile."""
+        (`PromptWorker`), so the event loop goes on meanwhile. A prompt the tokenizer's bounds
+        refuse (qkv.models.tokenizer_guard: it would grow too far) is the client's 400; a
+        tokenizer that fails on it (a panic) is the server's 500."""
+        try:
+            return self._encoded(req, chat, plan)
+        except TokenizerPanicError as error:
+            raise ApiError(500, str(error)) from None
+        except QkvError as error:
+            raise ApiError(400, str(error), param="messages" if chat else "prompt") from None
+
+    def _encoded(self, req: CompletionRequest, chat: bool, plan: Plan) -> list[tuple[list[int], str]]:
         if chat:
             return [(self._chat_ids(req, plan), "")]
         encode = gil_free_encoder(self.served.tokenizer)
