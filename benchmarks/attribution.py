@@ -62,16 +62,32 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", metavar="FILE")
+    parser.add_argument("--parts", default="speed,sinks,sweeps",
+                        help="comma-separated: speed, sinks, sweeps (default: all three)")
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
+    unknown = parts - {"speed", "sinks", "sweeps"}
+    if unknown:
+        parser.error(f"unknown parts {sorted(unknown)}; choose from speed, sinks, sweeps")
     torch.set_num_threads(args.threads)
     model, tokenizer = qkv.load_pretrained("smollm2")
     out: dict = {"threads": args.threads}
 
     ids = torch.tensor([tokenizer.encode(SINK_TEXT).ids])
     out["tokens"] = int(ids.shape[1])
-    out["speed_s"] = _speed(model, ids, args.repeats)
-    print("speed (median s):", json.dumps(out["speed_s"]))
+    if "speed" in parts:
+        out["speed_s"] = _speed(model, ids, args.repeats)
+        print("speed (median s):", json.dumps(out["speed_s"]), flush=True)
+    if "sinks" in parts:
+        _sinks(model, ids, out)
+    if "sweeps" in parts:
+        _sweeps(model, tokenizer, out)
+    if args.json:
+        with open(args.json, "w") as file:
+            json.dump(out, file, indent=1)
 
+
+def _sinks(model, ids, out: dict) -> None:
     sinks = explain_sinks(model, ids, count=5)
     out["sinks"] = [{"layer": s.layer, "head": s.head, "sink_mass": round(s.sink_mass, 4),
                      "score": round(s.score, 3), "top3_share_of_score": round(s.top_share(3), 4),
@@ -79,8 +95,10 @@ def main() -> None:
                      "top3": [(q, k, round(t, 3)) for q, k, t in s.top_pairs(3)],
                      "key_source_1": s.key_totals()[0]} for s in sinks]
     for s in out["sinks"]:
-        print("sink:", json.dumps(s))
+        print("sink:", json.dumps(s), flush=True)
 
+
+def _sweeps(model, tokenizer, out: dict) -> None:
     ids = torch.tensor([tokenizer.encode(COPY_TEXT).ids])
     donor = torch.tensor([tokenizer.encode(COPY_DONOR).ids])
     tokens = [tokenizer.decode([i]) for i in ids[0].tolist()]
@@ -94,10 +112,7 @@ def main() -> None:
             "strongest": _named(tokens, sweep.strongest(6)), "seconds": round(seconds, 1),
             "largest KL per position": {f"{p + 1} {tokens[p]!r}": round(v, 4) for p, v in enumerate(by_position)},
         }
-        print(f"sweep, {name}:", json.dumps(out[f"sweep, {name}"]))
-    if args.json:
-        with open(args.json, "w") as file:
-            json.dump(out, file, indent=1)
+        print(f"sweep, {name}:", json.dumps(out[f"sweep, {name}"]), flush=True)
 
 
 if __name__ == "__main__":

@@ -75,13 +75,16 @@ def run_qkv(data: str, epochs: int, threads: int, out: str, plot: str | None) ->
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     sys.stdout.write(done.stdout)
     rows = [tuple(float(g) for g in m.groups()) for m in LINE.finditer(done.stdout)]
-    summary = re.search(r"(\d+) steps, [0-9,]+ tokens in ([0-9.]+) s", done.stdout)
     folder = Path(out)
-    return {"train_losses": [r[2] for r in rows], "val_losses": [r[3] for r in rows],
+    summary = re.search(r"(\d+) steps, [0-9,]+ tokens in ([0-9.]+) s", done.stdout)
+    metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    records = [m for m in metrics if "train_loss" in m]  # full precision (the printed lines have 3 decimals)
+    assert len(records) == len(rows)
+    return {"train_losses": [m["train_loss"] for m in records], "val_losses": [m["val_loss"] for m in records],
             "seconds": float(summary.group(2)), "steps": int(summary.group(1)),
             "peak_rss_bytes": int(re.search(r"PEAK_RSS (\d+)", done.stderr).group(1)),
             "folder_bytes": sum(p.stat().st_size for p in folder.iterdir() if p.is_file()),
-            "metrics": [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]}
+            "metrics": metrics}
 
 
 def main() -> None:

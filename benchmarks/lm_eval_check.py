@@ -9,7 +9,7 @@ again directly with qkv (one forward pass, no server, no cache) and, with --hf, 
 lm-eval's own `hf` backend (transformers reading the same GGUF). Prints the accuracy and
 the largest per-item differences; --json writes them.
 
-    python benchmarks/lm_eval_check.py --threads 2 [--hf] [--json out.json]
+    python benchmarks/lm_eval_check.py --threads 1 [--hf [--hf-limit 10]] [--json out.json]
 """
 
 from __future__ import annotations
@@ -38,13 +38,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def lm_eval(model: str, model_args: str, out: Path, extra: list[str]) -> list[dict]:
+def lm_eval(model: str, model_args: str, out: Path, extra: list[str], env: dict[str, str] | None = None) -> list[dict]:
     """Run lm-eval; returns its logged samples (one per item)."""
     command = [sys.executable, "-m", "lm_eval", "run", "--model", model, "--model_args", model_args,
                "--tasks", TASK, "--include_path", str(HERE / "lm_eval_task"), "--output_path", str(out),
                "--log_samples", *extra]
     started = time.perf_counter()
-    subprocess.run(command, check=True)
+    subprocess.run(command, check=True, env=env)
     print(f"lm-eval {model}: {time.perf_counter() - started:.1f} s", flush=True)
     files = glob.glob(str(out / "**" / f"samples_{TASK}_*.jsonl"), recursive=True)
     samples = [json.loads(line) for line in Path(sorted(files)[-1]).read_text().splitlines() if line.strip()]
@@ -89,7 +89,7 @@ def direct_scores(pairs: list[list[tuple[str, str]]]) -> list[list[float]]:
 
 
 def accuracy(scores: list[list[float]], samples: list[dict]) -> float:
-    right = [max(range(len(s)), key=s.__getitem__) == sample["target"] for s, sample in zip(scores, samples)]
+    right = [max(range(len(s)), key=s.__getitem__) == sample["doc"]["label"] for s, sample in zip(scores, samples)]
     return sum(right) / len(right)
 
 
@@ -102,6 +102,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=8, help="prompts per request lm-eval sends")
     parser.add_argument("--hf", action="store_true", help="also run lm-eval's hf backend on the same GGUF")
+    parser.add_argument("--hf-limit", type=int, help="items the hf backend scores (default: all)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     from qkv.threads import apply_threads
@@ -135,7 +136,11 @@ def main() -> None:
             results = {"items": len(samples), "choices": sum(map(len, pairs)),
                        "accuracy_lm_eval_on_qkv_serve": accuracy(served, samples),
                        "accuracy_qkv_direct": accuracy(direct, samples),
-                       "max_abs_diff_serve_vs_direct": largest_difference(served, direct)}
+                       "max_abs_diff_serve_vs_direct": largest_difference(served, direct),
+                       "per_item": [{"served": a, "direct": b} for a, b in zip(served, direct)]}
+            if args.json:
+                args.json.write_text(json.dumps(results, indent=2) + "\n")
+            print({k: v for k, v in results.items() if k != "per_item"}, flush=True)
             if args.hf:
                 from qkv.models.loader import smollm2_path
 
@@ -143,17 +148,20 @@ def main() -> None:
                 folder = Path(tmp) / "hf"
                 folder.mkdir()
                 (folder / gguf.name).symlink_to(gguf)
+                limit = ["--limit", str(args.hf_limit)] if args.hf_limit else []
                 hf = lm_eval("hf", f"pretrained={folder},gguf_file={gguf.name},dtype=float32",
-                             Path(tmp) / "hf-out", ["--device", "cpu", "--batch_size", "1"])
+                             Path(tmp) / "hf-out", ["--device", "cpu", "--batch_size", "4", *limit],
+                             env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
                 hf_pairs, hf_scores = pairs_and_scores(hf)
-                results["hf_same_requests"] = hf_pairs == pairs
+                results["hf_items"] = len(hf)
+                results["hf_same_requests"] = hf_pairs == pairs[: len(hf)]
                 results["accuracy_lm_eval_hf"] = accuracy(hf_scores, hf)
-                results["max_abs_diff_serve_vs_hf"] = largest_difference(served, hf_scores)
+                results["max_abs_diff_serve_vs_hf"] = largest_difference(served[: len(hf)], hf_scores)
     finally:
         if server.poll() is None:
             server.terminate()
             server.wait(30)
-    print(json.dumps(results, indent=2))
+    print(json.dumps({k: v for k, v in results.items() if k != "per_item"}, indent=2))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 

@@ -131,3 +131,18 @@ def test_steps_print_their_numbers_and_rows_stay_whole_at_80_columns(env: dict[s
     for token, score, weight in zip(walk.tokens, walk.scores.tolist(), walk.weights.tolist()):
         row = [l for l in table if l.strip().startswith(token + " ") and f"{weight:.4f}" in l]
         assert len(row) == 1 and f"{score:.4f}" in row[0] and "…" not in row[0], (token, table[:12])
+
+
+def test_the_books_example_loads_only_what_it_prints_with() -> None:
+    """What made the six-token example slow to print: modules it never needs (tokenizers and
+    the tracer) and torch machinery pulled in on first use (symbolic shapes by
+    torch.broadcast_shapes, distributed tensors by torch.testing), about a second each."""
+    probe = ("import sys, contextlib, io\n"
+             "from qkv.cli.main import main\n"
+             "with contextlib.redirect_stdout(io.StringIO()):\n"
+             "    assert main(['explain']) == 0\n"
+             "print(sorted(m for m in ('tokenizers', 'qkv.trace.recorder', 'torch.fx.experimental.symbolic_shapes',"
+             " 'torch.distributed.tensor', 'sympy') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

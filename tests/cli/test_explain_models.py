@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -205,7 +208,20 @@ def test_a_model_without_text_explains_the_default_sentence_and_says_so(capsys):
 
     assert main(["explain", "--model", "minilm", "--json"]) == 0
     out, err = capsys.readouterr()
-    assert f'No TEXT given: explaining the default sentence "{DEFAULT_SENTENCE}"' in err
+    assert f'No TEXT given: explaining the default sentence "{DEFAULT_SENTENCE}"' in " ".join(err.split())
     default = json.loads(out)
     assert main(["explain", DEFAULT_SENTENCE, "--model", "minilm", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == default  # the same trace as typing it
+
+
+def test_keys_in_a_pipe_keep_one_line_per_layer_and_kv_head(tiny_llama):
+    folder, _, _ = tiny_llama
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "FORCE_COLOR")}
+    done = subprocess.run([sys.executable, "-m", "qkv", "explain", "--model", str(folder), "--keys",
+                           "--threads", "1", "The cat sat on the mat."], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80 and "\x1b[" not in done.stdout
+    header = [line.split() for line in lines if line.split()[:1] == ["layer"]]
+    assert header == [["layer", "head", "max/med", "(stability", "%)", "max/med", "outliers", "/median", "mass"]]
+    assert len([line for line in lines if re.match(r"\s+\d+\s+\d+\s", line)]) == 2 * 2  # 2 layers, 2 KV heads

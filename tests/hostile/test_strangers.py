@@ -231,7 +231,7 @@ CACHE_ENV = {"QKV_PREPARED_MIN_BYTES": "0", "QKV_PREPARED_CACHE": None}
 TAMPER: dict[str, tuple[Callable[[Path, Path, dict], None], Expect]] = {
     "cache-same-size-same-mtime-swap": (swap_same_size_same_mtime, Expect(0, "tokens in", 1, "ref-swapped")),
     "cache-other-dtype": (other_dtype, Expect(0, "the model needs", 2, "ref-original")),
-    "cache-nan": (nan_values, Expect(0, "NaN or infinite", 2, "ref-original")),
+    "cache-nan": (nan_values, Expect(0, "NaN, infinite", 2, "ref-original")),
     "cache-negated-unsigned": (negated_unsigned, Expect(0, "checksum does not match", 2, "ref-original")),
     "cache-truncated": (truncated, Expect(0, "discarded", 2, "ref-original")),
     "cache-killed-writers": (killed_writers, Expect(0, "tokens in", 1, "ref-original")),

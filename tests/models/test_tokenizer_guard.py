@@ -90,3 +90,12 @@ def test_a_guarded_tokenizer_encodes_and_decodes_as_the_one_it_wraps(text: str) 
     ids = plain.encode(text).ids
     assert guarded.decode(ids) == plain.decode(ids)
     assert guarded.get_vocab_size() == plain.get_vocab_size()
+
+
+def test_a_large_text_of_ones_own_encodes_but_may_not_grow_past_four_times_itself() -> None:
+    plain = guard(_tokenizer(), "plain")
+    plain.check_size("x" * (3 << 20))  # 3 MiB that stays 3 MiB: past 2 MiB, within 4x itself
+    growing = guard(_tokenizer(normalizers.Replace("o", "o" * 40)), "one step")
+    growing.check_size("x" * (3 << 20))
+    with pytest.raises(QkvError, match="past 12,582,912 bytes"):
+        growing.check_size("o" * (3 << 20))

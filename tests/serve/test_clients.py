@@ -108,6 +108,14 @@ def test_openai_sdk(serve_process, reference) -> None:
         prompt_logprobs("The cat sat on the mat."), abs=1e-4)
     with pytest.raises(openai.BadRequestError, match="suffix"):
         client.completions.create(model=name, prompt="The cat", suffix="mat", max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="frobnicate"):
+        client.completions.create(model=name, prompt="The cat", max_tokens=2, extra_body={"frobnicate": 1})
+    listed = client.completions.create(model=name, prompt=["The cat", "Keys"], max_tokens=3, n=2, seed=7,
+                                       temperature=1.0, logit_bias={"50": 100})
+    assert [c.index for c in listed.choices] == [0, 1, 2, 3]
+    forced = client.completions.create(model=name, prompt="Keys", max_tokens=1, temperature=0, logprobs=0,
+                                       logit_bias={"50": 100}).choices[0].logprobs.tokens
+    assert all(c.logprobs is None and c.text == forced[0] * 3 for c in listed.choices)
 
 
 def test_litellm(serve_process, reference, monkeypatch) -> None:

@@ -82,3 +82,29 @@ def test_typed_text_shows_the_traced_weights_and_chat_streams(browser, start_ser
     assert page.eval_on_selector("#reply", "e => e.textContent") == expected
     assert outside == [] and errors == []
     page.close()
+
+
+def test_clicking_a_key_row_shows_its_score_split(browser, start_server) -> None:
+    from qkv.trace.attribution import attribute
+
+    running = start_server(api_key=None)
+    served = running.served
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    with page.expect_response("**/explorer/trace"):
+        page.goto(running.url + "/")
+    text = "The cat sat on the mat"
+    page.fill("#text", text)
+    with page.expect_response("**/explorer/trace"):
+        page.click("#run")
+    with page.expect_response("**/explorer/why"):
+        page.locator("#keys tbody tr.key").nth(1).click()
+    page.wait_for_selector("#why table.why-terms")
+    ids = served.tokenizer.encode(text).ids
+    reference = served.engine.call(lambda: attribute(served.model, torch.tensor([ids]), layer=0, head=0,
+                                                     query=len(ids) - 1, keys=[1])).result(60)
+    first = page.locator("#why table.why-terms tr").nth(1).locator("td").all_inner_texts()
+    q, k, term = reference.top_pairs(1, 1)[0]
+    assert first == [q, k, f"{term:.4f}", f"{term * reference.scale:.4f}"]
+    assert "(exact)" in page.locator("#why p").inner_text() and not errors

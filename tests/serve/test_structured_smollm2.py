@@ -23,7 +23,7 @@ def client():
     from qkv.serve.server import load_served
 
     served = load_served("smollm2", max_batch=2, capacity=512)
-    with TestClient(build_app(served)) as test_client:
+    with TestClient(build_app(served), base_url="http://127.0.0.1") as test_client:  # the front door checks Host
         yield test_client
 
 

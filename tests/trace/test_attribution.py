@@ -48,7 +48,7 @@ def test_every_split_adds_up_to_the_score_and_softmaxes_to_transformers_weights(
     model, record, expected = recorded(kind)
     for layer in (0, 1):
         for head in range(4):
-            for query in range(T):
+            for query in (0, T // 2, T - 1):  # whole rows; any other row: the property test below
                 result = attribute_recorded(record, layer=layer, head=head, query=query)
                 assert result.keys == list(range(query + 1))
                 sums = result.pairs.sum((1, 2))  # (S,)

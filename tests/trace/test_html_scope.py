@@ -16,7 +16,7 @@ from qkv.trace import trace
 from qkv.trace.analysis import key_norms, sink_share
 from qkv.trace.book_example import book_trace
 from qkv.trace.html import build_page, write_page
-from qkv.trace.steps import STEPS
+from qkv.attention_steps import STEPS
 
 from .test_html_browser import _open, browser  # noqa: F401  (the Chromium fixture)
 

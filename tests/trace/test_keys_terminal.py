@@ -4,11 +4,9 @@ whole headers, every column explained, and two outlier channels of one pair name
 
 from __future__ import annotations
 
-import json
+import io
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -102,18 +100,23 @@ def test_a_long_outlier_list_is_cut_with_a_count() -> None:
 
 
 @pytest.mark.slow
-def test_smollm2_keys_in_an_80_column_pipe() -> None:
-    run = lambda *extra: subprocess.run(  # noqa: E731
-        [sys.executable, "-m", "qkv", "explain", "--model", "smollm2", "--keys", *extra], capture_output=True,
-        text=True, timeout=600, check=True, env={**os.environ, "COLUMNS": "80"}).stdout
-    lines = run().splitlines()
-    data = json.loads(run("--json"))
+@pytest.mark.xdist_group("smollm2")
+def test_smollm2_keys_at_80_columns(smollm2_model) -> None:
+    """The real model's table, written as into a pipe (not a terminal, 80 columns)."""
+    from qkv.cli.explain_keys import DEFAULT_TEXT
+
+    model, tokenizer = smollm2_model
+    anatomy = key_anatomy(model, torch.tensor([tokenizer.encode(DEFAULT_TEXT).ids]), name="smollm2")
+    rows = summary_rows(anatomy)
+    out = io.StringIO()
+    render_keys(Console(file=out, width=80, highlight=False), anatomy, rows)
+    lines = out.getvalue().splitlines()
     assert max(len(line) for line in lines) <= 80 and not any("…" in line for line in lines)
-    assert len([line for line in lines if re.match(r"\s+\d+\s+\d+\s", line)]) == len(data["summary"]) == 90
-    # The most frequent outlier pair, counted from the JSON, named with both of its channels.
+    assert len([line for line in lines if re.match(r"\s+\d+\s+\d+\s", line)]) == len(rows) == 90
+    # The most frequent outlier pair, counted from the anatomy, named with both of its channels.
     counts: dict[int, int] = {}
-    for head in data["heads"]:
-        for pair in {c % 32 for c in head["keys"]["outliers"]}:
+    for head in anatomy.heads:
+        for pair in {c % 32 for c in head.keys.outliers}:
             counts[pair] = counts.get(pair, 0) + 1
     top = max(counts, key=lambda p: (counts[p], -p))
     assert f"pair {top} = channels {top} and {top + 32}: {counts[top]}" in " ".join(lines)

@@ -3,12 +3,14 @@ copied from rasbt/LLMs-from-scratch under Apache-2.0): the same printed lines, l
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from tokenizers import Tokenizer
 
 from qkv.cli.main import main
 from qkv.errors import QkvError
@@ -86,5 +88,8 @@ def test_options_the_books_run_cannot_take_are_refused(story_file, tmp_path):
     settings = TrainSettings.from_preset("book", data=str(story_file), out=str(tmp_path / "a"), **SHAPE, max_steps=1)
     assert (settings.grad_clip, settings.min_lr_ratio, settings.sample_tokens) == (None, 1.0, 50)
     train(settings, progress=False)
+    record = json.loads((tmp_path / "a" / ".qkv-run.json").read_text())
+    assert record["model_config"]["vocab_size"] == 50257 == record["settings"]["vocab_size"]  # GPT-2's, the model's
+    assert Tokenizer.from_file(str(tmp_path / "a" / "tokenizer.json")).get_vocab_size() == 50257
     with pytest.raises(QkvError, match="cannot --resume"):
         train(settings, resume=True)

@@ -1,43 +1,53 @@
 """The attention core: masks, the kernel (explicit | fused), RoPE, the KV cache, layers,
 ring attention over torch.distributed.
 
-It knows nothing of models, tracing or the CLI.
+It knows nothing of models, tracing or the CLI. Each name is imported from its module on
+first use, as `qkv` does, so a command that needs one part (the book's walkthrough needs
+the kernel and the masks) does not load the cache kinds, the layers and ring attention.
 """
 
-from qkv.attention.grouped_query import GroupedQueryAttention
-from qkv.attention.kernels import (
-    BACKENDS, attention, explicit_attention, fused_attention, one_query_attention, repeat_kv,
-)
-from qkv.attention.kv_cache import KVCache
-from qkv.attention.quantized_cache import QuantizedKVCache
-from qkv.attention.sink_cache import SinkKVCache
-from qkv.attention.masks import causal_mask, combine_masks, padding_mask
-from qkv.attention.ring import Ring, ShardLayout, ring_attention, ring_for
-from qkv.attention.rmsnorm import RMSNorm
-from qkv.attention.rope import Llama3RopeScaling, RotaryEmbedding, apply_rope, inverse_frequencies, rotate_half
+from __future__ import annotations
 
-__all__ = [
-    "BACKENDS",
-    "GroupedQueryAttention",
-    "KVCache",
-    "QuantizedKVCache",
-    "Llama3RopeScaling",
-    "RMSNorm",
-    "Ring",
-    "RotaryEmbedding",
-    "ShardLayout",
-    "SinkKVCache",
-    "apply_rope",
-    "attention",
-    "causal_mask",
-    "combine_masks",
-    "explicit_attention",
-    "fused_attention",
-    "inverse_frequencies",
-    "one_query_attention",
-    "padding_mask",
-    "repeat_kv",
-    "ring_attention",
-    "ring_for",
-    "rotate_half",
-]
+import importlib
+from typing import Any
+
+_LAZY = {
+    "GroupedQueryAttention": "qkv.attention.grouped_query",
+    "BACKENDS": "qkv.attention.kernels",
+    "attention": "qkv.attention.kernels",
+    "explicit_attention": "qkv.attention.kernels",
+    "fused_attention": "qkv.attention.kernels",
+    "one_query_attention": "qkv.attention.kernels",
+    "repeat_kv": "qkv.attention.kernels",
+    "KVCache": "qkv.attention.kv_cache",
+    "QuantizedKVCache": "qkv.attention.quantized_cache",
+    "SinkKVCache": "qkv.attention.sink_cache",
+    "causal_mask": "qkv.attention.masks",
+    "combine_masks": "qkv.attention.masks",
+    "padding_mask": "qkv.attention.masks",
+    "Ring": "qkv.attention.ring",
+    "ShardLayout": "qkv.attention.ring",
+    "ring_attention": "qkv.attention.ring",
+    "ring_for": "qkv.attention.ring",
+    "RMSNorm": "qkv.attention.rmsnorm",
+    "Llama3RopeScaling": "qkv.attention.rope",
+    "RotaryEmbedding": "qkv.attention.rope",
+    "apply_rope": "qkv.attention.rope",
+    "inverse_frequencies": "qkv.attention.rope",
+    "rotate_half": "qkv.attention.rope",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # once found, an ordinary attribute
+        return value
+    raise AttributeError(f"module 'qkv.attention' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
+
+
+__all__ = sorted(_LAZY)

@@ -111,7 +111,7 @@ def run_model(args: argparse.Namespace) -> int:
     console = Console(stderr=True, highlight=False) if args.json else Console(highlight=False)
     if args.text is None:
         console.print(f"No TEXT given: explaining the default sentence \"{DEFAULT_SENTENCE}\" "
-                      "(give your own as the first argument).", soft_wrap=True)
+                      "(give your own as the first argument).")
     loaded = load_model(args.model, max_memory=args.max_memory)
     encoding = loaded.tokenizer.encode(text)
     ids = list(encoding.ids)

@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 from torch import Tensor
 
-from qkv.trace.steps import context_meaning, step_heading
+from qkv.attention_steps import context_meaning, step_heading
 from qkv.walkthrough import Walkthrough
 
 
@@ -35,7 +35,7 @@ def _heat(weight: float, width: int = 20) -> Text:
 
 
 def _step(console: Console, step: str, detail: str, shape: str, meaning: str) -> None:
-    """A step's heading, numbered as the HTML page numbers it (qkv.trace.steps)."""
+    """A step's heading, numbered as the HTML page numbers it (qkv.attention_steps)."""
     console.print()
     console.print(Text.assemble((step_heading(step, detail), "bold cyan"), ("  " + shape, "dim")))
     console.print(Text(meaning, style="italic"))

@@ -168,6 +168,9 @@ def stream(
         else:
             on_past_context(plan.note)
     stop = stop_tokens(eos_token_id)
+    if plan.crop and constraint is not None:
+        raise QkvError(f"a constrained reply (--json-schema) must fit the context of {model.context_length} tokens: "
+                       "ask for fewer new tokens or a shorter prompt")
     if plan.crop:
         if constraint is not None:
             raise QkvError("a grammar-constrained generation must fit the model's context; ask for fewer tokens")

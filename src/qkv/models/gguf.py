@@ -396,7 +396,10 @@ def read_tokenizer(reader: Any, path: Path) -> Any:
     tokenizer.post_processor = processors.TemplateProcessing(single=single, special_tokens=special)
     from qkv.models.tokenizer_guard import guard
 
-    return guard(tokenizer, str(path))
+    # the pipeline is the one built above (no normalizer, no regex from the file)
+    pipeline = {"normalizer": None, "decoder": {"type": "ByteLevel"},
+                "pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Digits"}, {"type": "ByteLevel"}]}}
+    return guard(tokenizer, str(path), pipeline=pipeline)
 
 
 # ----------------------------------------------------------------------------- the whole file

@@ -24,8 +24,9 @@ BaseException that escapes `except Exception`). `guard` wraps a loaded tokenizer
   the Rust pipeline catches the panic (`TokenizerPanicError`, a QkvError), and for files with
   their own regexes the Rust panic hook's text on fd 2 is captured and dropped;
 - **an output bound measured on the input**: before `encode`, the input's UTF-8 size times
-  the static factor is compared with `MAX_ENCODE_BYTES` (2 MiB: every byte its own token
-  costs about 230 bytes of Rust memory, so about 450 MB at the bound). Within it, the
+  the static factor is compared with `limit_for(size)`: 2 MiB (every byte its own token
+  costs about 230 bytes of Rust memory, so about 450 MB at the bound), or 4 times the input
+  when that is more, so a large text of the user's own still encodes but never grows more. Within it, the
   encode runs. Beyond it the normalizer runs alone on pieces small enough that even the
   worst case stays within the bound, summing what they grow into, and the text is refused
   as soon as the sum passes the bound: nothing larger than the bound is ever made.
@@ -48,11 +49,11 @@ from typing import Any, TypeVar
 from qkv.errors import QkvError
 
 MAX_EXPANSION = 1024  # worst-case growth of a normalizer, pre-tokenizer or decoder chain
-MAX_ENCODE_BYTES = 2 << 20  # normalized UTF-8 bytes one encode may make
+MAX_ENCODE_BYTES = 2 << 20  # normalized UTF-8 bytes one encode may make, or
+MAX_GROWTH = 4  # this many times the input's bytes, whichever is more (a large file of one's own)
 SLOW_PROBE_SECONDS = 5e-4  # a probe slower than this, and
 GROWTH_RATIO = 16.0  # this many times slower than the one of half its length, is exponential
 _PROBE_LADDER = (8, 12, 16, 24, 32, 64)
-_PROBE_LENGTH = 64
 # Worst growth of one character in UTF-8 bytes (measured over every code point with Python's
 # unicodedata, then rounded up for Rust's Unicode version: NFKC U+FDFA 3 -> 33 bytes).
 _UNICODE_GROWTH = {"NFC": 4.0, "NFD": 4.0, "NFKC": 18.0, "NFKD": 18.0, "Lowercase": 3.0}
@@ -271,6 +272,12 @@ def rust_call(call: Callable[[], T], *, what: str, trap: bool) -> T:
 # ----------------------------------------------------------------------------- the wrapper
 
 
+def limit_for(size: int) -> int:
+    """What a text of `size` UTF-8 bytes may grow into: MAX_ENCODE_BYTES, or MAX_GROWTH times
+    itself when that is more (a 100 MB text of one's own may be encoded, but not made 40x)."""
+    return max(MAX_ENCODE_BYTES, MAX_GROWTH * size)
+
+
 class BoundedTokenizer:
     """A `tokenizers.Tokenizer` whose encode and decode run inside the bounds above; every
     other attribute is the wrapped tokenizer's."""
@@ -288,10 +295,11 @@ class BoundedTokenizer:
     def __setattr__(self, name: str, value: Any) -> None:
         setattr(self.inner, name, value)
 
-    def check_size(self, text: str, *, limit: int = MAX_ENCODE_BYTES) -> None:
-        """Refuse `text` when what the normalizer makes of it passes `limit` bytes, finding
-        out on pieces whose worst case fits the limit (module docstring)."""
+    def check_size(self, text: str, *, limit: int | None = None) -> None:
+        """Refuse `text` when what the normalizer makes of it passes `limit` bytes (default:
+        `limit_for` its size), finding out on pieces whose worst case fits the limit."""
         size = _nbytes(text)
+        limit = limit_for(size) if limit is None else limit
         if self.growth.bound(size) <= limit:
             return
         normalizer = self.inner.normalizer
@@ -315,10 +323,10 @@ class BoundedTokenizer:
             self.check_size(sequence)
         return rust_call(lambda: self.inner.encode(sequence, *args, **kwargs), what="encoding", trap=self.trap)
 
-    def encode_batch(self, inputs: Sequence[Any], *args: Any, limit: int = MAX_ENCODE_BYTES, **kwargs: Any) -> Any:
+    def encode_batch(self, inputs: Sequence[Any], *args: Any, **kwargs: Any) -> Any:
         for text in inputs:
             if isinstance(text, str):
-                self.check_size(text, limit=limit)
+                self.check_size(text)
         return rust_call(lambda: self.inner.encode_batch(inputs, *args, **kwargs), what="encoding", trap=self.trap)
 
     def decode(self, ids: Sequence[int], *args: Any, **kwargs: Any) -> str:
@@ -364,13 +372,15 @@ def _probe_regex(pattern: str, source: str) -> None:
                         "refusing the tokenizer")
 
 
-def guard(tokenizer: Any, source: str) -> BoundedTokenizer:
+def guard(tokenizer: Any, source: str, *, pipeline: dict[str, Any] | None = None) -> BoundedTokenizer:
     """Check `tokenizer`'s pipeline (module docstring) and wrap it; QkvError when it can grow
-    text more than MAX_EXPANSION times or its regexes backtrack out of bounds."""
+    text more than MAX_EXPANSION times or its regexes backtrack out of bounds. `pipeline`:
+    its normalizer, pre_tokenizer and decoder as tokenizer.json spells them, when the caller
+    built them (saves serializing a large vocabulary to read them back)."""
     if isinstance(tokenizer, BoundedTokenizer):
         return tokenizer
     try:
-        spec = json.loads(tokenizer.to_str())
+        spec = pipeline if pipeline is not None else json.loads(tokenizer.to_str())
     except Exception as error:  # noqa: BLE001
         raise QkvError(f"{source}: the tokenizer cannot be serialized for checking ({str(error)[:100]})") from None
     try:

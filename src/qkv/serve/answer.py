@@ -8,6 +8,11 @@ off by a stop string is dropped). End tokens are no part of the text; completion
 them in logprobs (as lm-evaluation-harness counts on: one entry per token generated),
 chat does not. Completions with echo start with the prompt: its text, and with logprobs
 its tokens, the first with a null logprob (it has no context).
+
+A chat choice whose request offers tools (qkv.serve.structured's `Plan`) may be a tool
+call: its text is read whole, then answered as content or `tool_calls` (finish_reason
+"tool_calls"); streamed, it is sent once it has ended, as OpenAI's deltas (content, then per
+call its index, id, type and name, then its arguments).
 """
 
 from __future__ import annotations

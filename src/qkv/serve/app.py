@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
@@ -20,7 +19,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from qkv.chat import ChatTemplate
@@ -183,7 +182,8 @@ class Api:
         self.check_model(req.model)
         # response_format / tools -> a grammar (qkv.serve.structured); off the event loop too:
         # the first one builds the token tables (~0.4 s on SmolLM2)
-        structured = req.response_schema is not None or req.tools
+        # A chat's plan also knows the template's tool format, for earlier calls in its messages.
+        structured = chat or req.response_schema is not None
         plan = await self.prompts.run(Plan.for_request, req, self.served) if structured else Plan()
         prompts = await self.prompts.run(self._prompts, req, chat, plan)  # off the event loop, with a deadline
         loop = asyncio.get_running_loop()

@@ -11,8 +11,16 @@
 The engine owns one `DecodeSession` of kind `SlotKVCache`: batch row r is slot r. A new
 request is prefilled into a free row (`prefill_row`) between two steps, as many as fit in
 PREFILL_BUDGET new tokens (requests arriving together start together); then the occupied
-rows (only those) decode one token per step, each at its own position, and a request leaves as soon as it stops, reaches max_tokens or is cancelled. Requests beyond
-the free slots wait in a bounded queue; `submit` refuses one more (EngineFull).
+rows (only those) decode one token per step, each at its own position, and a request
+leaves as soon as it stops, reaches max_tokens or is cancelled. Requests beyond the free
+slots wait in a bounded queue; `submit` refuses one more (EngineFull).
+
+A freed row keeps its keys and values: a new request takes the free row that shares the
+longest prefix with its prompt and prefills only the rest (qkv.serve.prefix_cache; not for
+a job that scores its prompt, which needs the logits at every prompt position). A job may
+carry a `Constraint` (qkv.generation.constraints): its row's logits are masked by the
+grammar before sampling, each chosen token advances it, and the job ends when it is
+complete.
 
 Jobs that share a `SharedPrompt` (n answers to one prompt) prefill it once: a later one
 copies the prompt's positions from a row that holds them (`DecodeSession.copy_row`) and
@@ -341,7 +349,7 @@ class Engine:
         logits = self.session.prefill_row_all(row, ids[kept:], start=kept)  # (T - kept, V)
         self.prefixes.hold(row, job.prompt)
         scores = None
-        if job.score_prompt:
+        if job.score_prompt:  # kept == 0 here
             k = job.logprobs or 0
             picked, top = _scored(torch.log_softmax(logits[:-1].float(), dim=-1), ids[1:].to(logits.device), k)
             scores = PromptScores([None, *picked], [(), *top])
@@ -355,6 +363,7 @@ class Engine:
         share = job.share
         assert share is not None and share.logits is not None
         self._start(row, job)
+        self.prefixes.forget(row)
         self.session.copy_row(source, row, len(job.prompt))
         self.prefixes.hold(row, job.prompt)
         share.rows.add(row)

@@ -8,7 +8,7 @@ prompt, and prefills only the rest:
 
     prefixes = RowPrefixes(slots=B)
     row, donor, kept = prefixes.pick(free_rows, prompt)   # kept: positions whose KV is reused
-    session.copy_row_prefix(donor, row, kept)             # when donor != row
+    session.copy_row(donor, row, kept)                    # when donor != row
     session.prefill_row(row, prompt[kept:], start=kept)
     prefixes.hold(row, prompt)                     # after the prefill
     prefixes.extend(row, token)                    # after each decode step writes `token`

@@ -137,6 +137,15 @@ class Plan:
             raise ApiError(400, str(error), param=param) from None
         return plan
 
+    def new_constraint(self) -> Constraint | None:
+        """A fresh matcher for one answer (each row keeps its own state), or None."""
+        if self.grammar is None or self.grammars is None:
+            return None
+        try:
+            return self.grammars.constraint(self.grammar)
+        except QkvError as error:
+            raise ApiError(400, str(error), param="response_format") from None
+
     def render(self, template: Any, messages: list[dict[str, Any]]) -> str:
         shown, tools_arg = tool_calls.render_messages(messages, self.tools, self.tool_format)
         return template.render(shown, tools=tools_arg)

@@ -48,7 +48,7 @@ from torch import Tensor, nn
 from qkv.attention.rope import rotate_half
 from qkv.errors import QkvError
 from qkv.trace.recorder import LayerTrace, TraceMismatchError, recording
-from qkv.trace.residual import (ResidualLayout, SourceRecord, linear_weight, norm_kind, recording_sources,
+from qkv.trace.residual import (ResidualLayout, SourceRecord, norm_kind, recording_sources,
                                 residual_layout)
 
 # The split must add up to the model's float32 score within TOLERANCE · max(1, |q||k|):
@@ -259,10 +259,11 @@ def _side(record: ForwardRecord, layer: int, matrix: Tensor, bias: Tensor | None
     for l in range(layer):
         attention = record.layout.blocks[l].attention
         h_l, d_l = attention.num_heads, attention.head_dim
-        concat = src.concat[l][positions].double().view(p, h_l, d_l)  # (P, H, D_l)
-        w_o = linear_weight(attention.o_proj).double().view(-1, h_l, d_l)  # (C, H, D_l)
+        concat = src.concat64(l)[positions].view(p, h_l, d_l)  # (P, H, D_l)
+        w_o = src.o_weight64(l)  # (C, H, D_l)
         if 2 * p > d:  # many positions: fold W_o into the projection once
-            heads = torch.einsum("phd,hde->phe", concat, torch.einsum("chd,ce->hde", w_o, m))
+            folded = (w_o.permute(1, 2, 0) @ m)  # (H, D_l, C) @ (C, D) -> (H, D_l, D)
+            heads = (concat.transpose(0, 1) @ folded).transpose(0, 1)  # (H, P, D_l) @ (H, D_l, D) -> (P, H, D)
         else:
             heads = torch.einsum("phd,chd->phc", concat, w_o) @ m  # (P, H, D)
         add([f"L{l}.H{h}" for h in range(h_l)], a.unsqueeze(-1) * heads)
@@ -307,6 +308,9 @@ def attribute_recorded(record: ForwardRecord, *, layer: int, head: int, query: i
     if layer not in record.traces:
         raise QkvError(f"layer {layer} was not recorded; recorded: {sorted(record.traces)}")
     trace = record.traces[layer]
+    if trace.cache_length:
+        raise QkvError("score attribution explains one whole text: remove the model's KV cache first "
+                       "(model.remove_cache())")
     attention = record.layout.blocks[layer].attention
     h_all, d = attention.num_heads, attention.head_dim
     head = _index(head, h_all, "head")
@@ -323,8 +327,8 @@ def attribute_recorded(record: ForwardRecord, *, layer: int, head: int, query: i
     src = record.sources
     q_norm = (attention.q_norm, src.q_norm_in[layer][qpos, head]) if layer in src.q_norm_in else None
     k_norm = (attention.k_norm, src.k_norm_in[layer][kpos, kv_head]) if layer in src.k_norm_in else None
-    n_layers = layer * (h_all + 2) + 4
-    if len(keys) * n_layers * n_layers * 8 > MAX_PAIR_BYTES:
+    sources = len(record.layout.embeddings) + layer * (h_all + 2) + 2  # an upper bound per side
+    if len(keys) * sources * sources * 8 > MAX_PAIR_BYTES:  # (S, nq, nk) float64
         raise QkvError(f"attributing {len(keys)} keys at layer {layer} needs more than "
                        f"{MAX_PAIR_BYTES // 2**20} MiB; choose fewer keys")
     q_side = _side(record, layer, w_q, b_q, "q bias", qpos, q_norm)

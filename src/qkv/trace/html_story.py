@@ -1,6 +1,6 @@
 """The story steps of the HTML page: for one (layer, head, query), every step of attention
 with all of its values (long vectors and tables shortened, saying so), numbered as the
-terminal numbers them (qkv.trace.steps).
+terminal numbers them (qkv.attention_steps).
 
 Shape legend: C embedding, H query heads, H_kv key/value heads, D head size, S keys.
 """
@@ -13,7 +13,7 @@ from torch import Tensor
 
 from qkv.trace.export import plain, token_at
 from qkv.trace.recorder import LayerTrace
-from qkv.trace.steps import context_meaning, step_heading, step_number
+from qkv.attention_steps import context_meaning, step_heading, step_number
 
 SHOWN_DIMS = 8  # a vector shows its first entries, then its length
 SHOWN_ROWS = 64  # a step's table shows at most this many rows (one per token, or matrix row)

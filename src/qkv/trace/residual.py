@@ -94,13 +94,29 @@ class SourceRecord:
     residual: dict[int, Tensor] = field(default_factory=dict)  # target block -> (T, C)
     q_norm_in: dict[int, Tensor] = field(default_factory=dict)  # target block -> (T, H, D)
     k_norm_in: dict[int, Tensor] = field(default_factory=dict)  # target block -> (T, H_kv, D)
+    _float64: dict[tuple[str, int], Tensor] = field(default_factory=dict, repr=False)
+
+    def o_weight64(self, block: int) -> Tensor:
+        """(C, H, D) block's o_proj weight in float64, per head (made once per record)."""
+        key = ("o_weight", block)
+        if key not in self._float64:
+            attention = self.layout.blocks[block].attention
+            self._float64[key] = _o_proj_weight(attention).double().view(-1, attention.num_heads, attention.head_dim)
+        return self._float64[key]
+
+    def concat64(self, block: int) -> Tensor:
+        """(T, H*D) the heads' contexts entering block's o_proj, in float64 (made once)."""
+        key = ("concat", block)
+        if key not in self._float64:
+            self._float64[key] = self.concat[block].double()
+        return self._float64[key]
 
     def head_outputs(self, block: int) -> Tensor:
         """(T, H, C) each head's real contribution to the residual (o_proj without bias)."""
         attention = self.layout.blocks[block].attention
         h, d = attention.num_heads, attention.head_dim
-        concat = self.concat[block].double()  # (T, H*D)
-        w_o = _o_proj_weight(attention).double().view(-1, h, d)  # (C, H, D)
+        concat = self.concat64(block)  # (T, H*D)
+        w_o = self.o_weight64(block)  # (C, H, D)
         return torch.einsum("thd,chd->thc", concat.view(concat.shape[0], h, d), w_o)
 
     def o_bias(self, block: int) -> Tensor | None:

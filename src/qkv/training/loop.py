@@ -122,7 +122,7 @@ def train(
         if not _disk_full(error):
             raise
         raise QkvError(
-            f"the disk holding --out {settings.out} is full ({getattr(error, 'strerror', None) or str(error)[:80]}"
+            f"the disk holding --out {settings.out} is full ({_full_reason(error)}"
             f"{_where(error)}); free some space and "
             "run again with --resume: every file qkv writes is replaced whole, so the last checkpoint is intact"
         ) from None
@@ -163,6 +163,12 @@ def _disk_full(error: BaseException) -> bool:
     if isinstance(error, OSError) and error.errno in _DISK_FULL:
         return True
     return not isinstance(error, QkvError) and any(text in str(error) for text in _DISK_FULL_TEXT)
+
+
+def _full_reason(error: BaseException) -> str:
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    return next((text for text in _DISK_FULL_TEXT if text in str(error)), "the disk is full")
 
 
 def _where(error: BaseException) -> str:

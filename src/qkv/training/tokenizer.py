@@ -15,9 +15,10 @@ from qkv.errors import QkvError
 from qkv.models.tokenizer_guard import BoundedTokenizer, guard
 
 MAX_TOKENIZER_BYTES = 512 * 2**20  # as for a model folder's tokenizer.json
-GROWTH = 4  # training text may grow at most this many times in a given tokenizer's normalizer
 
 END_OF_TEXT = "<|endoftext|>"
+# what train_bpe builds, as tokenizer.json spells it (for qkv.models.tokenizer_guard)
+TRAINED_PIPELINE = {"normalizer": None, "pre_tokenizer": {"type": "ByteLevel"}, "decoder": {"type": "ByteLevel"}}
 
 
 def train_bpe(text: str, vocab_size: int) -> Tokenizer:
@@ -63,11 +64,12 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
 
 def encode(tokenizer: Tokenizer | BoundedTokenizer, text: str, chunk_chars: int = 1 << 20) -> list[int]:
     """Token ids of `text`; large texts are encoded in line-aligned pieces, in parallel. A
-    given tokenizer (BoundedTokenizer) may grow each piece at most GROWTH times."""
-    if not isinstance(tokenizer, BoundedTokenizer):  # one qkv trained: byte-level, no normalizer
-        tokenizer = guard(tokenizer, "the trained tokenizer")
+    given tokenizer (BoundedTokenizer) may grow each piece only as far as
+    qkv.models.tokenizer_guard.limit_for allows."""
+    if not isinstance(tokenizer, BoundedTokenizer):  # one qkv trained (train_bpe's pipeline)
+        tokenizer = guard(tokenizer, "the trained tokenizer", pipeline=TRAINED_PIPELINE)
     if len(text) <= chunk_chars:
-        return tokenizer.encode_batch([text], add_special_tokens=False, limit=_limit(text))[0].ids
+        return tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
     pieces, start = [], 0
     while start < len(text):
         end = text.find("\n", start + chunk_chars)
@@ -75,13 +77,7 @@ def encode(tokenizer: Tokenizer | BoundedTokenizer, text: str, chunk_chars: int 
         pieces.append(text[start:end])
         start = end
     ids: list[int] = []
-    limit = max(_limit(piece) for piece in pieces)
-    for encoding in tokenizer.encode_batch(pieces, add_special_tokens=False, limit=limit):
+    for encoding in tokenizer.encode_batch(pieces, add_special_tokens=False):
         ids.extend(encoding.ids)
     return ids
 
-
-def _limit(text: str) -> int:
-    from qkv.models.tokenizer_guard import MAX_ENCODE_BYTES
-
-    return max(MAX_ENCODE_BYTES, GROWTH * len(text.encode("utf-8", "surrogatepass")))

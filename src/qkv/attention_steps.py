@@ -3,7 +3,8 @@ number them, so that "step 5" means the same thing wherever a reader sees it.
 
 Each renderer writes its heading as `f"{number}. {name}..."`, starting with the name here.
 The last step exists only where there are heads to concatenate and project (a real
-module, not the book's single-head example).
+module, not the book's single-head example). A leaf module with no imports, so the book's
+walkthrough can number its steps without loading the tracer.
 """
 
 from __future__ import annotations
