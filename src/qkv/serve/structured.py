@@ -28,8 +28,6 @@ from qkv.generation.constraints import Constraint, Grammars, json_schema_grammar
 from qkv.serve import tools as tool_calls
 from qkv.serve.errors import ApiError
 
-STRUCTURED_FIELDS = ("response_format", "tools", "tool_choice", "parallel_tool_calls")
-
 
 def _response_format(value: Any) -> dict[str, Any] | None:
     """The JSON schema the reply must follow (None: free text)."""
@@ -111,10 +109,13 @@ class Plan:
     parallel: bool = True
 
     def constraint(self) -> Constraint | None:
-        """A fresh matcher for one reply (None: free text)."""
+        """A fresh matcher for one answer (each row keeps its own state), or None: free text."""
         if self.grammar is None or self.grammars is None:
             return None
-        return self.grammars.constraint(self.grammar)
+        try:
+            return self.grammars.constraint(self.grammar)
+        except QkvError as error:
+            raise ApiError(400, str(error), param="response_format") from None
 
     @classmethod
     def for_request(cls, req: Any, served: Any) -> Plan:
@@ -136,15 +137,6 @@ class Plan:
             param = "response_format" if req.response_schema is not None else "tools"
             raise ApiError(400, str(error), param=param) from None
         return plan
-
-    def new_constraint(self) -> Constraint | None:
-        """A fresh matcher for one answer (each row keeps its own state), or None."""
-        if self.grammar is None or self.grammars is None:
-            return None
-        try:
-            return self.grammars.constraint(self.grammar)
-        except QkvError as error:
-            raise ApiError(400, str(error), param="response_format") from None
 
     def render(self, template: Any, messages: list[dict[str, Any]]) -> str:
         shown, tools_arg = tool_calls.render_messages(messages, self.tools, self.tool_format)
