@@ -240,8 +240,6 @@ def parse(body: Any, *, chat: bool, limits: Limits, vocab_size: int | None = Non
         raise ApiError(400, f"this request asks for {choices} completions (prompts x best_of or n); the most is "
                        f"{limits.max_choices}", param="n")
     user = _typed(body, "user", (str,), "a string")
-    from qkv.serve.structured import parse_fields  # response_format, tools, tool_choice, parallel_tool_calls
-
     return CompletionRequest(
         model, prompts, messages, max_tokens, temperature, None if top_p is None else float(top_p), seed, stop,
         stream, include_usage, n=n, best_of=best_of, logprobs=_logprobs(body, chat), echo=echo,
