@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,6 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from qkv.serve.metrics import MODEL_ROUTE, OTHER, ROUTES
+from tests.serve_process import serve_process
 
 pytestmark = pytest.mark.xdist_group("hostile-server")
 
@@ -31,12 +30,6 @@ JSON = {**AUTH, "Content-Type": "application/json"}
 READ_TIMEOUT = 2.0
 ALLOWED = "qkv.test"
 PAGE = "http://page.test:3000"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -50,30 +43,9 @@ class Server:
 @contextlib.contextmanager
 def _serve(folder: Path, log: Path, *flags: str) -> Iterator[Server]:
     """`qkv serve` on a free port with `flags`, until /health answers; stopped afterwards."""
-    port = free_port()
-    with log.open("w") as stderr:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "qkv", "serve", "--model", str(folder), "--port", str(port), "--api-key", KEY,
-             "--max-batch", "2", "--threads", "1", *flags], stdout=subprocess.PIPE, stderr=stderr, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline and process.poll() is None, log.read_text()
-            time.sleep(0.1)
-        yield Server(url, port, folder.name, process)
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    with serve_process(folder, "--api-key", KEY, "--max-batch", "2", "--threads", "1", *flags, log=log,
+                       start_s=60) as running:
+        yield Server(running.url, running.port, folder.name, running.process)
     assert "Traceback" not in log.read_text()
 
 

@@ -4,23 +4,18 @@ tool list in the prompt), on a free loopback port; stopped by the fixture that s
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 import torch
 
 from qkv.models.checkpoint import save_pretrained
 from qkv.models.llama import LlamaForCausalLM
 from qkv.models.llama_config import LlamaConfig
 from tests.conftest import CHAT_TEMPLATE, chat_tokenizer
+from tests.serve_process import serve_process
 
-from .conftest import free_port
 
 # A person's record: every field bounded, so that even a random model completes it.
 PERSON = {"type": "object", "properties": {
@@ -57,27 +52,5 @@ def tiny_long_context_folder(folder: Path) -> Path:
 @contextmanager
 def qkv_serve(model: Path | str, *extra: str) -> Iterator[str]:
     """The base URL of a running `qkv serve --model MODEL` (stopped on exit)."""
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "qkv", "serve", "--model", str(model), "--port", str(port), "--max-batch", "4",
-         "--threads", "1", "--max-tokens", "256", *extra], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                httpx.get(url + "/health", timeout=2)
-                break
-            except httpx.TransportError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    process.kill()
-                    raise RuntimeError(f"qkv serve did not start: {process.stderr.read()}")  # type: ignore[union-attr]
-                time.sleep(0.1)
-        yield url
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    with serve_process(model, "--max-batch", "4", "--threads", "1", "--max-tokens", "256", *extra) as server:
+        yield server.url

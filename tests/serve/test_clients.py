@@ -5,49 +5,25 @@ tokens, and refusals naming the field."""
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 
 from qkv.chat import load_chat_model
 
-from .conftest import API_KEY, free_port
+from tests.serve_process import serve_process
+
+from .conftest import API_KEY
 
 pytestmark = pytest.mark.slow  # a server process, a second copy of the model, and litellm's import (~20 s)
 
 
 @pytest.fixture(scope="module")
-def serve_process(tiny_folder: Path):
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "qkv", "serve", "--model", str(tiny_folder), "--port", str(port), "--max-batch", "4",
-         "--threads", "1", "--api-key", API_KEY, "--max-tokens", "64", "--dtype", "float32"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline and process.poll() is None, "qkv serve did not start"
-            time.sleep(0.1)
-        yield url
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+def served_url(tiny_folder: Path):
+    with serve_process(tiny_folder, "--max-batch", "4", "--threads", "1", "--api-key", API_KEY, "--max-tokens", "64",
+                       "--dtype", "float32") as server:
+        yield server.url
 
 
 @pytest.fixture(scope="module")
@@ -91,11 +67,11 @@ def _check(entries: list[tuple[str, float, list[float]]], expected: list[tuple[s
         assert top == pytest.approx(want_top, abs=1e-4)
 
 
-def test_openai_sdk(serve_process, reference) -> None:
+def test_openai_sdk(served_url, reference) -> None:
     import openai
 
     greedy, prompt_logprobs, name, no_end = reference
-    client = openai.OpenAI(base_url=serve_process + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
+    client = openai.OpenAI(base_url=served_url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
     reply = client.chat.completions.create(model=name, messages=MESSAGES, max_tokens=6, temperature=0,
                                            logprobs=True, top_logprobs=2, logit_bias=no_end)
     content = reply.choices[0].logprobs.content
@@ -118,23 +94,23 @@ def test_openai_sdk(serve_process, reference) -> None:
     assert all(c.logprobs is None and c.text == forced[0] * 3 for c in listed.choices)
 
 
-def test_litellm(serve_process, reference, monkeypatch) -> None:
+def test_litellm(served_url, reference, monkeypatch) -> None:
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch of the price list
     litellm = pytest.importorskip("litellm")
     greedy, _, name, no_end = reference
-    reply = litellm.completion(model=f"openai/{name}", api_base=serve_process + "/v1", api_key=API_KEY,
+    reply = litellm.completion(model=f"openai/{name}", api_base=served_url + "/v1", api_key=API_KEY,
                                messages=MESSAGES, max_tokens=6, temperature=0, logprobs=True, top_logprobs=2,
                                logit_bias=no_end)
     content = reply.choices[0].logprobs.content
     _check([(e.token, e.logprob, [t.logprob for t in e.top_logprobs]) for e in content], greedy(JOINED, 6))
 
 
-def test_langchain_openai(serve_process, reference) -> None:
+def test_langchain_openai(served_url, reference) -> None:
     langchain_openai = pytest.importorskip("langchain_openai")
     from langchain_core.messages import HumanMessage
 
     greedy, _, name, no_end = reference
-    chat = langchain_openai.ChatOpenAI(model=name, base_url=serve_process + "/v1", api_key=API_KEY, temperature=0,
+    chat = langchain_openai.ChatOpenAI(model=name, base_url=served_url + "/v1", api_key=API_KEY, temperature=0,
                                        max_tokens=6, max_retries=0, logprobs=True, top_logprobs=2,
                                        logit_bias=no_end)
     reply = chat.invoke([HumanMessage(content=MESSAGES[0]["content"])])
