@@ -97,3 +97,22 @@ def test_the_forced_call_grammar_takes_a_call_and_nothing_else(fmt) -> None:
                     break
                 constraint.accept(token)
             assert (allowed and constraint.finished) == ok, (choice, document)
+
+
+def test_forced_calls_close_objects_that_list_their_properties() -> None:
+    """A forced call's arguments hold the function's own properties only (LangChain's
+    function_calling schemas say nothing of others); an explicit choice is kept."""
+    import jsonschema
+
+    from qkv.serve.tools import Tool
+
+    open_params = {"type": "object", "properties": {"city": {"type": "string"},
+                                                    "where": {"type": "object", "properties": {"x": {"type": "integer"}}}},
+                   "required": ["city"]}
+    arguments = Tool("f", None, open_params).call_schema()["properties"]["arguments"]
+    jsonschema.validate({"city": "Oslo", "where": {"x": 1}}, arguments)
+    for extra in ({"city": "Oslo", "country": "NO"}, {"city": "Oslo", "where": {"x": 1, "y": 2}}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(extra, arguments)
+    kept = Tool("g", None, {**open_params, "additionalProperties": True}).call_schema()["properties"]["arguments"]
+    jsonschema.validate({"city": "Oslo", "country": "NO"}, kept)

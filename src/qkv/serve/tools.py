@@ -51,9 +51,24 @@ class Tool:
         return {"type": "function", "function": function}
 
     def call_schema(self) -> dict[str, Any]:
-        """The JSON schema of one call of this tool: {"name": ..., "arguments": {...}}."""
-        return {"type": "object", "properties": {"name": {"const": self.name}, "arguments": self.parameters},
+        """The JSON schema of one call of this tool: {"name": ..., "arguments": {...}}. Objects
+        in the parameters that list their properties and say nothing of others are closed
+        (`additionalProperties: false`, as OpenAI's strict mode asks): a forced call then
+        names the function's own arguments only, instead of inventing keys until max_tokens."""
+        return {"type": "object", "properties": {"name": {"const": self.name}, "arguments": closed(self.parameters)},
                 "required": ["name", "arguments"], "additionalProperties": False}
+
+
+def closed(schema: Any) -> Any:
+    """`schema` with every object that has `properties` and no `additionalProperties` closed."""
+    if isinstance(schema, list):
+        return [closed(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: closed(value) for key, value in schema.items()}
+    if "properties" in out and "additionalProperties" not in out and "patternProperties" not in out:
+        out["additionalProperties"] = False
+    return out
 
 
 def _refuse(param: str, message: str) -> ApiError:
