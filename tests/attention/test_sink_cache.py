@@ -165,15 +165,23 @@ def test_a_rope_model_streams_past_its_context_length() -> None:
     assert torch.equal(generate(model, short, 40, kv_cache=kind), generate(model, short, 40))
 
 
-def test_learned_positions_cannot_stream_past_the_context() -> None:
-    from qkv.errors import QkvError
+def test_learned_positions_crop_past_the_context_whatever_cache_is_asked() -> None:
+    """A position table cannot slide, so a sink cache cannot take GPT-2 past its context:
+    generation uses the asked-for cache while the tokens fit, then crops its window as the
+    book's generate_text_simple does (qkv.generation.past_context), and says so."""
     from qkv.generation import generate
     from qkv.models.gpt2 import GPTModel
     from qkv.models.gpt2_config import GPTConfig
 
     torch.manual_seed(0)
-    model = GPTModel(GPTConfig(vocab_size=97, context_length=64, emb_dim=32, n_heads=4, n_layers=1))
+    model = GPTModel(GPTConfig(vocab_size=97, context_length=64, emb_dim=32, n_heads=4, n_layers=1)).eval()
     kind = SinkKVCache.kind(sinks=4, window=28)
     assert not model.streams_past_context(kind)
-    with pytest.raises(QkvError, match="context length"):
-        generate(model, torch.randint(0, 97, (1, 40)), 40, kv_cache=kind)
+    prompt = torch.randint(0, 97, (1, 40))
+    with pytest.warns(UserWarning, match="pass the context length .*the last 64 tokens"):
+        sunk = generate(model, prompt, 40, kv_cache=kind)
+    assert sunk.shape == (1, 80)
+    assert torch.equal(sunk[:, :65], generate(model, prompt, 25, kv_cache=kind))  # 40 + 25 - 1 = 64 fit
+    with torch.no_grad():
+        for t in range(65, 80):  # each later token from the last 64, re-run (the book's crop)
+            assert int(sunk[0, t]) == int(model(sunk[:, t - 64 : t])[0, -1].argmax())
