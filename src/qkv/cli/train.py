@@ -58,7 +58,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--lr", type=number(0.0, 10.0, exclusive_minimum=True), metavar="X", help="peak learning rate (default: preset's)")
     parser.add_argument(
         "--min-lr-ratio", type=number(0.0, 1.0), metavar="X",
-        help="the cosine decay ends at --lr x X; 1 turns the decay off (default: 0.1)",
+        help="the cosine decay ends at --lr x X; 1 turns the decay off (default: preset's: 0.1, "
+        "the book preset's 1, a constant rate)",
     )
     parser.add_argument("--weight-decay", type=number(0.0, 10.0), metavar="X", help="AdamW weight decay (default: preset's)")
     parser.add_argument(
