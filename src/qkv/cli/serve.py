@@ -7,7 +7,6 @@ import argparse
 
 from qkv.cli.serve_flags import add_front_door_arguments, check_serve_flags
 from qkv.cli.speed import add_precision_argument
-from qkv.errors import QkvError
 from qkv.threads import FollowIdleCores, add_threads_argument, apply_threads
 
 

@@ -16,7 +16,6 @@ Shape legend: B batch (per process), L window length, V vocabulary.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import sys
 import time
@@ -55,6 +54,7 @@ from qkv.training.data import (
     text_fingerprint,
 )
 from qkv.training.distributed import DistContext, init_distributed, shutdown_distributed
+from qkv.training.failed_start import disk_full, disk_full_message, is_empty_folder, missing_folders, remove_if_empty
 from qkv.training.export import TOKENIZER_NAME, export_model_folder, write_tokenizer
 from qkv.training.metrics import METRICS_NAME, PLOT_NAME, MetricsLog, plot_losses
 from qkv.training.outdir import OutputFolder
@@ -98,8 +98,8 @@ def train(
     """
     ctx = init_distributed(group_even_alone=settings.context_parallel and "WORLD_SIZE" in os.environ)
     folder = OutputFolder(settings.out)
-    created = _missing_folders(folder.path.absolute())
-    was_empty = _is_empty_folder(folder.path)
+    created = missing_folders(folder.path.absolute())
+    was_empty = is_empty_folder(folder.path)
     run: Any = None  # _Run or book_run.BookRun
     try:
         if ctx.is_main:  # only rank 0 writes
@@ -116,15 +116,14 @@ def train(
         except BaseException:
             if (created or was_empty) and ctx.is_main:  # bad input found before anything but the claim was written
                 folder.forget()
-                _remove_if_empty(created)
+                remove_if_empty(created)
             raise
         return run.fit(on_step)
     except Exception as error:
-        if not _disk_full(error):
+        if not disk_full(error):
             raise
         raise QkvError(
-            f"the disk holding --out {settings.out} is full ({_full_reason(error)}"
-            f"{_where(error)}); free some space and "
+            f"{disk_full_message(error, settings.out)}; free some space and "
             "run again with --resume: every file qkv writes is replaced whole, so the last checkpoint is intact"
         ) from None
     finally:
@@ -141,56 +140,6 @@ def saved_settings(out: str | Path) -> TrainSettings:
         if recorded is not None:
             return TrainSettings.from_dict(recorded)
     return TrainSettings.from_dict(read_state(checkpoint_path(out)).settings)
-
-
-def _missing_folders(folder: Path) -> list[Path]:
-    """`folder` and its parents that do not exist yet, innermost first."""
-    missing = []
-    for path in (folder, *folder.parents):
-        if path.exists():
-            break
-        missing.append(path)
-    return missing
-
-
-_DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # EFBIG: a file-size limit (ulimit -f)
-
-
-_DISK_FULL_TEXT = ("No space left on device", "File too large", "Disk quota exceeded")
-
-
-def _disk_full(error: BaseException) -> bool:
-    """An OSError for a full disk, or a writer library's own error saying so (safetensors)."""
-    if isinstance(error, OSError) and error.errno in _DISK_FULL:
-        return True
-    return not isinstance(error, QkvError) and any(text in str(error) for text in _DISK_FULL_TEXT)
-
-
-def _full_reason(error: BaseException) -> str:
-    if isinstance(error, OSError) and error.strerror:
-        return error.strerror
-    return next((text for text in _DISK_FULL_TEXT if text in str(error)), "the disk is full")
-
-
-def _where(error: BaseException) -> str:
-    name = getattr(error, "filename", None)
-    return f" writing {Path(name).name}" if isinstance(name, str) else ""
-
-
-def _is_empty_folder(path: Path) -> bool:
-    try:
-        return path.is_dir() and not any(path.iterdir())
-    except OSError:
-        return False
-
-
-def _remove_if_empty(folders: list[Path]) -> None:
-    """Remove the folders a failed start created, innermost first, unless something is inside."""
-    for folder in folders:
-        try:
-            folder.rmdir()  # fails, as it should, when anything is inside
-        except OSError:
-            return
 
 
 class _Run:
