@@ -34,15 +34,15 @@ def browser():
         launched.close()
 
 
-def test_typed_text_shows_the_traced_weights_and_chat_streams(browser, start_server) -> None:
-    running = start_server(api_key=None)
-    served = running.served
+def traced_page(browser, url: str, text: str):
+    """A page on the explorer at `url`, allowed to fetch from the server only, with `text`
+    typed and traced: (page, URLs it tried elsewhere, page errors)."""
     page = browser.new_page()
     outside: list[str] = []
     errors: list[str] = []
 
     def route(r):
-        if r.request.url.startswith(running.url):
+        if r.request.url.startswith(url):
             r.continue_()
         else:
             outside.append(r.request.url)
@@ -51,11 +51,18 @@ def test_typed_text_shows_the_traced_weights_and_chat_streams(browser, start_ser
     page.route("**/*", route)
     page.on("pageerror", lambda e: errors.append(str(e)))
     with page.expect_response("**/explorer/trace"):
-        page.goto(running.url + "/")
-    text = "The cat <b>sat</b> on the mat"
+        page.goto(url + "/")
     page.fill("#text", text)
     with page.expect_response("**/explorer/trace"):
         page.click("#run")
+    return page, outside, errors
+
+
+def test_typed_text_shows_the_traced_weights_and_chat_streams(browser, start_server) -> None:
+    running = start_server(api_key=None)
+    served = running.served
+    text = "The cat <b>sat</b> on the mat"
+    page, outside, errors = traced_page(browser, running.url, text)
     with page.expect_response("**/explorer/trace"):
         page.select_option("#layer", "1")
     with page.expect_response("**/explorer/trace"):
@@ -89,15 +96,8 @@ def test_clicking_a_key_row_shows_its_score_split(browser, start_server) -> None
 
     running = start_server(api_key=None)
     served = running.served
-    page = browser.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    with page.expect_response("**/explorer/trace"):
-        page.goto(running.url + "/")
     text = "The cat sat on the mat"
-    page.fill("#text", text)
-    with page.expect_response("**/explorer/trace"):
-        page.click("#run")
+    page, _, errors = traced_page(browser, running.url, text)
     with page.expect_response("**/explorer/why"):
         page.locator("#keys tbody tr.key").nth(1).click()
     page.wait_for_selector("#why table.why-terms")

@@ -15,7 +15,7 @@ from qkv.trace import trace
 from qkv.trace.analysis import key_norms, sink_share
 from qkv.trace.export import query_row
 
-from .test_explorer_browser import browser  # noqa: F401  (the Chromium fixture)
+from .test_explorer_browser import browser, traced_page  # noqa: F401  (the Chromium fixture)
 
 pytestmark = pytest.mark.browser
 TEXT = "The cat sat on the mat because it was tired"
@@ -24,24 +24,7 @@ TEXT = "The cat sat on the mat because it was tired"
 @pytest.fixture(scope="module")
 def explorer(browser, start_server):  # noqa: F811
     running = start_server(api_key=None)
-    page = browser.new_page()
-    outside: list[str] = []
-    errors: list[str] = []
-
-    def route(r):
-        if r.request.url.startswith(running.url):
-            r.continue_()
-        else:
-            outside.append(r.request.url)
-            r.abort()
-
-    page.route("**/*", route)
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    with page.expect_response("**/explorer/trace"):
-        page.goto(running.url + "/")
-    page.fill("#text", TEXT)
-    with page.expect_response("**/explorer/trace"):
-        page.click("#run")
+    page, outside, errors = traced_page(browser, running.url, TEXT)
     yield page, running.served
     assert outside == [] and errors == []
     page.close()
