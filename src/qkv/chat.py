@@ -32,7 +32,8 @@ import torch
 from qkv.attention.kv_cache import CacheKind, StaticKVCache
 from qkv.attention.sink_cache import SinkKVCache
 from qkv.errors import QkvError
-from qkv.generation import DecodeSession, Sampling as Choice, cache_capacity, continue_from
+from qkv.generation import Sampling as Choice, continue_from
+from qkv.runtime import DecodeSession, cache_capacity
 from qkv.models.decoder import CausalDecoder
 
 if TYPE_CHECKING:

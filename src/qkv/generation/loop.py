@@ -33,7 +33,7 @@ from qkv.generation.constraints import Constraint
 from qkv.generation.sampling import Sampling, choose
 from qkv.attention.kv_cache import CacheKind, StaticKVCache
 from qkv.generation.past_context import cropped_steps, plan_past_context
-from qkv.generation.session import DecodeSession
+from qkv.runtime.session import DecodeSession
 from qkv.models.decoder import CausalDecoder
 
 

@@ -41,10 +41,9 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -53,7 +52,7 @@ from qkv.attention.kv_cache import SlotKVCache
 from qkv.errors import QkvError
 from qkv.generation.constraints import Constraint
 from qkv.generation.sampling import Sampling, choose
-from qkv.generation.session import DecodeSession
+from qkv.runtime.session import DecodeSession
 from qkv.models.decoder import CausalDecoder
 from qkv.serve.prefix_cache import RowPrefixes
 from qkv.threads import FollowIdleCores
@@ -221,25 +220,13 @@ class Engine:
             self._wake.notify()
 
     def call(self, fn: Callable[[], object]) -> concurrent.futures.Future[object]:
-        """Run `fn()` on the engine thread between two steps, with the slot caches detached
-        (so that it may run the model on its own, e.g. to trace it); returns its future."""
+        """Run `fn()` on the engine thread between two steps (so that it may run the model in a
+        session of its own, e.g. to trace it, never beside a step); returns its future."""
         future: concurrent.futures.Future[object] = concurrent.futures.Future()
         with self._wake:
             self._calls.append((fn, future))
             self._wake.notify()
         return future
-
-    @contextlib.contextmanager
-    def _detached(self) -> Iterator[None]:
-        layers = list(self.model.attention_layers())
-        caches = [layer.kv_cache for layer in layers]
-        for layer in layers:
-            layer.kv_cache = None
-        try:
-            yield
-        finally:
-            for layer, cache in zip(layers, caches):
-                layer.kv_cache = cache
 
     def _run_calls(self) -> None:
         while True:
@@ -250,8 +237,7 @@ class Engine:
             if not future.set_running_or_notify_cancel():
                 continue
             try:
-                with self._detached():
-                    result = fn()
+                result = fn()
             except BaseException as error:  # noqa: BLE001 - handed to the caller
                 future.set_exception(error)
             else:

@@ -6,7 +6,7 @@ import torch
 
 from qkv.attention.kv_cache import SlotKVCache
 from qkv.generation import generate
-from qkv.generation.session import DecodeSession
+from qkv.runtime.session import DecodeSession
 from qkv.models.llama import LlamaForCausalLM
 from qkv.models.llama_config import LlamaConfig
 
@@ -31,7 +31,7 @@ def test_decoding_some_rows_matches_each_sequence_alone_and_leaves_the_others_un
     with DecodeSession(model, batch_size=4, capacity=32, kind=SlotKVCache) as session:
         last = [int(session.prefill_row(r, p).argmax()) for r, p in enumerate(prompts)]
         produced = [[t] for t in last]
-        before = [c.k_cache[1].clone() for c in model.caches()]
+        before = [c.k_cache[1].clone() for c in session.caches]
         for _ in range(steps - 1):  # rows 0, 2 and 3 step; row 1 waits
             rows = [0, 2, 3]
             logits = session.decode(torch.tensor([last[r] for r in rows]), rows=rows)  # (3, V)
@@ -39,7 +39,7 @@ def test_decoding_some_rows_matches_each_sequence_alone_and_leaves_the_others_un
             for i, r in enumerate(rows):
                 last[r] = int(logits[i].argmax())
                 produced[r].append(last[r])
-        for cache, kept in zip(model.caches(), before):
+        for cache, kept in zip(session.caches, before):
             assert torch.equal(cache.k_cache[1], kept)  # the waiting row was not written
         for _ in range(steps - 1):  # now row 1 catches up alone
             last[1] = int(session.decode(torch.tensor([last[1]]), rows=[1])[0].argmax())
