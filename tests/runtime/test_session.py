@@ -55,12 +55,12 @@ def test_rows_read_only_the_positions_they_reach() -> None:
                      dtype=torch.float32, device=torch.device("cpu"))
     cache = SlotKVCache(spec)
     k = torch.randn(2, 2, 1, 4)
-    cache.rows, cache.limit = torch.tensor([2, 0]), 64
+    cache.selection.rows, cache.selection.limit = torch.tensor([2, 0]), 64
     keys, values, visible = cache.update(k, k, torch.tensor([[10], [3]]))
     assert keys.shape == (2, 2, 64, 4) and visible.shape == (2, 1, 1, 64)
     assert torch.equal(keys[0, :, 10], k[0, :, 0]) and torch.equal(keys[1, :, 3], k[1, :, 0])
     assert visible[0, 0, 0, :11].all() and not visible[0, 0, 0, 11:].any()
-    cache.limit = None
+    cache.selection.limit = None
     assert cache.update(k, k, torch.tensor([[11], [4]]))[0].shape == (2, 2, 256, 4)
 
 

@@ -9,7 +9,6 @@ torch.Generator, never the global RNG.
 
 from qkv.generation.loop import check_request, continue_from, generate, stop_tokens, stream
 from qkv.generation.sampling import Sampling, sample
-from qkv.runtime.session import DecodeSession, cache_capacity, warm_up
 
 __all__ = [
     "Sampling", "check_request", "continue_from", "generate", "sample", "stop_tokens", "stream",

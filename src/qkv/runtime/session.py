@@ -58,6 +58,22 @@ SMALLEST_CAPACITY = 256
 
 ROW_REACH_STEP = 64  # calls on some slot rows read keys up to a multiple of this
 
+# A prompt part of at least this many tokens runs every product on the large-row path
+# (qkv.perf.quantize.NATIVE_ROWS and PyTorch's matrix products from 16 rows on), whose row t
+# is computed alike whatever the other rows are: positions [start, end) prefilled after a
+# kept prefix then hold the very numbers a whole prefill of [0, end) writes.
+ROW_INDEPENDENT_TOKENS = 129
+
+
+def reusable_prefix(length: int, held: int) -> int:
+    """How many of the `held` leading positions of a `length`-token prompt a prefill may keep
+    (rather than compute again) and still write what a whole prefill of the prompt writes:
+    all of them when the rest is a part of at least ROW_INDEPENDENT_TOKENS; fewer (computing
+    more again) when it would be shorter; none for a prompt too short for such a part."""
+    if length <= ROW_INDEPENDENT_TOKENS:
+        return 0
+    return max(0, min(held, length - ROW_INDEPENDENT_TOKENS))
+
 
 def cache_capacity(tokens: int, context_length: int) -> int:
     """The capacity a session allocates for `tokens` positions: the next power of two, at
@@ -150,6 +166,11 @@ class DecodeSession:
             print("qkv: native decode layers cannot run this session (model not prepared for them, or its "
                   "cache kind); decoding through the modules", file=sys.stderr)
         return native
+
+    @property
+    def decodes_rows(self) -> bool:
+        """Whether `decode(tokens, rows=...)` steps some rows only (a session of slots)."""
+        return self.kind is SlotKVCache
 
     @property
     def runs_native(self) -> bool:
