@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from qkv.attention.kernels import BACKENDS, Backend, attention, reduction_attention
+from qkv.attention.kernels import BACKENDS, Backend, attention
 from qkv.attention.kv_cache import CacheSpec, KVCache
 from qkv.attention.ring import Ring
 from qkv.attention.rmsnorm import RMSNorm
@@ -165,21 +165,20 @@ class GroupedQueryAttention(nn.Module):
             k, v, visible = cache.update(k, v, positions)  # (B, H_kv, S, D), (B, 1, T, S)
             mask = visible if mask is None else mask & visible
             is_causal = False
-        if (t == 1 and cache is not None and cache.reads_as_reductions
-                and self.backend == "fused"):
+        backend = self.backend
+        if t == 1 and cache is not None and cache.reads_as_reductions and backend == "fused":
             # Keys computed from codes as they are read: the reductions let a compiler fuse
             # that computation into the attention (qkv.attention.quantized_cache).
-            context = reduction_attention(q, k, v, mask=mask)  # (B, H, 1, D)
-        else:
-            kernel = attention if self.ring is None else self.ring.attend  # the ring: every rank's keys
-            context = kernel(
-                q,
-                k,
-                v,
-                mask=mask,
-                is_causal=is_causal,
-                dropout_p=self.dropout if self.training else 0.0,
-                backend=self.backend,
-            )  # (B, H, T, D)
+            backend = "reductions"
+        kernel = attention if self.ring is None else self.ring.attend  # the ring: every rank's keys
+        context = kernel(
+            q,
+            k,
+            v,
+            mask=mask,
+            is_causal=is_causal,
+            dropout_p=self.dropout if self.training else 0.0,
+            backend=backend,
+        )  # (B, H, T, D)
         context = context.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (B, T, H*D)
         return self.o_proj(context)

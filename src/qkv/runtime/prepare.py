@@ -54,6 +54,7 @@ from qkv.errors import QkvError
 from qkv.attention.stacking import fuse_projections
 from qkv.models.decoder import CausalDecoder
 from qkv.native import NativeStatus, native_kernels
+from qkv.runtime.native_attention import register_native_attention
 from qkv.runtime.native_layers import FusedLayers
 from qkv.perf.compile import Backend, CompileReport, compile_decoder
 from qkv.perf.huge_pages import place_on_huge_pages
@@ -146,6 +147,8 @@ def _finish(model: CausalDecoder, precision: str, *, compile: bool, backend: Bac
     fused = FusedLayers.for_model(model, on_unfused=on_unfused) if compile else None
     report = compile_decoder(model, backend=backend) if compile and inductor and fused is None else None
     kernels = native_kernels() if precision in (*QUANTIZED, "float32") else None
+    if kernels is not None:
+        register_native_attention()  # one-query attention on qkv's kernel (qkv.attention.registry)
     setup = DecodeSetup(precision=precision, compile=report, kernels=kernels, fused=fused, from_cache=from_cache)
     _PREPARED[model] = setup
     return setup

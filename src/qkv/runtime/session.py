@@ -58,21 +58,26 @@ SMALLEST_CAPACITY = 256
 
 ROW_REACH_STEP = 64  # calls on some slot rows read keys up to a multiple of this
 
-# A prompt part of at least this many tokens runs every product on the large-row path
-# (qkv.perf.quantize.NATIVE_ROWS and PyTorch's matrix products from 16 rows on), whose row t
-# is computed alike whatever the other rows are: positions [start, end) prefilled after a
-# kept prefix then hold the very numbers a whole prefill of [0, end) writes.
-ROW_INDEPENDENT_TOKENS = 129
+# Prompts are prefilled in parts that begin and end at multiples of this many positions
+# (the last part ends with the prompt). A part's numbers depend only on its tokens and what the
+# cache holds before it, never on how long the rest of the prompt is (the matrix products and
+# the attention kernel choose their blocking by the row count), so a prompt prefilled whole,
+# after a kept prefix, alone or in a server's slot writes the same numbers.
+PREFILL_ALIGN = 64
+
+
+def aligned_parts(start: int, end: int, align: int = PREFILL_ALIGN) -> list[tuple[int, int]]:
+    """[start, end) cut at the multiples of `align`: the parts a prompt is prefilled in."""
+    cuts = [start, *range((start // align + 1) * align, end, align), end]
+    return list(zip(cuts[:-1], cuts[1:]))
 
 
 def reusable_prefix(length: int, held: int) -> int:
     """How many of the `held` leading positions of a `length`-token prompt a prefill may keep
     (rather than compute again) and still write what a whole prefill of the prompt writes:
-    all of them when the rest is a part of at least ROW_INDEPENDENT_TOKENS; fewer (computing
-    more again) when it would be shorter; none for a prompt too short for such a part."""
-    if length <= ROW_INDEPENDENT_TOKENS:
-        return 0
-    return max(0, min(held, length - ROW_INDEPENDENT_TOKENS))
+    the whole parts (PREFILL_ALIGN) among them, leaving at least the last token to compute.
+    Positions written by decode steps are not whole parts: a server keeps prompts only."""
+    return (min(held, length - 1) // PREFILL_ALIGN) * PREFILL_ALIGN if length > 0 else 0
 
 
 def cache_capacity(tokens: int, context_length: int) -> int:
@@ -242,15 +247,20 @@ class DecodeSession:
             raise QkvError("a prompt can follow only rows of equal length; reset the session first")
         self._need(start + t)
         caches = self.caches
-        step = (caches[0].prefill_chunk if caches else None) or t  # a sink cache: a window at a time
-        if step < t and lengths != [t] * b:
-            raise QkvError(f"prompts longer than {step} tokens are prefilled in parts, which needs rows "
+        chunk = caches[0].prefill_chunk if caches else None  # a sink cache: a window at a time
+        if chunk is not None:
+            parts = [(start + begin, start + min(begin + chunk, t)) for begin in range(0, t, chunk)]
+        elif lengths == [t] * b:
+            parts = aligned_parts(start, start + t)
+        else:  # ragged rows in one call: one part (a session of slots prefills each row alone instead)
+            parts = [(start, start + t)]
+        if len(parts) > 1 and lengths != [t] * b:
+            raise QkvError(f"prompts longer than {chunk} tokens are prefilled in parts, which needs rows "
                            "of equal length; prefill them one at a time")
         with torch.inference_mode(), _eager_prompts():
-            for begin in range(0, t, step):
-                end = min(begin + step, t)
-                positions = torch.arange(start + begin, start + end, device=self.device)  # (t',)
-                logits = self._forward(ids[:, begin:end].to(self.device), positions)  # (B, t', V)
+            for begin, end in parts:
+                positions = torch.arange(begin, end, device=self.device)  # (t',)
+                logits = self._forward(ids[:, begin - start:end - start].to(self.device), positions)  # (B, t', V)
         self.lengths = [start + n for n in lengths]
         skipped = t - logits.shape[1]  # tokens of earlier parts
         last = torch.tensor([n - 1 - skipped for n in lengths], device=self.device)  # (B,)
@@ -289,12 +299,15 @@ class DecodeSession:
                            f"{row}, ids of shape {tuple(ids.shape)}, start {start}")
         end = start + ids.shape[0]
         self._need(end)
-        positions = torch.arange(start, end, device=self.device)  # (T,)
-        with self._on_rows([row], reach=end), torch.inference_mode(), _eager_prompts():
-            logits = self._forward(ids.to(self.device)[None], positions)  # (1, T, V)
+        pieces = []
+        with torch.inference_mode(), _eager_prompts():
+            for begin, stop in aligned_parts(start, end):  # positions [begin, stop)
+                positions = torch.arange(begin, stop, device=self.device)  # (t',)
+                with self._on_rows([row], reach=stop):
+                    pieces.append(self._forward(ids[begin - start:stop - start].to(self.device)[None], positions)[0])
         self.lengths[row] = end
         self._next = None
-        return logits[0]  # (T, V)
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces)  # (T, V)
 
     def copy_row(self, source: int, target: int, length: int) -> None:
         """Row `target` starts with the first `length` positions row `source` holds (one

@@ -17,9 +17,9 @@ slots wait in a bounded queue; `submit` refuses one more (EngineFull).
 
 A freed row keeps its keys and values: a new request takes the free row that shares the
 longest prefix with its prompt and prefills only the rest (qkv.serve.prefix_cache; not for
-a job that scores its prompt, which needs the logits at every prompt position), keeping as
-much of the prefix as leaves a part that computes what a whole prefill would
-(`qkv.runtime.reusable_prefix`): an answer does not depend on what ran before it. A job may
+a job that scores its prompt, which needs the logits at every prompt position), keeping the
+whole prefill parts of the prefix (`qkv.runtime.reusable_prefix`), so the rest computes
+what a whole prefill would: an answer does not depend on what ran before it. A job may
 carry a `Constraint` (qkv.generation.constraints): its row's logits are masked by the
 grammar before sampling, each chosen token advances it, and the job ends when it is
 complete.
@@ -268,11 +268,9 @@ class Engine:
             return
         start = time.perf_counter()
         choices = self.loop.step()  # each running row's next token, then one decode call for those going on
-        for choice in choices:
+        for choice in choices:  # (decoded tokens are no reusable prefix: qkv.runtime.reusable_prefix)
             job = self._rows[choice.row]
             assert job is not None
-            if choice.end is None:  # decoded into the row's cache
-                self.prefixes.extend(choice.row, choice.token)
             self._deliver(job, choice)
         elapsed = time.perf_counter() - start
         self.stats.steps += 1
@@ -300,7 +298,7 @@ class Engine:
                 self._admit_copy(self.prefixes.pick(free, job.prompt)[0], job, source)
             else:
                 row, donor, kept = self.prefixes.pick(free, job.prompt)
-                # A kept prefix must leave a part that computes what a whole prefill would (batch invariance).
+                # Only whole prefill parts are kept: the rest computes what a whole prefill would.
                 kept = reusable_prefix(len(job.prompt), kept)
                 if job.score_prompt or kept == 0:  # every prompt position's logits are needed: prefill it whole
                     donor, kept = row, 0
