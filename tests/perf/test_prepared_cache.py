@@ -153,3 +153,10 @@ def test_a_cache_folder_that_cannot_be_written_only_loses_the_keeping(tmp_path: 
     model, _, setup = load_for_generation(source, precision="int8", compile=False)
     assert not setup.from_cache and _logits(model).shape == (1, 6, 296)
     assert blocked.read_text().startswith("a file")
+
+
+def test_every_module_the_key_reads_exists() -> None:
+    """The key hashes the source of the modules that decide the prepared tensors: a moved
+    module must be named anew, not silently dropped (or every load fails)."""
+    missing = [name for name in prepared_cache._CODE if not (prepared_cache._PACKAGE / name).exists()]
+    assert missing == []

@@ -30,6 +30,7 @@ import torch
 
 from qkv.attention.kv_cache import CacheKind, CacheSpec
 from qkv.bench.common import Context, Section
+from qkv.generation.decode_loop import DecodeLoop, RowRequest
 from qkv.runtime import DecodeSession
 from qkv.generation.cache_kinds import cache_kind, cached_perplexity
 from qkv.long_text import long_text, long_text_source
@@ -201,21 +202,22 @@ def _speed(ctx: Context, section: Section, sizes: KVSizes, encode: Callable[[str
     ids = encode(long_text())[: sizes.speed_context][None]  # (1, N)
     rounds = ctx.options.repeats + 1
     capacity = sizes.speed_context + sizes.speed_steps * rounds  # positions 0 .. capacity - 1
-    sessions: dict[str, tuple[DecodeSession, list[torch.Tensor]]] = {}
+    sessions: dict[str, tuple[DecodeSession, DecodeLoop]] = {}
     try:
         for label, name in (("full cache", "full"), ("int4 cache", "int4")):
             ctx.progress(f"decode speed at {sizes.speed_context} tokens: prefilling the {label}")
             model, _ = _load(sizes, DEFAULT_PRECISION, compile=True)
             session = DecodeSession(model, capacity=capacity, kind=cache_kind(name)).__enter__()
-            token = session.prefill(ids).argmax(-1)  # (1,)
-            sessions[label] = (session, [token])
+            loop = DecodeLoop(session)  # one greedy row, stepped in timed rounds (the one decode loop)
+            loop.start(0, session.prefill(ids)[0], RowRequest(max_tokens=sizes.speed_steps * rounds + 1))
+            sessions[label] = (session, loop)
 
         def steps(label: str) -> Callable[[], None]:
-            session, last = sessions[label]
+            _, loop = sessions[label]
 
             def run() -> None:
                 for _ in range(sizes.speed_steps):
-                    last[0] = session.decode(last[0]).argmax(-1)
+                    loop.step()
             return run
 
         ctx.progress("decode speed: timing")

@@ -54,7 +54,7 @@ def announce_speed(model: CausalDecoder, setup: DecodeSetup, kind: CacheKind | N
     """Compile the decode step (for caches of `kind`, the full cache by default) before the
     first token, saying once on stderr what was built and how decoding runs (with the time
     it took, apart from tokens/s)."""
-    from qkv.runtime import warm_up
+    from qkv.generation import warm_up
     from qkv.perf.compile import CompileReport
 
     kernels = setup.kernels

@@ -7,9 +7,9 @@ Every model step runs under torch.inference_mode(); sampling draws from its own
 torch.Generator, never the global RNG.
 """
 
-from qkv.generation.loop import check_request, continue_from, generate, stop_tokens, stream
+from qkv.generation.loop import check_request, continue_from, generate, stop_tokens, stream, warm_up
 from qkv.generation.sampling import Sampling, sample
 
 __all__ = [
-    "Sampling", "check_request", "continue_from", "generate", "sample", "stop_tokens", "stream",
+    "Sampling", "check_request", "continue_from", "generate", "sample", "stop_tokens", "stream", "warm_up",
 ]

@@ -140,6 +140,12 @@ class DecodeLoop:
     def running(self) -> list[int]:
         return sorted(self._rows)
 
+    def logits_of(self, row: int) -> Tensor:
+        """The logits (1, V) running row `row`'s next token will be chosen from."""
+        logits = self._rows[row].logits
+        assert logits is not None
+        return logits
+
     def start(self, row: int, logits: Tensor, request: RowRequest) -> None:
         """Row `row` (its prompt prefilled; `logits` (V,) or (1, V) of its last token) joins."""
         if not 0 <= row < self.session.batch_size or row in self._rows:

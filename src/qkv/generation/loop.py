@@ -22,6 +22,7 @@ Shape legend: B batch, T prompt tokens, N new tokens, V vocabulary.
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 
@@ -37,7 +38,7 @@ from qkv.generation.sampling import Sampling
 from qkv.models.decoder import CausalDecoder
 from qkv.runtime import setup_of
 from qkv.runtime.recompute import RecomputeSession
-from qkv.runtime.session import DecodeSession
+from qkv.runtime.session import SMALLEST_CAPACITY, DecodeSession
 
 
 def check_request(model: CausalDecoder, input_ids: Tensor, max_new_tokens: int,
@@ -239,3 +240,16 @@ def generate(
     if not new:
         return input_ids.clone()
     return torch.cat([input_ids.long(), torch.stack(new, dim=1).to(input_ids.device)], dim=1)  # (B, T + N)
+
+
+def warm_up(model: CausalDecoder, *, capacity: int = SMALLEST_CAPACITY, kind: CacheKind = StaticKVCache) -> float:
+    """Generate three tokens through a throw-away session of `capacity` positions and caches
+    of `kind`, so that a compiled model compiles its decode step (and qkv's kernels are
+    ready) before anyone waits on a token. Returns the seconds it took."""
+    start = time.perf_counter()
+    token = torch.zeros(1, 1, dtype=torch.long, device=next(model.parameters()).device)
+    with DecodeSession(model, capacity=min(capacity, model.context_length), kind=kind) as session:
+        logits = session.prefill(token)
+        for _ in continue_from(session, logits, 3):
+            pass
+    return time.perf_counter() - start

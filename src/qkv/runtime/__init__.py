@@ -14,9 +14,9 @@ Models are pure (qkv.models): they hold weights, never caches or fast paths. Gen
 from qkv.runtime.prepare import (
     DecodeSetup, load_dtype, load_for_generation, load_prepared_model, prepare_for_decoding, setup_of,
 )
-from qkv.runtime.session import STEPS, DecodeSession, aligned_parts, cache_capacity, reusable_prefix, warm_up
+from qkv.runtime.session import STEPS, DecodeSession, aligned_parts, cache_capacity, reusable_prefix
 
 __all__ = [
     "STEPS", "DecodeSession", "DecodeSetup", "aligned_parts", "cache_capacity", "load_dtype", "load_for_generation",
-    "load_prepared_model", "prepare_for_decoding", "reusable_prefix", "setup_of", "warm_up",
+    "load_prepared_model", "prepare_for_decoding", "reusable_prefix", "setup_of",
 ]

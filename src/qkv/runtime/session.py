@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import time
 from collections.abc import Iterator
 from types import TracebackType
 
@@ -405,16 +404,3 @@ class DecodeSession:
     def _check_open(self) -> None:
         if not self._open:
             raise QkvError("the decode session is not open: use it inside `with DecodeSession(...)`")
-
-
-def warm_up(model: CausalDecoder, *, capacity: int = SMALLEST_CAPACITY, kind: CacheKind = StaticKVCache) -> float:
-    """Run a prompt and two decode steps on a throw-away session, so that a compiled
-    model compiles its decode step (for sessions of `capacity` and caches of `kind`)
-    before anyone waits on a token. Returns the seconds it took."""
-    start = time.perf_counter()
-    token = torch.zeros(1, dtype=torch.long, device=next(model.parameters()).device)
-    with DecodeSession(model, capacity=min(capacity, model.context_length), kind=kind) as session:
-        session.prefill(token[None])
-        session.decode(token)
-        session.decode(token)
-    return time.perf_counter() - start
