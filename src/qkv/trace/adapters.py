@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from qkv.attention.grouped_query import GroupedQueryAttention
 from qkv.attention.masks import causal_mask, combine_masks
 from qkv.attention.rope import apply_rope
+from qkv.attention.window_cache import window_mask
 from qkv.book import CausalAttention, MultiHeadAttention, SelfAttention_v1, SelfAttention_v2
 
 
@@ -52,6 +53,7 @@ class AttentionCall:
     cos: Tensor | None  # (T, D) rotations of the new tokens, when RoPE is used
     sin: Tensor | None
     unbatched: bool  # the module was called with (T, C) and answered (T, ...)
+    window: int | None = None  # a local layer's sliding window (keys a query sees); None: global
 
 
 def _linear_parts(layer: nn.Linear) -> tuple[Tensor, Tensor | None]:
@@ -163,7 +165,10 @@ def _grouped_query(module: GroupedQueryAttention, args: tuple, kwargs: dict) -> 
     k_rot = apply_rope(k, cos, sin) if rope else k  # (B, H_kv, T, D)
     keys, values = _cached(module, k_rot, v_new)
     s = keys.shape[2]
-    full = combine_masks(mask, causal_mask(t, s, device=x.device) if is_causal else None)
+    # A local layer (attribute `window`, None: global) sees only its last `window` keys.
+    window = getattr(module, "window", None)
+    local = window_mask(t, s, window, device=x.device) if window is not None else None
+    full = combine_masks(mask, causal_mask(t, s, device=x.device) if is_causal else None, local)
     return AttentionCall(
         x=x, W_query=wq, W_key=wk, W_value=wv, b_query=bq, b_key=bk, b_value=bv,
         q_unrotated=q, q=q_rot, k_unrotated=k, k_new=k_rot, keys=keys, values=values,
@@ -171,7 +176,7 @@ def _grouped_query(module: GroupedQueryAttention, args: tuple, kwargs: dict) -> 
         out_proj=module.o_proj,
         cos=None if not rope else (cos[0] if cos.dim() == 3 else cos).detach(),
         sin=None if not rope else (sin[0] if sin.dim() == 3 else sin).detach(),
-        unbatched=False,
+        unbatched=False, window=window,
     )
 
 

@@ -9,7 +9,9 @@ For each attention layer and KV head, over the tokens of one text:
   of tokens in which each is among that token's largest |k| channels;
 - key norms by position (the first token's key is often unlike the rest);
 - the sink mass: the mean attention weight the queries (after the first) put on the first
-  token, per query head;
+  token, per query head (a local layer's: of the queries whose window still holds it);
+- local (sliding-window) layers and global layers summed up apart (`by_attention`): the
+  window is read from each attention module's `window` attribute (None: global);
 - with RoPE, the magnitude of each rotation pair (in qkv's rotate-half layout channels i and
   i + D/2 rotate together at frequency inv_freq[i]; `rope_partner` computes the pairing for a
   head size and layout) against its wavelength: the large channels sit in the slow bands, and
@@ -33,6 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from qkv.attention.rope import RotaryEmbedding
+from qkv.attention.window_cache import window_mask
 from qkv.trace.adapters import AttentionCall, explain_call
 from qkv.trace.recorder import attention_modules
 
@@ -73,6 +76,7 @@ class HeadAnatomy:
     key_norms: list[float]  # (T,) |k| by position
     sink_mass: list[float]  # per query head of this group: mean weight on the first token
     band_magnitude: list[float] | None  # (D/2,) RMS of each rotation pair, pre-RoPE
+    window: int | None = None  # a local layer's sliding window; None: a global layer
 
 
 @dataclass
@@ -102,6 +106,9 @@ def channel_stats(x: Tensor) -> ChannelStats:
 
 
 def _sink_mass(call: AttentionCall, kv_head: int) -> list[float]:
+    """Per query head of the group: the mean weight on the first token of the queries after
+    the first that can see it (a local layer's queries past its window cannot: they put
+    exactly 0 there, and are left out; with a window of 1 none is left, and the mass is 0)."""
     heads, kv_heads = call.q.shape[1], call.keys.shape[1]
     group = heads // kv_heads
     out = []
@@ -109,9 +116,15 @@ def _sink_mass(call: AttentionCall, kv_head: int) -> list[float]:
         q, k = call.q[0, h].float(), call.keys[0, kv_head].float()  # (T, D), (S, D)
         scores = (q @ k.T) * call.scale  # (T, S)
         t, s = scores.shape
-        causal = torch.ones(t, s, dtype=torch.bool).tril(s - t)
-        weights = scores.masked_fill(~causal, float("-inf")).softmax(-1)  # (T, S)
-        out.append(round(float(weights[1:, 0].mean()) if t > 1 else 1.0, 4))
+        visible = torch.ones(t, s, dtype=torch.bool).tril(s - t)
+        if call.window is not None:
+            visible &= window_mask(t, s, call.window)
+        weights = scores.masked_fill(~visible, float("-inf")).softmax(-1)  # (T, S)
+        seeing = visible[1:, 0]  # (T - 1,) the later queries that see the first token
+        if t == 1:
+            out.append(1.0)
+        else:
+            out.append(round(float(weights[1:, 0][seeing].mean()) if bool(seeing.any()) else 0.0, 4))
     return out
 
 
@@ -151,6 +164,7 @@ def key_anatomy(model: nn.Module, input_ids: Tensor, name: str = "") -> KeyAnato
                 key_norms=[round(float(n), 4) for n in k.norm(dim=1)],
                 sink_mass=_sink_mass(call, h),
                 band_magnitude=[round(float(b), 5) for b in bands] if bands is not None else None,
+                window=call.window,
             ))
     return anatomy
 
@@ -198,5 +212,31 @@ def summary_rows(anatomy: KeyAnatomy) -> list[dict[str, object]]:
             "value_ratio": head.values.max_over_median, "value_outliers": head.values.outliers,
             "first_key_norm_over_median": round(norms[0] / max(rest[len(rest) // 2], 1e-12), 3),
             "sink_mass": round(sum(head.sink_mass) / len(head.sink_mass), 4),
+            "attention": attention_kind(head.window), "window": head.window,
         })
     return rows
+
+
+def attention_kind(window: int | None) -> str:
+    return "global" if window is None else "local"
+
+
+def by_attention(rows: list[dict[str, object]]) -> dict[str, dict[str, object]]:
+    """The summary's means over global layers and over local (sliding-window) layers apart:
+    a local layer's queries never see far back, so its sink and its keys can differ."""
+    kinds: dict[str, dict[str, object]] = {}
+    for kind in ("global", "local"):
+        chosen = [r for r in rows if r["attention"] == kind]
+        if not chosen:
+            continue
+
+        def mean(key: str) -> float:
+            return round(sum(float(r[key]) for r in chosen) / len(chosen), 4)  # type: ignore[arg-type]
+
+        kinds[kind] = {
+            "layers": sorted({int(r["layer"]) for r in chosen}),  # type: ignore[call-overload]
+            "windows": sorted({int(r["window"]) for r in chosen if r["window"] is not None}),  # type: ignore[call-overload]
+            "heads": len(chosen), "key_ratio": mean("key_ratio"), "value_ratio": mean("value_ratio"),
+            "first_key_norm_over_median": mean("first_key_norm_over_median"), "sink_mass": mean("sink_mass"),
+        }
+    return kinds
