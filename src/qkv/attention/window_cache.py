@@ -16,8 +16,9 @@ were before the call followed by the new tokens (S = W + T) and the mask
 
 then keeps, per row, the newest W of them. Reading before writing keeps a prompt of T > W
 tokens exact: each of its queries still sees its own last W keys, some of which the same
-call evicts. A decode step (T = 1) has the same shapes at every length, and nothing in
-`update` reads a tensor back into Python.
+call evicts. A decode step (T = 1) writes first and answers with the ring itself (S = W, no
+copy): the one key it evicts, p - W, lies outside its query's window. A decode step has the
+same shapes at every length, and nothing in `update` reads a tensor back into Python.
 
 Rows may differ: positions (B, T) put each row at its own positions; a negative position
 marks a padding token, neither stored nor seen (its query sees nothing and attends to
@@ -130,12 +131,13 @@ class WindowKVCache(KVCache):
         held = held[:, :ring]  # (B, W)
         held = held.masked_fill(held >= first[:, None], -1)  # replaced by this call's tokens
         new = pos.masked_fill(~real, -1)  # (B, T)
-        key_pos = torch.cat([held, new], dim=1)  # (B, S)
-        keys = torch.cat([cached_k[:, :, :ring], k.to(self.k_cache.dtype)], dim=2)  # (B, H_kv, S, D)
-        values = torch.cat([cached_v[:, :, :ring], v.to(self.v_cache.dtype)], dim=2)  # (B, H_kv, S, D_v)
-        query = new[:, :, None]  # (B, T, 1)
-        kp = key_pos[:, None, :]  # (B, 1, S)
-        visible = (kp >= 0) & (kp <= query) & (kp > query - self.window) & (query >= 0)  # (B, T, S)
+        # One new token on every row (a decode step): written first, then the ring is read in
+        # place (S = W, no copy): the key it evicts, p - W, is outside its window anyway.
+        in_place = t == 1 and self.rows is None
+        if not in_place:  # the ring as it was, then the new keys (S = W + T)
+            key_pos = torch.cat([held, new], dim=1)  # (B, S)
+            keys = torch.cat([cached_k[:, :, :ring], k.to(self.k_cache.dtype)], dim=2)  # (B, H_kv, S, D)
+            values = torch.cat([cached_v[:, :, :ring], v.to(self.v_cache.dtype)], dim=2)  # (B, H_kv, S, D_v)
 
         # Keep the newest W of each row; the rest go to the scratch slot (index `ring`).
         # Kept positions span fewer than W consecutive integers, so their slots are distinct.
@@ -149,6 +151,12 @@ class WindowKVCache(KVCache):
         self.key_positions[:, ring] = -1  # the scratch slot holds nothing
         wrote = real.any(dim=1)  # (B,)
         self.lengths[rows] = torch.where(wrote, last + 1, self.lengths.index_select(0, rows))
+        if in_place:
+            key_pos = self.key_positions[:, :ring]  # (B, S), S = W
+            keys, values = self.k_cache[:, :, :ring], self.v_cache[:, :, :ring]  # (B, H_kv, S, D)
+        query = new[:, :, None]  # (B, T, 1)
+        kp = key_pos[:, None, :]  # (B, 1, S)
+        visible = (kp >= 0) & (kp <= query) & (kp > query - self.window) & (query >= 0)  # (B, T, S)
         return keys, values, visible[:, None]  # (B, 1, T, S)
 
     def _check_rows(self, k: Tensor, v: Tensor, positions: Tensor, rows: Tensor) -> None:
