@@ -4,18 +4,22 @@
 only their last `window` keys, itself included: it gets the `window` attribute that the
 trace, the key anatomy and the per-layer cache choice read, and applies the window mask
 itself unless its cache already does (`windowed`), the contract a layer with a `window`
-argument keeps. The parameters are the layer's own; only the class changes.
+argument keeps. The parameters are the layer's own; only the class changes. Once
+GroupedQueryAttention takes a `window` itself, setting the attribute is all it takes, and
+the tests run the real layer.
 
 Shape legend: B batch, T new tokens, S keys (cache included).
 """
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import Tensor
 
 from qkv.attention import GroupedQueryAttention
-from qkv.attention.window_cache import window_mask
+from qkv.attention.window_cache import sliding_window_mask
 
 
 class LocalAttention(GroupedQueryAttention):
@@ -26,7 +30,7 @@ class LocalAttention(GroupedQueryAttention):
         cache = self.kv_cache
         if cache is None:
             t = x.shape[1]
-            local = window_mask(t, t, self.window, device=x.device)  # (T, T)
+            local = sliding_window_mask(t, t, self.window, device=x.device)  # (T, T)
         elif not getattr(cache, "windowed", False):  # a full cache: slot s holds position s
             if positions is None:
                 start = cache.length
@@ -43,6 +47,9 @@ class LocalAttention(GroupedQueryAttention):
 
 
 def make_local(layer: GroupedQueryAttention, window: int) -> GroupedQueryAttention:
-    layer.__class__ = LocalAttention
+    """The layer, local: by its own `window` where GroupedQueryAttention has one, else as a
+    LocalAttention."""
+    if "window" not in inspect.signature(GroupedQueryAttention.__init__).parameters:
+        layer.__class__ = LocalAttention
     layer.window = window
     return layer

@@ -23,7 +23,7 @@ def spec(batch: int = 1, capacity: int = 256) -> CacheSpec:
                      dtype=torch.float32, device=torch.device("cpu"))
 
 
-def window_mask(n: int, window: int) -> torch.Tensor:
+def reference_mask(n: int, window: int) -> torch.Tensor:
     """(n, n) the query at p sees the keys at p - window < k <= p."""
     p = torch.arange(n)[:, None]
     k = torch.arange(n)[None, :]
@@ -32,7 +32,7 @@ def window_mask(n: int, window: int) -> torch.Tensor:
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int) -> torch.Tensor:
     """Explicit attention over the full sequence with a sliding-window mask."""
-    context, _ = explicit_attention(q, k, v, mask=window_mask(q.shape[2], window))
+    context, _ = explicit_attention(q, k, v, mask=reference_mask(q.shape[2], window))
     return context
 
 
@@ -157,7 +157,7 @@ def test_a_grouped_query_layer_through_the_cache_equals_its_windowed_full_sequen
     x = torch.randn(2, n, c)
     cos, sin = rotary(torch.arange(n))
     with torch.no_grad():
-        expected = layer(x, cos=cos, sin=sin, mask=window_mask(n, window), is_causal=False)
+        expected = layer(x, cos=cos, sin=sin, mask=reference_mask(n, window), is_causal=False)
         layer.setup_cache(2, 64, dtype=torch.float32, device=torch.device("cpu"),
                           kind=WindowKVCache.kind(window=window))
         outs, start = [], 0

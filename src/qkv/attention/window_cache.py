@@ -235,13 +235,13 @@ class WindowKVCache(KVCache):
         return f"batch={s.batch_size}, kv_heads={s.num_kv_heads}, window={self.window}, head_dim={s.head_dim}"
 
 
-def window_mask(num_queries: int, num_keys: int, window: int, *,
+def sliding_window_mask(num_queries: int, num_keys: int, window: int, *,
                 device: torch.device | str | None = None) -> Tensor:
     """(T, S) True where a key lies within the last `window` positions of a query, the
     queries being the last T of the S keys (as `causal_mask` aligns them): key s is visible
     to query i when s > (S - T + i) - window. Causality is `causal_mask`'s: AND the two."""
     if num_queries < 0 or num_keys < num_queries or window < 1:
-        raise ValueError(f"window_mask needs 0 <= num_queries <= num_keys and window >= 1, got "
+        raise ValueError(f"sliding_window_mask needs 0 <= num_queries <= num_keys and window >= 1, got "
                          f"num_queries={num_queries}, num_keys={num_keys}, window={window}")
     query_pos = torch.arange(num_queries, device=device)[:, None] + (num_keys - num_queries)  # (T, 1)
     key_pos = torch.arange(num_keys, device=device)[None, :]  # (1, S)

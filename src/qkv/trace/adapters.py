@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from qkv.attention.grouped_query import GroupedQueryAttention
 from qkv.attention.masks import causal_mask, combine_masks
 from qkv.attention.rope import apply_rope
-from qkv.attention.window_cache import window_mask
+from qkv.attention.window_cache import sliding_window_mask
 from qkv.book import CausalAttention, MultiHeadAttention, SelfAttention_v1, SelfAttention_v2
 
 
@@ -167,7 +167,7 @@ def _grouped_query(module: GroupedQueryAttention, args: tuple, kwargs: dict) -> 
     s = keys.shape[2]
     # A local layer (attribute `window`, None: global) sees only its last `window` keys.
     window = getattr(module, "window", None)
-    local = window_mask(t, s, window, device=x.device) if window is not None else None
+    local = sliding_window_mask(t, s, window, device=x.device) if window is not None else None
     full = combine_masks(mask, causal_mask(t, s, device=x.device) if is_causal else None, local)
     return AttentionCall(
         x=x, W_query=wq, W_key=wk, W_value=wv, b_query=bq, b_key=bk, b_value=bv,

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from qkv.attention.rope import RotaryEmbedding
-from qkv.attention.window_cache import window_mask
+from qkv.attention.window_cache import sliding_window_mask
 from qkv.trace.adapters import AttentionCall, explain_call
 from qkv.trace.recorder import attention_modules
 
@@ -118,7 +118,7 @@ def _sink_mass(call: AttentionCall, kv_head: int) -> list[float]:
         t, s = scores.shape
         visible = torch.ones(t, s, dtype=torch.bool).tril(s - t)
         if call.window is not None:
-            visible &= window_mask(t, s, call.window)
+            visible &= sliding_window_mask(t, s, call.window)
         weights = scores.masked_fill(~visible, float("-inf")).softmax(-1)  # (T, S)
         seeing = visible[1:, 0]  # (T - 1,) the later queries that see the first token
         if t == 1:
