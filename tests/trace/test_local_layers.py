@@ -119,3 +119,24 @@ def test_the_key_anatomy_covers_local_and_global_layers_apart(model, recorded) -
     assert "Mean over local layers' heads" in text and "Mean over global layers' heads" in text
     page = keys_page(anatomy, rows, {})
     assert "Local and global layers" in page and "Local layers (1; each query sees only its last 3 keys)" in page
+
+
+def test_a_soft_capped_scaled_partly_rotated_local_layer_traces_exactly() -> None:
+    """Gemma's parts (score scale, soft-capped scores, a window, partial rotary), once
+    GroupedQueryAttention has them: the trace's self-check against the layer's output holds."""
+    import inspect
+
+    from qkv.attention import GroupedQueryAttention, RotaryEmbedding
+
+    wanted = {"scale", "softcap", "window", "rotary_dim"}
+    if not wanted <= set(inspect.signature(GroupedQueryAttention.__init__).parameters):
+        pytest.skip("GroupedQueryAttention has no score scale, soft-cap, window or partial rotary yet")
+    torch.manual_seed(1)
+    layer = GroupedQueryAttention(32, 4, num_kv_heads=2, head_dim=16, scale=0.3, softcap=2.0, window=WINDOW,
+                                  rotary_dim=8).eval()
+    cos, sin = RotaryEmbedding(8)(torch.arange(T))
+    recorded = trace(layer, torch.randn(1, T, 32) * 3, cos=cos, sin=sin).layers[0]
+    assert recorded.softcap == 2.0 and recorded.scale == 0.3 and recorded.window == WINDOW
+    finite = recorded.scaled[recorded.mask]
+    assert float(finite.abs().max()) < 2.0  # every score capped below the cap
+    assert query_row(recorded, None, 0, 6)["outside_window"] == [True] * 4 + [False] * 5
