@@ -57,7 +57,6 @@ class WindowKVCache(KVCache):
     key_positions: Tensor
     lengths: Tensor
     row_indices: Tensor
-    ring_slots: Tensor
 
     def __init__(self, spec: CacheSpec, *, window: int) -> None:
         if not isinstance(window, int) or window < 1:
@@ -80,7 +79,6 @@ class WindowKVCache(KVCache):
         self.register_buffer("lengths", torch.zeros(s.batch_size, dtype=torch.long, device=s.device),
                              persistent=False)
         self.register_buffer("row_indices", torch.arange(s.batch_size, device=s.device), persistent=False)
-        self.register_buffer("ring_slots", torch.arange(self.ring, device=s.device), persistent=False)  # (W,)
         # Like SlotKVCache: while `rows` is set, a call carries only those batch rows (b,),
         # a server's occupied slots. `limit` is accepted for that interface and needs no
         # action: a call reads at most W + T keys whatever the rows hold.
@@ -144,7 +142,7 @@ class WindowKVCache(KVCache):
         keep = real & (pos > (last[:, None] - ring))  # (B, T)
         slots = torch.where(keep, torch.remainder(pos, ring), ring)  # (B, T)
         row_index = rows[:, None]  # (B, 1)
-        self.key_positions[row_index, self.ring_slots] = held  # forget what this call replaces
+        self.key_positions[rows, :ring] = held  # forget what this call replaces
         self.k_cache[row_index, :, slots] = k.transpose(1, 2).to(self.k_cache.dtype)  # (B, T, H_kv, D)
         self.v_cache[row_index, :, slots] = v.transpose(1, 2).to(self.v_cache.dtype)
         self.key_positions[row_index, slots] = pos
