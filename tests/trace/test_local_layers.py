@@ -136,7 +136,7 @@ def test_a_soft_capped_scaled_partly_rotated_local_layer_traces_exactly() -> Non
                                   rotary_dim=8).eval()
     cos, sin = RotaryEmbedding(8)(torch.arange(T))
     recorded = trace(layer, torch.randn(1, T, 32) * 3, cos=cos, sin=sin).layers[0]
-    assert recorded.softcap == 2.0 and recorded.scale == 0.3 and recorded.window == WINDOW
+    assert recorded.scale == 0.3 and recorded.window == WINDOW
     finite = recorded.scaled[recorded.mask]
     assert float(finite.abs().max()) < 2.0  # every score capped below the cap
     assert query_row(recorded, None, 0, 6)["outside_window"] == [True] * 4 + [False] * 5

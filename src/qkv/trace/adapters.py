@@ -54,7 +54,6 @@ class AttentionCall:
     sin: Tensor | None
     unbatched: bool  # the module was called with (T, C) and answered (T, ...)
     window: int | None = None  # a local layer's sliding window (keys a query sees); None: global
-    softcap: float | None = None  # scaled scores become softcap * tanh(scaled / softcap) (Gemma 2)
 
 
 def _linear_parts(layer: nn.Linear) -> tuple[Tensor, Tensor | None]:
@@ -157,17 +156,13 @@ def _grouped_query(module: GroupedQueryAttention, args: tuple, kwargs: dict) -> 
     mask, is_causal = kwargs.get("mask"), kwargs.get("is_causal", True)
     (wq, bq), (wk, bk), (wv, bv) = _projection_parts(module)
     b, t, _ = x.shape
-    if callable(getattr(module, "heads", None)):  # the layer splits and normalises its heads itself
-        q, k, v_new = module.heads(x)  # (B, H, T, D), (B, H_kv, T, D) x 2
-    else:
-        q_flat, k_flat, v_flat = module.project(x)  # (B, T, H*D), (B, T, H_kv*D) x 2
-        q = module.q_norm(q_flat.view(b, t, module.num_heads, module.head_dim)).transpose(1, 2)
-        k = module.k_norm(k_flat.view(b, t, module.num_kv_heads, module.head_dim)).transpose(1, 2)
-        v_new = _heads(v_flat, module.num_kv_heads)  # (B, H_kv, T, D)
+    q_flat, k_flat, v_flat = module.project(x)  # (B, T, H*D), (B, T, H_kv*D) x 2
+    q = module.q_norm(q_flat.view(b, t, module.num_heads, module.head_dim)).transpose(1, 2)
+    k = module.k_norm(k_flat.view(b, t, module.num_kv_heads, module.head_dim)).transpose(1, 2)
+    v_new = _heads(v_flat, module.num_kv_heads)  # (B, H_kv, T, D)
     rope = cos is not None and sin is not None
-    rotate = getattr(module, "rotate", None) or apply_rope  # a layer may rotate only part of a head
-    q_rot = rotate(q, cos, sin) if rope else q  # (B, H, T, D)
-    k_rot = rotate(k, cos, sin) if rope else k  # (B, H_kv, T, D)
+    q_rot = apply_rope(q, cos, sin) if rope else q  # (B, H, T, D)
+    k_rot = apply_rope(k, cos, sin) if rope else k  # (B, H_kv, T, D)
     keys, values = _cached(module, k_rot, v_new)
     s = keys.shape[2]
     # A local layer (attribute `window`, None: global) sees only its last `window` keys.
@@ -177,12 +172,11 @@ def _grouped_query(module: GroupedQueryAttention, args: tuple, kwargs: dict) -> 
     return AttentionCall(
         x=x, W_query=wq, W_key=wk, W_value=wv, b_query=bq, b_key=bk, b_value=bv,
         q_unrotated=q, q=q_rot, k_unrotated=k, k_new=k_rot, keys=keys, values=values,
-        mask=full, scale=float(getattr(module, "score_scale", 1.0 / math.sqrt(module.head_dim))),
-        causal=bool(is_causal),
+        mask=full, scale=1.0 / math.sqrt(module.head_dim), causal=bool(is_causal),
         out_proj=module.o_proj,
         cos=None if not rope else (cos[0] if cos.dim() == 3 else cos).detach(),
         sin=None if not rope else (sin[0] if sin.dim() == 3 else sin).detach(),
-        unbatched=False, window=window, softcap=getattr(module, "softcap", None),
+        unbatched=False, window=window,
     )
 
 

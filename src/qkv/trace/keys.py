@@ -115,8 +115,9 @@ def _sink_mass(call: AttentionCall, kv_head: int) -> list[float]:
     for h in range(kv_head * group, (kv_head + 1) * group):
         q, k = call.q[0, h].float(), call.keys[0, kv_head].float()  # (T, D), (S, D)
         scores = (q @ k.T) * call.scale  # (T, S)
-        if call.softcap is not None:  # Gemma 2's soft-capped scores
-            scores = call.softcap * torch.tanh(scores / call.softcap)
+        softcap = getattr(call, "softcap", None)  # Gemma 2's cap, where the adapter records one
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)
         t, s = scores.shape
         visible = torch.ones(t, s, dtype=torch.bool).tril(s - t)
         if call.window is not None:

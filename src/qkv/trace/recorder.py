@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from qkv.attention.kernels import fused_attention, repeat_kv
+from qkv.attention.kernels import fused_attention
 from qkv.errors import QkvError
 from qkv.trace.adapters import AttentionCall, adapter_for, dropout_p, explain_call, num_heads, supported_types
 
@@ -76,7 +76,6 @@ class LayerTrace:
     cos: Tensor | None = None  # (T, D) RoPE rotations of the new tokens
     sin: Tensor | None = None
     window: int | None = None  # a local layer's sliding window (keys a query sees); None: global
-    softcap: float | None = None  # `scaled` holds softcap * tanh(scores * scale / softcap)
 
     @property
     def is_local(self) -> bool:
@@ -189,26 +188,6 @@ def _check(what: str, actual: Tensor, expected: Tensor, where: str) -> None:
         ) from None
 
 
-def capped(scaled: Tensor, softcap: float | None) -> Tensor:
-    """Soft-capped scores, softcap * tanh(scaled / softcap) (Gemma 2), or the scores as they are."""
-    return scaled if softcap is None else softcap * torch.tanh(scaled / softcap)
-
-
-def _reference(call: AttentionCall, mask: Tensor | None) -> Tensor:
-    """Every head's context by the fused kernel, or, for soft-capped scores (which it cannot
-    cap), by the plain steps over every head: (B, H, T, D)."""
-    if call.softcap is None:
-        return fused_attention(call.q, call.keys, call.values, mask=mask, scale=call.scale)
-    keys, values = repeat_kv(call.keys, call.q.shape[1]), repeat_kv(call.values, call.q.shape[1])  # (B, H, S, D)
-    scores = capped((call.q @ keys.transpose(-1, -2)) * call.scale, call.softcap)  # (B, H, T, S)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, -torch.inf)
-    weights = torch.softmax(scores.float(), dim=-1).to(call.q.dtype)
-    if mask is not None:
-        weights = weights.masked_fill(~mask.any(-1, keepdim=True), 0.0)
-    return weights @ values
-
-
 def record_call(index: int, name: str, module: nn.Module, call: AttentionCall, real_output: Tensor,
                 heads: Selection, queries: Selection) -> LayerTrace:
     """Explicit steps for the selected heads and queries, checked against the real output."""
@@ -229,7 +208,8 @@ def record_call(index: int, name: str, module: nn.Module, call: AttentionCall, r
     full_mask = call.mask
     if full_mask is not None and full_mask.dim() < 4:
         full_mask = full_mask.reshape((1,) * (4 - full_mask.dim()) + tuple(full_mask.shape))
-    reference = _reference(call, full_mask)  # (B, H, T, D) every head, every query
+    reference = fused_attention(call.q, call.keys, call.values, mask=full_mask,
+                                scale=call.scale)  # (B, H, T, D) every head, every query
 
     q = call.q[:, hs][:, :, qs]  # (B, h, t, D)
     keys = call.keys[:, kvs]  # (B, h, S, D)
@@ -240,7 +220,7 @@ def record_call(index: int, name: str, module: nn.Module, call: AttentionCall, r
         visible = torch.ones(b, len(head_ids), len(query_ids), s, dtype=torch.bool)
     else:
         visible = full_mask.expand(b, h_all, t, s)[:, hs][:, :, qs]  # (B, h, t, S)
-    scaled = capped(scores * call.scale, call.softcap).masked_fill(~visible, -torch.inf)
+    scaled = (scores * call.scale).masked_fill(~visible, -torch.inf)
     weights = torch.softmax(scaled.float(), dim=-1).to(q.dtype)  # (B, h, t, S)
     weights = weights.masked_fill(~visible.any(-1, keepdim=True), 0.0)
     context = weights @ values  # (B, h, t, D)
@@ -265,7 +245,7 @@ def record_call(index: int, name: str, module: nn.Module, call: AttentionCall, r
         k_unrotated=call.k_unrotated[:, kvs], keys=keys, values=values,
         scores=scores, scaled=scaled, mask=visible, weights=weights,
         context=context, concat=concat[:, qs], output=output[:, qs], cos=call.cos, sin=call.sin,
-        window=call.window, softcap=call.softcap,
+        window=call.window,
     )
 
 

@@ -101,7 +101,7 @@ def render_layer(
         console.print(f"query q = {_vector(row['query_vector'])}")
     table = Table(box=box.SIMPLE, show_header=True, pad_edge=False)
     for name, justify in (("#", "right"), ("key token", "left"), ("q · k", "right"),
-                          (f"× {layer.scale:.4f}" + (f", capped at {layer.softcap:g}" if layer.softcap else ""), "right"), ("weight", "right"), ("", "left")):
+                          (f"× {layer.scale:.4f}", "right"), ("weight", "right"), ("", "left")):
         table.add_column(name, justify=justify, no_wrap=name != "key token")  # type: ignore[arg-type]
     for s, token in enumerate(row["key_tokens"]):
         weight = row["weights"][s]
