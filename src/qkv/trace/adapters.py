@@ -24,7 +24,6 @@ from torch import Tensor, nn
 from qkv.attention.grouped_query import GroupedQueryAttention
 from qkv.attention.masks import causal_mask, combine_masks
 from qkv.attention.rope import apply_rope
-from qkv.attention.window_cache import sliding_window_mask
 from qkv.book import CausalAttention, MultiHeadAttention, SelfAttention_v1, SelfAttention_v2
 
 
@@ -53,7 +52,6 @@ class AttentionCall:
     cos: Tensor | None  # (T, D) rotations of the new tokens, when RoPE is used
     sin: Tensor | None
     unbatched: bool  # the module was called with (T, C) and answered (T, ...)
-    window: int | None = None  # a local layer's sliding window (keys a query sees); None: global
 
 
 def _linear_parts(layer: nn.Linear) -> tuple[Tensor, Tensor | None]:
@@ -165,10 +163,7 @@ def _grouped_query(module: GroupedQueryAttention, args: tuple, kwargs: dict) -> 
     k_rot = apply_rope(k, cos, sin) if rope else k  # (B, H_kv, T, D)
     keys, values = _cached(module, k_rot, v_new)
     s = keys.shape[2]
-    # A local layer (attribute `window`, None: global) sees only its last `window` keys.
-    window = getattr(module, "window", None)
-    local = sliding_window_mask(t, s, window, device=x.device) if window is not None else None
-    full = combine_masks(mask, causal_mask(t, s, device=x.device) if is_causal else None, local)
+    full = combine_masks(mask, causal_mask(t, s, device=x.device) if is_causal else None)
     return AttentionCall(
         x=x, W_query=wq, W_key=wk, W_value=wv, b_query=bq, b_key=bk, b_value=bv,
         q_unrotated=q, q=q_rot, k_unrotated=k, k_new=k_rot, keys=keys, values=values,
@@ -176,7 +171,7 @@ def _grouped_query(module: GroupedQueryAttention, args: tuple, kwargs: dict) -> 
         out_proj=module.o_proj,
         cos=None if not rope else (cos[0] if cos.dim() == 3 else cos).detach(),
         sin=None if not rope else (sin[0] if sin.dim() == 3 else sin).detach(),
-        unbatched=False, window=window,
+        unbatched=False,
     )
 
 
@@ -220,4 +215,19 @@ def explain_call(module: nn.Module, args: tuple, kwargs: dict) -> AttentionCall:
     adapter = adapter_for(module)
     if adapter is None:
         raise TypeError(f"{type(module).__name__} is not an attention module qkv can trace")
-    return adapter(module, args, kwargs)
+    return _with_window(module, adapter(module, args, kwargs))
+
+
+def _with_window(module: nn.Module, call: AttentionCall) -> AttentionCall:
+    """A local layer (its `window` attribute; None or absent: global) lets a query see only
+    its last `window` keys: the call's mask says so too (AND-ing it again where the adapter
+    already did changes nothing). The queries are the last T of the S keys."""
+    window = getattr(module, "window", None)
+    if window is None:
+        return call
+    from qkv.attention.window_cache import sliding_window_mask
+
+    t, s = call.q.shape[2], call.keys.shape[2]
+    local = sliding_window_mask(t, s, window, device=call.q.device)  # (T, S)
+    call.mask = local if call.mask is None else call.mask & local
+    return call

@@ -105,7 +105,7 @@ def channel_stats(x: Tensor) -> ChannelStats:
                         outliers, [round(s, 3) for s in stability])
 
 
-def _sink_mass(call: AttentionCall, kv_head: int) -> list[float]:
+def _sink_mass(call: AttentionCall, kv_head: int, window: int | None) -> list[float]:
     """Per query head of the group: the mean weight on the first token of the queries after
     the first that can see it (a local layer's queries past its window cannot: they put
     exactly 0 there, and are left out; with a window of 1 none is left, and the mass is 0)."""
@@ -120,8 +120,8 @@ def _sink_mass(call: AttentionCall, kv_head: int) -> list[float]:
             scores = softcap * torch.tanh(scores / softcap)
         t, s = scores.shape
         visible = torch.ones(t, s, dtype=torch.bool).tril(s - t)
-        if call.window is not None:
-            visible &= sliding_window_mask(t, s, call.window)
+        if window is not None:
+            visible &= sliding_window_mask(t, s, window)
         weights = scores.masked_fill(~visible, float("-inf")).softmax(-1)  # (T, S)
         seeing = visible[1:, 0]  # (T - 1,) the later queries that see the first token
         if t == 1:
@@ -139,9 +139,13 @@ def _rotary(model: nn.Module) -> RotaryEmbedding | None:
 def key_anatomy(model: nn.Module, input_ids: Tensor, name: str = "") -> KeyAnatomy:
     """Run `input_ids` (1, T) through `model` once and measure every layer's keys."""
     calls: list[AttentionCall] = []
-    handles = [module.register_forward_hook(
-        lambda m, args, kwargs, out: calls.append(explain_call(m, args, kwargs)), with_kwargs=True)
-        for _, module in attention_modules(model)]
+    windows: list[int | None] = []  # each call's layer: its sliding window, or None (global)
+
+    def record(module: nn.Module, args: tuple, kwargs: dict, out: Tensor) -> None:
+        calls.append(explain_call(module, args, kwargs))
+        windows.append(getattr(module, "window", None))
+
+    handles = [module.register_forward_hook(record, with_kwargs=True) for _, module in attention_modules(model)]
     try:
         model(input_ids)
     finally:
@@ -154,7 +158,7 @@ def key_anatomy(model: nn.Module, input_ids: Tensor, name: str = "") -> KeyAnato
     # qkv's RotaryEmbedding and apply_rope are rotate-half (Hugging Face's layout).
     anatomy = KeyAnatomy(name, int(input_ids.shape[1]), bool(rope), wavelengths, head_dim,
                          "rotate-half" if rope else None)
-    for layer, call in enumerate(calls):
+    for layer, (call, window) in enumerate(zip(calls, windows)):
         for h in range(call.keys.shape[1]):
             k = call.k_new[0, h].float()  # (T, D)
             pre = call.k_unrotated[0, h].float()  # (T, D)
@@ -165,9 +169,9 @@ def key_anatomy(model: nn.Module, input_ids: Tensor, name: str = "") -> KeyAnato
                 keys_pre_rope=channel_stats(pre) if rope else None,
                 values=channel_stats(call.values[0, h, -k.shape[0]:].float()),
                 key_norms=[round(float(n), 4) for n in k.norm(dim=1)],
-                sink_mass=_sink_mass(call, h),
+                sink_mass=_sink_mass(call, h, window),
                 band_magnitude=[round(float(b), 5) for b in bands] if bands is not None else None,
-                window=call.window,
+                window=window,
             ))
     return anatomy
 

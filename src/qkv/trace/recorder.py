@@ -245,7 +245,7 @@ def record_call(index: int, name: str, module: nn.Module, call: AttentionCall, r
         k_unrotated=call.k_unrotated[:, kvs], keys=keys, values=values,
         scores=scores, scaled=scaled, mask=visible, weights=weights,
         context=context, concat=concat[:, qs], output=output[:, qs], cos=call.cos, sin=call.sin,
-        window=call.window,
+        window=getattr(module, "window", None),
     )
 
 
