@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from qkv.attention import GroupedQueryAttention
+from qkv.attention.kv_cache import KVCache
 from qkv.attention.window_cache import sliding_window_mask
 
 
@@ -26,8 +27,7 @@ class LocalAttention(GroupedQueryAttention):
     window: int
 
     def forward(self, x: Tensor, *, mask: Tensor | None = None, positions: Tensor | None = None,
-                **kwargs) -> Tensor:
-        cache = self.kv_cache
+                cache: KVCache | None = None, **kwargs) -> Tensor:
         if cache is None:
             t = x.shape[1]
             local = sliding_window_mask(t, t, self.window, device=x.device)  # (T, T)
@@ -43,7 +43,7 @@ class LocalAttention(GroupedQueryAttention):
             local = None
         if local is not None:
             mask = local if mask is None else mask & local
-        return super().forward(x, mask=mask, positions=positions, **kwargs)
+        return super().forward(x, mask=mask, positions=positions, cache=cache, **kwargs)
 
 
 def make_local(layer: GroupedQueryAttention, window: int) -> GroupedQueryAttention:

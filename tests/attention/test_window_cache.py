@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from qkv.attention import GroupedQueryAttention, RotaryEmbedding
 from qkv.attention.kernels import explicit_attention
-from qkv.attention.kv_cache import CacheSpec, SlotKVCache, StaticKVCache
+from qkv.attention.kv_cache import CacheSpec, SlotKVCache, SlotSelection, StaticKVCache
 from qkv.attention.quantized_cache import QuantizedKVCache
 from qkv.attention.window_cache import WindowKVCache, cache_kind_for, cache_kinds_for
 
@@ -158,13 +158,13 @@ def test_a_grouped_query_layer_through_the_cache_equals_its_windowed_full_sequen
     cos, sin = rotary(torch.arange(n))
     with torch.no_grad():
         expected = layer(x, cos=cos, sin=sin, mask=reference_mask(n, window), is_causal=False)
-        layer.setup_cache(2, 64, dtype=torch.float32, device=torch.device("cpu"),
-                          kind=WindowKVCache.kind(window=window))
+        cache = WindowKVCache.kind(window=window)(layer.cache_spec(2, 64, dtype=torch.float32,
+                                                                   device=torch.device("cpu")))
         outs, start = [], 0
         for size in [9, 1, 1, 5, 1, 1, 1]:
             pos = torch.arange(start, start + size)
             cos_p, sin_p = rotary(pos)
-            outs.append(layer(x[:, start:start + size], cos=cos_p, sin=sin_p, positions=pos))
+            outs.append(layer(x[:, start:start + size], cos=cos_p, sin=sin_p, positions=pos, cache=cache))
             start += size
     torch.testing.assert_close(torch.cat(outs, dim=1), expected, atol=1e-5, rtol=1e-5)
 
@@ -220,12 +220,13 @@ def test_calls_on_some_rows_read_and_write_only_those_rows() -> None:
     """A server's slots: with `rows` set, a call carries those rows only."""
     window = 4
     q, k, v = qkv(1, 12)
-    cache = WindowKVCache(spec(batch=3), window=window)
-    cache.rows = torch.tensor([2])
+    selection = SlotSelection()
+    cache = WindowKVCache.kind(window=window, selection=selection)(spec(batch=3))
+    selection.rows = torch.tensor([2])
     out = run_chunks(cache, q, k, v, [7, 1, 1, 1, 1, 1])
     torch.testing.assert_close(out, reference(q, k, v, window))
     assert cache.lengths.tolist() == [0, 0, 12]
-    cache.rows = None
+    selection.rows = None
     cache.copy_row(2, 0, 12)
     assert torch.equal(cache.held_positions()[0], cache.held_positions()[2])
     with pytest.raises(NotImplementedError, match="no longer holds the window of position 9"):

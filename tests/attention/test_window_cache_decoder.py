@@ -52,15 +52,12 @@ def test_per_layer_caches_decode_past_the_window_as_transformers_scores_the_sequ
     ids = torch.randint(0, 96, (2, n), generator=torch.Generator().manual_seed(2))
     expected = reference(ids).logits  # (B, n, V)
     layers = list(ours.attention_layers())
-    for layer in layers:
-        layer.setup_cache(2, 32, dtype=torch.float32, device=torch.device("cpu"),
-                          kind=cache_kind_for(getattr(layer, "window", None), StaticKVCache))
-    try:
-        assert [type(layer.kv_cache) for layer in layers] == [StaticKVCache, WindowKVCache, WindowKVCache]
-        outs = [ours(ids[:, :prompt], positions=torch.arange(prompt))]
-        for p in range(prompt, n):
-            outs.append(ours(ids[:, p:p + 1], positions=torch.tensor([p])))
-        torch.testing.assert_close(torch.cat(outs, dim=1), expected, atol=1e-4, rtol=1e-4)
-        assert layers[1].kv_cache.nbytes < layers[0].kv_cache.nbytes
-    finally:
-        ours.remove_cache()
+    specs = ours.cache_specs(2, 32, dtype=torch.float32, device=torch.device("cpu"))
+    caches = [cache_kind_for(getattr(layer, "window", None), StaticKVCache)(spec)
+              for layer, spec in zip(layers, specs)]
+    assert [type(cache) for cache in caches] == [StaticKVCache, WindowKVCache, WindowKVCache]
+    outs = [ours(ids[:, :prompt], positions=torch.arange(prompt), caches=caches)]
+    for p in range(prompt, n):
+        outs.append(ours(ids[:, p:p + 1], positions=torch.tensor([p]), caches=caches))
+    torch.testing.assert_close(torch.cat(outs, dim=1), expected, atol=1e-4, rtol=1e-4)
+    assert caches[1].nbytes < caches[0].nbytes

@@ -15,7 +15,8 @@ from qkv.models.llama import LlamaForCausalLM
 from qkv.models.llama_config import LlamaConfig
 from qkv.native import native_kernels
 from qkv.perf import prepared_cache
-from qkv.perf.prepare import load_for_generation
+from qkv.runtime.prepare import load_for_generation
+from qkv.runtime import setup_of
 
 pytestmark = pytest.mark.skipif(not native_kernels().available,
                                 reason=f"qkv's kernels are not available here: {native_kernels().reason}")
@@ -63,7 +64,7 @@ def test_the_second_load_assigns_the_first_ones_weights(cache: Path, source: Pat
     reference, _, _ = load_for_generation(source, precision=precision, compile=False)  # also from the cache
     state, kept = first.state_dict(), second.state_dict()
     assert state.keys() == kept.keys() and all(torch.equal(state[k], kept[k]) for k in state)
-    assert reference.fused_layers is None
+    assert setup_of(reference).fused is None
 
 
 def _change_weights(source: Path, step: int) -> None:

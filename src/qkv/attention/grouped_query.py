@@ -4,7 +4,7 @@ Options are constructor arguments, not branches threaded through callers: the nu
 key/value heads (1 = multi-query, = num_heads = multi-head, in between = grouped-query),
 a head size independent of the embedding size, q/k/v bias (Qwen2), per-head RMSNorm of
 queries and keys (Qwen3), and the kernel backend. RoPE cos/sin arrive from the model; the
-KV cache is a submodule attached by the model when generating (any `KVCache` kind: the
+KV cache is handed to each call by the caller's decode session (any `KVCache` kind: the
 layer only calls `update` and uses the mask the cache derives from the positions).
 Likewise `ring`: a `qkv.attention.ring.Ring` attached by `qkv.models.context_parallel`
 while a model runs context-parallel makes the layer attend its shard of the sequence
@@ -25,12 +25,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from qkv.attention.kernels import BACKENDS, Backend, attention, reduction_attention
-from qkv.attention.kv_cache import CacheKind, CacheSpec, KVCache, StaticKVCache
+from qkv.attention.kernels import BACKENDS, Backend, attention
+from qkv.attention.kv_cache import CacheSpec, KVCache
 from qkv.attention.ring import Ring
 from qkv.attention.rmsnorm import RMSNorm
 from qkv.attention.rope import RotaryEmbedding, apply_rope
-from qkv.fusion import stack_linears
+from qkv.attention.stacking import stack_linears
 
 
 class GroupedQueryAttention(nn.Module):
@@ -76,7 +76,6 @@ class GroupedQueryAttention(nn.Module):
         self.qkv_proj: nn.Linear | None = None  # set by fuse_projections(), replacing the three
         self.q_norm: nn.Module = RMSNorm(head_dim, norm_eps) if qk_norm else nn.Identity()
         self.k_norm: nn.Module = RMSNorm(head_dim, norm_eps) if qk_norm else nn.Identity()
-        self.kv_cache: KVCache | None = None
         self.ring: Ring | None = None  # set only while the model runs context-parallel
 
     @property
@@ -110,23 +109,20 @@ class GroupedQueryAttention(nn.Module):
         group = self.num_heads // self.num_kv_heads
         return list(range(kv_head * group, (kv_head + 1) * group))
 
-    def setup_cache(
+    def cache_spec(
         self,
         batch_size: int,
         capacity: int,
         *,
         dtype: torch.dtype,
-        device: torch.device,
-        kind: CacheKind = StaticKVCache,
+        device: torch.device | str,
         layer_index: int = 0,
         rotary: RotaryEmbedding | None = None,
-    ) -> KVCache:
-        """Attach a cache of `kind` sized for this layer (see qkv.attention.kv_cache);
+    ) -> CacheSpec:
+        """What a KV cache for this layer holds (any kind is built from it: qkv.attention.kv_cache);
         `rotary` is the model's RoPE, for kinds that rotate keys as they read them."""
-        spec = CacheSpec(batch_size, self.num_kv_heads, capacity, self.head_dim, self.head_dim,
+        return CacheSpec(batch_size, self.num_kv_heads, capacity, self.head_dim, self.head_dim,
                          dtype, torch.device(device), layer_index, rotary)
-        self.kv_cache = kind(spec)
-        return self.kv_cache
 
     def forward(
         self,
@@ -137,10 +133,12 @@ class GroupedQueryAttention(nn.Module):
         mask: Tensor | None = None,
         is_causal: bool = True,
         positions: Tensor | None = None,
+        cache: KVCache | None = None,
     ) -> Tensor:
         """x: (B, T, C). mask: boolean, broadcastable to (B, H, T, S), True = may attend.
 
-        positions (T,) or (B, T): where the new tokens sit, used with a KV cache, whose own
+        cache: this layer's KV cache in the caller's session (None: attend over x alone).
+        positions (T,) or (B, T): where the new tokens sit, used with a cache, whose own
         mask (derived from them) then replaces causality; by default they follow what the
         cache holds (a read of the cache's length: models pass them instead).
         """
@@ -158,30 +156,29 @@ class GroupedQueryAttention(nn.Module):
         v = v.transpose(1, 2)  # (B, H_kv, T, D)
         if cos is not None and sin is not None:
             q = apply_rope(q, cos, sin)
-            if self.kv_cache is None or not self.kv_cache.rotates_keys:  # else the cache rotates them
+            if cache is None or not cache.rotates_keys:  # else the cache rotates them
                 k = apply_rope(k, cos, sin)
-        if self.kv_cache is not None:
+        if cache is not None:
             if positions is None:  # a direct call: the tokens follow what the cache holds
-                start = self.kv_cache.length
+                start = cache.length
                 positions = torch.arange(start, start + t, device=x.device)  # (T,)
-            k, v, visible = self.kv_cache.update(k, v, positions)  # (B, H_kv, S, D), (B, 1, T, S)
+            k, v, visible = cache.update(k, v, positions)  # (B, H_kv, S, D), (B, 1, T, S)
             mask = visible if mask is None else mask & visible
             is_causal = False
-        if (t == 1 and self.kv_cache is not None and self.kv_cache.reads_as_reductions
-                and self.backend == "fused"):
+        backend = self.backend
+        if t == 1 and cache is not None and cache.reads_as_reductions and backend == "fused":
             # Keys computed from codes as they are read: the reductions let a compiler fuse
             # that computation into the attention (qkv.attention.quantized_cache).
-            context = reduction_attention(q, k, v, mask=mask)  # (B, H, 1, D)
-        else:
-            kernel = attention if self.ring is None else self.ring.attend  # the ring: every rank's keys
-            context = kernel(
-                q,
-                k,
-                v,
-                mask=mask,
-                is_causal=is_causal,
-                dropout_p=self.dropout if self.training else 0.0,
-                backend=self.backend,
-            )  # (B, H, T, D)
+            backend = "reductions"
+        kernel = attention if self.ring is None else self.ring.attend  # the ring: every rank's keys
+        context = kernel(
+            q,
+            k,
+            v,
+            mask=mask,
+            is_causal=is_causal,
+            dropout_p=self.dropout if self.training else 0.0,
+            backend=backend,
+        )  # (B, H, T, D)
         context = context.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (B, T, H*D)
         return self.o_proj(context)

@@ -40,7 +40,7 @@ import sys
 import torch
 from torch import Tensor
 
-from qkv.attention.kv_cache import CacheKind, CacheSpec, KVCache
+from qkv.attention.kv_cache import CacheKind, CacheSpec, KVCache, SlotSelection
 
 _NO_POSITION = torch.iinfo(torch.long).max  # larger than any position: "this row writes nothing"
 
@@ -58,7 +58,7 @@ class WindowKVCache(KVCache):
     lengths: Tensor
     row_indices: Tensor
 
-    def __init__(self, spec: CacheSpec, *, window: int) -> None:
+    def __init__(self, spec: CacheSpec, *, window: int, selection: SlotSelection | None = None) -> None:
         if not isinstance(window, int) or window < 1:
             raise ValueError(f"a sliding-window cache holds at least one key: window must be a positive "
                              f"integer, got {window!r}")
@@ -79,17 +79,25 @@ class WindowKVCache(KVCache):
         self.register_buffer("lengths", torch.zeros(s.batch_size, dtype=torch.long, device=s.device),
                              persistent=False)
         self.register_buffer("row_indices", torch.arange(s.batch_size, device=s.device), persistent=False)
-        # Like SlotKVCache: while `rows` is set, a call carries only those batch rows (b,),
-        # a server's occupied slots. `limit` is accepted for that interface and needs no
-        # action: a call reads at most W + T keys whatever the rows hold.
-        self.rows: Tensor | None = None
-        self.limit: int | None = None
+        # Like SlotKVCache: while the session's selection names rows, a call carries only
+        # those batch rows (b,), a server's occupied slots. Its `limit` needs no action
+        # here: a call reads at most W + T keys whatever the rows hold.
+        self.selection = SlotSelection() if selection is None else selection
+
+    @property
+    def rows(self) -> Tensor | None:
+        return self.selection.rows
+
+    @property
+    def limit(self) -> int | None:
+        return self.selection.limit
 
     @classmethod
-    def kind(cls, *, window: int) -> CacheKind:
+    def kind(cls, *, window: int, selection: SlotSelection | None = None) -> CacheKind:
+        """selection: the session's slot rows, shared with its SlotKVCaches (a server's)."""
         if not isinstance(window, int) or window < 1:
             raise ValueError(f"window must be a positive integer, got {window!r}")
-        return functools.partial(cls, window=window)
+        return functools.partial(cls, window=window, selection=selection)
 
     @property
     def capacity(self) -> int:
@@ -246,16 +254,19 @@ def sliding_window_mask(num_queries: int, num_keys: int, window: int, *,
     return key_pos > query_pos - window  # (T, S)
 
 
-def cache_kind_for(window: int | None, base_kind: CacheKind) -> CacheKind:
+def cache_kind_for(window: int | None, base_kind: CacheKind, *,
+                   selection: SlotSelection | None = None) -> CacheKind:
     """The cache kind of one layer: `base_kind` for a global layer (window None), a
     sliding-window ring of `window` slots for a local one, whatever the base kind (a
     quantized or sink cache of a local layer would hold more, or other keys, than the
-    layer reads; the ring is exact and already bounded)."""
+    layer reads; the ring is exact and already bounded). `selection`: a session of slots
+    shares its SlotSelection with the rings too, so they carry the same rows."""
     if window is None:
         return base_kind
-    return WindowKVCache.kind(window=window)
+    return WindowKVCache.kind(window=window, selection=selection)
 
 
-def cache_kinds_for(windows: list[int | None], base_kind: CacheKind) -> list[CacheKind]:
+def cache_kinds_for(windows: list[int | None], base_kind: CacheKind, *,
+                    selection: SlotSelection | None = None) -> list[CacheKind]:
     """One kind per layer, from each layer's window (None: global)."""
-    return [cache_kind_for(window, base_kind) for window in windows]
+    return [cache_kind_for(window, base_kind, selection=selection) for window in windows]

@@ -33,7 +33,7 @@ import torch
 from qkv.attention.kv_cache import CacheKind, CacheSpec
 from qkv.bench.common import Context, Section
 from qkv.bench.window_memory import FULL_WINDOW, QUICK_WINDOW, window_memory
-from qkv.generation import DecodeSession
+from qkv.runtime import DecodeSession
 from qkv.generation.cache_kinds import cache_kind, cached_perplexity
 from qkv.long_text import long_text, long_text_source
 from qkv.perf.timing import alternate, ratio
@@ -73,7 +73,7 @@ def _tiny_llama(precision: str) -> Any:
     """A random Llama small enough for QUICK runs, prepared like a loaded model."""
     from qkv.models.llama import LlamaForCausalLM
     from qkv.models.llama_config import LlamaConfig
-    from qkv.perf.prepare import prepare_for_decoding
+    from qkv.runtime.prepare import prepare_for_decoding
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -89,7 +89,7 @@ def _load(sizes: KVSizes, precision: str, compile: bool) -> tuple[Any, Callable[
     if sizes.model == "tiny":
         model = _tiny_llama(precision)
         return model, lambda text: torch.tensor([b % 128 for b in text.encode("utf-8")])
-    from qkv.perf.prepare import load_for_generation
+    from qkv.runtime.prepare import load_for_generation
 
     model, tokenizer, _ = load_for_generation("smollm2", precision=precision, compile=compile)
     return model, lambda text: torch.tensor(tokenizer.encode(text).ids)

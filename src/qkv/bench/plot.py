@@ -14,7 +14,7 @@ import torch
 from qkv.atomic import atomic_write_with
 from qkv.bench.common import Context, Section
 from qkv.bench.gpt2 import load_qkv
-from qkv.generation import DecodeSession
+from qkv.runtime import DecodeSession
 from qkv.perf.timing import Measurement, alternate
 
 STEPS = 4  # decode steps per timed call with the cache

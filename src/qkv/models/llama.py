@@ -16,15 +16,16 @@ F feed-forward size, D head size, V vocabulary.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkv.attention.grouped_query import GroupedQueryAttention
+from qkv.attention.kv_cache import KVCache
 from qkv.attention.rmsnorm import RMSNorm
 from qkv.attention.rope import RotaryEmbedding
-from qkv.fusion import stack_linears
+from qkv.attention.stacking import stack_linears
 from qkv.models.decoder import CausalDecoder, LayerParts
 from qkv.models.llama_config import LlamaConfig
 
@@ -41,7 +42,7 @@ class SwiGLU(nn.Module):
         self.gate_up_proj: nn.Linear | None = None
 
     def fuse_projections(self) -> None:
-        """One product for gate and up (same numbers): see qkv.fusion."""
+        """One product for gate and up (same numbers): see qkv.attention.stacking."""
         if self.gate_up_proj is None:
             self.gate_up_proj = stack_linears([self.gate_proj, self.up_proj])
             del self.gate_proj, self.up_proj
@@ -73,9 +74,11 @@ class DecoderLayer(nn.Module):
         self.mlp = SwiGLU(cfg)
 
     def forward(
-        self, x: Tensor, *, cos: Tensor, sin: Tensor, mask: Tensor | None, positions: Tensor
+        self, x: Tensor, *, cos: Tensor, sin: Tensor, mask: Tensor | None, positions: Tensor,
+        cache: KVCache | None = None,
     ) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos=cos, sin=sin, mask=mask, positions=positions)
+        x = x + self.self_attn(self.input_layernorm(x), cos=cos, sin=sin, mask=mask, positions=positions,
+                               cache=cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -127,16 +130,20 @@ class LlamaForCausalLM(CausalDecoder):
             ))
         return parts
 
-    def forward(
-        self, input_ids: Tensor, *, positions: Tensor | None = None, mask: Tensor | None = None
-    ) -> Tensor:
-        positions, mask = self.call_arguments(input_ids, positions, mask)  # (T,) or (B, T); bool
-        x = self.model.embed_tokens(input_ids)  # (B, T, C)
-        fused = self.fused_step(x, positions, mask)  # a decode step in qkv's whole-layer kernel
-        if fused is not None:
-            x = fused
-        else:
-            cos, sin = self.model.rotary_emb(self.rope_positions(positions), dtype=x.dtype)  # (T, D) or (B, T, D)
-            for layer in self.model.layers:
-                x = layer(x, cos=cos, sin=sin, mask=mask, positions=positions)
+    def embed(self, input_ids: Tensor, positions: Tensor) -> Tensor:
+        return self.model.embed_tokens(input_ids)  # (B, T, C)
+
+    def head(self, x: Tensor) -> Tensor:
         return self.lm_head(self.model.norm(x))  # (B, T, V)
+
+    def forward(
+        self, input_ids: Tensor, *, positions: Tensor | None = None, mask: Tensor | None = None,
+        caches: Sequence[KVCache] | None = None,
+    ) -> Tensor:
+        positions, mask = self.call_arguments(input_ids, positions, mask, caches)  # (T,) or (B, T); bool
+        x = self.embed(input_ids, positions)  # (B, T, C)
+        cos, sin = self.model.rotary_emb(self.rope_positions(positions, caches), dtype=x.dtype)  # (T, D) or (B, T, D)
+        for index, layer in enumerate(self.model.layers):
+            x = layer(x, cos=cos, sin=sin, mask=mask, positions=positions,
+                      cache=None if caches is None else caches[index])
+        return self.head(x)  # (B, T, V)

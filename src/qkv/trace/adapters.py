@@ -82,10 +82,9 @@ def _batched(x: Tensor) -> tuple[Tensor, bool]:
     return (x.unsqueeze(0), True) if x.dim() == 2 else (x, False)
 
 
-def _cached(module: nn.Module, k_new: Tensor, v_new: Tensor) -> tuple[Tensor, Tensor]:
-    """After the call, the module's KV cache (if any) holds every key, the new ones last
-    (the recorder checks that they equal the keys recomputed from the input)."""
-    cache = getattr(module, "kv_cache", None)
+def _cached(cache: object, k_new: Tensor, v_new: Tensor) -> tuple[Tensor, Tensor]:
+    """After the call, the layer's KV cache (the `cache=` it was handed, if any) holds every
+    key, the new ones last (the recorder checks that they equal the keys recomputed from the input)."""
     if cache is None:
         return k_new, v_new
     keys, values = cache.contents()  # (B, H_kv, S, D)
@@ -161,7 +160,7 @@ def _grouped_query(module: GroupedQueryAttention, args: tuple, kwargs: dict) -> 
     rope = cos is not None and sin is not None
     q_rot = apply_rope(q, cos, sin) if rope else q  # (B, H, T, D)
     k_rot = apply_rope(k, cos, sin) if rope else k  # (B, H_kv, T, D)
-    keys, values = _cached(module, k_rot, v_new)
+    keys, values = _cached(kwargs.get("cache"), k_rot, v_new)
     s = keys.shape[2]
     full = combine_masks(mask, causal_mask(t, s, device=x.device) if is_causal else None)
     return AttentionCall(
