@@ -9,6 +9,8 @@
   each slice of the text and the slope of a line through them (flat: no upward trend);
 - bytes per token of each kind in bfloat16, from real caches: what one more token of
   capacity adds (codes, scales and zero points included), against the full cache;
+- the bytes of a sliding-window layer's cache against a full one at growing context
+  lengths (qkv.bench.window_memory, also its own section `kv-window`);
 - decode speed at a long context (4k tokens at FULL sizes): the model as `qkv generate`
   prepares it by default, with the full cache and the int4 cache, alternating, same run.
 
@@ -30,6 +32,7 @@ import torch
 
 from qkv.attention.kv_cache import CacheKind, CacheSpec
 from qkv.bench.common import Context, Section
+from qkv.bench.window_memory import FULL_WINDOW, QUICK_WINDOW, window_memory
 from qkv.generation.decode_loop import DecodeLoop, RowRequest
 from qkv.runtime import DecodeSession
 from qkv.generation.cache_kinds import cache_kind, cached_perplexity
@@ -108,6 +111,8 @@ def kv_cache_section(ctx: Context) -> Section:
     _perplexities(ctx, section, model, texts, sizes)
     _streaming(ctx, section, model, long_ids, sizes)
     section.facts["bytes per token (bfloat16)"] = bytes_per_token(model)
+    window_sizes = QUICK_WINDOW if sizes.model == "tiny" else FULL_WINDOW
+    section.facts["windowed layer cache bytes"] = window_memory(window_sizes)  # flat past W (kv-window)
     del model
     _speed(ctx, section, sizes, encode)
     return section

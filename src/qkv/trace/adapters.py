@@ -214,4 +214,19 @@ def explain_call(module: nn.Module, args: tuple, kwargs: dict) -> AttentionCall:
     adapter = adapter_for(module)
     if adapter is None:
         raise TypeError(f"{type(module).__name__} is not an attention module qkv can trace")
-    return adapter(module, args, kwargs)
+    return _with_window(module, adapter(module, args, kwargs))
+
+
+def _with_window(module: nn.Module, call: AttentionCall) -> AttentionCall:
+    """A local layer (its `window` attribute; None or absent: global) lets a query see only
+    its last `window` keys: the call's mask says so too (AND-ing it again where the adapter
+    already did changes nothing). The queries are the last T of the S keys."""
+    window = getattr(module, "window", None)
+    if window is None:
+        return call
+    from qkv.attention.window_cache import sliding_window_mask
+
+    t, s = call.q.shape[2], call.keys.shape[2]
+    local = sliding_window_mask(t, s, window, device=call.q.device)  # (T, S)
+    call.mask = local if call.mask is None else call.mask & local
+    return call
