@@ -130,10 +130,9 @@ class CausalDecoder(nn.Module, metaclass=ABCMeta):
         """One past the furthest true position a call may reach with these caches."""
         if not caches:
             return self.context_length
-        cache = caches[0]
-        if cache.rotates_keys:  # rotation stays inside the cache: no context limit
-            return cache.max_position
-        return min(self.context_length, cache.max_position)
+        if all(cache.rotates_keys for cache in caches):  # rotation stays inside the caches: no context limit
+            return min(cache.max_position for cache in caches)
+        return min(self.context_length, *(cache.max_position for cache in caches))
 
     def call_arguments(
         self, input_ids: Tensor, positions: Tensor | None, mask: Tensor | None,

@@ -41,7 +41,8 @@ from types import TracebackType
 import torch
 from torch import Tensor
 
-from qkv.attention.kv_cache import CacheKind, KVCache, SlotKVCache, SlotSelection, StaticKVCache
+from qkv.attention.kv_cache import CacheKind, CacheSpec, KVCache, SlotKVCache, SlotSelection, StaticKVCache
+from qkv.attention.window_cache import cache_kind_for
 from qkv.errors import QkvError
 from qkv.models.decoder import CausalDecoder
 from qkv.runtime.native_layers import FusedLayers
@@ -151,13 +152,20 @@ class DecodeSession:
         self._was_training = self.model.training
         self.model.eval()
         specs = self.model.cache_specs(self.batch_size, self.capacity, dtype=self.dtype, device=self.device)
-        if self.kind is SlotKVCache:
-            self.caches = [SlotKVCache(spec, self._selection) for spec in specs]
-        else:
-            self.caches = [self.kind(spec) for spec in specs]
+        windows = [getattr(layer, "window", None) for layer in self.model.attention_layers()]
+        self.caches = [self._cache(spec, window) for spec, window in zip(specs, windows)]
         self._native = self._native_layers()
         self._open = True
         return self
+
+    def _cache(self, spec: CacheSpec, window: int | None) -> KVCache:
+        """One layer's cache: a ring of its window for a sliding-window layer (its memory
+        stays flat past the window), else the session's kind; slots share the selection."""
+        if window is not None:
+            return cache_kind_for(window, self.kind, selection=self._selection)(spec)
+        if self.kind is SlotKVCache:
+            return SlotKVCache(spec, self._selection)
+        return self.kind(spec)
 
     def _native_layers(self) -> FusedLayers | None:
         """The native layers bound to this session's caches, when its step may use them."""
@@ -170,6 +178,12 @@ class DecodeSession:
             print("qkv: native decode layers cannot run this session (model not prepared for them, or its "
                   "cache kind); decoding through the modules", file=sys.stderr)
         return native
+
+    @property
+    def keeps_every_position(self) -> bool:
+        """Whether every cache keeps all the positions it was given (no sliding-window ring
+        dropping old keys), so a row's first positions can be kept for a later prompt."""
+        return not any(getattr(cache, "windowed", False) for cache in self.caches)
 
     @property
     def decodes_rows(self) -> bool:

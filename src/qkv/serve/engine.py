@@ -299,7 +299,7 @@ class Engine:
             else:
                 row, donor, kept = self.prefixes.pick(free, job.prompt)
                 # Only whole prefill parts are kept: the rest computes what a whole prefill would.
-                kept = reusable_prefix(len(job.prompt), kept)
+                kept = reusable_prefix(len(job.prompt), kept) if self.session.keeps_every_position else 0
                 if job.score_prompt or kept == 0:  # every prompt position's logits are needed: prefill it whole
                     donor, kept = row, 0
                 self._admit(row, job, donor, kept)
@@ -317,7 +317,10 @@ class Engine:
         self.stats.prompt_tokens_reused += kept
         self.prefixes.forget(row)  # until the prefill has written it
         if donor != row and kept:
-            self.session.copy_row(donor, row, kept)
+            try:
+                self.session.copy_row(donor, row, kept)
+            except NotImplementedError:  # a sliding-window ring that has dropped those keys: prefill it all
+                kept = 0
         ids = torch.tensor(job.prompt, dtype=torch.long)  # (T,)
         logits = self.session.prefill_row_all(row, ids[kept:], start=kept)  # (T - kept, V)
         self.prefixes.hold(row, job.prompt)
@@ -335,9 +338,13 @@ class Engine:
         """A job whose prompt row `source` holds: copy its positions instead of prefilling."""
         share = job.share
         assert share is not None and share.logits is not None
+        try:
+            self.session.copy_row(source, row, len(job.prompt))
+        except NotImplementedError:  # a sliding-window ring that cannot give those positions: prefill
+            self._admit(row, job, row, 0)
+            return
         self._start(row, job)
         self.prefixes.forget(row)
-        self.session.copy_row(source, row, len(job.prompt))
         self.prefixes.hold(row, job.prompt)
         share.rows.add(row)
         self._begin(row, job, share.logits[None], share.scores)
