@@ -178,14 +178,6 @@ def _layer_types(sliding: list[bool]) -> list[str]:
     return ["sliding_attention" if s else "full_attention" for s in sliding]
 
 
-def _pattern_period(sliding: list[bool]) -> int | None:
-    """n when every n-th layer (and only those) is global, as config.json's sliding_window_pattern says it."""
-    for n in range(1, len(sliding) + 2):
-        if sliding == [i % n < n - 1 for i in range(len(sliding))]:
-            return n
-    return None
-
-
 # ----------------------------------------------------------------------------- one reader per family
 
 
@@ -203,9 +195,16 @@ def llama(meta: Metadata) -> dict[str, Any]:
             "attention_bias": False, "mlp_bias": False}
 
 
+def _implied_head_dim(config: dict[str, Any]) -> dict[str, Any]:
+    """Drop head_dim where the family's config.json has none because it is C / H (Qwen2, SmolLM3)."""
+    if config["head_dim"] * config["num_attention_heads"] == config["hidden_size"]:
+        del config["head_dim"]
+    return config
+
+
 def qwen2(meta: Metadata) -> dict[str, Any]:
-    config = _decoder_common(meta)
-    _whole_head_rope(meta, config["head_dim"])
+    config = _implied_head_dim(_decoder_common(meta))
+    _whole_head_rope(meta, config.get("head_dim", config["hidden_size"] // config["num_attention_heads"]))
     _no_rope_scaling(meta)
     return {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_act": "silu", **config,
             "use_sliding_window": False, "sliding_window": None}
@@ -272,7 +271,6 @@ def gemma3(meta: Metadata) -> dict[str, Any]:
         "attn_logit_softcapping": None,
         "final_logit_softcapping": meta.float("final_logit_softcapping", None),
         "sliding_window": window or None,
-        "sliding_window_pattern": _pattern_period(sliding),
         "layer_types": _layer_types(sliding),
         "attention_bias": False,
     }
@@ -328,6 +326,7 @@ SMOLLM3_NO_ROPE_INTERVAL = 4
 def smollm3(meta: Metadata) -> dict[str, Any]:
     config = _decoder_common(meta)
     _whole_head_rope(meta, config["head_dim"])
+    _implied_head_dim(config)
     _no_rope_scaling(meta)
     layers = config["num_hidden_layers"]
     return {
@@ -350,7 +349,7 @@ def gpt2(meta: Metadata) -> dict[str, Any]:
     inner = meta.int("feed_forward_length", 4 * hidden)
     return {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
-        "vocab_size": vocab, "n_positions": context, "n_ctx": context, "n_embd": hidden, "n_head": heads,
+        "vocab_size": vocab, "n_positions": context, "n_embd": hidden, "n_head": heads,
         "n_layer": meta.int("block_count", maximum=MAX_LAYERS),
         "n_inner": None if inner == 4 * hidden else inner,
         "layer_norm_epsilon": meta.float("attention.layer_norm_epsilon", 1e-5),
