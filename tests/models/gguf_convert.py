@@ -12,6 +12,7 @@ byte-level BPE of the test's `tokenizers.Tokenizer`, as in tests/models/test_ggu
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -56,11 +57,20 @@ def _metadata(writer: gguf.GGUFWriter, model_type: str, c: Any) -> None:
         assert head % 2 == 0
         writer.add_rope_freq_base(rope["rope_theta"])
         writer.add_sliding_window(c.sliding_window or 0)
+        if rope.get("rope_type") == "longrope":  # generate_extra_tensors: the factors follow as tensors
+            scale = c.max_position_embeddings / c.original_max_position_embeddings
+            attn = math.sqrt(1 + math.log(scale) / math.log(c.original_max_position_embeddings)) if scale > 1 else 1.0
+            writer.add_rope_scaling_attn_factors(attn)
+            for key, tensor in (("long_factor", gguf.MODEL_TENSOR.ROPE_FACTORS_LONG), ("short_factor", gguf.MODEL_TENSOR.ROPE_FACTORS_SHORT)):
+                writer.add_tensor(gguf.TENSOR_NAMES[tensor] + ".weight", np.array(rope[key], dtype=np.float32))
         return
     if model_type != "gemma2":  # Gemma2Model writes no RoPE base
         writer.add_rope_freq_base(rope.get("full_attention", rope)["rope_theta"])
     if model_type == "gemma3_text":
         writer.add_rope_freq_base_swa(rope["sliding_attention"]["rope_theta"])
+        if rope["full_attention"]["rope_type"] == "linear":  # TextModel.set_gguf_parameters
+            writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            writer.add_rope_scaling_factor(rope["full_attention"]["factor"])
     writer.add_layer_norm_rms_eps(c.rms_norm_eps)
     if model_type in ("mistral", "qwen3", "gemma2", "gemma3_text") or (model_type == "llama" and getattr(c, "head_dim", None)):
         writer.add_key_length(c.head_dim)

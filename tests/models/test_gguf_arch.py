@@ -219,11 +219,20 @@ def test_a_llama_file_with_a_sliding_window_is_a_mistral(tmp_path: Path) -> None
 def test_gemma3_linear_rope_scaling_is_read_for_the_global_layers(tmp_path: Path) -> None:
     rope = {**LOCAL_GLOBAL, "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0}}
     source = _source("gemma3", rope_parameters=rope)
-    path = tmp_path / "g.gguf"
-    write_gguf(path, source, make_tokenizer(), extra={})
-    _append_keys(path, {"gemma3.rope.scaling.type": "linear", "gemma3.rope.scaling.factor": 8.0})
-    config = open_gguf_file(path).config
+    config = open_gguf_file(write_gguf(tmp_path / "g.gguf", source, make_tokenizer())).config
     assert tf.Gemma3TextConfig(**config).rope_parameters == source.config.rope_parameters
+
+
+def test_phi_longrope_factors_are_read_into_the_config(tmp_path: Path) -> None:
+    """Phi-3.5 / Phi-4-mini: the converter stores LongRoPE's factors as two tensors."""
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+            "long_factor": [1.0 + i for i in range(6)], "short_factor": [1.0 + 0.125 * i for i in range(6)],
+            "original_max_position_embeddings": 64}
+    source = _source("phi3", max_position_embeddings=256, original_max_position_embeddings=64,
+                     partial_rotary_factor=0.75, rope_parameters=rope)
+    file = open_gguf_file(write_gguf(tmp_path / "p.gguf", source, make_tokenizer()))
+    _assert_same_config(_comparable(tf.Phi3Config(**file.config)), _comparable(source.config))
+    assert sorted(file.shapes) == sorted(_source_tensors(source))  # the factors are settings, not weights
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -262,7 +271,10 @@ def _append_keys(path: Path, keys: dict[str, Any], drop_tensors: tuple[str, ...]
 
 
 @pytest.mark.parametrize(("kind", "keys", "tensors", "message"), [
-    ("phi3", {}, {"rope_factors_long.weight": np.ones(4, np.float32)}, r"RoPE factors \(rope_factors_long.weight\)"),
+    ("phi3", {}, {"rope_factors_long.weight": np.ones(4, np.float32)}, "rope_factors_long.weight without its pair"),
+    ("phi3", {}, {"rope_factors_long.weight": np.ones(3, np.float32), "rope_factors_short.weight": np.ones(3, np.float32)},
+     "rope_factors_long.weight of 3 F32 values, not 4"),
+    ("llama", {}, {"rope_freqs.weight": np.ones(8, np.float32)}, r"RoPE factors \(rope_freqs.weight\)"),
     ("qwen2", {"qwen2.rope.scaling.type": "yarn"}, {}, "RoPE scaling 'yarn'"),
     ("gemma3", {"gemma3.rope.scaling.type": "yarn"}, {}, "RoPE scaling 'yarn'; qkv reads gemma3 files with linear"),
     ("llama", {"llama.rope.dimension_count": 8}, {}, "rotates 8 of 16 head dimensions"),

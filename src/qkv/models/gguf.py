@@ -189,7 +189,7 @@ def tensor_shapes(reader: Any, config: dict[str, Any], path: Path) -> dict[str, 
     arch = gguf_arch.architecture(reader, path)
     layers = config.get("num_hidden_layers", config.get("n_layer"))
     shapes: dict[str, tuple[int, ...]] = {}
-    for tensor in reader.tensors:
+    for tensor in arch.weights(reader.tensors):
         name = arch.hf_name(tensor.name)
         layer = None if name is None else arch.layer_of(name)
         if name is None or (layer is not None and layer >= layers):
@@ -245,7 +245,7 @@ def read_state_dict(reader: Any, config: dict[str, Any], path: Path, dtype: torc
     tensor_shapes(reader, config, path)
     state: dict[str, Tensor] = {}
     batches: dict[Any, list[tuple[str, Any]]] = {}
-    for tensor in reader.tensors:
+    for tensor in arch.weights(reader.tensors):
         name = arch.hf_name(tensor.name)
         heads = _rope_heads(name, config, arch)
         if tensor.tensor_type in gguf_blocks.TYPES and not arch.is_shifted_norm(tensor.name):
@@ -268,11 +268,11 @@ def read_state_dict(reader: Any, config: dict[str, Any], path: Path, dtype: torc
             raise QkvError(f"{path}: the {tensor_type.name} tensors hold {flat.numel()} values, not {sum(sizes)}")
         for (name, t), values in zip(members, flat.split(sizes)):
             state[name] = values.view(_gguf_shape(t))
-    for tensor in reader.tensors:
+    for tensor in arch.weights(reader.tensors):
         if arch.is_transposed(tensor.name, len(tensor.shape)):  # (out, in) -> Conv1D's (in, out)
             name = arch.hf_name(tensor.name)
             state[name] = state[name].t().contiguous()
-    return {name: state[name] for name in (arch.hf_name(t.name) for t in reader.tensors)}  # the file's order
+    return {name: state[name] for name in (arch.hf_name(t.name) for t in arch.weights(reader.tensors))}  # the file's order
 
 
 # ----------------------------------------------------------------------------- tokenizer

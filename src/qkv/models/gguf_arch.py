@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from qkv.errors import QkvError
 from qkv.models.gguf_config import (
-    Metadata, gemma2, gemma3, gpt2, llama, olmo2, phi3, qwen2, qwen3, smollm3,
+    LONGROPE_TENSORS, Metadata, gemma2, gemma3, gpt2, llama, olmo2, phi3, qwen2, qwen3, smollm3,
 )
 
 # ----------------------------------------------------------------------------- tensor names
@@ -88,6 +88,11 @@ class Architecture:
     permuted_qk: bool = False  # q/k rows in llama.cpp's interleaved-RoPE order
     norm_shift: float = 0.0  # added to every *norm.weight by the converter
     transposed: frozenset[str] = frozenset()  # GGUF modules whose 2-D weights are stored (out, in) for a Conv1D (in, out)
+    settings: frozenset[str] = frozenset()  # tensors read into the config (Phi-3's LongRoPE factors), not weights
+
+    def weights(self, tensors: Any) -> list[Any]:
+        """The file's tensors that are weights (all but `settings`), in the file's order."""
+        return [t for t in tensors if t.name not in self.settings]
 
     def hf_name(self, gguf_name: str) -> str | None:
         """Hugging Face name of a GGUF tensor, None when this architecture has no such tensor."""
@@ -122,7 +127,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         Architecture("qwen3", qwen3, {**_LLAMA_LAYER, **_QK_NORMS}),
         Architecture("gemma2", gemma2, _GEMMA_LAYER, norm_shift=1.0),
         Architecture("gemma3", gemma3, _GEMMA_LAYER, norm_shift=1.0),
-        Architecture("phi3", phi3, _PHI3_LAYER),
+        Architecture("phi3", phi3, _PHI3_LAYER, settings=frozenset(LONGROPE_TENSORS)),
         Architecture("olmo2", olmo2, _OLMO2_LAYER),
         Architecture("smollm3", smollm3, _LLAMA_LAYER, permuted_qk=True),
         Architecture(

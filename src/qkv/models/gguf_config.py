@@ -276,11 +276,30 @@ def gemma3(meta: Metadata) -> dict[str, Any]:
     }
 
 
+# Tensors that hold settings rather than weights: Phi-3's LongRoPE factors, read into the config.
+LONGROPE_TENSORS = ("rope_factors_long.weight", "rope_factors_short.weight")
+
+
+def _rope_factors(meta: Metadata, name: str, count: int) -> list[float]:
+    """One LongRoPE factor tensor (float32, one factor per rotated pair) as a list."""
+    import numpy as np
+
+    tensor = next(t for t in meta.reader.tensors if t.name == name)
+    if tensor.tensor_type.name != "F32" or int(tensor.n_elements) != count:
+        raise meta.refuse(f"has {name} of {int(tensor.n_elements)} {tensor.tensor_type.name} values, not {count} F32 ones")
+    values = np.asarray(tensor.data, dtype=np.float32).reshape(-1)
+    if not np.all(np.isfinite(values)) or not np.all(values > 0):
+        raise meta.refuse(f"has {name} factors that are not positive finite numbers")
+    return [float(v) for v in values]
+
+
 def phi3(meta: Metadata) -> dict[str, Any]:
-    """Phi-3 / Phi-4-mini: partial rotary (`rope.dimension_count` < D); the sliding window
-    the converter writes 0 for 'none'; LongRoPE factors are refused by name."""
+    """Phi-3 / Phi-3.5 / Phi-4-mini: partial rotary (`rope.dimension_count` < D), LongRoPE
+    (the converter writes the long and short factors as tensors, no scaling type), and the
+    sliding window the converter writes as 0 for 'none'."""
     config = _decoder_common(meta)
-    _no_rope_scaling(meta)
+    if "rope_freqs.weight" in meta.tensor_names or meta.raw("phi3.rope.scaling.type") not in (None, "none"):
+        raise meta.refuse("uses a RoPE scaling other than LongRoPE, which qkv does not read from GGUF")
     head_dim = config["head_dim"]
     rope_dim = meta.int("rope.dimension_count", head_dim, maximum=head_dim)
     if rope_dim % 2:
@@ -288,9 +307,18 @@ def phi3(meta: Metadata) -> dict[str, Any]:
     window = meta.int("attention.sliding_window", 0, minimum=0, maximum=MAX_POSITIONS)
     original = meta.int("rope.scaling.original_context_length", config["max_position_embeddings"], maximum=MAX_POSITIONS)
     factor = rope_dim / head_dim
-    config["rope_parameters"] = {"rope_type": "default", "rope_theta": config["rope_theta"]}
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": config["rope_theta"]}
     if factor != 1.0:
-        config["rope_parameters"]["partial_rotary_factor"] = factor
+        rope["partial_rotary_factor"] = factor
+    present = [name for name in LONGROPE_TENSORS if name in meta.tensor_names]
+    if present and len(present) != 2:
+        raise meta.refuse(f"has {present[0]} without its pair; LongRoPE needs both the long and short factors")
+    if present:
+        rope = {"rope_type": "longrope", "rope_theta": config["rope_theta"], **({"partial_rotary_factor": factor} if factor != 1.0 else {}),
+                "long_factor": _rope_factors(meta, LONGROPE_TENSORS[0], rope_dim // 2),
+                "short_factor": _rope_factors(meta, LONGROPE_TENSORS[1], rope_dim // 2),
+                "original_max_position_embeddings": original}
+    config["rope_parameters"] = rope
     del config["head_dim"]  # Phi-3's config.json has none: D is C / H
     if config["hidden_size"] != head_dim * config["num_attention_heads"]:
         raise meta.refuse(f"has head size {head_dim}, not embedding_length / head_count as Phi-3 needs")
