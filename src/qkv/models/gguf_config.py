@@ -99,10 +99,10 @@ def _attention_sizes(meta: Metadata, hidden: int) -> tuple[int, int, int]:
     """(H, H_kv, D); D from `attention.key_length` (Gemma, Qwen3), else C / H."""
     heads = meta.int("attention.head_count", maximum=hidden)
     kv_heads = meta.int("attention.head_count_kv", heads, maximum=heads)
-    if heads % kv_heads != 0:
-        raise meta.refuse(f"has {heads} query heads, not a multiple of its {kv_heads} key/value heads")
     if not meta.has("attention.key_length") and hidden % heads != 0:
         raise meta.refuse(f"embedding_length {hidden} is not divisible by head_count {heads}")
+    if heads % kv_heads != 0:
+        raise meta.refuse(f"has {heads} query heads, not a multiple of its {kv_heads} key/value heads")
     head_dim = meta.int("attention.key_length", hidden // heads)
     value_dim = meta.int("attention.value_length", head_dim)
     if value_dim != head_dim:
