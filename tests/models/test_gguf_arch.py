@@ -173,7 +173,7 @@ def test_config_agrees_with_transformers_reading(kind: str, written) -> None:
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_logits_equal_transformers_for_the_families_qkv_runs(kind: str, written) -> None:
+def test_logits_and_greedy_tokens_equal_transformers_for_the_families_qkv_runs(kind: str, written) -> None:
     import qkv
 
     path, source = written(kind)
@@ -188,6 +188,11 @@ def test_logits_equal_transformers_for_the_families_qkv_runs(kind: str, written)
         if kind in TRANSFORMERS_LOADS:
             reread = tf.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
             torch.testing.assert_close(ours, reread.eval()(ids).logits, rtol=0, atol=1e-4)
+        reference = source.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    from qkv.generation import generate
+
+    assert generate(model, ids, 8, use_cache=True).tolist() == reference.tolist()
+    assert generate(model, ids, 8, use_cache=False).tolist() == reference.tolist()
 
 
 # ----------------------------------------------------------------------------- settings llama.cpp leaves out
