@@ -75,6 +75,22 @@ def _metadata(writer: gguf.GGUFWriter, model_type: str, c: Any) -> None:
     if model_type in ("mistral", "qwen3", "gemma2", "gemma3_text") or (model_type == "llama" and getattr(c, "head_dim", None)):
         writer.add_key_length(c.head_dim)
         writer.add_value_length(c.head_dim)
+    if model_type == "llama" and rope.get("rope_type") == "llama3":  # LlamaModel.generate_extra_tensors
+        dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        freqs = 1.0 / (rope["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+        orig, low, high, factor = (rope["original_max_position_embeddings"], rope["low_freq_factor"],
+                                   rope["high_freq_factor"], rope["factor"])
+        divisors = []
+        for freq in freqs:
+            wavelen = 2 * math.pi / freq
+            if wavelen < orig / high:
+                divisors.append(1)
+            elif wavelen > orig / low:
+                divisors.append(factor)
+            else:
+                smooth = (orig / wavelen - low) / (high - low)
+                divisors.append(1 / ((1 - smooth) / factor + smooth))
+        writer.add_tensor("rope_freqs.weight", torch.tensor(divisors, dtype=torch.float32).numpy())
     if model_type in ("llama", "mistral", "smollm3"):
         writer.add_vocab_size(c.vocab_size)
         writer.add_rope_dimension_count(c.head_dim if getattr(c, "head_dim", None) else c.hidden_size // c.num_attention_heads)

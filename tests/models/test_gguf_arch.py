@@ -35,6 +35,10 @@ LOCAL_GLOBAL = {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
                 "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
 KINDS: dict[str, tuple[Any, Any, dict[str, Any]]] = {
     "llama": (tf.LlamaConfig, tf.LlamaForCausalLM, dict(tie_word_embeddings=False, rope_theta=5000.0)),
+    # Llama 3.1-3.3's RoPE scaling, which the converter stores as rope_freqs.weight (3 in-band frequencies)
+    "llama3": (tf.LlamaConfig, tf.LlamaForCausalLM, dict(tie_word_embeddings=True, rope_parameters={
+        "rope_type": "llama3", "rope_theta": 100.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64})),
     "mistral": (tf.MistralConfig, tf.MistralForCausalLM, dict(sliding_window=None, tie_word_embeddings=False)),
     "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM, dict(tie_word_embeddings=True)),
     "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM, dict(head_dim=24, tie_word_embeddings=False)),
@@ -61,7 +65,8 @@ NOT_IN_GGUF = {
     "return_dict", "chunk_size_feed_forward", "problem_type", "id2label", "label2id", "tokenizer_class",
 }
 TRANSFORMERS_READS = {"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "gpt2", "qwen3_plain", "gpt2_1024"}
-TRANSFORMERS_LOADS = TRANSFORMERS_READS - {"qwen3", "gpt2"}
+TRANSFORMERS_READS = TRANSFORMERS_READS | {"llama3"}
+TRANSFORMERS_LOADS = TRANSFORMERS_READS - {"qwen3", "gpt2", "llama3"}  # it reads no rope_freqs, so its Llama 3 differs
 
 
 def _source(kind: str, **overrides: Any) -> Any:
@@ -279,7 +284,9 @@ def _append_keys(path: Path, keys: dict[str, Any], drop_tensors: tuple[str, ...]
     ("phi3", {}, {"rope_factors_long.weight": np.ones(4, np.float32)}, "rope_factors_long.weight without its pair"),
     ("phi3", {}, {"rope_factors_long.weight": np.ones(3, np.float32), "rope_factors_short.weight": np.ones(3, np.float32)},
      "rope_factors_long.weight of 3 F32 values, not 4"),
-    ("llama", {}, {"rope_freqs.weight": np.ones(8, np.float32)}, r"RoPE factors \(rope_freqs.weight\)"),
+    ("llama", {}, {"rope_freqs.weight": np.ones(8, np.float32)}, "rope_freqs.weight factors that are not Llama 3's"),
+    ("llama", {}, {"rope_freqs.weight": np.ones(5, np.float32)}, "rope_freqs.weight of 5 F32 values, not 8"),
+    ("qwen2", {}, {"rope_freqs.weight": np.ones(8, np.float32)}, r"RoPE factors \(rope_freqs.weight\)"),
     ("qwen2", {"qwen2.rope.scaling.type": "yarn"}, {}, "RoPE scaling 'yarn'"),
     ("gemma3", {"gemma3.rope.scaling.type": "yarn"}, {}, "RoPE scaling 'yarn'; qkv reads gemma3 files with linear"),
     ("llama", {"llama.rope.dimension_count": 8}, {}, "rotates 8 of 16 head dimensions"),
@@ -368,3 +375,14 @@ def test_real_gemma3_270m_q4_k_m_reads_as_its_published_config_and_transformers_
     for t in checked:
         values = processor.process(weights=gguf_lib.quants.dequantize(t.data, t.tensor_type), name=t.name).weights
         assert torch.equal(ours[names[t.name]], torch.from_numpy(np.ascontiguousarray(values)).float()), t.name
+
+
+@pytest.mark.parametrize(("head_dim", "factor"), [(64, 32.0), (128, 8.0)], ids=["llama-3.2", "llama-3.1"])
+def test_llama3_rope_scaling_is_recovered_from_rope_freqs(head_dim: int, factor: float, tmp_path: Path) -> None:
+    """The published Llama 3.1 (D 128, factor 8) and 3.2 (D 64, factor 32) settings come back
+    exactly from the divisors the converter stores."""
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": factor, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    source = _source("llama3", hidden_size=4 * head_dim, num_hidden_layers=1, max_position_embeddings=131072,
+                     rope_parameters=rope)
+    assert open_gguf_file(write_gguf(tmp_path / "l.gguf", source, make_tokenizer())).config["rope_parameters"] == rope

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from qkv.errors import QkvError
 from qkv.models.gguf_config import (
-    LONGROPE_TENSORS, Metadata, gemma2, gemma3, gpt2, llama, olmo2, phi3, qwen2, qwen3, smollm3,
+    LLAMA3_ROPE_TENSOR, LONGROPE_TENSORS, Metadata, gemma2, gemma3, gpt2, llama, olmo2, phi3, qwen2, qwen3, smollm3,
 )
 
 # ----------------------------------------------------------------------------- tensor names
@@ -122,7 +122,7 @@ class Architecture:
 ARCHITECTURES: dict[str, Architecture] = {
     arch.name: arch
     for arch in (
-        Architecture("llama", llama, _LLAMA_LAYER, permuted_qk=True),
+        Architecture("llama", llama, _LLAMA_LAYER, permuted_qk=True, settings=frozenset({LLAMA3_ROPE_TENSOR})),
         Architecture("qwen2", qwen2, _LLAMA_LAYER, suffixes=("weight", "bias")),
         Architecture("qwen3", qwen3, {**_LLAMA_LAYER, **_QK_NORMS}),
         Architecture("gemma2", gemma2, _GEMMA_LAYER, norm_shift=1.0),

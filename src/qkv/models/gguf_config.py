@@ -181,12 +181,63 @@ def _layer_types(sliding: list[bool]) -> list[str]:
 # ----------------------------------------------------------------------------- one reader per family
 
 
+LLAMA3_ROPE_TENSOR = "rope_freqs.weight"
+
+
+def _llama3_rope(meta: Metadata, head_dim: int, theta: float) -> dict[str, Any]:
+    """Llama 3.1-3.3's RoPE scaling from `rope_freqs.weight`, the per-frequency divisors the
+    converter computes from it (no scaling key is written).
+
+    Each of the D/2 frequencies f (wavelength 2*pi/f) is divided by 1 above the band
+    [orig/high, orig/low], by `factor` below it, and in between by 1/((1-s)/factor + s) with
+    s = orig/wavelength * 1/(high-low) - low/(high-low), a line in 1/wavelength. `factor` is
+    the largest divisor; the line, fitted to the in-band divisors, gives orig/(high-low) and
+    low/(high-low), which fix RoPE; with low = 1 (every Llama 3's value) they give orig and
+    high. The result must reproduce every divisor, else the file is refused.
+    """
+    import numpy as np
+
+    tensor = next(t for t in meta.reader.tensors if t.name == LLAMA3_ROPE_TENSOR)
+    count = head_dim // 2
+    if tensor.tensor_type.name != "F32" or int(tensor.n_elements) != count:
+        raise meta.refuse(f"has {LLAMA3_ROPE_TENSOR} of {int(tensor.n_elements)} {tensor.tensor_type.name} values, not {count} F32 ones")
+    divisors = np.asarray(tensor.data, dtype=np.float32).reshape(-1).astype(np.float64)
+    refusal = meta.refuse(f"has {LLAMA3_ROPE_TENSOR} factors that are not Llama 3's RoPE scaling, the one qkv reads")
+    if not np.all(np.isfinite(divisors)) or not np.all(divisors >= 1.0):
+        raise refusal
+    freqs = 1.0 / (np.float32(theta) ** (np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)))
+    wavelengths = 2 * np.pi / freqs.astype(np.float64)
+    factor = float(divisors.max())
+    band = (divisors > 1.0) & (divisors < factor)
+    if factor <= 1.0 or band.sum() < 2:
+        raise refusal
+    smooth = (1 / divisors[band] - 1 / factor) / (1 - 1 / factor)
+    slope, intercept = np.polyfit(1 / wavelengths[band], smooth, 1)  # s = a / wavelength - b
+    a, b = float(slope), float(-intercept)  # a = orig / (high - low), b = low / (high - low)
+    if a <= 0 or b <= 0:
+        raise refusal
+    original, high = int(round(a / b)), round(1.0 + 1.0 / b, 4)  # low = 1
+    if not 1 <= original <= MAX_POSITIONS or high <= 1.0:
+        raise refusal
+    rebuilt = []
+    for w in wavelengths:  # the converter's formula, from the recovered settings
+        s = (original / w - 1.0) / (high - 1.0)
+        rebuilt.append(1.0 if w < original / high else factor if w > original else 1 / ((1 - s) / factor + s))
+    if not np.allclose(np.float32(rebuilt), divisors, rtol=1e-5, atol=0):
+        raise refusal
+    return {"rope_type": "llama3", "rope_theta": theta, "factor": factor, "low_freq_factor": 1.0,
+            "high_freq_factor": high, "original_max_position_embeddings": original}
+
+
 def llama(meta: Metadata) -> dict[str, Any]:
     """llama (Llama 1-3 without rope_freqs, TinyLlama, SmolLM 1/2, Mistral): a Mistral file is
     arch llama; when it states a sliding window it becomes a MistralForCausalLM config."""
     config = _decoder_common(meta)
     _whole_head_rope(meta, config["head_dim"])
-    _no_rope_scaling(meta)
+    if LLAMA3_ROPE_TENSOR in meta.tensor_names and meta.raw("llama.rope.scaling.type") in (None, "none"):
+        config["rope_parameters"] = _llama3_rope(meta, config["head_dim"], config["rope_theta"])
+    else:
+        _no_rope_scaling(meta)
     window = meta.int("attention.sliding_window", 0, minimum=0, maximum=MAX_POSITIONS)
     common = {"hidden_act": "silu", "attention_dropout": 0.0, **config}
     if window:
@@ -334,7 +385,10 @@ def olmo2(meta: Metadata) -> dict[str, Any]:
     """OLMo 2 (and OLMo 3, the same arch with sliding-window layers)."""
     config = _decoder_common(meta)
     _whole_head_rope(meta, config["head_dim"])
-    _no_rope_scaling(meta)
+    if LLAMA3_ROPE_TENSOR in meta.tensor_names and meta.raw("llama.rope.scaling.type") in (None, "none"):
+        config["rope_parameters"] = _llama3_rope(meta, config["head_dim"], config["rope_theta"])
+    else:
+        _no_rope_scaling(meta)
     window = meta.int("attention.sliding_window", 0, minimum=0, maximum=MAX_POSITIONS)
     common = {"hidden_act": "silu", **config, "attention_bias": False}
     if not window:
