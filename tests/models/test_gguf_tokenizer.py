@@ -192,24 +192,29 @@ def all_files(sentencepiece_files, byte_level_files, smollm2_file: Path) -> dict
 _LOADED: dict[str, tuple[Any, Any]] = {}
 
 
-def pair(all_files: dict[str, Written], name: str) -> tuple[Any, Any]:
-    """(qkv's GGUFTokenizer, transformers' tokenizer) for one file, read once a session."""
+def pair(all_files: dict[str, Written], name: str, request: pytest.FixtureRequest | None = None) -> tuple[Any, Any]:
+    """(qkv's GGUFTokenizer, transformers' tokenizer) for one file, read once a session
+    (SmolLM2's reference is the session's shared one: transformers takes seconds to read it)."""
     if name not in _LOADED:
         import transformers
 
         path = all_files[name].path
         ours = read_gguf_tokenizer(open_gguf(path), path)
-        theirs = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        if name == "smollm2":
+            theirs = request.getfixturevalue("hf_smollm2_tokenizer")
+        else:
+            theirs = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         _LOADED[name] = ours, theirs
     return _LOADED[name]
 
 
+SMOLLM2 = pytest.param("smollm2", marks=pytest.mark.xdist_group("smollm2"))  # with the other tests of the file
 NAMES = ["spm-llama", "spm-phi3", "spm-gemma3", "bpe-default", "bpe-gpt2", "bpe-llama-bpe", "bpe-qwen2",
-         "bpe-smollm", "smollm2"]
+         "bpe-smollm", SMOLLM2]
 
 
-def check_text(all_files: dict[str, Written], name: str, text: str) -> None:
-    ours, theirs = pair(all_files, name)
+def check_text(all_files: dict[str, Written], name: str, text: str, request: pytest.FixtureRequest) -> None:
+    ours, theirs = pair(all_files, name, request)
     ids = ours.tokenizer.encode(text).ids
     assert ids == theirs(text)["input_ids"], (name, text)
     for skip in (True, False):
@@ -233,16 +238,16 @@ def check_text(all_files: dict[str, Written], name: str, text: str) -> None:
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_ids_equal_transformers_on_hard_texts(all_files, name: str) -> None:
+def test_ids_equal_transformers_on_hard_texts(all_files, name: str, request) -> None:
     specials = all_files[name].specials
     texts = TEXTS + [f"a{s}b {s} {s}{s}\n{s}" for s in specials] + ["".join(specials)]
     for text in texts:
-        check_text(all_files, name, text)
+        check_text(all_files, name, text, request)
 
 
-@pytest.mark.parametrize("name", ["spm-llama", "spm-gemma3", "bpe-llama-bpe", "bpe-qwen2", "smollm2"])
-def test_ids_equal_transformers_on_the_story(all_files, story: list[str], name: str) -> None:
-    check_text(all_files, name, "\n".join(story[:120]))
+@pytest.mark.parametrize("name", ["spm-llama", "spm-gemma3", "bpe-llama-bpe", "bpe-qwen2", SMOLLM2])
+def test_ids_equal_transformers_on_the_story(all_files, story: list[str], name: str, request) -> None:
+    check_text(all_files, name, "\n".join(story[:120]), request)
 
 
 def texts_with(specials: list[str]) -> st.SearchStrategy[str]:
@@ -253,8 +258,8 @@ def texts_with(specials: list[str]) -> st.SearchStrategy[str]:
 @pytest.mark.parametrize("name", NAMES)
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_ids_equal_transformers_on_generated_text(all_files, name: str, data: st.DataObject) -> None:
-    check_text(all_files, name, data.draw(texts_with(all_files[name].specials)))
+def test_ids_equal_transformers_on_generated_text(all_files, name: str, request, data: st.DataObject) -> None:
+    check_text(all_files, name, data.draw(texts_with(all_files[name].specials)), request)
 
 
 # ----------------------------------------------------------------------------- what comes with it

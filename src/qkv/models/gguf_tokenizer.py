@@ -249,11 +249,17 @@ def derived_merges(tokens: Sequence[str], rank: dict[str, float], *, best_high: 
     index = {t: i for i, t in enumerate(tokens)}
     sign = -1.0 if best_high else 1.0
     found: list[tuple[float, int, int, int, str, str]] = []
-    for whole in rank:
-        cuts = [(whole[:k], whole[k:]) for k in range(1, len(whole)) if whole[:k] in index and whole[k:] in index]
-        cuts.sort(key=lambda cut: (index[cut[0]], index[cut[1]]))
-        score = sign * rank[whole]
-        found.extend((score, sign * len(left), sign * len(right), len(found) + n, left, right) for n, (left, right) in enumerate(cuts))
+    for whole, score in rank.items():
+        cuts = []
+        for k in range(1, len(whole)):
+            left = whole[:k]
+            if left in index:
+                right = whole[k:]
+                if right in index:
+                    cuts.append((index[left], index[right], left, right))
+        cuts.sort()
+        for _, _, left, right in cuts:
+            found.append((sign * score, sign * len(left), sign * len(right), len(found), left, right))
     found.sort()
     return [(left, right) for *_, left, right in found]
 
