@@ -53,6 +53,7 @@ class Written:
     path: Path
     specials: list[str] = field(default_factory=list)  # special and added tokens, put into texts
     prefix: bool = False  # a SentencePiece file that puts a space before the text
+    processor: Any = None  # the SentencePiece model its vocabulary came from
 
 
 def write_gguf(path: Path, arch: str, kind: str, tokens: list[str], types: list[int], **meta: Any) -> Path:
@@ -99,7 +100,7 @@ def story() -> list[str]:
     return lines + ["    " + line for line in lines[:40]]  # indentation: whitespace-only pieces
 
 
-def train_sentencepiece(lines: list[str], gemma: bool) -> Any:
+def train_sentencepiece(lines: list[str], gemma: bool, prefix: bool) -> Any:
     """A real SentencePiece BPE model with byte fallback (as Llama 2's and Gemma's are)."""
     import io
 
@@ -110,7 +111,7 @@ def train_sentencepiece(lines: list[str], gemma: bool) -> Any:
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(lines), model_writer=model, vocab_size=420, model_type="bpe", byte_fallback=True,
         character_coverage=1.0, split_digits=True, allow_whitespace_only_pieces=True,
-        remove_extra_whitespaces=False, normalization_rule_name="identity", minloglevel=2,
+        remove_extra_whitespaces=False, normalization_rule_name="identity", add_dummy_prefix=prefix, minloglevel=2,
         user_defined_symbols=["<start_of_turn>", "<end_of_turn>"] if gemma else ["<tool>"],
         control_symbols=["<mask>", "<ctrl>"] if gemma else ["<ctrl>"], **ids,
     )
@@ -135,9 +136,9 @@ def sentencepiece_types(sp: Any) -> list[int]:
 @pytest.fixture(scope="session")
 def sentencepiece_files(story: list[str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Written]:
     files = {}
-    for name, arch in (("llama", "llama"), ("phi3", "phi3"), ("gemma3", "gemma3")):
-        gemma = arch == "gemma3"
-        sp = train_sentencepiece(story, gemma)
+    for name, arch in (("llama", "llama"), ("phi3", "phi3"), ("gemma3", "gemma3"), ("llama-noprefix", "llama")):
+        gemma, prefix = arch == "gemma3", arch != "gemma3" and name != "llama-noprefix"
+        sp = train_sentencepiece(story, gemma, prefix)
         pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
         if gemma:  # llama.cpp writes Gemma's runs of spaces as spaces
             pieces = [p.replace("\u2581", " ") if set(p) == {"\u2581"} and len(p) > 1 else p for p in pieces]
@@ -147,11 +148,11 @@ def sentencepiece_files(story: list[str], tmp_path_factory: pytest.TempPathFacto
         path = write_gguf(
             folder / "t.gguf", arch, "llama", pieces, types, scores=[sp.get_score(i) for i in range(len(pieces))],
             bos=sp.bos_id(), eos=sp.eos_id(), unk=sp.unk_id(), pad=sp.pad_id() if gemma else None,
-            add_bos=True, add_eos=False, add_space_prefix=not gemma,
+            add_bos=True, add_eos=False, add_space_prefix=prefix,
             template="{% for m in messages %}<start_of_turn>{{ m['content'] }}<end_of_turn>{% endfor %}",
         )
         specials = [p for p, t in zip(pieces, types) if t in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED)]
-        files[name] = Written(path, specials + ["<unk>", "<0x41>"], prefix=not gemma)
+        files[name] = Written(path, specials + ["<unk>", "<0x41>"], prefix=prefix, processor=sp)
     return files
 
 
@@ -189,23 +190,30 @@ def all_files(sentencepiece_files, byte_level_files, smollm2_file: Path) -> dict
             **{f"bpe-{k}": v for k, v in byte_level_files.items()}, "smollm2": smollm2}
 
 
-_LOADED: dict[str, tuple[Any, Any]] = {}
+_OURS: dict[str, Any] = {}
+_THEIRS: dict[str, Any] = {}
+
+
+def ours_for(all_files: dict[str, Written], name: str) -> Any:
+    """qkv's GGUFTokenizer for one file, read once a session."""
+    if name not in _OURS:
+        path = all_files[name].path
+        _OURS[name] = read_gguf_tokenizer(open_gguf(path), path)
+    return _OURS[name]
 
 
 def pair(all_files: dict[str, Written], name: str, request: pytest.FixtureRequest | None = None) -> tuple[Any, Any]:
     """(qkv's GGUFTokenizer, transformers' tokenizer) for one file, read once a session
     (SmolLM2's reference is the session's shared one: transformers takes seconds to read it)."""
-    if name not in _LOADED:
+    if name not in _THEIRS:
         import transformers
 
         path = all_files[name].path
-        ours = read_gguf_tokenizer(open_gguf(path), path)
         if name == "smollm2":
-            theirs = request.getfixturevalue("hf_smollm2_tokenizer")
+            _THEIRS[name] = request.getfixturevalue("hf_smollm2_tokenizer")
         else:
-            theirs = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        _LOADED[name] = ours, theirs
-    return _LOADED[name]
+            _THEIRS[name] = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return ours_for(all_files, name), _THEIRS[name]
 
 
 SMOLLM2 = pytest.param("smollm2", marks=pytest.mark.xdist_group("smollm2"))  # with the other tests of the file
@@ -260,6 +268,19 @@ def texts_with(specials: list[str]) -> st.SearchStrategy[str]:
 @given(data=st.data())
 def test_ids_equal_transformers_on_generated_text(all_files, name: str, request, data: st.DataObject) -> None:
     check_text(all_files, name, data.draw(texts_with(all_files[name].specials)), request)
+
+
+@pytest.mark.parametrize("name", ["spm-llama", "spm-llama-noprefix"])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(ALPHABET.replace("<", "").replace("\u2581", ""), max_size=40))
+def test_sentencepiece_ids_equal_sentencepiece_itself(all_files, name: str, text: str) -> None:
+    """The merges recovered from the scores encode as the SentencePiece model the vocabulary
+    came from, with its space prefix (`add_space_prefix`) and without. (A text that starts
+    with a space gets one marker, not two, as in transformers' reading: the one difference.)"""
+    written, ours = all_files[name], ours_for(all_files, name)
+    if written.prefix and text[:1].isspace():
+        text = "x" + text
+    assert ours.tokenizer.encode(text).ids == [ours.vocabulary.bos_id, *written.processor.encode(text)]
 
 
 # ----------------------------------------------------------------------------- what comes with it

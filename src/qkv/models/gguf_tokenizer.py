@@ -14,7 +14,12 @@ and names the algorithm in `tokenizer.ggml.model`. Two kinds cover the files peo
   This is BPE with byte fallback whose merges are recovered from the vocabulary: every way
   to cut a piece into two pieces is a merge, ranked by the whole piece's score (Gemma's
   scores do not follow its merge order, its file order does, so there the rank is the
-  position). This is how transformers reads these files, and qkv's ids equal its ids.
+  position). This is how transformers reads these files, and qkv's ids equal its ids; they
+  also equal SentencePiece's own encoding, but for a text that starts with a space, which
+  gets one marker here (as in transformers) where SentencePiece puts two. Unlike
+  transformers, `add_space_prefix = false` is honoured (transformers goes by architecture:
+  Gemma's files say false, Llama's true). `add_space_prefix` is read for SentencePiece only,
+  as llama.cpp reads it.
 
 Tokens typed CONTROL (and the bos/eos/unk/pad tokens) are special: matched whole in the text
 and skipped by `decode(skip_special_tokens=True)`; USER_DEFINED ones are matched whole but
