@@ -56,7 +56,7 @@ class Written:
     processor: Any = None  # the SentencePiece model its vocabulary came from
 
 
-def write_gguf(path: Path, arch: str, kind: str, tokens: list[str], types: list[int], **meta: Any) -> Path:
+def write_gguf(path: Path, arch: str, kind: str | None, tokens: list[str], types: list[int], **meta: Any) -> Path:
     """A GGUF holding only a tokenizer (and the few hyperparameters transformers wants)."""
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(1)
@@ -64,10 +64,13 @@ def write_gguf(path: Path, arch: str, kind: str, tokens: list[str], types: list[
     writer.add_embedding_length(8)
     writer.add_feed_forward_length(16)
     writer.add_head_count(2)
-    writer.add_tokenizer_model(kind)
+    if kind is not None:
+        writer.add_tokenizer_model(kind)
     writer.add_token_list(tokens)
     writer.add_token_types(types)
-    if meta.get("pre") is not None:
+    if isinstance(meta.get("pre"), list):  # a malformed file: an array where a string belongs
+        writer.add_array("tokenizer.ggml.pre", meta["pre"])
+    elif meta.get("pre") is not None:
         writer.add_tokenizer_pre(meta["pre"])
     if meta.get("scores") is not None:
         writer.add_token_scores(meta["scores"])
@@ -340,6 +343,8 @@ def tiny(path: Path, kind: str = "gpt2", **meta: Any) -> Path:
 @pytest.mark.parametrize("meta, message", [
     (dict(kind="rwkv"), r"'rwkv' tokenizer \(tokenizer.ggml.model\); qkv reads 'gpt2' \(byte-level BPE\), 'llama'"),
     (dict(kind="bert"), "'bert' tokenizer"),
+    (dict(kind=None), r"names no tokenizer kind \(tokenizer.ggml.model\); qkv reads 'gpt2'"),
+    (dict(pre=["gpt2"]), r"pre-tokenizer .\['gpt2'\]. \(tokenizer.ggml.pre\)"),
     (dict(pre="falcon"), r"pre-tokenizer 'falcon' \(tokenizer.ggml.pre\), which qkv does not read; it reads default"),
     (dict(kind="llama"), "needs tokenizer.ggml.scores"),
     (dict(kind="llama", scores=[0.0, 0.0]), "holds 2 entries, not one per token"),

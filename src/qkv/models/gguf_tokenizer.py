@@ -164,11 +164,12 @@ def _array(reader: Any, key: str, path: Path, count: int | None, what: str) -> l
 def read_vocabulary(reader: Any, path: Path) -> GGUFVocabulary:
     """The tokenizer metadata of `reader` (a GGUF header), checked; QkvError names what is wrong."""
     kind = _value(reader, "tokenizer.ggml.model", path)
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:
         known = ", ".join(f"{name!r} ({what})" for name, what in KINDS.items())
-        raise QkvError(f"{path} has a {str(kind)[:40]!r} tokenizer (tokenizer.ggml.model); qkv reads {known}")
+        named = "names no tokenizer kind" if kind is None else f"has a {str(kind)[:40]!r} tokenizer"
+        raise QkvError(f"{path} {named} (tokenizer.ggml.model); qkv reads {known}")
     pre = _value(reader, "tokenizer.ggml.pre", path, "default")
-    if kind == "gpt2" and pre not in PRE_TOKENIZERS:
+    if kind == "gpt2" and (not isinstance(pre, str) or pre not in PRE_TOKENIZERS):
         raise QkvError(
             f"{path} uses the pre-tokenizer {str(pre)[:40]!r} (tokenizer.ggml.pre), which qkv does not read; "
             f"it reads {', '.join(PRE_TOKENIZERS)}")
@@ -336,7 +337,7 @@ def _added_tokens(vocab: GGUFVocabulary, spelled: Sequence[str]) -> list[Any]:
     named = {i for i in (vocab.bos_id, vocab.eos_id, vocab.unk_id, vocab.pad_id) if i is not None}
     added = []
     for i, (token, kind) in enumerate(zip(vocab.tokens, vocab.types)):
-        if vocab.kind == "gpt2" and spelled[i] != token:
+        if not token or (vocab.kind == "gpt2" and spelled[i] != token):
             continue
         if kind == TOKEN_TYPE_CONTROL or i in named:
             added.append(AddedToken(token, special=True, normalized=False))
