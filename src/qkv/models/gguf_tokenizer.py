@@ -182,13 +182,12 @@ def read_vocabulary(reader: Any, path: Path) -> GGUFVocabulary:
     tokens = _array(reader, "tokenizer.ggml.tokens", path, count, "strings")
     if not all(isinstance(t, str) for t in tokens):
         raise QkvError(f"{path}: tokenizer.ggml.tokens must be an array of strings")
-    longest = max(len(t) for t in tokens)
-    if longest * 4 > MAX_TOKEN_BYTES and max(len(t.encode("utf-8")) for t in tokens) > MAX_TOKEN_BYTES:
+    if max(map(len, tokens)) * 4 > MAX_TOKEN_BYTES and max(len(t.encode("utf-8")) for t in tokens) > MAX_TOKEN_BYTES:
         raise QkvError(f"{path}: a token is longer than {MAX_TOKEN_BYTES:,} bytes; the vocabulary is not a real one")
     types = _array(reader, "tokenizer.ggml.token_type", path, count, "integers")
     if types is None:
         types = [TOKEN_TYPE_NORMAL] * count
-    elif not all(is_int(t) for t in types):
+    elif not all(type(t) is int for t in types):  # (a numeric array's items are ints or floats)
         raise QkvError(f"{path}: tokenizer.ggml.token_type must give one integer type per token")
     scores = _array(reader, "tokenizer.ggml.scores", path, count, "numbers")
     if scores is not None and not all(isinstance(s, (int, float)) and math.isfinite(s) for s in scores):
@@ -196,8 +195,8 @@ def read_vocabulary(reader: Any, path: Path) -> GGUFVocabulary:
     raw_merges = _array(reader, "tokenizer.ggml.merges", path, None, "strings")
     merges = None
     if raw_merges is not None:
-        merges = [tuple(m.split(" ")) for m in raw_merges if isinstance(m, str)]
-        if len(merges) != len(raw_merges) or any(len(m) != 2 or not all(m) for m in merges):
+        merges = [tuple(m.split(" ")) for m in raw_merges] if all(type(m) is str for m in raw_merges) else []
+        if len(merges) != len(raw_merges) or [m for m in merges if len(m) != 2 or not (m[0] and m[1])]:
             raise QkvError(f"{path}: tokenizer.ggml.merges must be a list of 'left right' strings")
     if kind == "llama" and merges is None and scores is None:
         raise QkvError(f"{path}: a SentencePiece tokenizer needs tokenizer.ggml.scores (or merges); the file has neither")
@@ -242,6 +241,8 @@ def _byte_level_spelling(tokens: Sequence[str]) -> list[str]:
     alphabet (a mislabelled added token such as '<|fim pad|>') is respelled from its bytes."""
     spelling = byte_alphabet()
     alphabet = set(spelling.values())
+    if set("".join(tokens)) <= alphabet:  # a real byte-level vocabulary: nothing to respell
+        return list(tokens)
     return [t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8")) for t in tokens]
 
 
