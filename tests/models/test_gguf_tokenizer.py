@@ -369,21 +369,25 @@ def test_unknown_kind_is_one_line_and_exit_code_2(tmp_path: Path, capsys) -> Non
     assert len(err.strip().splitlines()) == 1 and "'rwkv' tokenizer" in err and "Traceback" not in err
 
 
-def test_vocabulary_larger_than_the_model_is_refused(tmp_path: Path) -> None:
-    """qkv's loader checks the tokenizer against the model: 3 tokens, 2 embedding rows."""
+@pytest.mark.parametrize("rows", [4, 3])
+def test_sentencepiece_model_loads_and_vocabulary_must_fit(tmp_path: Path, rows: int) -> None:
+    """A whole (tiny, zero-weight) Llama with a SentencePiece tokenizer goes through qkv's
+    loader: with as many embedding rows as tokens it loads and encodes with BOS and the space
+    marker; with fewer rows the loader's check refuses the tokenizer."""
     import qkv
 
     path, hidden, ffn = tmp_path / "m.gguf", 32, 64
     writer = gguf.GGUFWriter(str(path), "llama")
     for add, value in ((writer.add_block_count, 1), (writer.add_context_length, 16),
                        (writer.add_embedding_length, hidden), (writer.add_feed_forward_length, ffn),
-                       (writer.add_head_count, 2), (writer.add_vocab_size, 2)):
+                       (writer.add_head_count, 2), (writer.add_vocab_size, rows)):
         add(value)
     writer.add_tokenizer_model("llama")
-    writer.add_token_list(["<unk>", "\u2581a", "a"])
-    writer.add_token_scores([0.0, -1.0, -2.0])
-    writer.add_token_types([TOKEN_TYPE_UNKNOWN, 1, 1])
-    shapes = {"token_embd": (2, hidden), "output_norm": (hidden,), "blk.0.attn_norm": (hidden,),
+    writer.add_token_list(["<s>", "\u2581", "a", "\u2581a"])
+    writer.add_token_scores([0.0, -3.0, -2.0, -1.0])
+    writer.add_token_types([TOKEN_TYPE_CONTROL, 1, 1, 1])
+    writer.add_bos_token_id(0)
+    shapes = {"token_embd": (rows, hidden), "output_norm": (hidden,), "blk.0.attn_norm": (hidden,),
               "blk.0.ffn_norm": (hidden,), "blk.0.attn_q": (hidden, hidden), "blk.0.attn_k": (hidden, hidden),
               "blk.0.attn_v": (hidden, hidden), "blk.0.attn_output": (hidden, hidden),
               "blk.0.ffn_gate": (ffn, hidden), "blk.0.ffn_up": (ffn, hidden), "blk.0.ffn_down": (hidden, ffn)}
@@ -393,5 +397,11 @@ def test_vocabulary_larger_than_the_model_is_refused(tmp_path: Path) -> None:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(QkvError, match="3 tokens but the model's vocabulary has 2"):
-        qkv.load_pretrained(path)
+    if rows == 3:
+        with pytest.raises(QkvError, match="4 tokens but the model's vocabulary has 3"):
+            qkv.load_pretrained(path)
+        return
+    model, tokenizer = qkv.load_pretrained(path)
+    assert tokenizer.encode("a a").ids == [0, 3, 3]  # <s> ▁a ▁a: BOS added, the space put first
+    assert tokenizer.decode([0, 3, 2, 1, 2], skip_special_tokens=True) == "aa a"
+    assert model.cfg.vocab_size == 4
