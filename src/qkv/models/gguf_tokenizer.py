@@ -276,7 +276,10 @@ def _sentencepiece_model(vocab: GGUFVocabulary) -> tuple[Any, list[str]]:
     from tokenizers import models
 
     tokens = list(vocab.tokens)
-    if vocab.architecture in _GEMMA:  # Gemma stores runs of spaces as spaces, not as the marker
+    if vocab.architecture in _GEMMA:
+        # llama.cpp writes Gemma's whitespace-only pieces with real spaces, not the marker;
+        # each space becomes the marker again (transformers makes the whole piece markers,
+        # which differs only for a piece mixing spaces with tabs or newlines)
         tokens = [t.replace(" ", SPACE_MARKER) if " " in t and not t.strip() else t for t in tokens]
     merges = vocab.merges
     if merges is None:
