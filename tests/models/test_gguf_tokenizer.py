@@ -177,7 +177,7 @@ def byte_level_files(story: list[str], tmp_path_factory: pytest.TempPathFactory)
     types = [TOKEN_TYPE_CONTROL if t in specials else TOKEN_TYPE_NORMAL for t in tokens]
     types[-2:] = [TOKEN_TYPE_USER_DEFINED, TOKEN_TYPE_CONTROL]
     files = {}
-    for pre in ("default", "gpt2", "llama-bpe", "qwen2", "smollm"):
+    for pre in ("default", "gpt2", "llama-bpe", "qwen2", "smollm", "gpt-4o"):
         folder = tmp_path_factory.mktemp(f"bpe-{pre}")
         path = write_gguf(folder / "t.gguf", "llama", "gpt2", tokens, types, pre=pre, merges=merges,
                           bos=1, eos=2, unk=0 if pre == "default" else None, add_bos=pre == "llama-bpe",
@@ -221,7 +221,7 @@ def pair(all_files: dict[str, Written], name: str, request: pytest.FixtureReques
 
 SMOLLM2 = pytest.param("smollm2", marks=pytest.mark.xdist_group("smollm2"))  # with the other tests of the file
 NAMES = ["spm-llama", "spm-phi3", "spm-gemma3", "bpe-default", "bpe-gpt2", "bpe-llama-bpe", "bpe-qwen2",
-         "bpe-smollm", SMOLLM2]
+         "bpe-smollm", "bpe-gpt-4o", SMOLLM2]
 
 
 def check_text(all_files: dict[str, Written], name: str, text: str, request: pytest.FixtureRequest) -> None:

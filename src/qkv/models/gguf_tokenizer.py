@@ -65,12 +65,20 @@ _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+_CASED_WORD = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]"  # o200k's split: a word's upper, then lower letters
+_LOWER_WORD = r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
+_GPT4O_SPLIT = "|".join([
+    rf"[^\r\n\p{{L}}\p{{N}}]?{_CASED_WORD}*{_LOWER_WORD}+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    rf"[^\r\n\p{{L}}\p{{N}}]?{_CASED_WORD}+{_LOWER_WORD}*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"\p{N}{1,3}", r" ?[^\s\p{L}\p{N}]+[\r\n/]*", r"\s*[\r\n]+", r"\s+(?!\S)", r"\s+",
+])
 PRE_TOKENIZERS: dict[str, str | None] = {
     "default": None, "gpt2": None, "gpt-2": None,
     "smollm": None,  # GPT-2's split after every digit is cut off on its own (`_pre_tokenizer`)
     "llama-bpe": _LLAMA3_SPLIT, "llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT,
     "smaug-bpe": _LLAMA3_SPLIT, "falcon3": _LLAMA3_SPLIT, "dbrx": _LLAMA3_SPLIT,
     "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT,
+    "gpt-4o": _GPT4O_SPLIT,  # Phi-4-mini
 }
 _GEMMA = ("gemma", "gemma2", "gemma3")  # merges ranked by file order, spaces spelled as-is
 _PHI3 = ("phi3",)  # the space marker goes before every piece between special tokens
