@@ -5,7 +5,7 @@ A GGUF file holds everything a model needs in one place: the hyperparameters as 
 special ids, chat template) and the tensors, usually quantized (Q4_1, Q8_0, ...). This module
 turns it into what the Hugging Face side of qkv already loads: a `config.json`-style dict,
 fp32/bf16 tensors under Hugging Face names (`model.layers.0.self_attn.q_proj.weight`) and a
-`tokenizers.Tokenizer` (qkv.models.gguf_tokenizer). One transform is needed on the way: llama.cpp's converter reorders the
+`tokenizers.Tokenizer`. One transform is needed on the way: llama.cpp's converter reorders the
 rows of every head of the query and key projections from the rotate-half RoPE layout (first
 half of the head, then second half) into the interleaved one (pairs of neighbouring rows), so
 `unpermute_rows` puts them back; qkv's RoPE is rotate-half.
