@@ -27,7 +27,7 @@ from qkv.errors import QkvError
 from qkv.models.gguf import open_gguf, open_gguf_file
 from qkv.models.gguf_tokenizer import (
     TOKEN_TYPE_BYTE, TOKEN_TYPE_CONTROL, TOKEN_TYPE_NORMAL, TOKEN_TYPE_UNKNOWN, TOKEN_TYPE_USER_DEFINED,
-    byte_alphabet, read_gguf_tokenizer,
+    byte_alphabet, derived_merges, read_gguf_tokenizer,
 )
 
 VERDICT = Path(__file__).resolve().parents[3] / "shared" / "data" / "the-verdict.txt"
@@ -139,7 +139,8 @@ def sentencepiece_types(sp: Any) -> list[int]:
 @pytest.fixture(scope="session")
 def sentencepiece_files(story: list[str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Written]:
     files = {}
-    for name, arch in (("llama", "llama"), ("phi3", "phi3"), ("gemma3", "gemma3"), ("llama-noprefix", "llama")):
+    for name, arch in (("llama", "llama"), ("phi3", "phi3"), ("gemma3", "gemma3"), ("llama-noprefix", "llama"),
+                       ("llama-merges", "llama")):
         gemma, prefix = arch == "gemma3", arch != "gemma3" and name != "llama-noprefix"
         sp = train_sentencepiece(story, gemma, prefix)
         pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
@@ -148,8 +149,12 @@ def sentencepiece_files(story: list[str], tmp_path_factory: pytest.TempPathFacto
             assert any(p.startswith("  ") for p in pieces)  # so the respelling is exercised
         types = sentencepiece_types(sp)
         folder = tmp_path_factory.mktemp(f"spm-{name}")
+        scores = [sp.get_score(i) for i in range(len(pieces))]
+        # a file that lists its merges is read by them, not by its scores: here worst first
+        merges = [f"{a} {b}" for a, b in derived_merges(pieces, dict(zip(pieces, scores)), best_high=False)
+                  if " " not in a + b] if name == "llama-merges" else None
         path = write_gguf(
-            folder / "t.gguf", arch, "llama", pieces, types, scores=[sp.get_score(i) for i in range(len(pieces))],
+            folder / "t.gguf", arch, "llama", pieces, types, scores=scores, merges=merges,
             bos=sp.bos_id(), eos=sp.eos_id(), unk=sp.unk_id(), pad=sp.pad_id() if gemma else None,
             add_bos=True, add_eos=False, add_space_prefix=prefix,
             template="{% for m in messages %}<start_of_turn>{{ m['content'] }}<end_of_turn>{% endfor %}",
@@ -220,8 +225,8 @@ def pair(all_files: dict[str, Written], name: str, request: pytest.FixtureReques
 
 
 SMOLLM2 = pytest.param("smollm2", marks=pytest.mark.xdist_group("smollm2"))  # with the other tests of the file
-NAMES = ["spm-llama", "spm-phi3", "spm-gemma3", "bpe-default", "bpe-gpt2", "bpe-llama-bpe", "bpe-qwen2",
-         "bpe-smollm", "bpe-gpt-4o", SMOLLM2]
+NAMES = ["spm-llama", "spm-phi3", "spm-gemma3", "spm-llama-merges", "bpe-default", "bpe-gpt2", "bpe-llama-bpe",
+         "bpe-qwen2", "bpe-smollm", "bpe-gpt-4o", SMOLLM2]
 
 
 def check_text(all_files: dict[str, Written], name: str, text: str, request: pytest.FixtureRequest) -> None:
@@ -347,6 +352,7 @@ def tiny(path: Path, kind: str = "gpt2", **meta: Any) -> Path:
     (dict(pre=["gpt2"]), r"pre-tokenizer .\['gpt2'\]. \(tokenizer.ggml.pre\)"),
     (dict(pre="falcon"), r"pre-tokenizer 'falcon' \(tokenizer.ggml.pre\), which qkv does not read; it reads default"),
     (dict(kind="llama"), "needs tokenizer.ggml.scores"),
+    (dict(merges=None), "byte-level BPE tokenizer needs tokenizer.ggml.merges"),
     (dict(kind="llama", scores=[0.0, 0.0]), "holds 2 entries, not one per token"),
     (dict(types=[1, 1]), "token_type holds 2 entries"),
     (dict(merges=["a b c"]), "must be a list of 'left right' strings"),
@@ -405,3 +411,13 @@ def test_sentencepiece_model_loads_and_vocabulary_must_fit(tmp_path: Path, rows:
     assert tokenizer.encode("a a").ids == [0, 3, 3]  # <s> ▁a ▁a: BOS added, the space put first
     assert tokenizer.decode([0, 3, 2, 1, 2], skip_special_tokens=True) == "aa a"
     assert model.cfg.vocab_size == 4
+
+
+def test_listed_merges_are_followed_not_the_scores(all_files, request) -> None:
+    """The same pieces and scores, with merges listed worst first: other ids than the scores
+    give (and still transformers' ids, checked above), so the file's merges are what counts."""
+    by_scores, _ = pair(all_files, "spm-llama", request)
+    by_merges, theirs = pair(all_files, "spm-llama-merges", request)
+    text = "the picture of the painter"
+    assert by_merges.tokenizer.encode(text).ids == theirs(text)["input_ids"]
+    assert by_merges.tokenizer.encode(text).tokens != by_scores.tokenizer.encode(text).tokens

@@ -206,6 +206,8 @@ def read_vocabulary(reader: Any, path: Path) -> GGUFVocabulary:
         merges = [tuple(m.split(" ")) for m in raw_merges] if all(type(m) is str for m in raw_merges) else []
         if len(merges) != len(raw_merges) or [m for m in merges if len(m) != 2 or not (m[0] and m[1])]:
             raise QkvError(f"{path}: tokenizer.ggml.merges must be a list of 'left right' strings")
+    if kind == "gpt2" and merges is None:  # (llama.cpp refuses these too)
+        raise QkvError(f"{path}: a byte-level BPE tokenizer needs tokenizer.ggml.merges; the file has none")
     if kind == "llama" and merges is None and scores is None:
         raise QkvError(f"{path}: a SentencePiece tokenizer needs tokenizer.ggml.scores (or merges); the file has neither")
     template = _value(reader, "tokenizer.chat_template", path)
@@ -305,10 +307,8 @@ def _byte_level_model(vocab: GGUFVocabulary) -> tuple[Any, list[str]]:
     from tokenizers import models
 
     tokens = _byte_level_spelling(vocab.tokens)
-    merges = vocab.merges
-    if merges is None:  # ranked by the merged token's id: earlier tokens were learned first
-        merges = derived_merges(tokens, {t: i for i, t in enumerate(tokens)}, best_high=False)
-    model = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False, byte_fallback=False)
+    model = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=vocab.merges, fuse_unk=False,
+                       byte_fallback=False)
     return model, tokens
 
 
