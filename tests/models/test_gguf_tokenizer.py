@@ -151,7 +151,7 @@ def sentencepiece_files(story: list[str], tmp_path_factory: pytest.TempPathFacto
         folder = tmp_path_factory.mktemp(f"spm-{name}")
         scores = [sp.get_score(i) for i in range(len(pieces))]
         # a file that lists its merges is read by them, not by its scores: here worst first
-        merges = [f"{a} {b}" for a, b in derived_merges(pieces, dict(zip(pieces, scores)), best_high=False)
+        merges = [f"{a} {b}" for a, b in reversed(derived_merges(pieces, dict(zip(pieces, scores))))
                   if " " not in a + b] if name == "llama-merges" else None
         path = write_gguf(
             folder / "t.gguf", arch, "llama", pieces, types, scores=scores, merges=merges,

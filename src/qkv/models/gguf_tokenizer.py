@@ -256,15 +256,13 @@ def _byte_level_spelling(tokens: Sequence[str]) -> list[str]:
     return [t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8")) for t in tokens]
 
 
-def derived_merges(tokens: Sequence[str], rank: dict[str, float], *, best_high: bool) -> list[tuple[str, str]]:
+def derived_merges(tokens: Sequence[str], rank: dict[str, float]) -> list[tuple[str, str]]:
     """BPE merges recovered from a vocabulary that lists none: each way to cut a token into
-    two tokens is a merge, and merges are ordered by `rank` of the whole token (highest first
-    when `best_high`), then the longer left part, then the longer right part; ties keep the
-    vocabulary's order, cuts of one token ordered by the ids of their parts. At most one
-    merge per character of the vocabulary, so bounded by the file's own size. (Ranked lowest
-    first, the lengths count shortest first too: the order is the reverse in every key.)"""
+    two tokens is a merge, and merges are ordered by `rank` of the whole token (highest
+    first), then the longer left part, then the longer right part; ties keep the vocabulary's
+    order, cuts of one token ordered by the ids of their parts. At most one merge per
+    character of the vocabulary, so bounded by the file's own size."""
     index = {t: i for i, t in enumerate(tokens)}
-    sign = -1.0 if best_high else 1.0
     found: list[tuple[float, int, int, int, str, str]] = []
     for whole, score in rank.items():
         cuts = []
@@ -276,7 +274,7 @@ def derived_merges(tokens: Sequence[str], rank: dict[str, float], *, best_high: 
                     cuts.append((index[left], index[right], left, right))
         cuts.sort()
         for _, _, left, right in cuts:
-            found.append((sign * score, sign * len(left), sign * len(right), len(found), left, right))
+            found.append((-score, -len(left), -len(right), len(found), left, right))
     found.sort()
     return [(left, right) for *_, left, right in found]
 
@@ -294,9 +292,9 @@ def _sentencepiece_model(vocab: GGUFVocabulary) -> tuple[Any, list[str]]:
     merges = vocab.merges
     if merges is None:
         if vocab.architecture in _GEMMA:
-            merges = derived_merges(tokens, {t: -i for i, t in enumerate(tokens)}, best_high=True)
+            merges = derived_merges(tokens, {t: -i for i, t in enumerate(tokens)})
         else:
-            merges = derived_merges(tokens, dict(zip(tokens, vocab.scores)), best_high=True)
+            merges = derived_merges(tokens, dict(zip(tokens, vocab.scores)))
     unk = vocab.token(vocab.unk_id)
     model = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, unk_token=unk,
                        fuse_unk=True, byte_fallback=True)
