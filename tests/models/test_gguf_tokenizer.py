@@ -365,6 +365,20 @@ def test_bad_tokenizers_are_refused_by_name(tmp_path: Path, meta: dict[str, Any]
         read_gguf_tokenizer(open_gguf(path), path)
 
 
+def test_quadratic_merges_are_refused_before_they_are_built(tmp_path: Path, monkeypatch) -> None:
+    """'a', 'aa', ... 'a'*100 recovers 4,950 merges from 100 tokens; past the bound: refused
+    (the bound is lowered here so the file stays small; the real one is 8M)."""
+    from qkv.models import gguf_tokenizer
+
+    monkeypatch.setattr(gguf_tokenizer, "MAX_DERIVED_MERGES", 1000)
+    tokens = ["a" * n for n in range(1, 101)]
+    path = tiny(tmp_path / "t.gguf", kind="llama", tokens=tokens, scores=[-float(n) for n in range(100)])
+    with pytest.raises(QkvError, match=r"t.gguf: the vocabulary implies more than 1,000 merges"):
+        read_gguf_tokenizer(open_gguf(path), path)
+    monkeypatch.setattr(gguf_tokenizer, "MAX_DERIVED_MERGES", 5000)  # and within it, the file reads
+    assert read_gguf_tokenizer(open_gguf(path), path).tokenizer.encode("aaaa").tokens == ["a" * 4]
+
+
 def test_unknown_kind_is_one_line_and_exit_code_2(tmp_path: Path, capsys) -> None:
     from qkv.cli.main import main
 

@@ -54,6 +54,8 @@ TOKEN_TYPE_BYTE = 6  # SentencePiece's byte fallback pieces <0x00>..<0xFF>
 KINDS = {"gpt2": "byte-level BPE", "llama": "SentencePiece"}
 SPACE_MARKER = "\u2581"  # SentencePiece's visible space
 MAX_TOKEN_BYTES = 1 << 16  # one token's spelling; real ones stay under a few hundred bytes
+MAX_VOCAB_CHARS = 1 << 26  # all tokens together (Gemma's 262k tokens: about 2.6M characters)
+MAX_DERIVED_MERGES = 1 << 23  # merges recovered from scores (a real vocabulary: under one per token)
 
 # The split each pre-tokenizer name stands for (llama.cpp's names; the regexes are the ones
 # in the tokenizer.json files these vocabularies were trained with). None: GPT-2's own split.
@@ -190,6 +192,8 @@ def read_vocabulary(reader: Any, path: Path) -> GGUFVocabulary:
     tokens = _array(reader, "tokenizer.ggml.tokens", path, count, "strings")
     if not all(isinstance(t, str) for t in tokens):
         raise QkvError(f"{path}: tokenizer.ggml.tokens must be an array of strings")
+    if sum(map(len, tokens)) > MAX_VOCAB_CHARS:
+        raise QkvError(f"{path}: the tokens hold more than {MAX_VOCAB_CHARS:,} characters; the vocabulary is not a real one")
     if max(map(len, tokens)) * 4 > MAX_TOKEN_BYTES and max(len(t.encode("utf-8")) for t in tokens) > MAX_TOKEN_BYTES:
         raise QkvError(f"{path}: a token is longer than {MAX_TOKEN_BYTES:,} bytes; the vocabulary is not a real one")
     types = _array(reader, "tokenizer.ggml.token_type", path, count, "integers")
@@ -261,7 +265,8 @@ def derived_merges(tokens: Sequence[str], rank: dict[str, float]) -> list[tuple[
     two tokens is a merge, and merges are ordered by `rank` of the whole token (highest
     first), then the longer left part, then the longer right part; ties keep the vocabulary's
     order, cuts of one token ordered by the ids of their parts. At most one merge per
-    character of the vocabulary, so bounded by the file's own size."""
+    character of the vocabulary (MAX_VOCAB_CHARS), and refused past MAX_DERIVED_MERGES:
+    `a`, `aa`, `aaa`, ... recovers a merge for every pair, quadratic in its length."""
     index = {t: i for i, t in enumerate(tokens)}
     found: list[tuple[float, int, int, int, str, str]] = []
     for whole, score in rank.items():
@@ -275,6 +280,8 @@ def derived_merges(tokens: Sequence[str], rank: dict[str, float]) -> list[tuple[
         cuts.sort()
         for _, _, left, right in cuts:
             found.append((-score, -len(left), -len(right), len(found), left, right))
+        if len(found) > MAX_DERIVED_MERGES:
+            raise QkvError(f"the vocabulary implies more than {MAX_DERIVED_MERGES:,} merges; it is not a real one")
     found.sort()
     return [(left, right) for *_, left, right in found]
 
@@ -365,6 +372,8 @@ def build_tokenizer(vocab: GGUFVocabulary, source: str) -> Any:
     build = _byte_level_model if vocab.kind == "gpt2" else _sentencepiece_model
     try:
         model, spelled = build(vocab)
+    except QkvError as error:
+        raise QkvError(f"{source}: {error}") from None
     except Exception as error:  # tokenizers refuses merges of tokens it does not have
         raise QkvError(f"{source}: the tokenizer in the metadata is inconsistent ({str(error)[:120]})") from None
     tokenizer = Tokenizer(model)
