@@ -11,6 +11,9 @@ Shape legend: M rows of x, K inputs, N outputs, G = K / 32 blocks.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import Tensor
 
@@ -37,6 +40,28 @@ def int4_linear(x: Tensor, q: Tensor, d: Tensor, m: Tensor, bias: Tensor | None 
     """x @ w^T + bias for 4-bit blocks (module docstring), x (M, K) float32 rounded to int8
     per block of 32 inputs inside the kernel; d and m float16, or their bits in int16."""
     return torch.ops.qkv.int4_linear.default(x, q, d, m, bias)
+
+
+def variants() -> list[str]:
+    """The variants of the ops this CPU runs, slowest first: "generic" (plain C++), then
+    "avx2" and "avx512" (AVX-512 VNNI) where cpuid reports them (qkv.native.build)."""
+    return torch.ops.qkv.variants.default().split(",")
+
+
+def active_variant() -> str:
+    """The variant the ops run now: the CPU's best unless `use_variant` caps it."""
+    return torch.ops.qkv.active_variant.default()
+
+
+@contextmanager
+def use_variant(name: str) -> Iterator[None]:
+    """Run the ops as variant `name` (or the CPU's best below it) inside the block, for the
+    whole process: the tests and the self-test compare variants this way."""
+    previous = torch.ops.qkv.set_variant.default(name)
+    try:
+        yield
+    finally:
+        torch.ops.qkv.set_variant.default(previous)
 
 
 def unpack_blocks(q: Tensor) -> Tensor:
@@ -93,7 +118,7 @@ def register_fakes() -> None:
         return x.new_empty(x.shape[0], w.shape[0])
 
     @torch.library.register_fake("qkv::decoder_layer")
-    def _layer(x: Tensor, *args: object) -> Tensor:
+    def _layer(x: Tensor, *args: object) -> Tensor:  # (B, C) in, (B, C) out
         return x.new_empty(x.shape)
 
     @torch.library.register_fake("qkv::int4_linear")
