@@ -87,19 +87,44 @@ def dequantize_blocks(q: Tensor, d: Tensor, m: Tensor, dtype: torch.dtype = torc
     return w.reshape(n, -1).to(dtype)  # (N, K)
 
 
+def activation_codes(x: Tensor) -> tuple[Tensor, Tensor]:
+    """x (M, K) as the int4 kernel rounds it: int8 codes (M, G, 32), held in float32, and
+    one step per block (M, G), step = max|block| / 127, code = round(x * (1 / step)) with
+    half-way cases to even (the kernel's lrintf and cvtps2dq), in the kernel's float32 order."""
+    blocks = x.float().reshape(x.shape[0], -1, BLOCK)  # (M, G, 32)
+    step = blocks.abs().amax(dim=-1) / 127.0  # (M, G)
+    inverse = torch.where(step > 0, 1.0 / torch.where(step > 0, step, 1.0), 0.0)  # (M, G)
+    return torch.round(blocks * inverse[..., None]), step
+
+
 def round_activations(x: Tensor) -> Tensor:
     """x (M, K) as the int4 kernel reads it: rounded to int8 steps of max|block| / 127 per
-    block of 32 inputs (half-way cases to even, as the kernel's lrintf)."""
-    blocks = x.float().reshape(x.shape[0], -1, BLOCK)  # (M, G, 32)
-    step = blocks.abs().amax(dim=-1, keepdim=True) / 127.0  # (M, G, 1)
-    safe = torch.where(step > 0, step, torch.ones_like(step))
-    return (torch.round(blocks / safe) * step).reshape(x.shape)  # (M, K)
+    block of 32 inputs (`activation_codes` times their step)."""
+    codes, step = activation_codes(x)
+    return (codes * step[..., None]).reshape(x.shape)  # (M, K)
 
 
 def int4_linear_reference(x: Tensor, q: Tensor, d: Tensor, m: Tensor, bias: Tensor | None = None) -> Tensor:
-    """What `int4_linear` computes, in torch: rounded activations times the 4-bit weights."""
-    y = round_activations(x) @ dequantize_blocks(q, d, m).t()  # (M, N)
-    return y if bias is None else y + bias
+    """What `int4_linear` computes, in torch, float32 (module docstring): per block the exact
+    integer dot of the activation codes and the 4-bit values (a float32 product of integers
+    below 2^24 is exact), times d * step, plus m times step * sum(codes); blocks summed in
+    float32. The kernel's numbers up to float32 summation order; the fallback where it is
+    not built (qkv.perf.quantize)."""
+    codes, step = activation_codes(x)  # (M, G, 32), (M, G)
+    n, groups = q.shape[0], codes.shape[1]
+    values = unpack_blocks(q).reshape(n, groups, BLOCK).float()  # (N, G, 32) in 0..15
+    dots = torch.bmm(codes.transpose(0, 1), values.permute(1, 2, 0))  # (G, M, N): integers, exact
+    d32, m32 = d.view(torch.float16).float().t(), m.view(torch.float16).float().t()  # (G, N)
+    scale = d32[:, None, :] * step.t()[:, :, None]  # (G, M, N): d * step, as the kernel's factors
+    sums = step * codes.sum(dim=-1)  # (M, G): step * sum(codes), the kernel's xsum
+    y = (dots * scale).sum(dim=0) + sums @ m32  # (M, N)
+    return y if bias is None else y + bias.float()
+
+
+def int8_linear_reference(x: Tensor, w: Tensor, scales: Tensor, bias: Tensor | None = None) -> Tensor:
+    """What `int8_linear` computes, in torch, float32: (x @ w^T) * scales + bias."""
+    y = (x.float() @ w.float().t()) * scales.float()  # (M, N)
+    return y if bias is None else y + bias.float()
 
 
 def register_fakes() -> None:
