@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 
 
 def linear_tensors(layer: nn.Module) -> list[Tensor] | None:
-    """A linear layer as the kernel reads it (kernels.cpp's `Linear`), or None when it is
+    """A linear layer as the kernel reads it (native/kernels.h's `Linear`), or None when it is
     not one qkv's kernels run: float32 [w, bias?], int8 [w, scales, bias?], 4-bit blocks
     [q, d_bits, m_bits, bias?]."""
     if isinstance(layer, Int4Linear) and layer.native:
