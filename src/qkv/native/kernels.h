@@ -133,8 +133,9 @@ void generic_int4_rows(const int8_t *xq, const float *xd, const float *xsum, con
                        const uint16_t *mn, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
                        int64_t n0, int64_t n1, float *scratch);
 #if QKV_X86
+// pairs: two rows of x a pass with AVX-512's registers (the same numbers as one at a time)
 void avx2_int8_rows(const float *x, const int8_t *w, const float *scales, const float *bias, float *y, int64_t M,
-                    int64_t N, int64_t K, int64_t n0, int64_t n1);
+                    int64_t N, int64_t K, int64_t n0, int64_t n1, bool pairs);
 void avx2_f32_rows(const float *x, const float *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
                    int64_t n0, int64_t n1);
 void avx2_round_activations(const float *x, int8_t *xq, float *xd, float *xsum, int64_t count);

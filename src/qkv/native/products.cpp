@@ -169,7 +169,7 @@ void apply(const Linear &L, const float *x, float *y, int64_t M) {
             if (L.kind == Linear::INT8) {
                 const int8_t *w = static_cast<const int8_t *>(L.w);
 #if QKV_X86
-                if (variant >= AVX2) return avx2_int8_rows(x, w, L.scales, L.bias, y, M, N, K, n0, n1);
+                if (variant >= AVX2) return avx2_int8_rows(x, w, L.scales, L.bias, y, M, N, K, n0, n1, variant >= AVX512);
 #endif
                 generic_int8_rows(x, w, L.scales, L.bias, y, M, N, K, n0, n1);
             } else {

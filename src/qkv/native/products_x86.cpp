@@ -81,23 +81,65 @@ QKV_AVX2 void int8_four(const float *xm, const int8_t *w0, int64_t K, const char
     }
 }
 
+// int8_four for two rows of x at once, each weight converted once for both: every
+// accumulator takes exactly int8_four's operations in int8_four's order, so each row's
+// numbers are the ones it gets alone (16 accumulators: AVX-512's 32 vector registers).
+QKV_AVX512 void int8_four_two(const float *xa, const float *xb, const int8_t *w0, int64_t K, const char *ahead,
+                              float *outa, float *outb) {
+    const int8_t *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    __m256 c0 = a0, c1 = a0, c2 = a0, c3 = a0, d0 = a0, d1 = a0, d2 = a0, d3 = a0;  // row b's a and b
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        if (ahead) _mm_prefetch(ahead + ROWS * k, _MM_HINT_T0);
+        const __m256 xa0 = _mm256_loadu_ps(xa + k), xa1 = _mm256_loadu_ps(xa + k + 8);
+        const __m256 xb0 = _mm256_loadu_ps(xb + k), xb1 = _mm256_loadu_ps(xb + k + 8);
+        __m256 v = int8x8(w0 + k), u = int8x8(w0 + k + 8);
+        a0 = _mm256_fmadd_ps(v, xa0, a0); b0 = _mm256_fmadd_ps(u, xa1, b0);
+        c0 = _mm256_fmadd_ps(v, xb0, c0); d0 = _mm256_fmadd_ps(u, xb1, d0);
+        v = int8x8(w1 + k); u = int8x8(w1 + k + 8);
+        a1 = _mm256_fmadd_ps(v, xa0, a1); b1 = _mm256_fmadd_ps(u, xa1, b1);
+        c1 = _mm256_fmadd_ps(v, xb0, c1); d1 = _mm256_fmadd_ps(u, xb1, d1);
+        v = int8x8(w2 + k); u = int8x8(w2 + k + 8);
+        a2 = _mm256_fmadd_ps(v, xa0, a2); b2 = _mm256_fmadd_ps(u, xa1, b2);
+        c2 = _mm256_fmadd_ps(v, xb0, c2); d2 = _mm256_fmadd_ps(u, xb1, d2);
+        v = int8x8(w3 + k); u = int8x8(w3 + k + 8);
+        a3 = _mm256_fmadd_ps(v, xa0, a3); b3 = _mm256_fmadd_ps(u, xa1, b3);
+        c3 = _mm256_fmadd_ps(v, xb0, c3); d3 = _mm256_fmadd_ps(u, xb1, d3);
+    }
+    outa[0] = hsum(_mm256_add_ps(a0, b0)); outa[1] = hsum(_mm256_add_ps(a1, b1));
+    outa[2] = hsum(_mm256_add_ps(a2, b2)); outa[3] = hsum(_mm256_add_ps(a3, b3));
+    outb[0] = hsum(_mm256_add_ps(c0, d0)); outb[1] = hsum(_mm256_add_ps(c1, d1));
+    outb[2] = hsum(_mm256_add_ps(c2, d2)); outb[3] = hsum(_mm256_add_ps(c3, d3));
+    for (; k < K; k++) {
+        outa[0] += xa[k] * w0[k]; outa[1] += xa[k] * w1[k]; outa[2] += xa[k] * w2[k]; outa[3] += xa[k] * w3[k];
+        outb[0] += xb[k] * w0[k]; outb[1] += xb[k] * w1[k]; outb[2] += xb[k] * w2[k]; outb[3] += xb[k] * w3[k];
+    }
+}
+
 }  // namespace
 
 // Four weight rows per block, each row of x against them in turn (the first row's pass
-// prefetches the next block; the others find this one in L1).
+// prefetches the next block; the others find this one in L1); with `pairs` (AVX-512), two
+// rows of x at a time through int8_four_two, whose numbers are int8_four's.
 QKV_AVX2 void avx2_int8_rows(const float *x, const int8_t *w, const float *scales, const float *bias, float *y,
-                             int64_t M, int64_t N, int64_t K, int64_t n0, int64_t n1) {
+                             int64_t M, int64_t N, int64_t K, int64_t n0, int64_t n1, bool pairs) {
     for (int64_t n = n0; n < n1; n += ROWS) {
         const int64_t rows = std::min(ROWS, n1 - n);
-        const char *ahead = reinterpret_cast<const char *>(w + (n + ROWS) * K);  // the next row block
-        for (int64_t m = 0; m < M; m++) {
-            float out[ROWS] = {0.f, 0.f, 0.f, 0.f};
-            if (rows == ROWS) {
-                int8_four(x + m * K, w + n * K, K, m == 0 && n + ROWS < n1 ? ahead : nullptr, out);
+        const char *ahead = n + ROWS < n1 ? reinterpret_cast<const char *>(w + (n + ROWS) * K) : nullptr;
+        for (int64_t m = 0; m < M;) {
+            float out[2 * ROWS] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+            const int64_t take = pairs && rows == ROWS && m + 2 <= M ? 2 : 1;
+            if (take == 2) {
+                int8_four_two(x + m * K, x + (m + 1) * K, w + n * K, K, m == 0 ? ahead : nullptr, out, out + ROWS);
+            } else if (rows == ROWS) {
+                int8_four(x + m * K, w + n * K, K, m == 0 ? ahead : nullptr, out);
             } else {
                 for (int64_t r = 0; r < rows; r++) out[r] = int8_row(x + m * K, w + (n + r) * K, K);
             }
-            for (int64_t r = 0; r < rows; r++) y[m * N + n + r] = out[r] * scales[n + r] + (bias ? bias[n + r] : 0.f);
+            for (int64_t i = 0; i < take; i++, m++)
+                for (int64_t r = 0; r < rows; r++)
+                    y[m * N + n + r] = out[i * ROWS + r] * scales[n + r] + (bias ? bias[n + r] : 0.f);
         }
     }
 }
