@@ -100,6 +100,19 @@ def test_the_torch_reference_gives_the_kernels_numbers(rows, n, blocks, bias, fo
     torch.testing.assert_close(got, want, atol=2e-6 * (1 + want.abs().max().item()), rtol=1e-5)
 
 
+@pytest.mark.skipif(not native_kernels().available, reason="needs qkv's kernels to compare with")
+@pytest.mark.parametrize("kind", [Int8Linear, Int4Linear])
+def test_the_reference_takes_wide_layers_in_chunks_with_the_same_numbers(kind) -> None:
+    """An output head's width: the reference works REFERENCE_CHUNK outputs at a time."""
+    from qkv.native.ops import REFERENCE_CHUNK
+
+    torch.manual_seed(5)
+    linear = nn.Linear(64, 2 * REFERENCE_CHUNK + 37)
+    x = torch.randn(2, 64)
+    want = kind.from_linear(linear, native=True)(x)
+    torch.testing.assert_close(kind.from_linear(linear, native=False)(x), want, atol=1e-5, rtol=1e-5)
+
+
 WITHOUT_COMPILER = """
 import json, sys, torch
 from qkv.perf import Int4Linear

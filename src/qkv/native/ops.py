@@ -104,26 +104,40 @@ def round_activations(x: Tensor) -> Tensor:
     return (codes * step[..., None]).reshape(x.shape)  # (M, K)
 
 
-def int4_linear_reference(x: Tensor, q: Tensor, d: Tensor, m: Tensor, bias: Tensor | None = None) -> Tensor:
-    """What `int4_linear` computes, in torch, float32 (module docstring): per block the exact
-    integer dot of the activation codes and the 4-bit values (a float32 product of integers
-    below 2^24 is exact), times d * step, plus m times step * sum(codes); blocks summed in
-    float32. The kernel's numbers up to float32 summation order; the fallback where it is
-    not built (qkv.perf.quantize)."""
-    codes, step = activation_codes(x)  # (M, G, 32), (M, G)
+# Outputs a reference product takes at a time: its float32 temporaries (the unpacked weights,
+# the block dots) stay a few MB whatever the layer (an output head has 49152 rows).
+REFERENCE_CHUNK = 1024
+
+
+def _int4_reference_rows(codes: Tensor, step: Tensor, q: Tensor, d: Tensor, m: Tensor) -> Tensor:
     n, groups = q.shape[0], codes.shape[1]
     values = unpack_blocks(q).reshape(n, groups, BLOCK).float()  # (N, G, 32) in 0..15
     dots = torch.bmm(codes.transpose(0, 1), values.permute(1, 2, 0))  # (G, M, N): integers, exact
     d32, m32 = d.view(torch.float16).float().t(), m.view(torch.float16).float().t()  # (G, N)
     scale = d32[:, None, :] * step.t()[:, :, None]  # (G, M, N): d * step, as the kernel's factors
     sums = step * codes.sum(dim=-1)  # (M, G): step * sum(codes), the kernel's xsum
-    y = (dots * scale).sum(dim=0) + sums @ m32  # (M, N)
+    return (dots * scale).sum(dim=0) + sums @ m32  # (M, N)
+
+
+def int4_linear_reference(x: Tensor, q: Tensor, d: Tensor, m: Tensor, bias: Tensor | None = None) -> Tensor:
+    """What `int4_linear` computes, in torch, float32 (module docstring): per block the exact
+    integer dot of the activation codes and the 4-bit values (a float32 product of integers
+    below 2^24 is exact), times d * step, plus m times step * sum(codes); blocks summed in
+    float32. The kernel's numbers up to float32 summation order; the fallback where it is
+    not built (qkv.perf.quantize). REFERENCE_CHUNK outputs at a time."""
+    codes, step = activation_codes(x)  # (M, G, 32), (M, G)
+    y = torch.cat([_int4_reference_rows(codes, step, q[i:i + REFERENCE_CHUNK], d[i:i + REFERENCE_CHUNK],
+                                        m[i:i + REFERENCE_CHUNK]) for i in range(0, q.shape[0], REFERENCE_CHUNK)],
+                  dim=1)  # (M, N)
     return y if bias is None else y + bias.float()
 
 
 def int8_linear_reference(x: Tensor, w: Tensor, scales: Tensor, bias: Tensor | None = None) -> Tensor:
-    """What `int8_linear` computes, in torch, float32: (x @ w^T) * scales + bias."""
-    y = (x.float() @ w.float().t()) * scales.float()  # (M, N)
+    """What `int8_linear` computes, in torch, float32: (x @ w^T) * scales + bias, taking
+    REFERENCE_CHUNK outputs at a time."""
+    x32 = x.float()
+    y = torch.cat([x32 @ w[i:i + REFERENCE_CHUNK].float().t() for i in range(0, w.shape[0], REFERENCE_CHUNK)],
+                  dim=1) * scales.float()  # (M, N)
     return y if bias is None else y + bias.float()
 
 
