@@ -302,3 +302,24 @@ def test_a_model_whose_own_description_the_kernel_lacks_runs_its_modules() -> No
     sinks = dataclasses.replace(specs[1], attention=dataclasses.replace(specs[1].attention, sinks=True))
     model.layer_specs = lambda: [specs[0], sinks]
     assert FusedLayers.for_model(model) is None
+
+
+@pytest.mark.parametrize("precision", ["float32", "int8", "int4"])
+def test_a_rows_decode_logits_do_not_depend_on_the_rows_beside_it(precision: str) -> None:
+    """Batch invariance of a whole fused decode step: prompts prefilled one slot at a time,
+    then one step for three rows at once against each row's step alone: the same logits, bit
+    for bit (the kernels compute a row with the same operations whatever the batch)."""
+    from qkv.attention.kv_cache import SlotKVCache
+
+    fused, _ = _pair("llama", precision)
+    prompts = {0: torch.tensor([3, 14, 15, 92]), 1: torch.tensor([65, 35]), 2: torch.tensor([8, 9, 7, 9, 3])}
+    with torch.inference_mode():
+        with DecodeSession(fused, batch_size=3, capacity=64, kind=SlotKVCache) as session:
+            last = {row: session.prefill_row(row, ids).argmax(-1) for row, ids in prompts.items()}
+            together = session.decode(torch.stack([last[r] for r in (0, 1, 2)]), rows=[0, 1, 2])  # (3, V)
+        alone = []
+        for row in (0, 1, 2):
+            with DecodeSession(fused, batch_size=3, capacity=64, kind=SlotKVCache) as session:
+                token = session.prefill_row(row, prompts[row]).argmax(-1)
+                alone.append(session.decode(token[None], rows=[row])[0])
+    assert torch.equal(together, torch.stack(alone))
