@@ -94,6 +94,8 @@ def unavailable_reason() -> str | None:
     ops = include / "torch" / "csrc" / "stable" / "ops.h"
     if not ops.is_file() or "torch_parallel_for" not in ops.read_text(encoding="utf-8", errors="replace"):
         return f"torch {torch.__version__} has no stable C ABI with parallel_for (needs torch 2.10 or later)"
+    if os.environ.get("CXX") and shutil.which(os.environ["CXX"]) is None:
+        return f"no C++ compiler found: CXX={os.environ['CXX']} is not a program (set CXX, or install g++)"
     if cxx_compiler() is None:
         return "no C++ compiler found (set CXX, or install g++)"
     return None
