@@ -1,6 +1,8 @@
 """The native ops as Python functions, their fake implementations (what torch.compile
-traces), and the 4-bit block layout written out in torch (the reference the kernel is
-tested against, and the fallback's dequantization).
+traces), the variant they run as (`variants`, `use_variant`), the 4-bit block layout
+written out in torch, and the products' math in torch (`int8_linear_reference`,
+`int4_linear_reference`): what the kernels are tested against, and what the quantized
+layers run where the kernels cannot be built (qkv.perf.quantize).
 
 4-bit blocks (GGUF's Q4_1 layout): a row of K inputs is K/32 blocks; block g of row n has
 16 bytes q[n, 16g:16g+16], where byte j holds element j in its low nibble and element j+16
