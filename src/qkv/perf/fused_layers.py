@@ -34,7 +34,6 @@ Shape legend: B batch (rows), C hidden size, H query heads, D head size.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
