@@ -9,8 +9,10 @@ rename it into place (the last rename wins, both are the same library).
 Beside the library, `<name>.so.sha256` holds the SHA-256 of its bytes, written before the
 library is renamed into place. A library is loaded only when its bytes match (a truncated
 file would otherwise SIGBUS the process in dlopen; another library under the name would
-register other operators) and then only used when its self-test passes; a library that
-fails either is deleted, rebuilt, and one line on stderr says so. Temporary files of
+register other operators) and then only used when its self-test passes. One that fails its
+checksum or does not load is deleted and rebuilt; one that loads but fails its self-test is
+kept (a rebuild would give the same library) and not used; either way one line on stderr
+says so. Temporary files of
 builds that were killed are removed (qkv.cache_integrity), and a relative cache folder
 (`XDG_CACHE_HOME=cache`) is refused, so that nothing is loaded from the current folder.
 
