@@ -289,9 +289,10 @@ def test_llama3_rope_scaling_reaches_the_native_layer_through_the_description() 
 
 def test_a_model_whose_own_description_the_kernel_lacks_runs_its_modules() -> None:
     """A model that describes its layers (`layer_specs()`) is read from that description: one
-    with learned sinks is declined there, so nothing is fused."""
+    with a q/k norm over all heads (OLMo 2's) is declined there, so nothing is fused."""
     import dataclasses
 
+    from qkv.models.layer_spec import NormSpec
     from qkv.perf.fused_layers import spec_of
 
     model = _model("llama", 4, 2, 16, seed=3)
@@ -299,8 +300,9 @@ def test_a_model_whose_own_description_the_kernel_lacks_runs_its_modules() -> No
     specs = [spec_of(part, model.rotary_embedding()) for part in model.layer_parts()]
     model.layer_specs = lambda: specs
     assert FusedLayers.for_model(model) is not None  # the same description as the modules': fused
-    sinks = dataclasses.replace(specs[1], attention=dataclasses.replace(specs[1].attention, sinks=True))
-    model.layer_specs = lambda: [specs[0], sinks]
+    over_all = dataclasses.replace(specs[1], attention=dataclasses.replace(
+        specs[1].attention, qk_norm=NormSpec("rms"), qk_norm_over="all"))
+    model.layer_specs = lambda: [specs[0], over_all]
     assert FusedLayers.for_model(model) is None
 
 

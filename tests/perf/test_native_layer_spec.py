@@ -1,6 +1,6 @@
 """`qkv::decoder_layer` executing a `LayerSpec`: one decode step of drawn layers (pre/post
 norms of each kind with weight offsets, q/k norms, full / partial / no RoPE, score scale,
-soft-cap, sliding window, SwiGLU / GeGLU / plain GELU feed-forwards) against the same step
+soft-cap, sliding window, learned sinks, SwiGLU / GeGLU / plain GELU feed-forwards) against the same step
 written with PyTorch's functions; every row of a batch as that row alone, bit for bit, in
 every variant; and descriptions the C++ cannot run declined by what they say."""
 
@@ -46,6 +46,7 @@ def _layer(spec: LayerSpec, seed: int) -> dict:
         "o": torch.randn(C, att.num_heads * att.head_dim, generator=g) * 0.2,
         "up": torch.randn(up_out, C, generator=g) * 0.2,
         "down": torch.randn(C, mlp.intermediate_size, generator=g) * 0.2,
+        "sinks": torch.randn(att.num_heads, generator=g) if att.sinks else None,
     }
 
 
@@ -93,7 +94,10 @@ def reference_step(spec: LayerSpec, w: dict, x: torch.Tensor, keys: torch.Tensor
         scores = torch.einsum("hd,hsd->hs", q[row], kk) * att.score_scale
         if att.softcap is not None:
             scores = att.softcap * torch.tanh(scores / att.softcap)
-        out.append(torch.einsum("hs,hsd->hd", torch.softmax(scores, -1), vv).reshape(-1))
+        if att.sinks:  # a learned logit per head joins the softmax and gives no value
+            scores = torch.cat([scores, w["sinks"][:, None]], dim=-1)
+        weights = torch.softmax(scores, -1)[:, :kk.shape[1]]  # (H, S')
+        out.append(torch.einsum("hs,hsd->hd", weights, vv).reshape(-1))
     x = x + _norm(spec.attn_post_norm, w["attn_post_norm"], F.linear(torch.stack(out), w["o"]))
     up = F.linear(_norm(spec.mlp_norm, w["mlp_norm"], x), w["up"])
     hidden = (_activation(mlp.activation, up[:, :mlp.intermediate_size]) * up[:, mlp.intermediate_size:]
@@ -104,7 +108,7 @@ def reference_step(spec: LayerSpec, w: dict, x: torch.Tensor, keys: torch.Tensor
 def native_step(spec: LayerSpec, w: dict, x, keys, values, lengths, positions, rows=None) -> torch.Tensor:
     vectors = layer_vectors(spec, attn_norm=w["attn_norm"], attn_post_norm=w["attn_post_norm"],
                             mlp_norm=w["mlp_norm"], mlp_post_norm=w["mlp_post_norm"], q_norm=w["q_norm"],
-                            k_norm=w["k_norm"])
+                            k_norm=w["k_norm"], sinks=w["sinks"])
     return torch.ops.qkv.decoder_layer.default(x, pack(spec), vectors, [w["qkv"], w["qkv_bias"]], [w["o"]], [w["up"]],
                                                [w["down"]], keys, values, lengths, positions, rows)
 
@@ -124,7 +128,8 @@ def layer_specs(draw) -> LayerSpec:
     return LayerSpec(
         attention=AttentionSpec(heads, kv_heads, head_dim, scale=draw(st.sampled_from([None, 0.1])),
                                 window=draw(st.sampled_from([None, 1, 3])), softcap=draw(st.sampled_from([None, 2.0])),
-                                qk_norm=draw(st.sampled_from([None, NormSpec("rms", eps=1e-6)]))),
+                                qk_norm=draw(st.sampled_from([None, NormSpec("rms", eps=1e-6)])),
+                                sinks=draw(st.booleans())),
         mlp=MlpSpec(F_SIZE, activation, gated=gated),
         rope=None if rotary is None else RopeSpec(base=draw(st.sampled_from([100.0, 10000.0])), rotary_dim=rotary),
         attn_norm=draw(norms), attn_post_norm=draw(norms), mlp_norm=draw(norms), mlp_post_norm=draw(norms))
@@ -176,12 +181,10 @@ def test_each_row_of_the_layer_is_computed_as_that_row_alone(spec: LayerSpec, se
 def test_descriptions_the_native_layer_lacks_are_declined_by_name() -> None:
     base = LayerSpec(attention=AttentionSpec(4, 2, 8), mlp=MlpSpec(F_SIZE), rope=RopeSpec(10000.0, 8))
     assert declined(base) is None
-    sinks = dataclasses.replace(base, attention=dataclasses.replace(base.attention, sinks=True))
-    assert declined(sinks) == "learned attention sinks"
-    with pytest.raises(ValueError, match="cannot run learned attention sinks"):
-        pack(sinks)
     over_all = dataclasses.replace(base, attention=dataclasses.replace(base.attention, qk_norm=NormSpec(), qk_norm_over="all"))
     assert "over all heads" in declined(over_all)
+    with pytest.raises(ValueError, match="cannot run a rms q/k norm over all heads"):
+        pack(over_all)
     yarn = dataclasses.replace(base, rope=RopeSpec(10000.0, 8, scaling=(("factor", 4.0), ("rope_type", "yarn"))))
     assert "'yarn'" in declined(yarn)
 

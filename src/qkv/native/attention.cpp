@@ -22,7 +22,7 @@ inline float capped(float score, float softcap) {
 }
 
 void generic_attend(const float *q, const float *k, const float *v, const bool *visible, float *out, int64_t begin,
-                    int64_t end, int64_t D, int64_t Dv, float scale, float softcap, float *w) {
+                    int64_t end, int64_t D, int64_t Dv, float scale, float softcap, const float *sink, float *w) {
     float top = -INFINITY;
     for (int64_t s = begin; s < end; s++) {
         if (visible && !visible[s]) { w[s] = -INFINITY; continue; }
@@ -33,7 +33,8 @@ void generic_attend(const float *q, const float *k, const float *v, const bool *
     }
     for (int64_t j = 0; j < Dv; j++) out[j] = 0.f;
     if (top == -INFINITY) return;
-    float total = 0.f;
+    if (sink) top = std::max(top, *sink);
+    float total = sink ? expf(*sink - top) : 0.f;  // the sink takes weight, gives no value
     for (int64_t s = begin; s < end; s++) {
         w[s] = w[s] == -INFINITY ? 0.f : expf(w[s] - top);
         total += w[s];
@@ -60,7 +61,8 @@ QKV_AVX2 inline float dot(const float *a, const float *b, int64_t n) {
 }
 
 QKV_AVX2 void avx2_attend(const float *q, const float *k, const float *v, const bool *visible, float *out,
-                          int64_t begin, int64_t end, int64_t D, int64_t Dv, float scale, float softcap, float *w) {
+                          int64_t begin, int64_t end, int64_t D, int64_t Dv, float scale, float softcap,
+                          const float *sink, float *w) {
     float top = -INFINITY;
     for (int64_t s = begin; s < end; s++) {
         if (visible && !visible[s]) { w[s] = -INFINITY; continue; }
@@ -69,6 +71,7 @@ QKV_AVX2 void avx2_attend(const float *q, const float *k, const float *v, const 
     }
     for (int64_t j = 0; j < Dv; j++) out[j] = 0.f;
     if (top == -INFINITY) return;
+    if (sink) top = std::max(top, *sink);
     const __m256 shift = _mm256_set1_ps(top), hidden = _mm256_set1_ps(-INFINITY);
     __m256 sums = _mm256_setzero_ps();
     int64_t s = begin;
@@ -78,7 +81,7 @@ QKV_AVX2 void avx2_attend(const float *q, const float *k, const float *v, const 
         _mm256_storeu_ps(w + s, e);
         sums = _mm256_add_ps(sums, e);
     }
-    float total = hsum(sums);
+    float total = hsum(sums) + (sink ? expf(*sink - top) : 0.f);  // the sink takes weight, gives no value
     for (; s < end; s++) {
         w[s] = w[s] == -INFINITY ? 0.f : expf(w[s] - top);
         total += w[s];
@@ -99,11 +102,11 @@ QKV_AVX2 void avx2_attend(const float *q, const float *k, const float *v, const 
 }  // namespace
 
 void attend_one(const float *q, const float *k, const float *v, const bool *visible, float *out, int64_t begin,
-                int64_t end, int64_t D, int64_t Dv, float scale, float softcap, float *w) {
+                int64_t end, int64_t D, int64_t Dv, float scale, float softcap, const float *sink, float *w) {
 #if QKV_X86
-    if (active_variant() >= AVX2) return avx2_attend(q, k, v, visible, out, begin, end, D, Dv, scale, softcap, w);
+    if (active_variant() >= AVX2) return avx2_attend(q, k, v, visible, out, begin, end, D, Dv, scale, softcap, sink, w);
 #endif
-    generic_attend(q, k, v, visible, out, begin, end, D, Dv, scale, softcap, w);
+    generic_attend(q, k, v, visible, out, begin, end, D, Dv, scale, softcap, sink, w);
 }
 
 namespace {
@@ -137,7 +140,7 @@ Tensor decode_attention(Tensor q, Tensor k, Tensor v, std::optional<Tensor> visi
         for (int64_t i = i0; i < i1; i++) {
             const int64_t b = i / H, h = i % H, kv = b * Hkv + h / group;
             attend_one(qp + i * D, kp + kv * S * D, vp + kv * S * Dv, vis ? vis + i * S : nullptr, op + i * Dv, 0, S,
-                       D, Dv, static_cast<float>(scale), 0.f, w.data());
+                       D, Dv, static_cast<float>(scale), 0.f, nullptr, w.data());
         }
     });
     return out;

@@ -148,8 +148,9 @@ void x86_int4_rows(const int8_t *xq, const float *xd, const float *xsum, const u
 // -- attention (attention.cpp) ------------------------------------------------------------
 // One query against keys [begin, end) of one head: softmax of scale * q.k (soft-capped:
 // cap * tanh(s / cap) where softcap > 0) over the visible ones, then the weighted sum of
-// the values into out (D_v); zeros where no key is visible. w: scratch of `end` floats.
+// the values into out (D_v); zeros where no key is visible. sink: a learned logit that joins
+// the softmax, taking weight but giving no value (gpt-oss), or null. w: scratch of `end` floats.
 void attend_one(const float *q, const float *k, const float *v, const bool *visible, float *out, int64_t begin,
-                int64_t end, int64_t D, int64_t Dv, float scale, float softcap, float *w);
+                int64_t end, int64_t D, int64_t Dv, float scale, float softcap, const float *sink, float *w);
 
 }  // namespace qkv

@@ -16,9 +16,10 @@
 // Gemma's 1 + w is folded into the weight before the call); q/k norms are per head; RoPE turns
 // the first rotary_dim channels of each head (rotate-half pairs i, i + rotary_dim / 2) or none
 // (NoPE); scores are scale * q.k, soft-capped where softcap > 0, over the last `window` keys
-// where window > 0. `vectors` holds, in order, each present norm's weight (and bias) for
-// norm_a, post_norm_a, norm_m, post_norm_m, then the q and k norms' weights, then RoPE's
-// inverse frequencies (rotary_dim / 2). The linear layers are lists [w, (scales | d, m)?, bias?]
+// where window > 0, with a learned sink logit per head joining the softmax where sinks is
+// set. `vectors` holds, in order, each present norm's weight (and bias) for norm_a,
+// post_norm_a, norm_m, post_norm_m, then the q and k norms' weights, then RoPE's inverse
+// frequencies (rotary_dim / 2), then the sinks (H). The linear layers are lists [w, (scales | d, m)?, bias?]
 // (kernels.h's Linear). The new keys and values are written at `positions` of cache row
 // rows[r] (or r); lengths[row] becomes at least position + 1.
 //
@@ -33,12 +34,12 @@
 namespace qkv {
 namespace {
 
-constexpr int64_t LAYOUT = 1;  // the version of the field order below
+constexpr int64_t LAYOUT = 2;  // the version of the field order below
 enum Field : int64_t {
     VERSION, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM,
     ATTN_NORM, ATTN_NORM_EPS, ATTN_POST_NORM, ATTN_POST_NORM_EPS,
     MLP_NORM, MLP_NORM_EPS, MLP_POST_NORM, MLP_POST_NORM_EPS,
-    QK_NORM, QK_NORM_EPS, ROTARY_DIM, ACTIVATION, GATED, SCALE, SOFTCAP, WINDOW,
+    QK_NORM, QK_NORM_EPS, ROTARY_DIM, ACTIVATION, GATED, SCALE, SOFTCAP, WINDOW, SINKS,
     FIELDS
 };
 enum NormKind : int64_t { NO_NORM = 0, RMS = 1, LAYER = 2, LAYER_WITH_BIAS = 3 };
@@ -57,7 +58,7 @@ struct LayerDesc {
     bool gated = true;
     float scale = 1.f, softcap = 0.f;
     Norm attn_norm, attn_post_norm, mlp_norm, mlp_post_norm, q_norm, k_norm;
-    const float *inv_freq = nullptr;
+    const float *inv_freq = nullptr, *sinks = nullptr;  // sinks: one learned logit per query head
 };
 
 const float *vector_at(const std::vector<Tensor> &vectors, size_t &next, int64_t size, const char *message) {
@@ -121,6 +122,8 @@ LayerDesc describe(const Tensor &spec_tensor, const std::vector<Tensor> &vectors
     }
     if (L.rotary_dim > 0)
         L.inv_freq = vector_at(vectors, next, L.rotary_dim / 2, "qkv::decoder_layer: inv_freq must be float32 (rotary_dim/2,)");
+    if (spec[SINKS] != 0.0)
+        L.sinks = vector_at(vectors, next, L.heads, "qkv::decoder_layer: sinks must be float32 (H,)");
     check(next == vectors.size(), "qkv::decoder_layer: more vectors than the description names");
     return L;
 }
@@ -293,7 +296,8 @@ Tensor decoder_layer(Tensor x, Tensor spec, std::vector<Tensor> vectors, std::ve
             // the keys this query may see: the slots up to its own position (the last `window`)
             const int64_t end = pos[r] + 1, begin = L.window > 0 ? std::max<int64_t>(0, end - L.window) : 0;
             attend_one(proj.data() + r * P + hq * D, kc + kv * S * D, vc + kv * S * D, nullptr,
-                       context.data() + r * Q + hq * D, begin, end, D, D, L.scale, L.softcap, w.data());
+                       context.data() + r * Q + hq * D, begin, end, D, D, L.scale, L.softcap,
+                       L.sinks ? L.sinks + hq : nullptr, w.data());
         }
     });
     apply(Lo, context.data(), res.data(), M);

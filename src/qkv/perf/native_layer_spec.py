@@ -3,8 +3,8 @@
 `qkv::decoder_layer` (native/layer.cpp) runs whatever one `LayerSpec` describes within what
 it implements: pre- and post-norms (RMS, Layer, Layer with bias, any weight offset folded
 into the weight here), per-head q/k RMS norms, RoPE on all or the first `rotary_dim`
-channels of a head or none (NoPE), a score scale, a soft-cap, a sliding window, and a gated
-(SwiGLU, GeGLU) or plain feed-forward with silu, tanh-GELU or erf-GELU. A description with a
+channels of a head or none (NoPE), a score scale, a soft-cap, a sliding window, learned
+attention sinks (one logit per head), and a gated (SwiGLU, GeGLU) or plain feed-forward with silu, tanh-GELU or erf-GELU. A description with a
 part it does not implement is declined by `declined(spec)`, naming the part, and the layer
 runs as modules: the decision reads the description, never a second list kept by hand.
 
@@ -23,11 +23,11 @@ from torch import Tensor
 from qkv.attention.rope import Llama3RopeScaling, inverse_frequencies
 from qkv.models.layer_spec import LayerSpec, NormSpec, RopeSpec
 
-LAYOUT = 1  # layer.cpp's LAYOUT: the version of FIELDS' order
+LAYOUT = 2  # layer.cpp's LAYOUT: the version of FIELDS' order
 FIELDS = ("version", "num_heads", "num_kv_heads", "head_dim",
           "attn_norm", "attn_norm_eps", "attn_post_norm", "attn_post_norm_eps",
           "mlp_norm", "mlp_norm_eps", "mlp_post_norm", "mlp_post_norm_eps",
-          "qk_norm", "qk_norm_eps", "rotary_dim", "activation", "gated", "scale", "softcap", "window")
+          "qk_norm", "qk_norm_eps", "rotary_dim", "activation", "gated", "scale", "softcap", "window", "sinks")
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1, "gelu": 2}  # layer.cpp's ActivationKind
 LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
@@ -47,8 +47,6 @@ def _llama3(rope: RopeSpec) -> Llama3RopeScaling | None:
 def declined(spec: LayerSpec) -> str | None:
     """Why the native layer cannot run `spec` (the first part it lacks), or None."""
     att = spec.attention
-    if att.sinks:
-        return "learned attention sinks"
     if att.qk_norm is not None and (att.qk_norm.kind != "rms" or att.qk_norm_over != "head"):
         return f"a {att.qk_norm.kind} q/k norm over {att.qk_norm_over} heads (the native layer has per-head RMS)"
     if spec.rope is not None and spec.rope.scaling:
@@ -76,7 +74,7 @@ def pack(spec: LayerSpec) -> Tensor:
         "qk_norm": _norm_code(qk), "qk_norm_eps": qk.eps if qk else 0.0,
         "rotary_dim": spec.rope.rotary_dim if spec.rope else 0,
         "activation": ACTIVATIONS[mlp.activation], "gated": int(mlp.gated), "scale": att.score_scale,
-        "softcap": att.softcap or 0.0, "window": att.window or 0,
+        "softcap": att.softcap or 0.0, "window": att.window or 0, "sinks": int(att.sinks),
     }
     return torch.tensor([float(values[name]) for name in FIELDS], dtype=torch.float64)
 
@@ -104,9 +102,11 @@ def _norm_tensors(norm: NormSpec | None, tensors: tuple[Tensor, ...] | None, whe
 def layer_vectors(spec: LayerSpec, *, attn_norm: tuple[Tensor, ...] | None = None,
                   attn_post_norm: tuple[Tensor, ...] | None = None, mlp_norm: tuple[Tensor, ...] | None = None,
                   mlp_post_norm: tuple[Tensor, ...] | None = None, q_norm: Tensor | None = None,
-                  k_norm: Tensor | None = None, inv_freq: Tensor | None = None) -> list[Tensor]:
+                  k_norm: Tensor | None = None, inv_freq: Tensor | None = None,
+                  sinks: Tensor | None = None) -> list[Tensor]:
     """The op's `vectors` in layer.cpp's order: each present norm's weight (and bias), the q and
-    k norms' weights, then RoPE's frequencies (`inv_freq`, else computed from the description)."""
+    k norms' weights, RoPE's frequencies (`inv_freq`, else computed from the description), then
+    the learned sinks (H,) where the description has them."""
     vectors = [*_norm_tensors(spec.attn_norm, attn_norm, "attention norm"),
                *_norm_tensors(spec.attn_post_norm, attn_post_norm, "attention post-norm"),
                *_norm_tensors(spec.mlp_norm, mlp_norm, "feed-forward norm"),
@@ -121,4 +121,10 @@ def layer_vectors(spec: LayerSpec, *, attn_norm: tuple[Tensor, ...] | None = Non
         if frequencies.shape != (spec.rope.rotary_dim // 2,):
             raise ValueError(f"RoPE's frequencies must be ({spec.rope.rotary_dim // 2},), got {tuple(frequencies.shape)}")
         vectors.append(frequencies)
+    if spec.attention.sinks:
+        if sinks is None or sinks.shape != (spec.attention.num_heads,):
+            raise ValueError(f"the description has learned sinks: give sinks ({spec.attention.num_heads},)")
+        vectors.append(sinks.detach().float().contiguous())
+    elif sinks is not None:
+        raise ValueError("the description has no sinks, but sinks were given")
     return vectors
