@@ -307,8 +307,11 @@ def _rows_in_hf_order(data: np.ndarray, heads: int | None) -> np.ndarray:
     return data[order.numpy()]  # (R, bytes per row), a copy
 
 
-def read_state_dict(reader: Any, config: dict[str, Any], path: Path, dtype: torch.dtype) -> dict[str, Tensor]:
-    """Every tensor dequantized, renamed and (for q/k) unpermuted; an unknown one -> QkvError.
+def read_state_dict(
+    reader: Any, config: dict[str, Any], path: Path, dtype: torch.dtype, skip: frozenset[str] = frozenset()
+) -> dict[str, Tensor]:
+    """Every tensor (but those named in `skip`) dequantized, renamed and (for q/k) unpermuted;
+    an unknown one -> QkvError. (qkv.models.gguf_stored reads the skipped ones as blocks.)
 
     Tensors of the types `qkv.models.gguf_blocks` decodes are decoded together, one batch
     per type, and come back as views into that batch's one tensor (each contiguous); the
@@ -319,6 +322,8 @@ def read_state_dict(reader: Any, config: dict[str, Any], path: Path, dtype: torc
     batches: dict[Any, list[tuple[str, Any]]] = {}
     for tensor in reader.tensors:
         name = hf_name(tensor.name)
+        if name in skip:
+            continue
         heads = _rope_heads(name, config)
         if tensor.tensor_type in gguf_blocks.TYPES:
             batches.setdefault(tensor.tensor_type, []).append((name, tensor))
@@ -338,7 +343,7 @@ def read_state_dict(reader: Any, config: dict[str, Any], path: Path, dtype: torc
             raise QkvError(f"{path}: the {tensor_type.name} tensors hold {flat.numel()} values, not {sum(sizes)}")
         for (name, t), values in zip(members, flat.split(sizes)):
             state[name] = values.view(_gguf_shape(t))
-    return {name: state[name] for name in (hf_name(t.name) for t in reader.tensors)}  # the file's order
+    return {name: state[name] for name in (hf_name(t.name) for t in reader.tensors) if name not in skip}  # the file's order
 
 
 # ----------------------------------------------------------------------------- tokenizer
@@ -425,6 +430,12 @@ class GGUFFile:
 
     def read_tensors(self, dtype: torch.dtype = torch.float32) -> dict[str, Tensor]:
         return read_state_dict(self.reader, self.config, self.path, dtype)
+
+    def read_stored(self, dtype: torch.dtype = torch.float32) -> Any:
+        """The projection matrices as stored blocks, the rest dequantized (qkv.models.gguf_stored)."""
+        from qkv.models.gguf_stored import read_stored_state
+
+        return read_stored_state(self.reader, self.config, self.path, dtype)
 
     @property
     def stored_in_four_bits(self) -> bool:
