@@ -29,7 +29,12 @@ def block_linear(x: Tensor, blocks: Tensor, block_type: Q, bias: Tensor | None =
 
 
 def available_isas() -> list[str]:
-    """The variants this CPU runs, generic first."""
+    """The variants this CPU runs, generic first; none where the block products are not usable
+    (block_products_status says why)."""
+    return [] if block_products_status() is not None else _isas()
+
+
+def _isas() -> list[str]:
     best = torch.ops.qkv.block_linear_best_isa.default(torch.empty(0))
     return [name for name, code in ISAS.items() if 1 <= code <= best]
 
@@ -61,7 +66,7 @@ def _self_test() -> str | None:
         generic = block_linear(x, blocks, block_type, isa="generic")
         if not bool(((generic.double() - expected).abs() <= bound).all()):
             return f"the {block_type.name} block product's self-test failed"
-        for isa in available_isas()[1:]:
+        for isa in _isas()[1:]:
             if not torch.equal(block_linear(x, blocks, block_type, isa=isa), generic):
                 return f"the {isa} {block_type.name} block product differs from the generic one"
     return None

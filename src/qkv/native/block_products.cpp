@@ -328,7 +328,9 @@ Tensor block_linear(Tensor x, Tensor blocks, int64_t block_type, std::optional<T
     float *y = static_cast<float *>(out.data_ptr());
     const int64_t row_bytes = blocks.size(1);
     const int64_t threads = std::max<int64_t>(1, torch::stable::get_num_threads());
-    const int64_t grain = std::max<int64_t>(1, N / (4 * threads));
+    // about four tasks a thread, but none under ~64K weights (a few microseconds): a small
+    // matrix runs on the calling thread rather than waiting for a second one
+    const int64_t grain = std::max<int64_t>({1, N / (4 * threads), (int64_t{1} << 16) / K});
     torch::stable::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
         std::vector<float> w(M >= DECODE_ONCE_ROWS ? static_cast<size_t>(K) : 0);
         for (int64_t n = n0; n < n1; n++) {
