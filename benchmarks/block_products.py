@@ -144,12 +144,11 @@ def qkv_decode(path: Path, stored_blocks: bool, tokens: int = 128) -> float:
     from qkv.generation import generate
     from qkv.models.gguf import open_gguf_file
     from qkv.models.loader import load
-    from qkv.perf.block_linear import block_linear_from_stored
+    from qkv.perf.block_linear import use_stored_blocks
 
     model = load(path).model.eval()
     if stored_blocks:
-        for name, blocks in open_gguf_file(path).read_stored().blocks.items():
-            model.set_submodule(name.removesuffix(".weight"), block_linear_from_stored(blocks))
+        use_stored_blocks(model, open_gguf_file(path).read_stored().blocks)
     ids = torch.tensor([[1]])
     generate(model, ids, 8)  # warm-up
     start = time.perf_counter()

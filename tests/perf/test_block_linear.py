@@ -14,7 +14,7 @@ from gguf.constants import GGMLQuantizationType as Q
 
 from qkv.models.gguf_stored import StoredBlocks
 from qkv.native import native_kernels
-from qkv.perf.block_linear import BlockLinear, block_linear_from_stored
+from qkv.perf.block_linear import BlockLinear, block_linear_from_stored, stacked_block_linear, use_stored_blocks
 from tests.models.block_files import random_blocks, write_block_gguf
 
 native = pytest.mark.skipif(not native_kernels().available, reason=f"qkv's kernels are not available: {native_kernels().reason}")
@@ -79,14 +79,28 @@ def test_a_model_with_its_linear_layers_on_stored_blocks(tmp_path: Path) -> None
     from qkv.models.loader import load
 
     path = write_block_gguf(tmp_path / "blocks.gguf")
-    reference = load(path).model.eval()
-    model = load(path).model.eval()
     from qkv.models.gguf import open_gguf_file
 
-    for name, blocks in open_gguf_file(path).read_stored().blocks.items():
-        model.set_submodule(name.removesuffix(".weight"), block_linear_from_stored(blocks))
+    reference = load(path).model.eval()
+    model = load(path).model.eval()
+    assert use_stored_blocks(model, open_gguf_file(path).read_stored().blocks) == 8
     assert sum(isinstance(m, BlockLinear) for m in model.modules()) == 8  # 7 projections and the head
     ids = torch.tensor([[0, 2, 1, 1, 2]])
     with torch.no_grad():
         ours, theirs = model(ids), reference(ids)
     torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4 * theirs.abs().max().item())
+
+
+def test_stacked_matrices_give_the_stacked_outputs() -> None:
+    """q, k and v of one type stack into one BlockLinear (rows of blocks concatenated), of
+    different types into parts; either way the outputs are the parts' outputs side by side."""
+    q, k, v = stored(Q.Q5_0, 24, 256, seed=1), stored(Q.Q5_0, 8, 256, seed=2), stored(Q.Q8_0, 8, 256, seed=3)
+    x = torch.randn(3, 256)
+    same = stacked_block_linear([q, k])
+    assert isinstance(same, BlockLinear) and same.out_features == 32
+    assert torch.equal(same(x), torch.cat([BlockLinear(q)(x), BlockLinear(k)(x)], dim=-1))
+    mixed = stacked_block_linear([q, k, v], bias=torch.arange(40.0))
+    expected = torch.cat([BlockLinear(p)(x) for p in (q, k, v)], dim=-1) + torch.arange(40.0)
+    assert mixed.out_features == 40 and torch.equal(mixed(x), expected)
+    with pytest.raises(ValueError, match="one column count"):
+        stacked_block_linear([q, stored(Q.Q8_0, 8, 512)])

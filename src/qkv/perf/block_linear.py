@@ -20,6 +20,7 @@ Shape legend: N outputs (rows of the matrix), K inputs.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -89,3 +90,43 @@ def block_linear_from_stored(stored: StoredBlocks, bias: Tensor | None = None) -
     """The layer for one stored matrix (the runtime's hook: a loader's `StoredState.blocks[name]`
     becomes the module that replaces the nn.Linear of that name)."""
     return BlockLinear(stored, bias)
+
+
+class StackedBlockLinear(nn.Module):
+    """Several stored matrices of different block types (a Q4_K_M file's q, k and v are Q5_0,
+    Q5_0 and Q8_0) as one layer: their outputs one after the other, as the stacked matrix's."""
+
+    def __init__(self, parts: Sequence[StoredBlocks], bias: Tensor | None = None) -> None:
+        super().__init__()
+        sizes = [p.shape[0] for p in parts]
+        biases = [None] * len(parts) if bias is None else list(bias.split(sizes))
+        self.parts = nn.ModuleList(BlockLinear(p, b) for p, b in zip(parts, biases))
+        self.in_features, self.out_features = parts[0].shape[1], sum(sizes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.cat([part(x) for part in self.parts], dim=-1)  # (..., N_0 + N_1 + ...)
+
+
+def stacked_block_linear(parts: Sequence[StoredBlocks], bias: Tensor | None = None) -> nn.Module:
+    """One layer for matrices stacked by rows (fused q/k/v, gate/up): their rows of blocks
+    concatenated when they share a block type, else a StackedBlockLinear; columns must agree."""
+    if any(p.shape[1] != parts[0].shape[1] for p in parts):
+        raise ValueError(f"stacked matrices need one column count, got {[p.shape for p in parts]}")
+    if all(p.block_type == parts[0].block_type for p in parts):
+        return BlockLinear(StoredBlocks.concat_rows(parts), bias)
+    return StackedBlockLinear(parts, bias)
+
+
+def use_stored_blocks(model: nn.Module, blocks: Mapping[str, StoredBlocks]) -> int:
+    """Replace the module of every `<module>.weight` in `blocks` (qkv.models.gguf_stored's
+    StoredState.blocks) by its BlockLinear, in place; how many were replaced. A name the model
+    has no module for -> KeyError naming it."""
+    for name, stored in blocks.items():
+        module_name = name.removesuffix(".weight")
+        try:
+            old = model.get_submodule(module_name)
+        except AttributeError:
+            raise KeyError(f"the model has no module {module_name!r} for the stored matrix {name!r}") from None
+        bias = getattr(old, "bias", None)
+        model.set_submodule(module_name, BlockLinear(stored, bias if isinstance(bias, Tensor) else None))
+    return len(blocks)
