@@ -104,3 +104,31 @@ def test_stacked_matrices_give_the_stacked_outputs() -> None:
     assert mixed.out_features == 40 and torch.equal(mixed(x), expected)
     with pytest.raises(ValueError, match="one column count"):
         stacked_block_linear([q, stored(Q.Q8_0, 8, 512)])
+
+
+def test_without_the_native_kernels_the_reference_runs_and_says_so_once(tmp_path: Path) -> None:
+    """QKV_NATIVE=0 stands for a machine without a compiler: the layers run F.linear on the
+    dequantized weights (the same numbers within rounding) and one line on stderr says why."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import torch, numpy as np\n"
+        "from gguf.constants import GGMLQuantizationType as Q\n"
+        "from qkv.models.gguf_stored import StoredBlocks\n"
+        "from qkv.perf.block_linear import BlockLinear\n"
+        "from tests.models.block_files import random_blocks\n"
+        "s = StoredBlocks(torch.from_numpy(random_blocks(Q.Q4_K, (8, 256), np.random.default_rng(0)).copy()), Q.Q4_K, (8, 256))\n"
+        "layers = [BlockLinear(s), BlockLinear(s)]\n"
+        "x = torch.randn(2, 256)\n"
+        "assert not any(l.native for l in layers)\n"
+        "assert torch.equal(layers[0](x), torch.nn.functional.linear(x, s.dequantize()))\n"
+        "print('ok')\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "QKV_NATIVE": "0", "PYTHONPATH": f"{root / 'src'}{os.pathsep}{root}"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+    lines = [line for line in done.stderr.splitlines() if "reference product" in line]
+    assert lines == ["qkv: GGUF block layers run PyTorch's reference product (turned off with QKV_NATIVE=0)"]
