@@ -48,6 +48,17 @@ struct V256 {
     static void store(float *p, F a) { _mm256_storeu_ps(p, a.lo); _mm256_storeu_ps(p + 8, a.hi); }
     static F fma(F a, F b, F c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
     static float half(const uint8_t *p) { return _cvtsh_ss(static_cast<unsigned short>(p[0] | (p[1] << 8))); }
+    using B = __m256i;
+    static B b_load(const uint8_t *p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)); }
+    static B b_srl(B a, int n) { return _mm256_srl_epi16(a, _mm_cvtsi32_si128(n)); }
+    static B b_sll(B a, int n) { return _mm256_sll_epi16(a, _mm_cvtsi32_si128(n)); }
+    static B b_and(B a, int m) { return _mm256_and_si256(a, _mm256_set1_epi8(static_cast<char>(m))); }
+    static B b_or(B a, B b) { return _mm256_or_si256(a, b); }
+    static B b_sub(B a, int c) { return _mm256_sub_epi8(a, _mm256_set1_epi8(static_cast<char>(c))); }
+    static I b_lanes(B a, int i) {
+        const __m128i h = i ? _mm256_extracti128_si256(a, 1) : _mm256_castsi256_si128(a);
+        return {_mm256_cvtepi8_epi32(h), _mm256_cvtepi8_epi32(_mm_srli_si128(h, 8))};
+    }
     static F zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
     static float reduce(F (&a)[4]) {  // the generic tree: 64 -> 32 -> 16 -> 8 -> 4 -> 2 -> 1
         const F v = add(add(a[0], a[2]), add(a[1], a[3]));

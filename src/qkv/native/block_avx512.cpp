@@ -35,6 +35,16 @@ struct V512 {
     static void store(float *p, F a) { _mm512_storeu_ps(p, a); }
     static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
     static float half(const uint8_t *p) { return _cvtsh_ss(static_cast<unsigned short>(p[0] | (p[1] << 8))); }
+    using B = __m256i;
+    static B b_load(const uint8_t *p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)); }
+    static B b_srl(B a, int n) { return _mm256_srl_epi16(a, _mm_cvtsi32_si128(n)); }
+    static B b_sll(B a, int n) { return _mm256_sll_epi16(a, _mm_cvtsi32_si128(n)); }
+    static B b_and(B a, int m) { return _mm256_and_si256(a, _mm256_set1_epi8(static_cast<char>(m))); }
+    static B b_or(B a, B b) { return _mm256_or_si256(a, b); }
+    static B b_sub(B a, int c) { return _mm256_sub_epi8(a, _mm256_set1_epi8(static_cast<char>(c))); }
+    static I b_lanes(B a, int i) {
+        return _mm512_cvtepi8_epi32(i ? _mm256_extracti128_si256(a, 1) : _mm256_castsi256_si128(a));
+    }
     static F zero() { return _mm512_setzero_ps(); }
     static float reduce(F (&a)[4]) {  // 64 -> 32 -> 16 through registers, 16 -> 8 -> .. -> 1 as the generic tree
         alignas(64) float v[16];

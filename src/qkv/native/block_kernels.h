@@ -10,7 +10,10 @@
 //   u8(p) / i8(p): 16 bytes zero- / sign-extended; srl, sll, band (with a constant), bor, bxor1,
 //   subc (minus a constant), sub; bits(mask, v): v in lane l where bit l of mask is set, else 0;
 //   cvt; set; mul, add, sub; load(p), store(p, f), fma(a, b, c) = a * b + c rounded once;
-//   zero(); reduce(a[4]) (the generic tree); half(p): the float16 at p as float32, exactly.
+//   zero(); reduce(a[4]) (the generic tree); half(p): the float16 at p as float32, exactly;
+// and on 32 bytes (V::B): b_load, b_srl / b_sll (by n bits, within each byte only for the
+// masks used here), b_and, b_or, b_sub (minus a constant), b_lanes(b, i): bytes 16 i .. 16 i + 15
+// as int32 (sign-extended). Bit fields are cut out of 32 bytes at once, then widened.
 #pragma once
 #include <stdint.h>
 
@@ -95,16 +98,7 @@ void run32(const uint8_t *row, int64_t K, int64_t bytes, Sink &s) {
 }
 
 // -- super-blocks of 256 ------------------------------------------------------------------
-// Q4_K / Q5_K sub j of 32 (0..7): (d * sc) * q - dmin * m, its 16 weights from i = 0 or 16
-template <class V, int T>
-inline typename V::F k4_half(const uint8_t *b, int j, int i, typename V::F dl, typename V::F ml) {
-    using I = typename V::I;
-    I q = V::band(V::srl(V::u8(b + (T == 13 ? 48 : 16) + 32 * (j / 2) + i), 4 * (j % 2)), 15);
-    if constexpr (T == 13) q = V::bor(q, V::sll(V::band(V::srl(V::u8(b + 16 + i), j), 1), 4));
-    return V::sub(V::mul(dl, V::cvt(q)), ml);
-}
-
-// Q2_K / Q3_K / Q6_K sub s of 16 (0..15): w = 16 s + i = 128 h + 32 t + r
+// Q2_K / Q3_K sub s of 16 (0..15): w = 16 s + i = 128 h + 32 t + r
 template <class V, int T>
 inline typename V::F sub16(const uint8_t *b, int s) {
     using I = typename V::I;
@@ -121,12 +115,6 @@ inline typename V::F sub16(const uint8_t *b, int s) {
         const I ql = V::band(V::srl(V::u8(b + 32 + 32 * h + r), 2 * t), 3);
         const I hb = V::band(V::srl(V::u8(b + r), s / 2), 1);  // bit w / 32 of hmask[w % 32]
         return V::mul(dl, V::cvt(V::sub(ql, V::sll(V::bxor1(hb), 2))));
-    } else {  // Q6_K: (d * sc) * (q - 32)
-        const int8_t sc = static_cast<int8_t>(b[192 + s]);
-        const typename V::F dl = V::set(V::half(b + 208) * static_cast<float>(sc));
-        const I low = V::band(V::srl(V::u8(b + 64 * h + 32 * (t % 2) + r), 4 * (t / 2)), 15);
-        const I high = V::band(V::srl(V::u8(b + 128 + 32 * h + r), 2 * t), 3);
-        return V::mul(dl, V::cvt(V::subc(V::bor(low, V::sll(high, 4)), 32)));
     }
 }
 
@@ -144,15 +132,47 @@ void run256(const uint8_t *b, int64_t K, int64_t bytes, Sink &s) {
                 mn[4 + j] = (p[8 + j] >> 4) | ((p[4 + j] >> 2) & 0x30);
             }
             const float d = V::half(b), dmin = V::half(b + 2);
+            typename V::B qh{};
+            if constexpr (T == 13) qh = V::b_load(b + 16);
             for (int c = 0; c < 4; c++) {  // 64 weights: sub 2c in groups 0, 1, sub 2c + 1 in groups 2, 3
                 const int j = 2 * c;
+                const typename V::B q = V::b_load(b + (T == 13 ? 48 : 16) + 32 * c);
+                typename V::B lo = V::b_and(q, 15), hi = V::b_and(V::b_srl(q, 4), 15);
+                if constexpr (T == 13) {
+                    lo = V::b_or(lo, V::b_sll(V::b_and(V::b_srl(qh, j), 1), 4));
+                    hi = V::b_or(hi, V::b_sll(V::b_and(V::b_srl(qh, j + 1), 1), 4));
+                }
                 F dl = V::set(d * static_cast<float>(sc[j])), ml = V::set(dmin * static_cast<float>(mn[j]));
-                s.template at<0>(k + 64 * c, k4_half<V, T>(b, j, 0, dl, ml));
-                s.template at<1>(k + 64 * c + 16, k4_half<V, T>(b, j, 16, dl, ml));
+                s.template at<0>(k + 64 * c, V::sub(V::mul(dl, V::cvt(V::b_lanes(lo, 0))), ml));
+                s.template at<1>(k + 64 * c + 16, V::sub(V::mul(dl, V::cvt(V::b_lanes(lo, 1))), ml));
                 dl = V::set(d * static_cast<float>(sc[j + 1]));
                 ml = V::set(dmin * static_cast<float>(mn[j + 1]));
-                s.template at<2>(k + 64 * c + 32, k4_half<V, T>(b, j + 1, 0, dl, ml));
-                s.template at<3>(k + 64 * c + 48, k4_half<V, T>(b, j + 1, 16, dl, ml));
+                s.template at<2>(k + 64 * c + 32, V::sub(V::mul(dl, V::cvt(V::b_lanes(hi, 0))), ml));
+                s.template at<3>(k + 64 * c + 48, V::sub(V::mul(dl, V::cvt(V::b_lanes(hi, 1))), ml));
+            }
+        } else if constexpr (T == 14) {
+            // Q6_K: weights 128 h + 32 t + r: low nibbles from ql[64 h + 32 (t % 2) + r] (high half
+            // for t >= 2), two high bits from qh[32 h + r] at 2 t; (d * sc) * (q - 32), subs of 16
+            const float d = V::half(b + 208);
+            const int8_t *sc = reinterpret_cast<const int8_t *>(b + 192);
+            for (int h = 0; h < 2; h++) {
+                const typename V::B l0 = V::b_load(b + 64 * h), l1 = V::b_load(b + 64 * h + 32);
+                const typename V::B qh = V::b_load(b + 128 + 32 * h);
+                for (int t = 0; t < 4; t++) {
+                    const typename V::B low = V::b_and(V::b_srl(t % 2 ? l1 : l0, 4 * (t / 2)), 15);
+                    const typename V::B high = V::b_sll(V::b_and(V::b_srl(qh, 2 * t), 3), 4);
+                    const typename V::B q = V::b_sub(V::b_or(low, high), 32);  // -32 .. 31 as int8
+                    const int sub = 8 * h + 2 * t;
+                    const F d0 = V::set(d * static_cast<float>(sc[sub])), d1 = V::set(d * static_cast<float>(sc[sub + 1]));
+                    const int64_t at = k + 128 * h + 32 * t;  // t even: groups 0, 1; odd: 2, 3
+                    if (t % 2 == 0) {
+                        s.template at<0>(at, V::mul(d0, V::cvt(V::b_lanes(q, 0))));
+                        s.template at<1>(at + 16, V::mul(d1, V::cvt(V::b_lanes(q, 1))));
+                    } else {
+                        s.template at<2>(at, V::mul(d0, V::cvt(V::b_lanes(q, 0))));
+                        s.template at<3>(at + 16, V::mul(d1, V::cvt(V::b_lanes(q, 1))));
+                    }
+                }
             }
         } else {
             for (int c = 0; c < 4; c++) {
