@@ -39,6 +39,11 @@ struct V256 {
         return _mm256_and_si256(_mm256_cmpeq_epi32(bit, one), _mm256_set1_epi32(v));
     }
     static I bits(uint32_t mask, int v) { return {bit_lanes(mask & 0xFF, v), bit_lanes((mask >> 8) & 0xFF, v)}; }
+    static I sub_where_clear(I a, uint32_t mask, int c) {
+        const I set = bits(mask, c);  // c where the bit is set
+        const __m256i v = _mm256_set1_epi32(c);
+        return {_mm256_sub_epi32(a.lo, _mm256_andnot_si256(set.lo, v)), _mm256_sub_epi32(a.hi, _mm256_andnot_si256(set.hi, v))};
+    }
     static F cvt(I a) { return {_mm256_cvtepi32_ps(a.lo), _mm256_cvtepi32_ps(a.hi)}; }
     static F set(float f) { const __m256 v = _mm256_set1_ps(f); return {v, v}; }
     static F mul(F a, F b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }

@@ -26,6 +26,9 @@ struct V512 {
     static I subc(I a, int c) { return _mm512_sub_epi32(a, _mm512_set1_epi32(c)); }
     static I sub(I a, I b) { return _mm512_sub_epi32(a, b); }
     static I bits(uint32_t mask, int v) { return _mm512_maskz_set1_epi32(static_cast<__mmask16>(mask & 0xFFFF), v); }
+    static I sub_where_clear(I a, uint32_t mask, int c) {
+        return _mm512_mask_sub_epi32(a, static_cast<__mmask16>(~mask & 0xFFFF), a, _mm512_set1_epi32(c));
+    }
     static F cvt(I a) { return _mm512_cvtepi32_ps(a); }
     static F set(float f) { return _mm512_set1_ps(f); }
     static F mul(F a, F b) { return _mm512_mul_ps(a, b); }

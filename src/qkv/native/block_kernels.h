@@ -9,6 +9,7 @@
 // V provides, on 16 lanes of int32 (V::I) and float32 (V::F):
 //   u8(p) / i8(p): 16 bytes zero- / sign-extended; srl, sll, band (with a constant), bor, bxor1,
 //   subc (minus a constant), sub; bits(mask, v): v in lane l where bit l of mask is set, else 0;
+//   sub_where_clear(a, mask, c): a - c in the lanes whose bit of mask is clear, a elsewhere;
 //   cvt; set; mul, add, sub; load(p), store(p, f), fma(a, b, c) = a * b + c rounded once;
 //   zero(); reduce(a[4]) (the generic tree); half(p): the float16 at p as float32, exactly;
 // and on 32 bytes (V::B): b_load, b_srl / b_sll (by n bits, within each byte only for the
@@ -57,14 +58,14 @@ inline void block32(const uint8_t *b, typename V::F &lo, typename V::F &hi) {
         const uint8_t *qh = b + (min ? 4 : 2);
         const uint32_t high = qh[0] | (qh[1] << 8) | (qh[2] << 16) | (static_cast<uint32_t>(qh[3]) << 24);
         const I q = V::u8(qh + 4);
-        const I l = V::bor(V::band(q, 15), V::bits(high & 0xFFFF, 16)), h = V::bor(V::srl(q, 4), V::bits(high >> 16, 16));
         if constexpr (min) {
+            const I l = V::bor(V::band(q, 15), V::bits(high & 0xFFFF, 16)), h = V::bor(V::srl(q, 4), V::bits(high >> 16, 16));
             const F m = V::set(V::half(b + 2));
             lo = V::add(V::mul(d, V::cvt(l)), m);
             hi = V::add(V::mul(d, V::cvt(h)), m);
-        } else {
-            lo = V::mul(d, V::cvt(V::subc(l, 16)));
-            hi = V::mul(d, V::cvt(V::subc(h, 16)));
+        } else {  // q - 16 = the low four bits, less 16 where the fifth bit is clear
+            lo = V::mul(d, V::cvt(V::sub_where_clear(V::band(q, 15), high & 0xFFFF, 16)));
+            hi = V::mul(d, V::cvt(V::sub_where_clear(V::srl(q, 4), high >> 16, 16)));
         }
     } else if constexpr (T == 8) {  // Q8_0: q * d
         const F d = V::set(V::half(b));
