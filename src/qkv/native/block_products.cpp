@@ -20,6 +20,12 @@
 // registers of 8) and AVX-512 (four of 16) variants compute exactly that, so their results are
 // bit-identical, and a row of x gets the same numbers whatever else is in the batch.
 //
+// This file holds the op, the generic C++ (the reference: decode_block, dot_generic) and the
+// choice of variant (__builtin_cpu_supports); block_kernels.h is the vectorised body, compiled
+// for AVX2 in block_avx2.cpp and for AVX-512 in block_avx512.cpp (each under its own target
+// pragma, so the build's flags need not enable them). A decode step (fewer than four rows of x)
+// decodes the weights in registers, a larger batch decodes each weight row once into a buffer.
+//
 // Shape legend: M rows of x, K inputs, N outputs, W weights a block, Z bytes a block.
 #include <immintrin.h>
 #include <stdint.h>
