@@ -22,6 +22,11 @@ namespace block_kernels {
 
 void decode_block(int64_t type, const uint8_t *b, float *out);  // the generic decoder (block_products.cpp)
 
+// Outputs n0..n1 of y (M, N) = x (M, K) @ w^T + bias from rows of blocks: the whole product for a
+// layer kernel's own parallel loop (block_products.cpp says more).
+void block_rows(int64_t type, const uint8_t *blocks, int64_t row_bytes, const float *x, int64_t M, int64_t K,
+                int64_t N, int64_t n0, int64_t n1, const float *bias, int64_t isa, float *y);
+
 template <class V>
 struct Accumulate {  // a product's sink: w times x into lane group G
     const float *x;

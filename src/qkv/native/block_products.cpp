@@ -306,6 +306,34 @@ void check(bool ok, const char *message) {
     STD_TORCH_CHECK(ok, message);
 }
 
+}  // namespace
+
+namespace block_kernels {
+
+// Outputs n0..n1 of y (M, N) = x (M, K) @ w^T + bias, w the rows of blocks (row_bytes apart) of
+// `type`, with variant `isa` (0 the CPU's best, 1 generic, 2 AVX2, 3 AVX-512; the caller checks
+// that the CPU has the one it names). The entry point for a layer kernel that runs these products inside its own parallel
+// loop (qkv::block_linear is this over PyTorch's threads); the type must be one format_of knows.
+void block_rows(int64_t type, const uint8_t *blocks, int64_t row_bytes, const float *x, int64_t M, int64_t K,
+                int64_t N, int64_t n0, int64_t n1, const float *bias, int64_t isa, float *y) {
+    Format f{};
+    format_of(type, f);
+    const Variant v = variant_for(isa == AUTO ? best_isa() : isa);
+    std::vector<float> w(M >= DECODE_ONCE_ROWS ? static_cast<size_t>(K) : 0);
+    for (int64_t n = n0; n < n1; n++) {
+        const uint8_t *row = blocks + n * row_bytes;
+        if (M >= DECODE_ONCE_ROWS) v.decode(type, row, K, f.bytes, w.data());
+        for (int64_t m = 0; m < M; m++) {
+            const float s = M >= DECODE_ONCE_ROWS ? v.dot(w.data(), x + m * K, K) : v.row_dot(type, row, x + m * K, K, f.bytes);
+            y[m * N + n] = bias ? s + bias[n] : s;
+        }
+    }
+}
+
+}  // namespace block_kernels
+
+namespace {
+
 Tensor block_linear(Tensor x, Tensor blocks, int64_t block_type, std::optional<Tensor> bias, int64_t isa) {
     using torch::headeronly::ScalarType;
     Format f{};
@@ -327,7 +355,6 @@ Tensor block_linear(Tensor x, Tensor blocks, int64_t block_type, std::optional<T
     if (isa == AUTO) isa = best_isa();
     check(isa >= GENERIC && isa <= AVX512 && cpu_has(static_cast<Isa>(isa)),
           "qkv::block_linear: isa must be 0 (best), 1 (generic) or an instruction set this CPU has (2 AVX2, 3 AVX-512)");
-    const Variant v = variant_for(isa);
     Tensor out = torch::stable::new_empty(x, {M, N});
     const float *xp = static_cast<const float *>(x.data_ptr());
     const uint8_t *wp = static_cast<const uint8_t *>(blocks.data_ptr());
@@ -338,16 +365,7 @@ Tensor block_linear(Tensor x, Tensor blocks, int64_t block_type, std::optional<T
     // matrix runs on the calling thread rather than waiting for a second one
     const int64_t grain = std::max<int64_t>({1, N / (4 * threads), (int64_t{1} << 16) / K});
     torch::stable::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
-        std::vector<float> w(M >= DECODE_ONCE_ROWS ? static_cast<size_t>(K) : 0);
-        for (int64_t n = n0; n < n1; n++) {
-            const uint8_t *row = wp + n * row_bytes;
-            if (M >= DECODE_ONCE_ROWS) v.decode(block_type, row, K, f.bytes, w.data());
-            for (int64_t m = 0; m < M; m++) {
-                const float s = M >= DECODE_ONCE_ROWS ? v.dot(w.data(), xp + m * K, K)
-                                                      : v.row_dot(block_type, row, xp + m * K, K, f.bytes);
-                y[m * N + n] = b ? s + b[n] : s;
-            }
-        }
+        block_kernels::block_rows(block_type, wp, row_bytes, xp, M, K, N, n0, n1, b, isa, y);
     });
     return out;
 }
