@@ -229,10 +229,13 @@ def _dequantize_one(tensor: Any, path: Path) -> Tensor:
     return torch.from_numpy(np.array(dequantize(tensor, path)))
 
 
-def read_state_dict(reader: Any, config: dict[str, Any], path: Path, dtype: torch.dtype) -> dict[str, Tensor]:
-    """Every tensor dequantized, renamed and put back as Hugging Face holds it (q/k rows
-    unpermuted, Gemma's norm weights less the 1 the converter added, GPT-2's Conv1D matrices
-    transposed back); an unknown one -> QkvError.
+def read_state_dict(
+    reader: Any, config: dict[str, Any], path: Path, dtype: torch.dtype, skip: frozenset[str] = frozenset()
+) -> dict[str, Tensor]:
+    """Every tensor (but those named in `skip`) dequantized, renamed and put back as Hugging
+    Face holds it (q/k rows unpermuted, Gemma's norm weights less the 1 the converter added,
+    GPT-2's Conv1D matrices transposed back); an unknown one -> QkvError.
+    (qkv.models.gguf_stored reads the skipped ones as blocks.)
 
     Tensors of the types `qkv.models.gguf_blocks` decodes are decoded together, one batch
     per type, and come back as views into that batch's one tensor (each contiguous); the
@@ -244,6 +247,8 @@ def read_state_dict(reader: Any, config: dict[str, Any], path: Path, dtype: torc
     batches: dict[Any, list[tuple[str, Any]]] = {}
     for tensor in arch.weights(reader.tensors):
         name = arch.hf_name(tensor.name)
+        if name in skip:
+            continue
         heads = _rope_heads(name, config, arch)
         if tensor.tensor_type in gguf_blocks.TYPES and not arch.is_shifted_norm(tensor.name):
             batches.setdefault(tensor.tensor_type, []).append((name, tensor))
@@ -266,10 +271,11 @@ def read_state_dict(reader: Any, config: dict[str, Any], path: Path, dtype: torc
         for (name, t), values in zip(members, flat.split(sizes)):
             state[name] = values.view(_gguf_shape(t))
     for tensor in arch.weights(reader.tensors):
-        if arch.is_transposed(tensor.name, len(tensor.shape)):  # (out, in) -> Conv1D's (in, out)
-            name = arch.hf_name(tensor.name)
+        name = arch.hf_name(tensor.name)
+        if name not in skip and arch.is_transposed(tensor.name, len(tensor.shape)):  # (out, in) -> Conv1D's (in, out)
             state[name] = state[name].t().contiguous()
-    return {name: state[name] for name in (arch.hf_name(t.name) for t in arch.weights(reader.tensors))}  # the file's order
+    names = (arch.hf_name(t.name) for t in arch.weights(reader.tensors))
+    return {name: state[name] for name in names if name not in skip}  # the file's order
 
 
 # ----------------------------------------------------------------------------- the whole file
@@ -295,6 +301,12 @@ class GGUFFile:
 
     def read_tensors(self, dtype: torch.dtype = torch.float32) -> dict[str, Tensor]:
         return read_state_dict(self.reader, self.config, self.path, dtype)
+
+    def read_stored(self, dtype: torch.dtype = torch.float32) -> Any:
+        """The projection matrices as stored blocks, the rest dequantized (qkv.models.gguf_stored)."""
+        from qkv.models.gguf_stored import read_stored_state
+
+        return read_stored_state(self.reader, self.config, self.path, dtype)
 
     @property
     def stored_in_four_bits(self) -> bool:

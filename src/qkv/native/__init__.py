@@ -14,8 +14,9 @@ products_x86.cpp, attention.cpp, layer.cpp, sharing kernels.h) and are compiled 
 machine's C++ compiler against PyTorch's stable C ABI (headers only), into a per-user cache
 folder keyed by the sources, the compiler and the torch version, so they are built once per
 machine. The ops are `torch.ops.qkv.int8_linear`, `int4_linear`, `f32_linear`,
-`decode_attention` and `decoder_layer` (a whole layer's decode step executing a
-`LayerSpec`, qkv.runtime.native_layers); they have fake implementations, so torch.compile traces
+`decode_attention`, `decoder_layer` (a whole layer's decode step executing a `LayerSpec`,
+qkv.runtime.native_layers) and `block_linear` (products straight from GGUF's stored blocks,
+block_products.cpp, qkv.native.block_ops); they have fake implementations, so torch.compile traces
 them as one opaque call each.
 
 Organised as ggml's CPU backend and torchao are: each op has a generic variant in plain C++

@@ -43,11 +43,12 @@ from qkv.atomic import atomic_write_text, temporary_name
 from qkv.cache_integrity import absolute_folder, file_sha256, remove_stale_temporaries, say_discarded
 
 HERE = Path(__file__).parent
-# Compiled together, in this order. Placed here too by their helpers of issue 23:
-# block_products.cpp (GGUF blocks as stored), quantized_attention.cpp (attention over packed
-# int4/int2 KV codes).
-SOURCES: tuple[str, ...] = ("products.cpp", "products_x86.cpp", "attention.cpp", "layer.cpp")
-HEADERS: tuple[str, ...] = ("kernels.h",)
+# Compiled together, in this order: the products, attention and the layer (sharing kernels.h);
+# products straight from GGUF's stored blocks (block_products.cpp, its AVX2 and AVX-512
+# variants sharing block_kernels.h); attention over a quantized KV cache's packed codes.
+SOURCES: tuple[str, ...] = ("products.cpp", "products_x86.cpp", "attention.cpp", "layer.cpp",
+                            "block_products.cpp", "block_avx2.cpp", "block_avx512.cpp")
+HEADERS: tuple[str, ...] = ("kernels.h", "block_kernels.h")
 FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-ffp-contract=off", "-Wall", "-Wextra")
 VARIANTS = ("generic", "avx2", "avx512")  # slowest first, the names qkv::set_variant takes
 VARIANT_NAMES = {"generic": "generic C++", "avx2": "AVX2", "avx512": "AVX-512 VNNI"}
