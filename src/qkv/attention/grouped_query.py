@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from qkv.attention.kernels import BACKENDS, Backend, attention, reduction_attention
+from qkv.attention.kernels import BACKENDS, Backend, attention
 from qkv.attention.kv_cache import CacheKind, CacheSpec, KVCache, StaticKVCache
 from qkv.attention.ring import Ring
 from qkv.attention.rmsnorm import RMSNorm
@@ -164,24 +164,23 @@ class GroupedQueryAttention(nn.Module):
             if positions is None:  # a direct call: the tokens follow what the cache holds
                 start = self.kv_cache.length
                 positions = torch.arange(start, start + t, device=x.device)  # (T,)
+            if (t == 1 and mask is None and self.backend == "fused" and self.ring is None
+                    and self.kv_cache.attends_decode_step):
+                # The cache writes the step and attends it from its own codes (quantized_cache).
+                context = self.kv_cache.decode_attention(q, k, v, positions)  # (B, H, 1, D)
+                return self.o_proj(context.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
             k, v, visible = self.kv_cache.update(k, v, positions)  # (B, H_kv, S, D), (B, 1, T, S)
             mask = visible if mask is None else mask & visible
             is_causal = False
-        if (t == 1 and self.kv_cache is not None and self.kv_cache.reads_as_reductions
-                and self.backend == "fused"):
-            # Keys computed from codes as they are read: the reductions let a compiler fuse
-            # that computation into the attention (qkv.attention.quantized_cache).
-            context = reduction_attention(q, k, v, mask=mask)  # (B, H, 1, D)
-        else:
-            kernel = attention if self.ring is None else self.ring.attend  # the ring: every rank's keys
-            context = kernel(
-                q,
-                k,
-                v,
-                mask=mask,
-                is_causal=is_causal,
-                dropout_p=self.dropout if self.training else 0.0,
-                backend=self.backend,
-            )  # (B, H, T, D)
+        kernel = attention if self.ring is None else self.ring.attend  # the ring: every rank's keys
+        context = kernel(
+            q,
+            k,
+            v,
+            mask=mask,
+            is_causal=is_causal,
+            dropout_p=self.dropout if self.training else 0.0,
+            backend=self.backend,
+        )  # (B, H, T, D)
         context = context.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (B, T, H*D)
         return self.o_proj(context)

@@ -38,7 +38,8 @@ import torch
 from qkv.atomic import atomic_write_text, temporary_name
 from qkv.cache_integrity import absolute_folder, file_sha256, remove_stale_temporaries, say_discarded
 
-SOURCE = Path(__file__).with_name("kernels.cpp")
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("kernels.cpp", "quantized_attention.cpp"))
+HEADERS = (Path(__file__).with_name("quantized_attention_simd.h"),)  # included by the sources; hashed too
 FLAGS = ("-O3", "-std=c++17", "-mavx2", "-mfma", "-mf16c", "-shared", "-fPIC", "-w")
 VNNI_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni")
 VNNI_CPU = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}  # /proc/cpuinfo's names
@@ -134,7 +135,7 @@ def _key(compiler: str, build_flags: tuple[str, ...]) -> str:
     except (OSError, subprocess.SubprocessError):
         version = ""
     digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), compiler.encode(), version.encode(), " ".join(build_flags).encode(),
+    for part in (*(path.read_bytes() for path in SOURCES + HEADERS), compiler.encode(), version.encode(), " ".join(build_flags).encode(),
                  torch.__version__.encode(), str(_torch_dirs()[1]).encode()):
         digest.update(part)
         digest.update(b"\0")
@@ -142,12 +143,12 @@ def _key(compiler: str, build_flags: tuple[str, ...]) -> str:
 
 
 def _build(compiler: str, target: Path, build_flags: tuple[str, ...]) -> None:
-    """Compile SOURCE into `target`, atomically; raises RuntimeError with the compiler's
+    """Compile SOURCES into `target`, atomically; raises RuntimeError with the compiler's
     first error line."""
     include, lib = _torch_dirs()
     target.parent.mkdir(parents=True, exist_ok=True)
     temporary = str(temporary_name(target))
-    command = [compiler, *build_flags, f"-I{include}", str(SOURCE), "-o", temporary, f"-L{lib}",
+    command = [compiler, *build_flags, f"-I{include}", *map(str, SOURCES), "-o", temporary, f"-L{lib}",
                "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{lib}"]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)

@@ -1,0 +1,164 @@
+// The vectorised body of qkv::quantized_decode_attention (quantized_attention.cpp), written
+// once over a vector type `I` (I::W float lanes) and included twice by that file: once for
+// AVX2 and once inside an AVX-512 target region, each time in its own namespace, so each copy
+// is compiled for its own instruction set. No include guard on purpose; it includes nothing
+// itself (quantized_attention.cpp includes the intrinsics and defines `View` first).
+//
+// The math is the generic reference's (quantized_attention.cpp, `attend_generic`): per key,
+// dequantize its codes in registers (code * scale + zero), rotate it at its position when the
+// cache rotates keys, and take its dot product with every query head of the group (read once
+// for all of them); a softmax over the visible keys; then the values, dequantized likewise,
+// weighted and summed in float32. Only the order of the float32 sums differs.
+//
+// Shape legend: S keys visible, D head size of keys, D_v of values, NH query heads of a block.
+
+// Eight (AVX2) or sixteen (AVX-512) codes of `bits` bits starting at code `c` of a packed row.
+template <class I>
+inline typename I::V codes_at(const uint8_t *row, int64_t c, int64_t bits) {
+    if (bits == 4) return I::codes4(row + c / 2);
+    if (bits == 2) return I::codes2(row + c / 4);
+    return I::codes8(row + c);
+}
+
+// exp of I::W floats: 2^n * p(r) with r = x - n ln2 in [-ln2/2, ln2/2], p a degree-6
+// polynomial (Taylor coefficients, relative error below 2e-7 on that interval).
+template <class I>
+inline typename I::V exp_v(typename I::V x) {
+    using V = typename I::V;
+    x = I::max(I::min(x, I::set1(88.3f)), I::set1(-87.3f));
+    const V n = I::floor(I::fma(x, I::set1(1.44269504088896341f), I::set1(0.5f)));
+    V r = I::fma(n, I::set1(-0.693359375f), x);
+    r = I::fma(n, I::set1(2.12194440e-4f), r);
+    V p = I::set1(1.f / 720.f);
+    p = I::fma(p, r, I::set1(1.f / 120.f));
+    p = I::fma(p, r, I::set1(1.f / 24.f));
+    p = I::fma(p, r, I::set1(1.f / 6.f));
+    p = I::fma(p, r, I::set1(0.5f));
+    p = I::fma(p, r, I::set1(1.f));
+    p = I::fma(p, r, I::set1(1.f));
+    return I::mul(p, I::pow2(n));
+}
+
+// I::W channels of one key from channel c on: its stored row (sink or tail) or its codes
+// dequantized with its group's per-channel statistics (or its own per-token ones).
+template <class I>
+inline typename I::V key_chunk(const View &w, const KeyRow &row, int64_t c) {
+    if (row.exact) return I::load(row.exact + c);
+    const typename I::V codes = codes_at<I>(row.codes, c, w.bits);
+    if (w.keys_per_channel) return I::fma(codes, I::load(row.scale + c), I::load(row.zero + c));
+    const int64_t g = c / w.key_channels;
+    return I::fma(codes, I::set1(row.scale[g]), I::set1(row.zero[g]));
+}
+
+template <class I>
+inline typename I::V value_chunk(const View &w, const ValueRow &row, int64_t c) {
+    if (row.exact) return I::load(row.exact + c);
+    const int64_t g = c / w.value_channels;
+    return I::fma(codes_at<I>(row.codes, c, w.bits), I::set1(row.scale[g]), I::set1(row.zero[g]));
+}
+
+// Scores of the NH query heads `q` (NH rows of D) against every visible key, scaled:
+// scores[h * S + s].
+template <class I, int NH>
+void key_pass(const View &w, int64_t bk, const float *q, float *scores) {
+    using V = typename I::V;
+    const int64_t S = w.visible(), D = w.D, half = D / 2;
+    for (int64_t s = 0; s < S; s++) {
+        const KeyRow row = w.key_row(bk, s);
+        V acc[NH];
+        for (int h = 0; h < NH; h++) acc[h] = I::zero();
+        if (w.cos) {
+            const float *cs = w.cos + s * half, *sn = w.sin + s * half;
+            for (int64_t i = 0; i < half; i += I::W) {
+                const V a = key_chunk<I>(w, row, i), b = key_chunk<I>(w, row, i + half);
+                const V c = I::load(cs + i), si = I::load(sn + i);
+                const V lo = I::fnma(b, si, I::mul(a, c)), hi = I::fma(a, si, I::mul(b, c));  // RoPE, rotate-half
+                for (int h = 0; h < NH; h++)
+                    acc[h] = I::fma(I::load(q + h * D + i + half), hi, I::fma(I::load(q + h * D + i), lo, acc[h]));
+            }
+        } else {
+            for (int64_t i = 0; i < D; i += I::W) {
+                const V k = key_chunk<I>(w, row, i);
+                for (int h = 0; h < NH; h++) acc[h] = I::fma(I::load(q + h * D + i), k, acc[h]);
+            }
+        }
+        for (int h = 0; h < NH; h++) scores[h * S + s] = I::sum(acc[h]) * w.scale;
+    }
+}
+
+// Softmax of one head's S scores in place; returns their sum before normalising (> 0).
+template <class I>
+float softmax_v(float *x, int64_t S) {
+    using V = typename I::V;
+    float top = -INFINITY;
+    for (int64_t s = 0; s < S; s++) top = std::max(top, x[s]);
+    const V shift = I::set1(top);
+    V sums = I::zero();
+    int64_t s = 0;
+    for (; s + I::W <= S; s += I::W) {
+        const V e = exp_v<I>(I::sub(I::load(x + s), shift));
+        I::store(x + s, e);
+        sums = I::add(sums, e);
+    }
+    float total = I::sum(sums);
+    for (; s < S; s++) {
+        x[s] = std::exp(x[s] - top);
+        total += x[s];
+    }
+    return total;
+}
+
+// out[h * D_v + j] = sum_s weights[h * S + s] * value_s[j] / totals[h], two vectors of
+// channels at a time so that the NH x 2 sums stay in registers.
+template <class I, int NH>
+void value_pass(const View &w, int64_t bk, const float *weights, const float *totals, float *out) {
+    using V = typename I::V;
+    const int64_t S = w.visible(), Dv = w.Dv;
+    for (int64_t c = 0; c < Dv; c += 2 * I::W) {
+        const bool pair = c + I::W < Dv;
+        V acc[NH][2];
+        for (int h = 0; h < NH; h++) acc[h][0] = acc[h][1] = I::zero();
+        for (int64_t s = 0; s < S; s++) {
+            const ValueRow row = w.value_row(bk, s);
+            const V v0 = value_chunk<I>(w, row, c), v1 = pair ? value_chunk<I>(w, row, c + I::W) : I::zero();
+            for (int h = 0; h < NH; h++) {
+                const V p = I::set1(weights[h * S + s]);
+                acc[h][0] = I::fma(p, v0, acc[h][0]);
+                acc[h][1] = I::fma(p, v1, acc[h][1]);
+            }
+        }
+        for (int h = 0; h < NH; h++) {
+            const V inv = I::set1(1.f / totals[h]);
+            I::store(out + h * Dv + c, I::mul(acc[h][0], inv));
+            if (pair) I::store(out + h * Dv + c + I::W, I::mul(acc[h][1], inv));
+        }
+    }
+}
+
+// NH query heads (q: NH rows of D) of KV head bk over every visible key -> out (NH rows of D_v).
+template <class I, int NH>
+void attend_block(const View &w, int64_t bk, const float *q, float *out, float *scores) {
+    const int64_t S = w.visible();
+    if (S == 0) {
+        for (int64_t j = 0; j < NH * w.Dv; j++) out[j] = 0.f;
+        return;
+    }
+    key_pass<I, NH>(w, bk, q, scores);
+    float totals[NH];
+    for (int h = 0; h < NH; h++) totals[h] = softmax_v<I>(scores + h * S, S);
+    value_pass<I, NH>(w, bk, scores, totals, out);
+}
+
+// Every query head of KV head bk, in blocks of up to four heads (their sums in registers).
+inline void attend_heads(const View &w, int64_t bk, const float *q, float *out, float *scores) {
+    for (int64_t h0 = 0; h0 < w.group; h0 += 4) {
+        const float *qh = q + h0 * w.D;
+        float *oh = out + h0 * w.Dv;
+        switch (std::min<int64_t>(4, w.group - h0)) {
+            case 1: attend_block<Lanes, 1>(w, bk, qh, oh, scores); break;
+            case 2: attend_block<Lanes, 2>(w, bk, qh, oh, scores); break;
+            case 3: attend_block<Lanes, 3>(w, bk, qh, oh, scores); break;
+            default: attend_block<Lanes, 4>(w, bk, qh, oh, scores); break;
+        }
+    }
+}
