@@ -130,3 +130,33 @@ def test_a_decode_step_writes_then_attends_like_update_and_reduction_attention()
     assert one.length == two.length == 41
     with pytest.raises(ValueError, match="one token"):
         one.decode_attention(q, torch.cat([k, k], 2), torch.cat([v, v], 2), torch.tensor([41, 42]))
+
+
+@needs_kernels
+@torch.no_grad()
+def test_a_model_decodes_through_the_kernel_as_through_the_torch_reference(monkeypatch) -> None:
+    """A Llama's decode steps with the int4 cache: through the kernel (the library loaded) and
+    through `reference_attention` (LOADED off, as on a machine without a compiler)."""
+    from qkv.models.llama import LlamaForCausalLM
+    from qkv.models.llama_config import LlamaConfig
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    model = LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 97, (1, 56))
+    kind = QuantizedKVCache.kind(bits=4, group_size=8, residual=8)
+
+    def logits() -> torch.Tensor:
+        model.setup_cache(1, 64, kind=kind)
+        caches = [layer.kv_cache for layer in model.attention_layers()]
+        assert all(cache._native_fits(torch.zeros(1, 4, 1, 16)) == build.LOADED for cache in caches)
+        try:
+            outs = [model(ids[:, :20])] + [model(ids[:, i:i + 1]) for i in range(20, 56)]
+            return torch.cat(outs, dim=1)
+        finally:
+            model.remove_cache()
+
+    native = logits()
+    monkeypatch.setattr(build, "LOADED", False)
+    torch.testing.assert_close(native, logits(), atol=1e-4, rtol=1e-4)

@@ -29,13 +29,18 @@ RoPE.
 
 Layout and shapes. The answer of `update` always has the same layout, whatever the length:
 [sinks | every group slot of the capacity, dequantized | the full-precision tail], with
-the mask (derived from the positions each slot holds) hiding what is not filled. So a
-decode step has one shape at every length and compiles to one graph, in which Inductor
-fuses the unpacking and dequantization of the codes into the attention's reductions
-(`reads_as_reductions`): the step reads the packed codes, never a dequantized copy. A
+the mask (derived from the positions each slot holds) hiding what is not filled. A
 one-token call (a decode step) updates the cache with tensor operations only (whether a
-group is full is a tensor, and the group is written through `torch.where`); a longer call
-(a prompt, run eagerly) reads the cache's counters into Python once.
+group is full is a tensor, and the group is written through `torch.where`), so it has one
+shape at every length and compiles to one graph; a longer call (a prompt, run eagerly)
+reads the cache's counters into Python once.
+
+A decode step is attended by the cache itself (`decode_attention`: write, then `attend`),
+so attention never reads these buffers: qkv's kernel (qkv.native, quantized_attention.cpp)
+reads the packed codes, dequantizes them in registers, rotates the keys at their positions
+from RoPE tables shared by every layer, and reads the keys of a KV head once for all the
+query heads that share them. Where the kernel is not loaded, `reference_attention` computes
+the same numbers (to float rounding) from a dequantized copy, as two float32 reductions.
 
 Shape legend: B batch, H_kv key/value heads, T new tokens, S positions answered (sinks +
 group slots + tail), D head size of keys, D_v of values, G group size (tokens), N_g groups,
@@ -55,6 +60,8 @@ from qkv.attention.kernels import reduction_attention
 from qkv.attention.kv_cache import CacheKind, CacheSpec, KVCache
 from qkv.attention.quantize import check_bits, dequantize, pack, quantize, unpack
 from qkv.attention.rope import apply_rope
+from qkv.native import build as native_build
+from qkv.native.quantized_ops import quantized_decode_attention
 
 KEY_AXES = ("channel", "token")
 ROPE_SIDES = ("after", "before")  # quantize keys after RoPE (as the layer hands them) or before
@@ -224,8 +231,6 @@ class QuantizedKVCache(KVCache):
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
         if variant == "torch" or (variant is None and not self._native_fits(q)):
             return self.reference_attention(q, scale)
-        from qkv.native.quantized_ops import quantized_decode_attention
-
         b, h, _, d = q.shape
         stored = [getattr(self, name).float() for name in (
             "k_scale", "k_zero", "v_scale", "v_zero", "sink_k", "sink_v", "pending_k", "pending_v")]
@@ -244,8 +249,6 @@ class QuantizedKVCache(KVCache):
         return reduction_attention(q, keys, values, mask=visible, scale=scale)
 
     def _native_fits(self, q: Tensor) -> bool:
-        from qkv.native import build as native_build
-
         return (native_build.LOADED and self.native_rope and q.device.type == "cpu" and not q.requires_grad
                 and q.dim() == 4 and q.shape[2] == 1 and q.shape[0] == self.batch_size)
 
