@@ -79,9 +79,10 @@ def test_the_kernel_is_attention_over_the_dequantized_cache(bits, key_axis, rope
 
 @needs_kernels
 def test_smollm2_shapes_and_odd_groups() -> None:
-    # SmolLM2: head size 64, 9 query heads on 3 KV heads; and 7 heads on one KV head (blocks of 4 + 3)
+    # SmolLM2: head size 64, 9 query heads on 3 KV heads; and 7 heads on one KV head (blocks of 4 + 3);
+    # 600 keys: three spans of the kernel's 256, merged
     for kv_heads, heads in ((3, 9), (1, 7)):
-        cache = filled(make_cache(batch=1, kv_heads=kv_heads, dim=64, bits=4), 150, seed=heads)
+        cache = filled(make_cache(batch=1, kv_heads=kv_heads, dim=64, bits=4, capacity=640), 600, seed=heads)
         q = queries(cache, heads, seed=1) * 3
         want = expected(cache, q)
         for variant in VARIANTS:
@@ -90,10 +91,10 @@ def test_smollm2_shapes_and_odd_groups() -> None:
 
 @needs_kernels
 def test_a_row_of_a_batch_is_that_row_alone_bit_for_bit() -> None:
-    batch = filled(make_cache(batch=3, bits=2, sinks=4), 90, seed=7)
+    batch = filled(make_cache(batch=3, bits=2, sinks=4, capacity=320), 300, seed=7)  # two spans
     q = queries(batch, heads=4, seed=8)
     for row in range(3):
-        alone = make_cache(batch=1, bits=2, sinks=4, rotary=batch.spec.rotary)
+        alone = make_cache(batch=1, bits=2, sinks=4, capacity=320, rotary=batch.spec.rotary)
         names = [name for name, _ in batch.named_buffers() if name not in ("rope_cos", "rope_sin")]
         for name in names:  # the same stored row: codes, statistics, tail, sinks, counters
             mine = getattr(batch, name)

@@ -16,8 +16,10 @@
 //
 // Per (row, KV head) the keys are read once for all the query heads that share them: each key is
 // dequantized in registers, rotated, and dotted with every query of the group; a softmax in
-// float32; the values likewise. Rows and KV heads are independent tasks with the same math
-// whatever the batch size, so a row's answer does not depend on the rows beside it.
+// float32; the values likewise. The keys are split into spans of SPAN positions (one task each,
+// merged in order as a log-sum-exp), which depend on the length alone: rows, KV heads and spans
+// are independent tasks with the same math whatever the batch size or the thread count, so a
+// row's answer does not depend on the rows beside it.
 //
 // Three variants of the same math: `attend_generic` (plain C++, the reference, and what runs
 // where the sizes do not fit the vectors), AVX2 and AVX-512 (quantized_attention_simd.h, one
@@ -90,6 +92,17 @@ struct View {
     }
 };
 
+// What one span of keys gives a block of query heads: the unnormalised context (rows of D_v),
+// the maximum score and the sum of exponentials of the scores less it, per head.
+struct Part {
+    float *out, *top, *total;
+    Part at(int64_t h, int64_t Dv) const { return {out + h * Dv, top + h, total + h}; }
+};
+
+// Keys are attended in spans of SPAN positions, each span one task, so that a few KV heads
+// still fill every thread; the spans depend on the length only, never on the batch.
+constexpr int64_t SPAN = 256;
+
 inline float code_of(const uint8_t *row, int64_t c, int64_t bits) {
     const int64_t per = 8 / bits;
     return static_cast<float>((row[c / per] >> ((c % per) * bits)) & ((1 << bits) - 1));
@@ -104,10 +117,10 @@ void key_values(const View &w, const KeyRow &r, int64_t D, int64_t channels, boo
     }
 }
 
-void attend_generic(const View &w, int64_t bk, const float *q, float *out, float *scores) {
-    const int64_t S = w.visible(), D = w.D, Dv = w.Dv, half = D / 2;
+void attend_generic(const View &w, int64_t bk, int64_t s0, int64_t s1, const float *q, Part part, float *scores) {
+    const int64_t n = s1 - s0, D = w.D, Dv = w.Dv, half = D / 2;
     std::vector<float> k(static_cast<size_t>(D)), rotated(static_cast<size_t>(D)), v(static_cast<size_t>(Dv));
-    for (int64_t s = 0; s < S; s++) {
+    for (int64_t s = s0; s < s1; s++) {
         key_values(w, w.key_row(bk, s), D, w.key_channels, w.keys_per_channel, k.data());
         const float *key = k.data();
         if (w.cos) {
@@ -121,26 +134,40 @@ void attend_generic(const View &w, int64_t bk, const float *q, float *out, float
         for (int64_t h = 0; h < w.group; h++) {
             float dot = 0.f;
             for (int64_t c = 0; c < D; c++) dot = std::fma(q[h * D + c], key[c], dot);
-            scores[h * S + s] = dot * w.scale;
+            scores[h * n + s - s0] = dot * w.scale;
         }
     }
-    std::vector<float> totals(static_cast<size_t>(w.group), 0.f);
     for (int64_t h = 0; h < w.group; h++) {
-        float *x = scores + h * S, top = -INFINITY;
-        for (int64_t s = 0; s < S; s++) top = std::max(top, x[s]);
-        for (int64_t s = 0; s < S; s++) {
+        float *x = scores + h * n, top = -INFINITY, total = 0.f;
+        for (int64_t s = 0; s < n; s++) top = std::max(top, x[s]);
+        for (int64_t s = 0; s < n; s++) {
             x[s] = std::exp(x[s] - top);
-            totals[h] += x[s];
+            total += x[s];
         }
+        part.top[h] = top, part.total[h] = total;
     }
-    for (int64_t j = 0; j < w.group * Dv; j++) out[j] = 0.f;
-    for (int64_t s = 0; s < S; s++) {
+    for (int64_t j = 0; j < w.group * Dv; j++) part.out[j] = 0.f;
+    for (int64_t s = s0; s < s1; s++) {
         key_values(w, w.value_row(bk, s), Dv, w.value_channels, false, v.data());
         for (int64_t h = 0; h < w.group; h++)
-            for (int64_t j = 0; j < Dv; j++) out[h * Dv + j] = std::fma(scores[h * S + s], v[j], out[h * Dv + j]);
+            for (int64_t j = 0; j < Dv; j++)
+                part.out[h * Dv + j] = std::fma(scores[h * n + s - s0], v[j], part.out[h * Dv + j]);
     }
-    for (int64_t h = 0; h < w.group && S > 0; h++)
-        for (int64_t j = 0; j < Dv; j++) out[h * Dv + j] /= totals[h];
+}
+
+// The spans of one query head, in order: out = sum_c e^(top_c - M) out_c / sum_c e^(top_c - M) total_c.
+void merge_spans(const float *outs, const float *tops, const float *totals, int64_t spans, int64_t stride,
+                 int64_t Dv, float *out) {
+    float top = -INFINITY, total = 0.f;
+    for (int64_t c = 0; c < spans; c++) top = std::max(top, tops[c * stride]);
+    for (int64_t j = 0; j < Dv; j++) out[j] = 0.f;
+    for (int64_t c = 0; c < spans; c++) {
+        const float f = std::exp(tops[c * stride] - top);
+        total = std::fma(f, totals[c * stride], total);
+        for (int64_t j = 0; j < Dv; j++) out[j] = std::fma(f, outs[c * stride * Dv + j], out[j]);
+    }
+    const float inv = 1.f / total;
+    for (int64_t j = 0; j < Dv; j++) out[j] *= inv;
 }
 
 // -- AVX2 ------------------------------------------------------------------------------------
@@ -318,14 +345,30 @@ Tensor quantized_decode_attention(Tensor q, Tensor k_codes, Tensor k_scale, Tens
     Tensor out = torch::stable::new_empty(q, {B, w.H, w.Dv});
     float *op = static_cast<float *>(out.data_ptr());
     const int64_t S = w.visible();
-    torch::stable::parallel_for(0, B * w.Hkv, 1, [&](int64_t t0, int64_t t1) {
-        std::vector<float> scores(static_cast<size_t>(std::max<int64_t>(1, w.group * S)));
-        for (int64_t bk = t0; bk < t1; bk++) {
+    if (S == 0) {
+        for (int64_t j = 0; j < B * w.H * w.Dv; j++) op[j] = 0.f;
+        return out;
+    }
+    // Span c of KV head bk: heads' parts at [(bk * spans + c) * group + h] (rows of D_v for outs).
+    const int64_t spans = (S + SPAN - 1) / SPAN, heads = B * w.Hkv * spans * w.group;
+    std::vector<float> outs(static_cast<size_t>(heads * w.Dv)), tops(static_cast<size_t>(heads)),
+        totals(static_cast<size_t>(heads));
+    torch::stable::parallel_for(0, B * w.Hkv * spans, 1, [&](int64_t t0, int64_t t1) {
+        std::vector<float> scores(static_cast<size_t>(w.group * SPAN));
+        for (int64_t t = t0; t < t1; t++) {
+            const int64_t bk = t / spans, s0 = (t % spans) * SPAN, s1 = std::min(S, s0 + SPAN);
             const float *qh = w.q + bk * w.group * w.D;
-            float *oh = op + bk * w.group * w.Dv;
-            if (variant == 3) avx512::attend_heads(w, bk, qh, oh, scores.data());
-            else if (variant == 2) avx2::attend_heads(w, bk, qh, oh, scores.data());
-            else attend_generic(w, bk, qh, oh, scores.data());
+            const Part part{outs.data() + t * w.group * w.Dv, tops.data() + t * w.group, totals.data() + t * w.group};
+            if (variant == 3) avx512::attend_heads(w, bk, s0, s1, qh, part, scores.data());
+            else if (variant == 2) avx2::attend_heads(w, bk, s0, s1, qh, part, scores.data());
+            else attend_generic(w, bk, s0, s1, qh, part, scores.data());
+        }
+    });
+    torch::stable::parallel_for(0, B * w.H, 1, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; i++) {
+            const int64_t bk = i / w.group, h = i % w.group, first = bk * spans * w.group + h;
+            merge_spans(outs.data() + first * w.Dv, tops.data() + first, totals.data() + first, spans, w.group, w.Dv,
+                        op + i * w.Dv);
         }
     });
     return out;

@@ -7,10 +7,11 @@
 // The math is the generic reference's (quantized_attention.cpp, `attend_generic`): per key,
 // dequantize its codes in registers (code * scale + zero), rotate it at its position when the
 // cache rotates keys, and take its dot product with every query head of the group (read once
-// for all of them); a softmax over the visible keys; then the values, dequantized likewise,
-// weighted and summed in float32. Only the order of the float32 sums differs.
+// for all of them); exponentials of the scores less their maximum; then the values, dequantized
+// likewise, weighted and summed in float32, for one span of keys. Only the order of the float32
+// sums differs.
 //
-// Shape legend: S keys visible, D head size of keys, D_v of values, NH query heads of a block.
+// Shape legend: n keys of a span, D head size of keys, D_v of values, NH query heads of a block.
 
 // Eight (AVX2) or sixteen (AVX-512) codes of `bits` bits starting at code `c` of a packed row.
 template <class I>
@@ -57,13 +58,13 @@ inline typename I::V value_chunk(const View &w, const ValueRow &row, int64_t c) 
     return I::fma(codes_at<I>(row.codes, c, w.bits), I::set1(row.scale[g]), I::set1(row.zero[g]));
 }
 
-// Scores of the NH query heads `q` (NH rows of D) against every visible key, scaled:
-// scores[h * S + s].
+// Scores of the NH query heads `q` (NH rows of D) against keys s0 .. s1 - 1, scaled:
+// scores[h * n + s - s0], n = s1 - s0.
 template <class I, int NH>
-void key_pass(const View &w, int64_t bk, const float *q, float *scores) {
+void key_pass(const View &w, int64_t bk, int64_t s0, int64_t s1, const float *q, float *scores) {
     using V = typename I::V;
-    const int64_t S = w.visible(), D = w.D, half = D / 2;
-    for (int64_t s = 0; s < S; s++) {
+    const int64_t n = s1 - s0, D = w.D, half = D / 2;
+    for (int64_t s = s0; s < s1; s++) {
         const KeyRow row = w.key_row(bk, s);
         V acc[NH];
         for (int h = 0; h < NH; h++) acc[h] = I::zero();
@@ -82,83 +83,80 @@ void key_pass(const View &w, int64_t bk, const float *q, float *scores) {
                 for (int h = 0; h < NH; h++) acc[h] = I::fma(I::load(q + h * D + i), k, acc[h]);
             }
         }
-        for (int h = 0; h < NH; h++) scores[h * S + s] = I::sum(acc[h]) * w.scale;
+        for (int h = 0; h < NH; h++) scores[h * n + s - s0] = I::sum(acc[h]) * w.scale;
     }
 }
 
-// Softmax of one head's S scores in place; returns their sum before normalising (> 0).
+// exp(x - top) of one head's n scores in place, top their maximum; returns their sum (>= 1).
 template <class I>
-float softmax_v(float *x, int64_t S) {
+float exponentials(float *x, int64_t n, float *top_out) {
     using V = typename I::V;
     float top = -INFINITY;
-    for (int64_t s = 0; s < S; s++) top = std::max(top, x[s]);
+    for (int64_t s = 0; s < n; s++) top = std::max(top, x[s]);
+    *top_out = top;
     const V shift = I::set1(top);
     V sums = I::zero();
     int64_t s = 0;
-    for (; s + I::W <= S; s += I::W) {
+    for (; s + I::W <= n; s += I::W) {
         const V e = exp_v<I>(I::sub(I::load(x + s), shift));
         I::store(x + s, e);
         sums = I::add(sums, e);
     }
     float total = I::sum(sums);
-    for (; s < S; s++) {
+    for (; s < n; s++) {
         x[s] = std::exp(x[s] - top);
         total += x[s];
     }
     return total;
 }
 
-// out[h * D_v + j] = sum_s weights[h * S + s] * value_s[j] / totals[h], two vectors of
-// channels at a time so that the NH x 2 sums stay in registers.
+// out[h * D_v + j] = sum over s0 <= s < s1 of weights[h * n + s - s0] * value_s[j], two vectors
+// of channels at a time so that the NH x 2 sums stay in registers.
 template <class I, int NH>
-void value_pass(const View &w, int64_t bk, const float *weights, const float *totals, float *out) {
+void value_pass(const View &w, int64_t bk, int64_t s0, int64_t s1, const float *weights, float *out) {
     using V = typename I::V;
-    const int64_t S = w.visible(), Dv = w.Dv;
+    const int64_t n = s1 - s0, Dv = w.Dv;
     for (int64_t c = 0; c < Dv; c += 2 * I::W) {
         const bool pair = c + I::W < Dv;
         V acc[NH][2];
         for (int h = 0; h < NH; h++) acc[h][0] = acc[h][1] = I::zero();
-        for (int64_t s = 0; s < S; s++) {
+        for (int64_t s = s0; s < s1; s++) {
             const ValueRow row = w.value_row(bk, s);
             const V v0 = value_chunk<I>(w, row, c), v1 = pair ? value_chunk<I>(w, row, c + I::W) : I::zero();
             for (int h = 0; h < NH; h++) {
-                const V p = I::set1(weights[h * S + s]);
+                const V p = I::set1(weights[h * n + s - s0]);
                 acc[h][0] = I::fma(p, v0, acc[h][0]);
                 acc[h][1] = I::fma(p, v1, acc[h][1]);
             }
         }
         for (int h = 0; h < NH; h++) {
-            const V inv = I::set1(1.f / totals[h]);
-            I::store(out + h * Dv + c, I::mul(acc[h][0], inv));
-            if (pair) I::store(out + h * Dv + c + I::W, I::mul(acc[h][1], inv));
+            I::store(out + h * Dv + c, acc[h][0]);
+            if (pair) I::store(out + h * Dv + c + I::W, acc[h][1]);
         }
     }
 }
 
-// NH query heads (q: NH rows of D) of KV head bk over every visible key -> out (NH rows of D_v).
+// NH query heads (q: NH rows of D) of KV head bk over keys s0 .. s1 - 1 (s1 > s0): their
+// unnormalised context (NH rows of D_v), score maximum and sum of exponentials.
 template <class I, int NH>
-void attend_block(const View &w, int64_t bk, const float *q, float *out, float *scores) {
-    const int64_t S = w.visible();
-    if (S == 0) {
-        for (int64_t j = 0; j < NH * w.Dv; j++) out[j] = 0.f;
-        return;
-    }
-    key_pass<I, NH>(w, bk, q, scores);
-    float totals[NH];
-    for (int h = 0; h < NH; h++) totals[h] = softmax_v<I>(scores + h * S, S);
-    value_pass<I, NH>(w, bk, scores, totals, out);
+void attend_block(const View &w, int64_t bk, int64_t s0, int64_t s1, const float *q, Part part, float *scores) {
+    const int64_t n = s1 - s0;
+    key_pass<I, NH>(w, bk, s0, s1, q, scores);
+    for (int h = 0; h < NH; h++) part.total[h] = exponentials<I>(scores + h * n, n, part.top + h);
+    value_pass<I, NH>(w, bk, s0, s1, scores, part.out);
 }
 
 // Every query head of KV head bk, in blocks of up to four heads (their sums in registers).
-inline void attend_heads(const View &w, int64_t bk, const float *q, float *out, float *scores) {
+inline void attend_heads(const View &w, int64_t bk, int64_t s0, int64_t s1, const float *q, Part part,
+                         float *scores) {
     for (int64_t h0 = 0; h0 < w.group; h0 += 4) {
+        const Part p = part.at(h0, w.Dv);
         const float *qh = q + h0 * w.D;
-        float *oh = out + h0 * w.Dv;
         switch (std::min<int64_t>(4, w.group - h0)) {
-            case 1: attend_block<Lanes, 1>(w, bk, qh, oh, scores); break;
-            case 2: attend_block<Lanes, 2>(w, bk, qh, oh, scores); break;
-            case 3: attend_block<Lanes, 3>(w, bk, qh, oh, scores); break;
-            default: attend_block<Lanes, 4>(w, bk, qh, oh, scores); break;
+            case 1: attend_block<Lanes, 1>(w, bk, s0, s1, qh, p, scores); break;
+            case 2: attend_block<Lanes, 2>(w, bk, s0, s1, qh, p, scores); break;
+            case 3: attend_block<Lanes, 3>(w, bk, s0, s1, qh, p, scores); break;
+            default: attend_block<Lanes, 4>(w, bk, s0, s1, qh, p, scores); break;
         }
     }
 }
