@@ -196,6 +196,13 @@ struct Lanes {
         s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
     }
+    // The sums of up to four vectors at once: two rounds of pairwise adds, then the halves.
+    template <int NH>
+    static void sums(const V *acc, float *out) {
+        const V a1 = NH > 1 ? acc[1] : zero(), a2 = NH > 2 ? acc[2] : zero(), a3 = NH > 3 ? acc[3] : zero();
+        const V h = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], a1), _mm256_hadd_ps(a2, a3));
+        _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+    }
     static V bytes(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)); }
     static V codes8(const uint8_t *p) { return bytes(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(p))); }
     static V codes4(const uint8_t *p) {  // 4 bytes -> 8 codes: low nibble first
@@ -240,6 +247,15 @@ struct Lanes {
         return _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));
     }
     static float sum(V v) { return _mm512_reduce_add_ps(v); }
+    template <int NH>
+    static void sums(const V *acc, float *out) {  // halve each to 8 lanes, then as AVX2 does
+        __m256 half[4];
+        for (int h = 0; h < 4; h++)
+            half[h] = h < NH ? _mm256_add_ps(_mm512_castps512_ps256(acc[h]), _mm512_extractf32x8_ps(acc[h], 1))
+                             : _mm256_setzero_ps();
+        const __m256 x = _mm256_hadd_ps(_mm256_hadd_ps(half[0], half[1]), _mm256_hadd_ps(half[2], half[3]));
+        _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1)));
+    }
     static V bytes(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)); }
     static V codes8(const uint8_t *p) { return bytes(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))); }
     static V codes4(const uint8_t *p) {  // 8 bytes -> 16 codes

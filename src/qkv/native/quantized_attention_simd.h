@@ -83,7 +83,9 @@ void key_pass(const View &w, int64_t bk, int64_t s0, int64_t s1, const float *q,
                 for (int h = 0; h < NH; h++) acc[h] = I::fma(I::load(q + h * D + i), k, acc[h]);
             }
         }
-        for (int h = 0; h < NH; h++) scores[h * n + s - s0] = I::sum(acc[h]) * w.scale;
+        float dots[4];
+        I::template sums<NH>(acc, dots);
+        for (int h = 0; h < NH; h++) scores[h * n + s - s0] = dots[h] * w.scale;
     }
 }
 
