@@ -51,11 +51,51 @@ inline typename I::V key_chunk(const View &w, const KeyRow &row, int64_t c) {
     return I::fma(codes, I::set1(row.scale[g]), I::set1(row.zero[g]));
 }
 
+// The same for values, whose statistics are per token: g is the channel group of channel c.
 template <class I>
-inline typename I::V value_chunk(const View &w, const ValueRow &row, int64_t c) {
+inline typename I::V value_chunk(const View &w, const ValueRow &row, int64_t c, int64_t g) {
     if (row.exact) return I::load(row.exact + c);
-    const int64_t g = c / w.value_channels;
     return I::fma(codes_at<I>(row.codes, c, w.bits), I::set1(row.scale[g]), I::set1(row.zero[g]));
+}
+
+// Calls f(s, row) for the keys (KEYS) or values s0 .. s1 - 1 in order: the rows View::key_row
+// and View::value_row give, found with one division per group of slots rather than per key.
+template <bool KEYS, class F>
+inline void for_rows(const View &w, int64_t bk, int64_t s0, int64_t s1, F &&f) {
+    const int64_t dim = KEYS ? w.D : w.Dv, bytes = dim * w.bits / 8;
+    const float *sinks = (KEYS ? w.sink_k : w.sink_v) + bk * w.Ns * dim;
+    const float *tail = (KEYS ? w.tail_k : w.tail_v) + bk * w.P * dim;
+    const uint8_t *codes = (KEYS ? w.k_codes : w.v_codes) + bk * w.N * bytes;
+    const float *scale = KEYS ? w.k_scale : w.v_scale, *zero = KEYS ? w.k_zero : w.v_zero;
+    const bool grouped = KEYS && w.keys_per_channel;
+    const int64_t per_row = grouped ? 0 : dim / (KEYS ? w.key_channels : w.value_channels);
+    KeyRow r;
+    int64_t s = s0;
+    for (; s < std::min(s1, w.n_sink); s++) {
+        r.exact = sinks + s * dim;
+        f(s, r);
+    }
+    r.exact = nullptr;
+    const int64_t slots_end = std::min(s1, w.n_sink + w.n_slot);
+    while (s < slots_end) {
+        int64_t end = slots_end;
+        if (grouped) {
+            const int64_t g = (s - w.n_sink) / w.G;
+            end = std::min(slots_end, w.n_sink + (g + 1) * w.G);
+            r.scale = scale + (bk * (w.N / w.G) + g) * dim;
+            r.zero = zero + (bk * (w.N / w.G) + g) * dim;
+        }
+        for (; s < end; s++) {
+            const int64_t i = s - w.n_sink;
+            r.codes = codes + i * bytes;
+            if (!grouped) r.scale = scale + (bk * w.N + i) * per_row, r.zero = zero + (bk * w.N + i) * per_row;
+            f(s, r);
+        }
+    }
+    for (; s < s1; s++) {
+        r.exact = tail + (s - w.n_sink - w.n_slot) * dim;
+        f(s, r);
+    }
 }
 
 // Scores of the NH query heads `q` (NH rows of D) against keys s0 .. s1 - 1, scaled:
@@ -64,8 +104,7 @@ template <class I, int NH>
 void key_pass(const View &w, int64_t bk, int64_t s0, int64_t s1, const float *q, float *scores) {
     using V = typename I::V;
     const int64_t n = s1 - s0, D = w.D, half = D / 2;
-    for (int64_t s = s0; s < s1; s++) {
-        const KeyRow row = w.key_row(bk, s);
+    for_rows<true>(w, bk, s0, s1, [&](int64_t s, const KeyRow &row) {
         V acc[NH];
         for (int h = 0; h < NH; h++) acc[h] = I::zero();
         if (w.cos) {
@@ -86,7 +125,7 @@ void key_pass(const View &w, int64_t bk, int64_t s0, int64_t s1, const float *q,
         float dots[4];
         I::template sums<NH>(acc, dots);
         for (int h = 0; h < NH; h++) scores[h * n + s - s0] = dots[h] * w.scale;
-    }
+    });
 }
 
 // exp(x - top) of one head's n scores in place, top their maximum; returns their sum (>= 1).
@@ -122,15 +161,15 @@ void value_pass(const View &w, int64_t bk, int64_t s0, int64_t s1, const float *
         const bool pair = c + I::W < Dv;
         V acc[NH][2];
         for (int h = 0; h < NH; h++) acc[h][0] = acc[h][1] = I::zero();
-        for (int64_t s = s0; s < s1; s++) {
-            const ValueRow row = w.value_row(bk, s);
-            const V v0 = value_chunk<I>(w, row, c), v1 = pair ? value_chunk<I>(w, row, c + I::W) : I::zero();
+        const int64_t g0 = c / w.value_channels, g1 = (c + I::W) / w.value_channels;
+        for_rows<false>(w, bk, s0, s1, [&](int64_t s, const ValueRow &row) {
+            const V v0 = value_chunk<I>(w, row, c, g0), v1 = pair ? value_chunk<I>(w, row, c + I::W, g1) : I::zero();
             for (int h = 0; h < NH; h++) {
                 const V p = I::set1(weights[h * n + s - s0]);
                 acc[h][0] = I::fma(p, v0, acc[h][0]);
                 acc[h][1] = I::fma(p, v1, acc[h][1]);
             }
-        }
+        });
         for (int h = 0; h < NH; h++) {
             I::store(out + h * Dv + c, acc[h][0]);
             if (pair) I::store(out + h * Dv + c + I::W, acc[h][1]);
