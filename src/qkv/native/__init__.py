@@ -13,7 +13,9 @@ layers, against about 30 GB/s of read bandwidth; `kernels.cpp` reaches 11-23 GB/
 compiler against PyTorch's stable C ABI (headers only: about 3 seconds), into a per-user
 cache folder keyed by the source, the compiler and the torch version, so it is built once
 per machine. The ops are `torch.ops.qkv.int8_linear`, `int4_linear`, `f32_linear`,
-`decode_attention` and `decoder_layer` (a whole layer's decode step, qkv.perf.fused_layers);
+`decode_attention`, `decoder_layer` (a whole layer's decode step, qkv.perf.fused_layers) and
+`quantized_decode_attention` (quantized_attention.cpp: one query per row over the quantized
+KV cache's packed codes, which qkv.attention.quantized_cache calls);
 they have fake implementations, so torch.compile traces them as one opaque call each.
 
 They need an x86-64 CPU with AVX2, FMA and F16C, PyTorch 2.10 or later (the stable ABI),

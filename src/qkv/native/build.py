@@ -1,8 +1,8 @@
-"""Building and loading `kernels.cpp` once per machine (see qkv.native).
+"""Building and loading qkv's C++ sources (SOURCES) once per machine (see qkv.native).
 
 The shared library is written to `<cache>/native/qkv_kernels_<key>.so`, where <cache> is
 `$QKV_CACHE_DIR`, else `$XDG_CACHE_HOME/qkv`, else `~/.cache/qkv`, and <key> hashes the
-source, the compiler's version, the flags and the torch version: a changed source or a new
+sources, the compiler's version, the flags and the torch version: a changed source or a new
 torch builds anew, and two processes building at once each write a temporary file and
 rename it into place (the last rename wins, both are the same library).
 
