@@ -175,6 +175,7 @@ namespace avx2 {
 struct Lanes {
     using V = __m256;
     static constexpr int64_t W = 8;
+    static constexpr int VALUE_VECTORS = 2;  // 16 registers: 4 heads x 2 sums, and the rest
     static V load(const float *p) { return _mm256_loadu_ps(p); }
     static void store(float *p, V v) { _mm256_storeu_ps(p, v); }
     static V set1(float x) { return _mm256_set1_ps(x); }
@@ -230,6 +231,7 @@ namespace avx512 {
 struct Lanes {
     using V = __m512;
     static constexpr int64_t W = 16;
+    static constexpr int VALUE_VECTORS = 4;  // 32 registers: 4 heads x 4 sums, and the rest
     static V load(const float *p) { return _mm512_loadu_ps(p); }
     static void store(float *p, V v) { _mm512_storeu_ps(p, v); }
     static V set1(float x) { return _mm512_set1_ps(x); }

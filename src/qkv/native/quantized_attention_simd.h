@@ -151,29 +151,31 @@ float exponentials(float *x, int64_t n, float *top_out) {
     return total;
 }
 
-// out[h * D_v + j] = sum over s0 <= s < s1 of weights[h * n + s - s0] * value_s[j], two vectors
-// of channels at a time so that the NH x 2 sums stay in registers.
+// out[h * D_v + j] = sum over s0 <= s < s1 of weights[h * n + s - s0] * value_s[j], I::VALUE_VECTORS
+// vectors of channels a pass (all of SmolLM2's 64 with AVX-512) so that the NH x VALUE_VECTORS
+// sums stay in registers and each value row is read once a pass.
 template <class I, int NH>
 void value_pass(const View &w, int64_t bk, int64_t s0, int64_t s1, const float *weights, float *out) {
     using V = typename I::V;
+    constexpr int VV = I::VALUE_VECTORS;
     const int64_t n = s1 - s0, Dv = w.Dv;
-    for (int64_t c = 0; c < Dv; c += 2 * I::W) {
-        const bool pair = c + I::W < Dv;
-        V acc[NH][2];
-        for (int h = 0; h < NH; h++) acc[h][0] = acc[h][1] = I::zero();
-        const int64_t g0 = c / w.value_channels, g1 = (c + I::W) / w.value_channels;
+    for (int64_t c = 0; c < Dv; c += VV * I::W) {
+        const int count = static_cast<int>(std::min<int64_t>(VV, (Dv - c) / I::W));
+        int64_t g[VV];
+        for (int u = 0; u < VV; u++) g[u] = (c + u * I::W) / w.value_channels;
+        V acc[NH][VV];
+        for (int h = 0; h < NH; h++)
+            for (int u = 0; u < VV; u++) acc[h][u] = I::zero();
         for_rows<false>(w, bk, s0, s1, [&](int64_t s, const ValueRow &row) {
-            const V v0 = value_chunk<I>(w, row, c, g0), v1 = pair ? value_chunk<I>(w, row, c + I::W, g1) : I::zero();
+            V v[VV];
+            for (int u = 0; u < VV; u++) v[u] = u < count ? value_chunk<I>(w, row, c + u * I::W, g[u]) : I::zero();
             for (int h = 0; h < NH; h++) {
                 const V p = I::set1(weights[h * n + s - s0]);
-                acc[h][0] = I::fma(p, v0, acc[h][0]);
-                acc[h][1] = I::fma(p, v1, acc[h][1]);
+                for (int u = 0; u < VV; u++) acc[h][u] = I::fma(p, v[u], acc[h][u]);
             }
         });
-        for (int h = 0; h < NH; h++) {
-            I::store(out + h * Dv + c, acc[h][0]);
-            if (pair) I::store(out + h * Dv + c + I::W, acc[h][1]);
-        }
+        for (int h = 0; h < NH; h++)
+            for (int u = 0; u < count; u++) I::store(out + h * Dv + c + u * I::W, acc[h][u]);
     }
 }
 
