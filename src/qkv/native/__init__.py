@@ -16,7 +16,9 @@ folder keyed by the sources, the compiler and the torch version, so they are bui
 machine. The ops are `torch.ops.qkv.int8_linear`, `int4_linear`, `f32_linear`,
 `decode_attention`, `decoder_layer` (a whole layer's decode step executing a `LayerSpec`,
 qkv.runtime.native_layers) and `block_linear` (products straight from GGUF's stored blocks,
-block_products.cpp, qkv.native.block_ops); they have fake implementations, so torch.compile traces
+block_products.cpp, qkv.native.block_ops) and `quantized_decode_attention`
+(quantized_attention.cpp: one query per row over the quantized KV cache's packed codes, which
+qkv.attention.quantized_cache calls); they have fake implementations, so torch.compile traces
 them as one opaque call each.
 
 Organised as ggml's CPU backend and torchao are: each op has a generic variant in plain C++

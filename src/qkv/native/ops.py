@@ -165,3 +165,7 @@ def register_fakes() -> None:
     @torch.library.register_fake("qkv::int4_linear")
     def _int4(x: Tensor, q: Tensor, d: Tensor, m: Tensor, bias: Tensor | None) -> Tensor:
         return x.new_empty(x.shape[0], q.shape[0])
+
+    from qkv.native.quantized_ops import register_quantized_fakes
+
+    register_quantized_fakes()
