@@ -15,12 +15,17 @@ from qkv.attention.kernels import explicit_attention
 from qkv.attention.kv_cache import CacheSpec
 from qkv.attention.quantized_cache import QuantizedKVCache
 from qkv.attention.rope import RotaryEmbedding, apply_rope
-from qkv.native import build, native_kernels
+from qkv.attention.registry import ATTENTION_FUNCTIONS
+from qkv.native import native_kernels
+from qkv.native.ops import variants
+from qkv.runtime.native_attention import register_native_attention
 
 needs_kernels = pytest.mark.skipif(not native_kernels().available,
                                    reason=f"qkv's kernels are not available here: {native_kernels().reason}")
-VARIANTS = ["generic", "avx2"] + (["avx512"] if {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= build._cpu_flags()
-                                  else [])
+# the variants qkv's library runs on this CPU (qkv.native.ops.variants), the kernel's too
+VARIANTS = [v for v in ("generic", "avx2", "avx512") if native_kernels().available and v in variants()]
+if native_kernels().available:
+    register_native_attention()  # what the runtime does when it prepares a model
 
 
 def make_cache(*, batch: int = 2, kv_heads: int = 2, dim: int = 32, capacity: int = 160, bits: int = 4,
@@ -137,7 +142,7 @@ def test_a_decode_step_writes_then_attends_like_update_and_reduction_attention()
 @torch.no_grad()
 def test_a_model_decodes_through_the_kernel_as_through_the_torch_reference(monkeypatch) -> None:
     """A Llama's decode steps with the int4 cache: through the kernel (the library loaded) and
-    through `reference_attention` (LOADED off, as on a machine without a compiler)."""
+    through `reference_attention` (the kernel not registered, as on a machine without a compiler)."""
     from qkv.models.llama import LlamaForCausalLM
     from qkv.models.llama_config import LlamaConfig
 
@@ -149,15 +154,12 @@ def test_a_model_decodes_through_the_kernel_as_through_the_torch_reference(monke
     kind = QuantizedKVCache.kind(bits=4, group_size=8, residual=8)
 
     def logits() -> torch.Tensor:
-        model.setup_cache(1, 64, kind=kind)
-        caches = [layer.kv_cache for layer in model.attention_layers()]
-        assert all(cache._native_fits(torch.zeros(1, 4, 1, 16)) == build.LOADED for cache in caches)
-        try:
-            outs = [model(ids[:, :20])] + [model(ids[:, i:i + 1]) for i in range(20, 44)]
-            return torch.cat(outs, dim=1)
-        finally:
-            model.remove_cache()
+        caches = [kind(spec) for spec in model.cache_specs(1, 64)]
+        registered = "quantized_decode" in ATTENTION_FUNCTIONS
+        assert all(cache._native_fits(torch.zeros(1, 4, 1, 16)) == registered for cache in caches)
+        outs = [model(ids[:, :20], caches=caches)] + [model(ids[:, i:i + 1], caches=caches) for i in range(20, 44)]
+        return torch.cat(outs, dim=1)
 
     native = logits()
-    monkeypatch.setattr(build, "LOADED", False)
+    monkeypatch.delitem(ATTENTION_FUNCTIONS, "quantized_decode")
     torch.testing.assert_close(native, logits(), atol=1e-4, rtol=1e-4)
