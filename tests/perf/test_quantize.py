@@ -19,7 +19,7 @@ from qkv.models.gpt2 import GPTConfig, GPTModel
 from qkv.native import native_kernels
 from qkv.native.ops import dequantize_blocks, round_activations, unpack_blocks
 from qkv.perf import Int4Linear, Int8Linear, quantize, quantize_blocks, quantize_rows
-from qkv.perf.quantize import NATIVE_ROWS
+
 from qkv.runtime.prepare import prepare_for_decoding
 from qkv.perplexity import perplexity
 
@@ -62,16 +62,17 @@ NATIVE = [True, False] if native_kernels().available else [False]
 @pytest.mark.parametrize("kind", [Int8Linear, Int4Linear])
 @pytest.mark.parametrize("rows", [1, 3, 40, 200], ids=lambda r: f"{r}rows")
 def test_kernels_compute_the_dequantized_product(kind, dtype, native, rows) -> None:
-    """Decode-sized calls (up to NATIVE_ROWS rows) run the kernels' math, on qkv's kernels or
-    on their PyTorch reference alike: int4 multiplies activations rounded to int8 per block of
-    32 (exactly, up to float summation order); longer prompts the dequantized float product."""
+    """Every call runs the kernels' math, on qkv's kernels or on their PyTorch reference alike:
+    int4 multiplies activations rounded to int8 per block of 32 (exactly, up to float
+    summation order), a prompt longer than NATIVE_ROWS too, in one float product (so a prompt
+    and a decode step compute one precision's math)."""
     torch.manual_seed(0)
     linear = nn.Linear(64, 48)
     layer = kind.from_linear(linear, native=native)
     assert layer.native == native
     x = torch.randn(rows, 64).to(dtype)
     through = x.float()
-    if kind is Int4Linear and rows <= NATIVE_ROWS:
+    if kind is Int4Linear:
         through = round_activations(through)
     expected = F.linear(through, layer.dequantized(torch.float32), linear.bias.detach())
     tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=0.05, rtol=0.02)  # bfloat16's output
