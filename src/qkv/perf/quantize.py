@@ -134,7 +134,7 @@ class Int8Linear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.native = _chooses_native(native)
-        self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=torch.int8))
+        self.register_buffer("weight", torch.empty(out_features, in_features, dtype=torch.int8))
         self.register_buffer("scales", torch.ones(out_features, dtype=torch.float32))
         self.bias = (
             nn.Parameter(torch.zeros(out_features, dtype=bias_dtype), requires_grad=False) if bias else None
@@ -191,9 +191,9 @@ class Int4Linear(nn.Module):
             raise ValueError(f"int4 blocks of {BLOCK} must divide the input size {in_features}")
         self.in_features, self.out_features = in_features, out_features
         self.native = _chooses_native(native)
-        self.register_buffer("q", torch.zeros(out_features, in_features // 2, dtype=torch.uint8))
-        self.register_buffer("d_bits", torch.zeros(out_features, in_features // BLOCK, dtype=torch.int16))
-        self.register_buffer("m_bits", torch.zeros(out_features, in_features // BLOCK, dtype=torch.int16))
+        self.register_buffer("q", torch.empty(out_features, in_features // 2, dtype=torch.uint8))
+        self.register_buffer("d_bits", torch.empty(out_features, in_features // BLOCK, dtype=torch.int16))
+        self.register_buffer("m_bits", torch.empty(out_features, in_features // BLOCK, dtype=torch.int16))
         self.bias = (
             nn.Parameter(torch.zeros(out_features, dtype=bias_dtype), requires_grad=False) if bias else None
         )
@@ -268,7 +268,8 @@ def replace_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module],
 def quantize(model: nn.Module, kind: str, *, empty: bool = False) -> nn.Module:
     """Replace the model's linear layers (output head included) by `Int8Linear` or
     `Int4Linear`, in place (see the module docstring). empty=True makes the same layers
-    without quantizing anything (zeros), for weights assigned next (qkv.perf.prepared_cache)."""
+    without quantizing anything (their buffers uninitialised: no page is touched), for
+    weights assigned next (qkv.perf.prepared_cache, qkv.runtime.stored_four_bits)."""
     if kind not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {kind!r}; choose one of {', '.join(QUANTIZATIONS)}")
 

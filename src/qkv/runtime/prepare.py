@@ -56,6 +56,7 @@ from qkv.models.decoder import CausalDecoder
 from qkv.native import NativeStatus, native_kernels
 from qkv.runtime.native_attention import register_native_attention
 from qkv.runtime.native_layers import FusedLayers
+from qkv.runtime.stored_four_bits import load_stored_four_bits
 from qkv.perf.compile import Backend, CompileReport, compile_decoder
 from qkv.perf.huge_pages import place_on_huge_pages
 from qkv.perf.prepared_cache import check_entry, keep_prepared, prepared_path, read_prepared, reject
@@ -199,6 +200,10 @@ def load_prepared_model(
     if precision == AUTO and getattr(opened.source, "prefers_float32", False):
         precision = "float32"  # the book's model.pth: its own float32 greedy text is the reference
     precision = resolve_precision(precision, stored_in_four_bits=getattr(opened.source, "stored_in_four_bits", False))
+    if precision == "int4":  # a file of Q4_0/Q4_1 layers: its blocks as stored, no cache needed (stored_four_bits)
+        stored = load_stored_four_bits(opened, lambda model: _shape_layers(model, precision, empty=True))
+        if stored is not None:
+            return stored, _finish(stored.model, precision, compile=compile, backend=backend)
     kept = (prepared_path(opened.files, precision)
             if precision in QUANTIZED and native_kernels().available else None)
     state = read_prepared(kept) if kept is not None else None

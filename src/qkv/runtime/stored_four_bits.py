@@ -1,0 +1,120 @@
+"""A GGUF file's 4-bit matrices into qkv's int4 layers as stored: no float32 round trip.
+
+qkv's `Int4Linear` holds GGUF's Q4_1 layout (per block of 32 weights: a float16 scale d, a
+float16 minimum m, 16 bytes of nibbles, w = q * d + m), so a Q4_1 block is taken byte for
+byte, and a Q4_0 block (w = (q - 8) * d) exactly as Q4_1 with m = -8 d (a float16 times 8 is
+a float16, below the overflow no real scale reaches). Before, the loader dequantized every
+matrix to float32 and the int4 layers fitted new blocks by min and max, losing precision a
+second time wherever a block did not span all 16 levels; a prepared-weights cache hid the
+cost of that round trip.
+
+    loaded = load_stored_four_bits(opened)   # None when the file's layers are not all Q4_0/Q4_1
+
+Stacked layers (q/k/v, a SwiGLU's gate and up: qkv.attention.stacking) concatenate the rows
+of their parts' blocks. The output head keeps int8 (as GGUF's Q4 files keep it at 8 bits),
+quantized from its stored values.
+
+Shape legend: N output features (rows), K input features, G = K / 32 blocks per row.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+
+from qkv.models.gguf_blocks import Q
+from qkv.perf.quantize import Int4Linear, Int8Linear, quantize_rows
+
+if TYPE_CHECKING:
+    from qkv.models.gguf_stored import StoredBlocks
+    from qkv.models.loader import LoadedModel, OpenedModel
+
+FOUR_BITS = (Q.Q4_0, Q.Q4_1)
+# Stacked layers and the rows they are made of, in order (qkv.attention.stacking).
+STACKED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def four_bit_blocks(parts: list[StoredBlocks]) -> tuple[Tensor, Tensor, Tensor]:
+    """Q4_0 / Q4_1 matrices of one input size, their rows stacked in order, as Int4Linear's
+    q (N, K/2) uint8, d (N, G) and m (N, G) float16 (each byte copied once)."""
+    k = parts[0].shape[1]
+    g, total = k // 32, sum(p.shape[0] for p in parts)
+    q = torch.empty(total, g, 16, dtype=torch.uint8)  # (N, G, 16)
+    d = torch.empty(total, g, 1, dtype=torch.float16)  # (N, G, 1)
+    m = torch.empty(total, g, 1, dtype=torch.float16)
+    row = 0
+    for part in parts:
+        n = part.shape[0]
+        size = 18 if part.block_type == Q.Q4_0 else 20
+        blocks = part.blocks.view(n, g, size)  # (n, G, bytes of a block)
+        d[row:row + n] = blocks[..., 0:2].view(torch.float16)
+        if part.block_type == Q.Q4_1:
+            m[row:row + n] = blocks[..., 2:4].view(torch.float16)
+            q[row:row + n] = blocks[..., 4:20]
+        else:
+            torch.mul(d[row:row + n], -8, out=m[row:row + n])  # exact: (q - 8) * d is q * d + (-8 d)
+            q[row:row + n] = blocks[..., 2:18]
+        row += n
+    return q.view(total, g * 16), d.view(total, g), m.view(total, g)  # (N, K/2), (N, G), (N, G)
+
+
+def _parts(name: str) -> tuple[str, ...]:
+    """The checkpoint matrices a prepared layer named `name` holds, in row order."""
+    prefix, _, last = name.rpartition(".")
+    return tuple(f"{prefix}.{part}" for part in STACKED[last]) if last in STACKED else (name,)
+
+
+def _fill(model: nn.Module, state: dict[str, Tensor], blocks: dict[str, StoredBlocks]) -> bool:
+    """Every prepared layer from `blocks` (int4) or `state` (the head, norms, embeddings);
+    False when something has no source (the caller then prepares the usual way)."""
+    tied = state.get("model.embed_tokens.weight")
+    for name, module in model.named_modules():
+        if isinstance(module, Int4Linear):
+            parts = [blocks.get(f"{part}.weight") for part in _parts(name)]
+            if any(p is None or p.block_type not in FOUR_BITS or p.shape[1] != module.in_features for p in parts):
+                return False
+            module.set_blocks(*four_bit_blocks([p for p in parts if p is not None]))  # rows of every part, in order
+        elif isinstance(module, Int8Linear):
+            source = blocks.get(f"{name}.weight")
+            weight = state.get(f"{name}.weight", tied if name == "lm_head" else None)  # the tied head: the embedding's values
+            if weight is None and source is not None:
+                weight = source.dequantize()
+            if weight is None:
+                return False
+            q, scales = quantize_rows(weight)
+            module.weight, module.scales = q, scales.to(module.scales.dtype)
+        else:
+            continue
+        if module.bias is not None:
+            biases = [state.get(f"{part}.bias") for part in _parts(name)]
+            if any(b is None for b in biases):
+                return False
+            module.bias = nn.Parameter(torch.cat(biases).to(module.bias.dtype), requires_grad=False)  # type: ignore[arg-type]
+    with torch.no_grad():
+        for holder in model.modules():
+            for key, parameter in list(holder.named_parameters(recurse=False)):
+                if parameter.is_meta:
+                    owner = next((n for n, m in model.named_modules() if m is holder), "")
+                    value = state.get(f"{owner}.{key}" if owner else key)
+                    if value is None:
+                        return False
+                    setattr(holder, key, nn.Parameter(value.to(parameter.dtype), requires_grad=False))
+    return not any(t.is_meta for t in [*model.parameters(), *model.buffers()])
+
+
+def load_stored_four_bits(opened: OpenedModel, shape_layers: object) -> LoadedModel | None:
+    """The model of a GGUF file whose layer matrices are all Q4_0/Q4_1, prepared at int4 from
+    its blocks as stored; None for any other source (prepare it the usual way).
+    `shape_layers(model)` makes the prepared layers empty (qkv.runtime.prepare)."""
+    source = opened.source
+    if not getattr(source, "stored_in_four_bits", False) or not hasattr(source, "read_stored"):
+        return None
+    stored = source.read_stored(opened.plan.dtype)
+    loaded = opened.skeleton()
+    shape_layers(loaded.model)  # type: ignore[operator]
+    with torch.no_grad():
+        if not _fill(loaded.model, stored.state, stored.blocks):
+            return None
+    return loaded
