@@ -27,7 +27,8 @@ def random_blocks(block_type: Q, shape: tuple[int, int], rng: np.random.Generato
     return raw.reshape(shape[0], -1)
 
 
-def write_block_gguf(path: Path, *, tied: bool = True, embedding: Q = Q.Q6_K) -> Path:
+def write_block_gguf(path: Path, *, tied: bool = True, embedding: Q = Q.Q6_K,
+                     layer_types: dict[str, Q] | None = None) -> Path:
     """A one-layer llama GGUF whose matrices are random bytes of several block types (an F32
     embedding is written as float values)."""
     rng = np.random.default_rng(0)
@@ -51,7 +52,7 @@ def write_block_gguf(path: Path, *, tied: bool = True, embedding: Q = Q.Q6_K) ->
     writer.add_tensor("output_norm.weight", rng.normal(size=HIDDEN).astype(np.float32))
     writer.add_tensor("blk.0.attn_norm.weight", rng.normal(size=HIDDEN).astype(np.float32))
     writer.add_tensor("blk.0.ffn_norm.weight", rng.normal(size=HIDDEN).astype(np.float32))
-    for name, block_type in LAYER_TYPES.items():
+    for name, block_type in (LAYER_TYPES if layer_types is None else layer_types).items():
         writer.add_tensor(f"blk.0.{name}.weight", random_blocks(block_type, SHAPES[name], rng), raw_dtype=block_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

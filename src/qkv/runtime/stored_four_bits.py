@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from qkv.models.gguf_blocks import Q
-from qkv.perf.quantize import Int4Linear, Int8Linear, quantize_rows
+from qkv.perf.quantize import Int4Linear, Int8Linear, quantize_blocks, quantize_rows
 
 if TYPE_CHECKING:
     from qkv.models.gguf_stored import StoredBlocks
@@ -66,21 +66,35 @@ def _parts(name: str) -> tuple[str, ...]:
     return tuple(f"{prefix}.{part}" for part in STACKED[last]) if last in STACKED else (name,)
 
 
+def _values(name: str, state: dict[str, Tensor], blocks: dict[str, StoredBlocks], tied: Tensor | None) -> Tensor | None:
+    """The float32 weight of the prepared layer `name` (its parts' rows stacked), or None."""
+    pieces = []
+    for part in _parts(name):
+        weight = state.get(f"{part}.weight", tied if part == "lm_head" else None)  # a tied head: the embedding's values
+        if weight is None and f"{part}.weight" in blocks:
+            weight = blocks[f"{part}.weight"].dequantize()
+        if weight is None:
+            return None
+        pieces.append(weight.float())
+    return torch.cat(pieces)
+
+
 def _fill(model: nn.Module, state: dict[str, Tensor], blocks: dict[str, StoredBlocks]) -> bool:
     """Every prepared layer from `blocks` (int4) or `state` (the head, norms, embeddings);
     False when something has no source (the caller then prepares the usual way)."""
-    tied = state.get("model.embed_tokens.weight")
+    tied = state.get("model.embed_tokens.weight")  # what a tied head's rows are
     for name, module in model.named_modules():
         if isinstance(module, Int4Linear):
             parts = [blocks.get(f"{part}.weight") for part in _parts(name)]
-            if any(p is None or p.block_type not in FOUR_BITS or p.shape[1] != module.in_features for p in parts):
-                return False
-            module.set_blocks(*four_bit_blocks([p for p in parts if p is not None]))  # rows of every part, in order
+            if all(p is not None and p.block_type in FOUR_BITS and p.shape[1] == module.in_features for p in parts):
+                module.set_blocks(*four_bit_blocks([p for p in parts if p is not None]))  # rows of every part, in order
+            else:  # a matrix stored otherwise (the tied head of a small model): fitted as before
+                weight = _values(name, state, blocks, tied)
+                if weight is None:
+                    return False
+                module.set_blocks(*quantize_blocks(weight))
         elif isinstance(module, Int8Linear):
-            source = blocks.get(f"{name}.weight")
-            weight = state.get(f"{name}.weight", tied if name == "lm_head" else None)  # the tied head: the embedding's values
-            if weight is None and source is not None:
-                weight = source.dequantize()
+            weight = _values(name, state, blocks, tied)
             if weight is None:
                 return False
             q, scales = quantize_rows(weight)

@@ -1,0 +1,43 @@
+"""A GGUF file of Q4_0/Q4_1 layers prepared at int4 from its blocks as stored: every int4
+layer holds exactly the file's weights (Q4_0 too, as Q4_1 with m = -8 d), stacked layers the
+rows of their parts in order, with no float32 round trip and no prepared cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from gguf.constants import GGMLQuantizationType as Q
+
+from qkv.models.gguf import open_gguf_file
+from qkv.perf.quantize import Int4Linear, Int8Linear
+from qkv.runtime.prepare import load_prepared_model
+from qkv.runtime.stored_four_bits import STACKED
+from tests.models.block_files import write_block_gguf
+
+FOUR_BIT_LAYERS = {"attn_q": Q.Q4_0, "attn_k": Q.Q4_1, "attn_v": Q.Q4_0, "attn_output": Q.Q4_1,
+                   "ffn_gate": Q.Q4_0, "ffn_up": Q.Q4_1, "ffn_down": Q.Q4_0}
+
+
+def test_int4_layers_hold_the_files_blocks_exactly(tmp_path: Path) -> None:
+    path = write_block_gguf(tmp_path / "q4.gguf", embedding=Q.Q8_0, layer_types=FOUR_BIT_LAYERS)
+    stored = open_gguf_file(path).read_stored()
+    loaded, setup = load_prepared_model(path, compile=False)
+    assert setup.precision == "int4" and not setup.from_cache
+    model = loaded.model
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, Int4Linear)}
+    assert layers and all(not t.is_meta for t in [*model.parameters(), *model.buffers()])
+    head = layers.pop("lm_head", None)  # the tied Q8_0 embedding: fitted to 4 bits as before, not stored as such
+    for name, layer in layers.items():
+        prefix, _, last = name.rpartition(".")
+        parts = [f"{prefix}.{p}" for p in STACKED[last]] if last in STACKED else [name]
+        expected = torch.cat([stored.blocks[f"{p}.weight"].dequantize() for p in parts])  # the gguf library's values
+        assert torch.equal(layer.dequantized(), expected), name
+    embedding = stored.state["model.embed_tokens.weight"]
+    if head is not None:
+        assert (head.dequantized() - embedding).abs().max() < embedding.abs().max() / 7  # within a 4-bit step
+    else:
+        assert isinstance(model.lm_head, Int8Linear)
+    ids = torch.tensor([[0, 1, 2, 1]])
+    with torch.inference_mode():
+        assert torch.isfinite(model(ids)).all()
