@@ -19,25 +19,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from qkv.errors import QkvError
+from qkv.models.key_map import KeyMap
 from qkv.models.gpt2 import GPTConfig, GPTModel
 from qkv.models.llama import LlamaForCausalLM
 from qkv.models.llama_config import LlamaConfig
 
 GPT2_BUFFERS = re.compile(r"transformer\.h\.\d+\.attn\.(bias|masked_bias)")
 LLAMA_BUFFERS = re.compile(r"model\.(layers\.\d+\.self_attn\.)?rotary_emb\.inv_freq")
-
-
-@dataclass(frozen=True)
-class KeyMap:
-    hf_name: str
-    shape: tuple[int, ...]
-    to_model: Callable[[Tensor], dict[str, Tensor]]
 
 
 def names_preview(names: list[str], limit: int = 5) -> str:
