@@ -45,6 +45,8 @@ def _sizes(config: dict[str, Any]) -> dict[str, Any]:
         if hidden % heads:
             raise ValueError(f"hidden_size ({hidden}) is not divisible by num_attention_heads ({heads}); give head_dim")
         head_dim = hidden // heads
+    if kv_heads is not None and heads % kv_heads:
+        raise ValueError(f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})")
     return dict(
         vocab_size=get_int(config, "vocab_size", maximum=MAX_VOCAB), hidden=hidden, heads=heads,
         kv_heads=heads if kv_heads is None else kv_heads, head_dim=head_dim,
