@@ -77,9 +77,9 @@ class GroupedQueryAttention(nn.Module):
             )
         if backend not in BACKENDS:
             raise ValueError(f"unknown attention backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-        rotary_dim = head_dim if rotary_dim is None else rotary_dim
-        if not (2 <= rotary_dim <= head_dim and rotary_dim % 2 == 0):
+        if rotary_dim is not None and not (2 <= rotary_dim <= head_dim and rotary_dim % 2 == 0):
             raise ValueError(f"rotary_dim must be even, at least 2 and at most head_dim ({head_dim}), got {rotary_dim}")
+        rotary_dim = head_dim if rotary_dim is None else rotary_dim  # the whole head, when RoPE is used
         if window is not None and window < 1:
             raise ValueError(f"a sliding window holds at least one key, got window={window}")
         if softcap is not None and not softcap > 0:

@@ -176,8 +176,6 @@ class SpecDecoder(CausalDecoder):
         uniform = all(layer.rope == ropes for layer in self.spec.layers)
         if not uniform or ropes is None or ropes.rotary_dim != self.spec.layers[0].attention.head_dim:
             return None
-        if self.spec.layers[0].attention.window is not None:
-            return None
         return self.model.rotary_emb
 
     def attention_layers(self) -> Iterator[GroupedQueryAttention]:
@@ -186,7 +184,7 @@ class SpecDecoder(CausalDecoder):
     def layer_parts(self) -> list[LayerParts] | None:
         """The layers as qkv's whole-layer kernel runs them (pre-RMSNorm, SwiGLU, the whole
         head rotated by one RoPE, no window, soft-cap, post-norm or score scale), or None."""
-        if self.rotary_embedding() is None:
+        if self.rotary_embedding() is None or self.spec.embedding_scale is not None:
             return None
         parts = []
         for layer in self.model.layers:
@@ -195,7 +193,7 @@ class SpecDecoder(CausalDecoder):
             plain = (s.attn_norm is not None and s.mlp_norm is not None and s.attn_post_norm is None
                      and s.mlp_post_norm is None and all(n.weight_offset == 0 for n in norms)
                      and len({n.eps for n in norms}) == 1 and s.attention.qk_norm_over == "head"
-                     and s.attention.scale is None and s.attention.softcap is None
+                     and s.attention.scale is None and s.attention.softcap is None and s.attention.window is None
                      and s.mlp.activation == "silu" and not s.mlp.bias)
             if not plain or layer.mlp.gate_up_proj is None:  # the fused kernel reads gate and up stacked
                 return None
