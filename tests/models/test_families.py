@@ -217,3 +217,25 @@ def test_an_unknown_model_type_is_named_with_what_qkv_reads(saved, tmp_path: Pat
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(QkvError, match=r"falcon_h1.*Gemma2ForCausalLM.*Olmo2ForCausalLM"):
         qkv.load_pretrained(tmp_path)
+
+
+def test_a_whole_gemma3_folder_loads_its_text_model(tmp_path: Path) -> None:
+    """Gemma3ForConditionalGeneration (model_type gemma3): the text model is read from
+    text_config and language_model.*, the vision tower's tensors are skipped by name."""
+    import transformers as tf
+
+    text = tf.Gemma3TextConfig(**{**COMMON, "num_hidden_layers": 2, "head_dim": 16, "sliding_window": WINDOW})
+    vision = tf.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                   image_size=28, patch_size=14)
+    config = tf.Gemma3Config(text_config=text.to_dict(), vision_config=vision.to_dict(), mm_tokens_per_image=4,
+                             image_token_index=VOCAB - 1, boi_token_index=VOCAB - 3, eoi_token_index=VOCAB - 2)
+    config._attn_implementation = config.text_config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    reference = tf.Gemma3ForConditionalGeneration(config).eval()
+    reference.save_pretrained(tmp_path)
+    make_tokenizer().save(str(tmp_path / "tokenizer.json"))
+    model, _ = qkv.load_pretrained(tmp_path)
+    x = torch.randint(0, VOCAB - 3, (2, PROMPT), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), reference(input_ids=x).logits, rtol=0, atol=1e-4)
+    assert model.spec.windows() == (WINDOW, WINDOW)

@@ -392,7 +392,7 @@ class FolderCheckpoint:
         path = self.path / GENERATION_CONFIG
         if not path.is_file():
             return ()
-        return eos_ids(read_json_object(path).get("eos_token_id"), self.config["vocab_size"])
+        return eos_ids(read_json_object(path).get("eos_token_id"), config_value(self.config, "vocab_size"))
 
     def chat_template(self) -> ChatTemplateSource | None:
         return read_chat_template(self.path)

@@ -184,7 +184,9 @@ def gemma3_text_spec(config: dict[str, Any]) -> DecoderSpec:
         text = config.get("text_config")
         if not isinstance(text, dict):
             raise ValueError("a gemma3 config.json must hold its text model's settings in text_config")
-        config = text
+        # the whole model's head tying is the text model's (transformers ties the two)
+        config = {**text, **({"tie_word_embeddings": config["tie_word_embeddings"]}
+                             if config.get("tie_word_embeddings") is not None else {})}
     head_dim = _sizes(config)["head_dim"]
     ropes = {
         FULL: read_rope(config, head_dim, layer_type=FULL, default_theta=1_000_000.0),
