@@ -38,6 +38,7 @@ from qkv.attention.ring import Ring
 from qkv.attention.rmsnorm import RMSNorm
 from qkv.attention.rope import RotaryEmbedding, apply_rope
 from qkv.attention.softcap import softcapped_attention
+from qkv.errors import QkvError
 from qkv.fusion import stack_linears
 
 
@@ -159,8 +160,8 @@ class GroupedQueryAttention(nn.Module):
         cache = kind(spec)
         if self.window is not None and not getattr(cache, "windowed", False) and not isinstance(cache, StaticKVCache):
             # the window is read off slot numbers, which only a full cache keeps as positions
-            raise ValueError(f"a sliding-window layer runs on a full KV cache (static, slots) or a window "
-                             f"cache, not on a {type(cache).__name__}")
+            raise QkvError(f"this model's sliding-window layers (window {self.window}) run on the full KV cache "
+                           f"or a window cache, not on a {type(cache).__name__}; choose the full cache")
         self.kv_cache = cache
         return self.kv_cache
 
