@@ -221,5 +221,6 @@ def llama_decoder_spec(cfg: LlamaConfig) -> DecoderSpec:
                               qk_norm=norm if cfg.qk_norm else None)
     layer = LayerSpec(attention, MlpSpec(cfg.intermediate_size, bias=cfg.mlp_bias), rope=rope,
                       attn_norm=norm, mlp_norm=norm)
-    return DecoderSpec("llama", cfg.vocab_size, cfg.hidden_size, (layer,) * cfg.num_hidden_layers,
+    model_type = {"Qwen2Config": "qwen2", "Qwen3Config": "qwen3"}.get(type(cfg).__name__, "llama")
+    return DecoderSpec(model_type, cfg.vocab_size, cfg.hidden_size, (layer,) * cfg.num_hidden_layers,
                        cfg.max_position_embeddings, final_norm=norm, tie_word_embeddings=cfg.tie_word_embeddings)
