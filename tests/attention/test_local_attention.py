@@ -132,3 +132,19 @@ def test_bad_options_are_refused_by_name() -> None:
                            ({"qk_norm_over": "both"}, "qk_norm_over"), ({"scale": 0.0}, "scale")]:
         with pytest.raises(ValueError, match=named):
             layer(**options)
+
+
+def test_a_window_cache_applies_the_window_once() -> None:
+    """With a cache that keeps only the window (its slots are a ring, not positions), the
+    layer leaves the window to the cache's mask: steps equal the whole sequence."""
+    window_cache = pytest.importorskip("qkv.attention.window_cache")
+    import functools
+
+    module, x = layer(window=W), inputs()
+    with torch.no_grad():
+        whole = module(x)
+        module.setup_cache(2, T, dtype=torch.float32, device=torch.device("cpu"),
+                           kind=functools.partial(window_cache.WindowKVCache, window=W))
+        steps = [module(x[:, :2], positions=torch.arange(2))]
+        steps += [module(x[:, i:i + 1], positions=torch.tensor([i])) for i in range(2, T)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), whole, rtol=0, atol=1e-5)

@@ -239,3 +239,21 @@ def test_a_whole_gemma3_folder_loads_its_text_model(tmp_path: Path) -> None:
     with torch.no_grad():
         torch.testing.assert_close(model(x), reference(input_ids=x).logits, rtol=0, atol=1e-4)
     assert model.spec.windows() == (WINDOW, WINDOW)
+
+
+def test_only_plain_pre_norm_layers_go_to_the_fused_layer_kernel(saved) -> None:
+    """layer_parts() (what qkv's whole-layer kernel runs) declines every layer with a part
+    that kernel lacks: windows, soft-caps, post-norms, partial rotary, NoPE."""
+    from qkv.fusion import fuse_projections
+    from qkv.models.spec_decoder import SpecDecoder
+
+    for name in CASES:
+        folder, _ = saved(name)
+        model, _ = qkv.load_pretrained(folder)
+        fuse_projections(model)
+        assert model.layer_parts() is None, name
+    config = {**_config(saved, "phi3-window"), "sliding_window": None}
+    plain = SpecDecoder(families.phi3_spec(config))
+    fuse_projections(plain)
+    parts = plain.layer_parts()
+    assert parts is not None and len(parts) == 4 and parts[0].activation == "silu_gated"
