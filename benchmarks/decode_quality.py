@@ -17,7 +17,7 @@ import torch
 
 from qkv.attention.kv_cache import StaticKVCache
 from qkv.generation.cache_kinds import cached_perplexity
-from qkv.perf.prepare import load_for_generation
+from qkv.runtime.prepare import load_for_generation
 
 
 def main() -> None:

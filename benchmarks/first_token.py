@@ -46,10 +46,10 @@ T0 = float(sys.argv[1])
 marks = {}
 import qkv.cli.generate
 # what generate's run() imports first thing (torch and the modules it loads with)
-import torch, qkv.generation, qkv.models.loader, qkv.perf.prepare, qkv.cli.perplexity
+import torch, qkv.generation, qkv.models.loader, qkv.runtime.prepare, qkv.cli.perplexity
 marks["import"] = time.time() - T0
 from qkv.models import gguf, checkpoint
-from qkv.perf import prepare
+from qkv.runtime import prepare
 from qkv.perf import compile as compiling
 from qkv import generation
 import qkv.cli.speed

@@ -18,7 +18,7 @@ import torch
 
 from qkv.generation.cache_kinds import cache_kind, cached_perplexity
 from qkv.long_text import long_text
-from qkv.perf.prepare import load_for_generation
+from qkv.runtime.prepare import load_for_generation
 from qkv.text_file import read_text_file
 
 TEXT_OPTIONS = ("key_axis", "rope")  # the options that are words; the others are integers

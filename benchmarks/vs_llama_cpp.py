@@ -2,7 +2,7 @@
 (llama-cpp-python) on the same GGUF file: 32-token prompt, 64 greedy tokens, 2 threads, 4
 alternating rounds, medians and their ratio. Needs llama-cpp-python (see the README)."""
 import time, statistics, torch
-from qkv.perf.prepare import load_for_generation
+from qkv.runtime.prepare import load_for_generation
 from qkv.generation import generate, warm_up
 from qkv.models.loader import smollm2_path
 from llama_cpp import Llama

@@ -26,7 +26,7 @@ def test_smollm2_is_stored_in_four_bit_blocks(smollm2_file: Path) -> None:
 
 
 def test_a_float_checkpoint_folder_decodes_in_int8_by_default(tiny_chat_folder: Path) -> None:
-    from qkv.perf.prepare import load_for_generation
+    from qkv.runtime.prepare import load_for_generation
 
     model, _, setup = load_for_generation(tiny_chat_folder, compile=False)
     assert setup.precision == "int8" and not model.stored_in_four_bits
@@ -36,7 +36,7 @@ def test_a_float_checkpoint_folder_decodes_in_int8_by_default(tiny_chat_folder: 
 
 @pytest.mark.xdist_group("smollm2")
 def test_smollm2_decodes_in_int4_by_default() -> None:
-    from qkv.perf.prepare import load_for_generation
+    from qkv.runtime.prepare import load_for_generation
 
     model, _, setup = load_for_generation("smollm2", compile=False)
     assert setup.precision == "int4" and model.stored_in_four_bits

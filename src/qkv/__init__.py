@@ -14,7 +14,7 @@ _LAZY = {
     "save_pretrained": "qkv.models.checkpoint",
     "trace": "qkv.trace",
     "generate": "qkv.generation",
-    "load_for_generation": "qkv.perf.prepare",
+    "load_for_generation": "qkv.runtime.prepare",
 }
 
 

@@ -32,7 +32,8 @@ import torch
 from qkv.attention.kv_cache import CacheKind, StaticKVCache
 from qkv.attention.sink_cache import SinkKVCache
 from qkv.errors import QkvError
-from qkv.generation import DecodeSession, Sampling as Choice, cache_capacity, continue_from
+from qkv.generation import Sampling as Choice, continue_from
+from qkv.runtime import DecodeSession, cache_capacity, reusable_prefix
 from qkv.models.decoder import CausalDecoder
 
 if TYPE_CHECKING:
@@ -175,12 +176,14 @@ class ChatSession:
         self.messages: list[Message] = []
         self.cached_ids: list[int] = []  # tokens whose keys/values are in the cache, in order
         self.last_prefill = 0  # how many tokens the latest turn ran through prefill
+        self.whole_parts = 0  # leading cached positions written by whole prefill parts (reusable)
         self.reset()
 
     def reset(self) -> None:
         """Forget the conversation (the system message stays)."""
         self.messages = [] if self.system is None else [{"role": "system", "content": self.system}]
         self.cached_ids = []
+        self.whole_parts = 0
         if self.streaming and not self.streams_by_choice:  # a new conversation fits again
             self.close()
             self.streaming = False
@@ -197,13 +200,25 @@ class ChatSession:
         return self.chat.tokenizer.decode(self.cached_ids, skip_special_tokens=False)
 
     def _new_ids(self, rendered: str) -> list[int]:
-        """Tokens of the part of `rendered` that the cache does not hold yet."""
+        """Tokens of the part of `rendered` that the cache does not hold yet (and keeps).
+
+        The cache keeps the whole prefill parts of the conversation's tokens that the new
+        rendering starts with (qkv.runtime.reusable_prefix): the rest is prefilled as a
+        server prefills the whole conversation, so a turn's reply is what `qkv serve` gives
+        the same messages. A sink cache (past the context) keeps everything it holds."""
         encode = self.chat.tokenizer.encode
-        cached = self.cached_text
-        if self.cached_ids and rendered.startswith(cached):
-            return encode(rendered[len(cached):], add_special_tokens=False).ids
-        self.cached_ids = []  # the template rewrote earlier text: start over
-        return encode(rendered, add_special_tokens=False).ids
+        if self.streaming or self.streams_by_choice:
+            cached = self.cached_text
+            if self.cached_ids and rendered.startswith(cached):
+                return encode(rendered[len(cached):], add_special_tokens=False).ids
+            self.cached_ids = []  # the template rewrote earlier text: start over
+            return encode(rendered, add_special_tokens=False).ids
+        full = encode(rendered, add_special_tokens=False).ids
+        same = next((i for i, (a, b) in enumerate(zip(self.cached_ids, full)) if a != b),
+                    min(len(self.cached_ids), len(full)))  # tokens the cache and the new rendering share
+        keep = reusable_prefix(len(full), min(same, self.whole_parts))
+        self.cached_ids = self.cached_ids[:keep]
+        return full[keep:]
 
     def _session_for(self, needed: int) -> DecodeSession:
         """The open session, with room for `needed` positions (a larger one, holding
@@ -264,6 +279,7 @@ class ChatSession:
         self.messages = messages
         logits = session.prefill(torch.tensor([new_ids]))  # (1, V)
         self.cached_ids.extend(new_ids)
+        self.whole_parts = reusable_prefix(len(self.cached_ids) + 1, len(self.cached_ids))  # prefilled whole parts
         self.last_prefill = len(new_ids)
         return self._reply(session, logits, sampling, choice)
 

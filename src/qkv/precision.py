@@ -1,6 +1,6 @@
 """The precisions qkv decodes in, and the default, in a module that imports no torch (so
 `qkv --help` can name them without loading PyTorch). What each one does:
-`qkv.perf.prepare`.
+`qkv.runtime.prepare`.
 
 DEFAULT_PRECISION is "auto": int4 for a checkpoint whose layer weights are already stored in
 4-bit blocks (a Q4_0 or Q4_1 GGUF file, such as SmolLM2's), int8 for every other. The issue's

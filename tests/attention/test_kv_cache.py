@@ -111,10 +111,11 @@ def test_cached_decoding_equals_full_causal_forward(backend, num_kv_heads, prefi
     with torch.no_grad():
         cos, sin = rope(torch.arange(t))
         full = layer(x, cos=cos, sin=sin)  # (B, T, C), causal
-        cache = layer.setup_cache(b, t + 2, dtype=x.dtype, device=x.device, kind=CountingCache)
-        pieces = [layer(x[:, :prefill], cos=cos[:prefill], sin=sin[:prefill], positions=torch.arange(prefill))]
+        cache = CountingCache(layer.cache_spec(b, t + 2, dtype=x.dtype, device=x.device))
+        pieces = [layer(x[:, :prefill], cos=cos[:prefill], sin=sin[:prefill], positions=torch.arange(prefill),
+                        cache=cache)]
         for pos in range(prefill, t):  # one token at a time, its position's rotation
             pieces.append(layer(x[:, pos : pos + 1], cos=cos[pos : pos + 1], sin=sin[pos : pos + 1],
-                                positions=torch.tensor([pos])))
+                                positions=torch.tensor([pos]), cache=cache))
     assert cache.length == t and cache.writes == 1 + t - prefill
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-6, rtol=1e-5)

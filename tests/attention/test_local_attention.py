@@ -59,9 +59,9 @@ def test_windowed_layer_with_a_full_cache_equals_the_whole_sequence(kind) -> Non
     module, x = layer(window=W), inputs()
     with torch.no_grad():
         whole = module(x)
-        module.setup_cache(2, T, dtype=torch.float32, device=torch.device("cpu"), kind=kind)
-        steps = [module(x[:, :3], positions=torch.arange(3))]
-        steps += [module(x[:, i:i + 1], positions=torch.tensor([i])) for i in range(3, T)]
+        cache = kind(module.cache_spec(2, T, dtype=torch.float32, device="cpu"))
+        steps = [module(x[:, :3], positions=torch.arange(3), cache=cache)]
+        steps += [module(x[:, i:i + 1], positions=torch.tensor([i]), cache=cache) for i in range(3, T)]
     torch.testing.assert_close(torch.cat(steps, dim=1), whole, rtol=0, atol=1e-5)
 
 
@@ -70,16 +70,18 @@ def test_windowed_slot_rows_at_their_own_positions() -> None:
     module, x = layer(window=W), inputs()
     with torch.no_grad():
         whole = module(x[1:])  # (1, T, C)
-        cache = module.setup_cache(3, T, dtype=torch.float32, device=torch.device("cpu"), kind=SlotKVCache)
-        cache.rows = torch.tensor([1])
-        steps = [module(x[1:, :5], positions=torch.arange(5))]
-        steps += [module(x[1:, i:i + 1], positions=torch.tensor([[i]])) for i in range(5, T)]
+        cache = SlotKVCache(module.cache_spec(3, T, dtype=torch.float32, device="cpu"))
+        cache.selection.rows = torch.tensor([1])
+        steps = [module(x[1:, :5], positions=torch.arange(5), cache=cache)]
+        steps += [module(x[1:, i:i + 1], positions=torch.tensor([[i]]), cache=cache) for i in range(5, T)]
     torch.testing.assert_close(torch.cat(steps, dim=1), whole, rtol=0, atol=1e-5)
 
 
 def test_a_window_is_refused_on_a_cache_that_does_not_keep_slots_as_positions() -> None:
-    with pytest.raises(ValueError, match="QuantizedKVCache"):
-        layer(window=W).setup_cache(1, 16, dtype=torch.float32, device=torch.device("cpu"), kind=QuantizedKVCache)
+    module = layer(window=W)
+    cache = QuantizedKVCache(module.cache_spec(1, 16, dtype=torch.float32, device="cpu"))
+    with pytest.raises(ValueError, match="QuantizedKVCache"), torch.no_grad():
+        module(inputs(1, 3), positions=torch.arange(3), cache=cache)
 
 
 @pytest.mark.parametrize("backend", ["explicit", "fused"])
@@ -137,14 +139,12 @@ def test_bad_options_are_refused_by_name() -> None:
 def test_a_window_cache_applies_the_window_once() -> None:
     """With a cache that keeps only the window (its slots are a ring, not positions), the
     layer leaves the window to the cache's mask: steps equal the whole sequence."""
-    window_cache = pytest.importorskip("qkv.attention.window_cache")
-    import functools
+    from qkv.attention import window_cache
 
     module, x = layer(window=W), inputs()
     with torch.no_grad():
         whole = module(x)
-        module.setup_cache(2, T, dtype=torch.float32, device=torch.device("cpu"),
-                           kind=functools.partial(window_cache.WindowKVCache, window=W))
-        steps = [module(x[:, :2], positions=torch.arange(2))]
-        steps += [module(x[:, i:i + 1], positions=torch.tensor([i])) for i in range(2, T)]
+        cache = window_cache.WindowKVCache(module.cache_spec(2, T, dtype=torch.float32, device="cpu"), window=W)
+        steps = [module(x[:, :2], positions=torch.arange(2), cache=cache)]
+        steps += [module(x[:, i:i + 1], positions=torch.tensor([i]), cache=cache) for i in range(2, T)]
     torch.testing.assert_close(torch.cat(steps, dim=1), whole, rtol=0, atol=1e-5)

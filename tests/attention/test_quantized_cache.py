@@ -115,14 +115,11 @@ def tiny_llama() -> LlamaForCausalLM:
 
 
 def decode_logits(model: LlamaForCausalLM, ids: torch.Tensor, kind, prompt: int) -> torch.Tensor:
-    model.setup_cache(1, 128, kind=kind)
-    try:
-        outs = [model(ids[:, :prompt])]
-        for i in range(prompt, ids.shape[1]):
-            outs.append(model(ids[:, i:i + 1]))
-        return torch.cat(outs, dim=1)
-    finally:
-        model.remove_cache()
+    caches = [kind(spec) for spec in model.cache_specs(1, 128)]
+    outs = [model(ids[:, :prompt], caches=caches)]
+    for i in range(prompt, ids.shape[1]):
+        outs.append(model(ids[:, i:i + 1], caches=caches))
+    return torch.cat(outs, dim=1)
 
 
 @torch.no_grad()

@@ -76,12 +76,10 @@ def test_within_the_window_a_sink_cache_is_the_full_cache_and_it_runs_past_its_c
     ids = torch.randint(0, 97, (1, 120))
 
     def run(kind) -> torch.Tensor:
-        model.setup_cache(1, 128, kind=kind)
-        try:
-            outs = [model(ids[:, :10])] + [model(ids[:, i:i + 1]) for i in range(10, ids.shape[1])]
-            return torch.cat(outs, dim=1)
-        finally:
-            model.remove_cache()
+        caches = [kind(spec) for spec in model.cache_specs(1, 128)]
+        outs = [model(ids[:, :10], caches=caches)] + [model(ids[:, i:i + 1], caches=caches)
+                                                       for i in range(10, ids.shape[1])]
+        return torch.cat(outs, dim=1)
 
     full = run(StaticKVCache)
     wide = run(SinkKVCache.kind(sinks=4, window=124))  # holds everything: exactly the full cache
@@ -134,8 +132,8 @@ def test_with_rope_keys_are_rotated_by_their_place_in_the_cache(chunks: list[int
     torch.manual_seed(seed)
     layer = GroupedQueryAttention(32, 4, num_kv_heads=2, backend="explicit").eval()
     rotary = RotaryEmbedding(8, theta=100.0)
-    cache = layer.setup_cache(1, 64, dtype=torch.float32, device=torch.device("cpu"),
-                              kind=SinkKVCache.kind(sinks=sinks, window=window), rotary=rotary)
+    cache = SinkKVCache.kind(sinks=sinks, window=window)(
+        layer.cache_spec(1, 64, dtype=torch.float32, device="cpu", rotary=rotary))
     assert cache.rotates_keys
     x = torch.randn(1, sum(chunks), 32)
     outs, start = [], 0
@@ -144,7 +142,7 @@ def test_with_rope_keys_are_rotated_by_their_place_in_the_cache(chunks: list[int
         rope_pos = cache.rope_positions(pos)
         assert int(rope_pos.max()) < sinks + window + size  # never past what the cache spans
         cos, sin = rotary(rope_pos)
-        outs.append(layer(x[:, start:start + size], cos=cos, sin=sin, positions=pos))
+        outs.append(layer(x[:, start:start + size], cos=cos, sin=sin, positions=pos, cache=cache))
         start += size
     expected = streaming_reference(layer, rotary, x, chunks, sinks, window)
     assert torch.allclose(torch.cat(outs, dim=1), expected, atol=1e-5)

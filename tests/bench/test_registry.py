@@ -11,7 +11,7 @@ from qkv.errors import QkvError
 
 def test_registry_names() -> None:
     assert list(SECTIONS) == ["decode", "roofline", "prefill", "cache", "kv_bytes", "attention", "plot",
-                              "smollm2", "quality", "startup", "kv-cache"]
+                              "smollm2", "quality", "startup", "kv-cache", "kv-window"]
     assert set(DEFAULT) <= set(SECTIONS)
     assert list(DEFAULT) == [name for name in SECTIONS if name in DEFAULT]
 

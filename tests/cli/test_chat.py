@@ -16,7 +16,7 @@ import pytest
 
 from qkv.chat import ChatModel, ChatSession, ChatTemplate, Sampling
 from qkv.cli.main import main
-from qkv.perf.prepare import prepare_for_decoding
+from qkv.runtime.prepare import prepare_for_decoding
 
 smollm2 = pytest.mark.xdist_group("smollm2")
 SRC = Path(__file__).parents[2] / "src"

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import qkv
-from qkv.generation import DecodeSession
+from qkv.runtime import DecodeSession
 
 CASES = {
     "gpt2": ("gpt2", {}),

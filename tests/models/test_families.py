@@ -14,7 +14,7 @@ import torch
 
 import qkv
 from qkv.errors import QkvError
-from qkv.generation import DecodeSession
+from qkv.runtime import DecodeSession
 from qkv.models import families
 from tests.models.conftest import VOCAB, make_tokenizer
 
@@ -244,7 +244,7 @@ def test_a_whole_gemma3_folder_loads_its_text_model(tmp_path: Path) -> None:
 def test_only_plain_pre_norm_layers_go_to_the_fused_layer_kernel(saved) -> None:
     """layer_parts() (what qkv's whole-layer kernel runs) declines every layer with a part
     that kernel lacks: windows, soft-caps, post-norms, partial rotary, NoPE."""
-    from qkv.fusion import fuse_projections
+    from qkv.attention.stacking import fuse_projections
     from qkv.models.spec_decoder import SpecDecoder
 
     for name in CASES:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import qkv
+from qkv.attention.kv_cache import StaticKVCache
 from qkv.models.llama import LlamaForCausalLM
 from qkv.models.llama_config import PRESETS, LlamaConfig, rope_settings
 from qkv.models.qwen import Qwen2Config, Qwen3Config
@@ -97,8 +98,8 @@ def test_kv_cache_bytes_grouped_query_vs_multi_head() -> None:
                                        num_attention_heads=8, num_key_value_heads=8))
     gqa = LlamaForCausalLM(LlamaConfig(vocab_size=10, hidden_size=64, intermediate_size=32, num_hidden_layers=2,
                                        num_attention_heads=8, num_key_value_heads=2))
-    for model in (mha, gqa):
-        model.setup_cache(3, 40)
+    mha_bytes, gqa_bytes = (sum(StaticKVCache(spec).nbytes for spec in model.cache_specs(3, 40))
+                            for model in (mha, gqa))
     # 2 layers x (keys + values) x batch 3 x heads x 40 positions x head size 8 x 4 bytes
-    assert mha.cache_nbytes() == 2 * 2 * 3 * 8 * 40 * 8 * 4
-    assert gqa.cache_nbytes() * 4 == mha.cache_nbytes()
+    assert mha_bytes == 2 * 2 * 3 * 8 * 40 * 8 * 4
+    assert gqa_bytes * 4 == mha_bytes

@@ -6,11 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qkv.generation import DecodeSession, generate
+from qkv.generation import generate
+from qkv.runtime import DecodeSession
 from qkv.models.gpt2 import GPTConfig, GPTModel
 from qkv.models.llama import LlamaForCausalLM
 from qkv.models.llama_config import LlamaConfig
-from qkv.perf import compile_decoder, prepare_for_decoding
+from qkv.perf import compile_decoder
+from qkv.runtime import prepare_for_decoding
+from qkv.runtime import setup_of
 from qkv.perf.compile import regions
 
 
@@ -86,7 +89,7 @@ def test_inductor_compiled_tokens_equal_eager_tokens(precision: str) -> None:
     eager = prepare_for_decoding(reference, precision=precision, compile=False)
     prepare_for_decoding(model, precision=precision, compile=False)
     report = compile_decoder(model)
-    assert eager.compile is None and model.fused_layers is None
+    assert eager.compile is None and setup_of(model).fused is None
     if not report.compiled:
         pytest.fail(f"Inductor does not work on this machine: {report.reason}")
     prompt = torch.tensor([[3, 14, 15, 92, 65, 35]])

@@ -12,7 +12,7 @@ from qkv.generation import generate
 from qkv.models.gpt2 import GPTConfig, GPTModel
 from qkv.native import native_kernels
 from qkv.perf.float_linear import NativeFloatLinear
-from qkv.perf.prepare import prepare_for_decoding
+from qkv.runtime.prepare import prepare_for_decoding
 
 pytestmark = pytest.mark.skipif(not native_kernels().available,
                                 reason=f"qkv's kernels are not available here: {native_kernels().reason}")

@@ -15,7 +15,8 @@ from qkv.models.llama import LlamaForCausalLM
 from qkv.models.llama_config import LlamaConfig
 from qkv.native import native_kernels
 from qkv.perf import prepared_cache
-from qkv.perf.prepare import load_for_generation
+from qkv.runtime.prepare import load_for_generation
+from qkv.runtime import setup_of
 
 pytestmark = pytest.mark.skipif(not native_kernels().available,
                                 reason=f"qkv's kernels are not available here: {native_kernels().reason}")
@@ -63,7 +64,7 @@ def test_the_second_load_assigns_the_first_ones_weights(cache: Path, source: Pat
     reference, _, _ = load_for_generation(source, precision=precision, compile=False)  # also from the cache
     state, kept = first.state_dict(), second.state_dict()
     assert state.keys() == kept.keys() and all(torch.equal(state[k], kept[k]) for k in state)
-    assert reference.fused_layers is None
+    assert setup_of(reference).fused is None
 
 
 def _change_weights(source: Path, step: int) -> None:
@@ -152,3 +153,10 @@ def test_a_cache_folder_that_cannot_be_written_only_loses_the_keeping(tmp_path: 
     model, _, setup = load_for_generation(source, precision="int8", compile=False)
     assert not setup.from_cache and _logits(model).shape == (1, 6, 296)
     assert blocked.read_text().startswith("a file")
+
+
+def test_every_module_the_key_reads_exists() -> None:
+    """The key hashes the source of the modules that decide the prepared tensors: a moved
+    module must be named anew, not silently dropped (or every load fails)."""
+    missing = [name for name in prepared_cache._CODE if not (prepared_cache._PACKAGE / name).exists()]
+    assert missing == []

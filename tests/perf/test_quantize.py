@@ -20,7 +20,7 @@ from qkv.native import native_kernels
 from qkv.native.ops import dequantize_blocks, round_activations, unpack_blocks
 from qkv.perf import Int4Linear, Int8Linear, quantize, quantize_blocks, quantize_rows
 from qkv.perf.quantize import NATIVE_ROWS, PROMPT_ROWS
-from qkv.perf.prepare import prepare_for_decoding
+from qkv.runtime.prepare import prepare_for_decoding
 from qkv.perplexity import perplexity
 
 VERDICT = Path(__file__).resolve().parents[3] / "shared" / "data" / "the-verdict.txt"

@@ -63,14 +63,13 @@ def test_int4_counts_packed_weights_and_group_scales() -> None:
 def test_kv_bytes_match_the_caches_own_size(dtype: torch.dtype) -> None:
     model = GPTModel(CFG).to(dtype)
     positions = 20
-    model.setup_cache(1, positions)
-    cache_bytes = sum(layer.kv_cache.nbytes for layer in model.attention_layers())
-    assert kv_bytes_per_token(model, positions) == cache_bytes
+    caches = [StaticKVCache(spec) for spec in model.cache_specs(1, positions)]
+    cache_bytes = sum(cache.nbytes for cache in caches)
+    assert kv_bytes_per_token(caches, positions) == cache_bytes
     spec = CacheSpec(1, CFG.n_heads, positions // 2, CFG.head_dim, CFG.head_dim, dtype, torch.device("cpu"))
     half = StaticKVCache(spec).nbytes * CFG.n_layers
-    assert token_bytes(model, positions // 2).kv_cache == half
-    model.remove_cache()
-    assert kv_bytes_per_token(model, positions) == 0
+    assert token_bytes(model, caches, positions // 2).kv_cache == half
+    assert kv_bytes_per_token([], positions) == 0
 
 
 def test_roofline_is_bandwidth_over_bytes() -> None:

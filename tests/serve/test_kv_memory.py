@@ -8,7 +8,7 @@ import torch
 
 from qkv.attention.kv_cache import SlotKVCache
 from qkv.errors import QkvError
-from qkv.generation.session import DecodeSession
+from qkv.runtime.session import DecodeSession
 from qkv.models.gpt2 import GPTModel
 from qkv.models.gpt2_config import GPTConfig
 from qkv.models.llama import LlamaForCausalLM
@@ -32,7 +32,7 @@ def _allocated(model: torch.nn.Module, max_batch: int, capacity: int | None) -> 
     capacity = None if capacity is None else min(capacity, model.context_length)  # as the Engine clamps it
     session = DecodeSession(model, batch_size=max_batch, capacity=capacity, kind=SlotKVCache)  # as the Engine builds it
     with session:
-        return sum(buffer.nbytes for cache in model.caches() for buffer in cache.buffers())
+        return sum(buffer.nbytes for cache in session.caches for buffer in cache.buffers())
 
 
 @pytest.mark.parametrize(("make", "max_batch", "capacity"), [

@@ -11,7 +11,7 @@ import torch
 from qkv.attention.kv_cache import SlotKVCache
 from qkv.generation import generate
 from qkv.generation.sampling import Sampling
-from qkv.generation.session import DecodeSession
+from qkv.runtime.session import DecodeSession
 from qkv.models.loader import load_pretrained
 from qkv.serve.engine import Engine, Finished
 from qkv.serve.prefix_cache import RowPrefixes, common_prefix

@@ -13,6 +13,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
 
 from qkv.attention import GroupedQueryAttention, RotaryEmbedding, causal_mask
+from qkv.attention.kv_cache import StaticKVCache
 from qkv.book import (
     CausalAttention,
     MultiHeadAttention,
@@ -98,11 +99,10 @@ def test_kv_cache_decode_step_equals_the_uncached_last_row():
     model = _tiny_gpt()
     ids = torch.randint(0, 60, (1, 7))
     full = trace(model, ids, layer=1, head=[1, 3], query=-1).layers[0]
-    for block in model.trf_blocks:
-        block.att.setup_cache(1, 16, dtype=torch.float32, device=torch.device("cpu"))
+    caches = [StaticKVCache(spec) for spec in model.cache_specs(1, 16)]
     with torch.no_grad():
-        model(ids[:, :6])
-    step = trace(model, ids[:, 6:], layer=1, head=[1, 3]).layers[0]
+        model(ids[:, :6], caches=caches)
+    step = trace(model, ids[:, 6:], layer=1, head=[1, 3], caches=caches).layers[0]
     assert step.cache_length == 6 and step.num_keys == 7
     torch.testing.assert_close(step.weights, full.weights)
     torch.testing.assert_close(step.context, full.context)
@@ -194,11 +194,11 @@ def test_cached_trace_equals_the_uncached_rows(groups, cached, new, seed):
     x = torch.randn(1, cached + new, 24)
     cos, sin = rope(torch.arange(cached + new))
     whole = trace(layer, x, cos=cos, sin=sin).layers[0]
-    layer.setup_cache(1, cached + new, dtype=torch.float32, device=torch.device("cpu"))
+    cache = StaticKVCache(layer.cache_spec(1, cached + new, dtype=torch.float32, device="cpu"))
     if cached:
         with torch.no_grad():
-            layer(x[:, :cached], cos=cos[:cached], sin=sin[:cached])
-    step = trace(layer, x[:, cached:], cos=cos[cached:], sin=sin[cached:]).layers[0]
+            layer(x[:, :cached], cos=cos[:cached], sin=sin[:cached], cache=cache)
+    step = trace(layer, x[:, cached:], cos=cos[cached:], sin=sin[cached:], cache=cache).layers[0]
     assert step.cache_length == cached and step.num_keys == cached + new
     torch.testing.assert_close(step.weights, whole.weights[:, :, cached:])
     torch.testing.assert_close(step.context, whole.context[:, :, cached:])

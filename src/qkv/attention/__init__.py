@@ -22,6 +22,8 @@ _LAZY = {
     "KVCache": "qkv.attention.kv_cache",
     "QuantizedKVCache": "qkv.attention.quantized_cache",
     "SinkKVCache": "qkv.attention.sink_cache",
+    "WindowKVCache": "qkv.attention.window_cache",
+    "cache_kind_for": "qkv.attention.window_cache",
     "causal_mask": "qkv.attention.masks",
     "combine_masks": "qkv.attention.masks",
     "padding_mask": "qkv.attention.masks",

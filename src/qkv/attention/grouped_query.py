@@ -8,7 +8,7 @@ the score scale (Gemma's query_pre_attn_scalar), soft-capped scores (Gemma 2), a
 `window` (a query sees only the last `window` keys, itself included: Mistral, Gemma's local
 layers), partial rotary (`rotary_dim` < D: only the first channels rotate, Phi-4-mini), and
 the kernel backend. A layer without RoPE (SmolLM3's NoPE layers) is simply handed no cos/sin. RoPE cos/sin arrive from the model; the
-KV cache is a submodule attached by the model when generating (any `KVCache` kind: the
+KV cache is handed to each call by the caller's decode session (any `KVCache` kind: the
 layer only calls `update` and uses the mask the cache derives from the positions).
 Likewise `ring`: a `qkv.attention.ring.Ring` attached by `qkv.models.context_parallel`
 while a model runs context-parallel makes the layer attend its shard of the sequence
@@ -31,15 +31,15 @@ import math
 import torch
 from torch import Tensor, nn
 
-from qkv.attention.kernels import BACKENDS, Backend, attention, reduction_attention
-from qkv.attention.kv_cache import CacheKind, CacheSpec, KVCache, StaticKVCache
+from qkv.attention.kernels import BACKENDS, Backend, attention
+from qkv.attention.kv_cache import CacheSpec, KVCache, StaticKVCache
 from qkv.attention.masks import window_mask
 from qkv.attention.ring import Ring
 from qkv.attention.rmsnorm import RMSNorm
 from qkv.attention.rope import RotaryEmbedding, apply_rope
 from qkv.attention.softcap import softcapped_attention
+from qkv.attention.stacking import stack_linears
 from qkv.errors import QkvError
-from qkv.fusion import stack_linears
 
 
 class GroupedQueryAttention(nn.Module):
@@ -108,7 +108,6 @@ class GroupedQueryAttention(nn.Module):
         q_width, k_width = (head_dim, head_dim) if qk_norm_over == "head" else (num_heads * head_dim, num_kv_heads * head_dim)
         self.q_norm: nn.Module = RMSNorm(q_width, norm_eps, weight_offset=qk_norm_offset) if qk_norm else nn.Identity()
         self.k_norm: nn.Module = RMSNorm(k_width, norm_eps, weight_offset=qk_norm_offset) if qk_norm else nn.Identity()
-        self.kv_cache: KVCache | None = None
         self.ring: Ring | None = None  # set only while the model runs context-parallel
 
     @property
@@ -142,28 +141,20 @@ class GroupedQueryAttention(nn.Module):
         group = self.num_heads // self.num_kv_heads
         return list(range(kv_head * group, (kv_head + 1) * group))
 
-    def setup_cache(
+    def cache_spec(
         self,
         batch_size: int,
         capacity: int,
         *,
         dtype: torch.dtype,
-        device: torch.device,
-        kind: CacheKind = StaticKVCache,
+        device: torch.device | str,
         layer_index: int = 0,
         rotary: RotaryEmbedding | None = None,
-    ) -> KVCache:
-        """Attach a cache of `kind` sized for this layer (see qkv.attention.kv_cache);
+    ) -> CacheSpec:
+        """What a KV cache for this layer holds (any kind is built from it: qkv.attention.kv_cache);
         `rotary` is the model's RoPE, for kinds that rotate keys as they read them."""
-        spec = CacheSpec(batch_size, self.num_kv_heads, capacity, self.head_dim, self.head_dim,
+        return CacheSpec(batch_size, self.num_kv_heads, capacity, self.head_dim, self.head_dim,
                          dtype, torch.device(device), layer_index, rotary)
-        cache = kind(spec)
-        if self.window is not None and not getattr(cache, "windowed", False) and not isinstance(cache, StaticKVCache):
-            # the window is read off slot numbers, which only a full cache keeps as positions
-            raise QkvError(f"this model's sliding-window layers (window {self.window}) run on the full KV cache "
-                           f"or a window cache, not on a {type(cache).__name__}; choose the full cache")
-        self.kv_cache = cache
-        return self.kv_cache
 
     def heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """x (B, T, C) -> queries (B, H, T, D), keys and values (B, H_kv, T, D), normalised
@@ -192,11 +183,16 @@ class GroupedQueryAttention(nn.Module):
         """What q.k is multiplied by before the softmax."""
         return 1.0 / math.sqrt(self.head_dim) if self.scale is None else self.scale
 
-    def window_visible(self, positions: Tensor, key_positions: Tensor) -> Tensor | None:
+    def window_visible(self, positions: Tensor, key_positions: Tensor,
+                       cache: KVCache | None = None) -> Tensor | None:
         """The window's part of the mask, (B or 1, 1, T, S), or None: a global layer, or a
-        cache that keeps only the window and whose mask already applies it."""
-        if self.window is None or (self.kv_cache is not None and getattr(self.kv_cache, "windowed", False)):
+        cache that keeps only the window and whose mask already applies it (`windowed`)."""
+        if self.window is None or getattr(cache, "windowed", False):
             return None
+        if cache is not None and not isinstance(cache, StaticKVCache):
+            # the window is read off slot numbers, which only a full cache keeps as positions
+            raise QkvError(f"this model's sliding-window layers (window {self.window}) run on the full KV cache "
+                           f"or a window cache, not on a {type(cache).__name__}; choose the full cache")
         return window_mask(key_positions, positions, self.window)
 
     def forward(
@@ -208,10 +204,12 @@ class GroupedQueryAttention(nn.Module):
         mask: Tensor | None = None,
         is_causal: bool = True,
         positions: Tensor | None = None,
+        cache: KVCache | None = None,
     ) -> Tensor:
         """x: (B, T, C). mask: boolean, broadcastable to (B, H, T, S), True = may attend.
 
-        positions (T,) or (B, T): where the new tokens sit, used with a KV cache, whose own
+        cache: this layer's KV cache in the caller's session (None: attend over x alone).
+        positions (T,) or (B, T): where the new tokens sit, used with a cache, whose own
         mask (derived from them) then replaces causality; by default they follow what the
         cache holds (a read of the cache's length: models pass them instead).
         """
@@ -223,15 +221,15 @@ class GroupedQueryAttention(nn.Module):
         q, k, v = self.heads(x)  # (B, H, T, D), (B, H_kv, T, D) x 2
         if cos is not None and sin is not None:
             q = self.rotate(q, cos, sin)
-            if self.kv_cache is None or not self.kv_cache.rotates_keys:  # else the cache rotates them
+            if cache is None or not cache.rotates_keys:  # else the cache rotates them
                 k = self.rotate(k, cos, sin)
-        if self.kv_cache is not None:
+        if cache is not None:
             if positions is None:  # a direct call: the tokens follow what the cache holds
-                start = self.kv_cache.length
+                start = cache.length
                 positions = torch.arange(start, start + t, device=x.device)  # (T,)
-            k, v, visible = self.kv_cache.update(k, v, positions)  # (B, H_kv, S, D), (B, 1, T, S)
+            k, v, visible = cache.update(k, v, positions)  # (B, H_kv, S, D), (B, 1, T, S)
             # A full cache holds position p at slot p: the window reads slot numbers.
-            local = self.window_visible(positions, torch.arange(k.shape[2], device=x.device))
+            local = self.window_visible(positions, torch.arange(k.shape[2], device=x.device), cache)
             visible = visible if local is None else visible & local
             mask = visible if mask is None else mask & visible
             is_causal = False
@@ -245,14 +243,14 @@ class GroupedQueryAttention(nn.Module):
                 raise ValueError("ring attention does not soft-cap scores; run this model on one process")
             context, _ = softcapped_attention(q, k, v, softcap=self.softcap, scale=self.score_scale, mask=mask,
                                               is_causal=is_causal)  # (B, H, T, D)
-        elif (t == 1 and self.kv_cache is not None and self.kv_cache.reads_as_reductions
-                and self.backend == "fused"):
-            # Keys computed from codes as they are read: the reductions let a compiler fuse
-            # that computation into the attention (qkv.attention.quantized_cache).
-            context = reduction_attention(q, k, v, mask=mask, scale=self.scale)  # (B, H, 1, D)
         else:
             if self.ring is not None and self.window is not None:
                 raise ValueError("ring attention does not slide a window; run this model on one process")
+            backend = self.backend
+            if t == 1 and cache is not None and cache.reads_as_reductions and backend == "fused":
+                # Keys computed from codes as they are read: the reductions let a compiler fuse
+                # that computation into the attention (qkv.attention.quantized_cache).
+                backend = "reductions"
             kernel = attention if self.ring is None else self.ring.attend  # the ring: every rank's keys
             context = kernel(
                 q,
@@ -262,7 +260,7 @@ class GroupedQueryAttention(nn.Module):
                 is_causal=is_causal,
                 scale=self.scale,
                 dropout_p=self.dropout if self.training else 0.0,
-                backend=self.backend,
+                backend=backend,
             )  # (B, H, T, D)
         context = context.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (B, T, H*D)
         return self.o_proj(context)

@@ -1,4 +1,4 @@
-"""Scaled dot-product attention: one signature, two interchangeable backends.
+"""Scaled dot-product attention: one signature, interchangeable backends (qkv.attention.registry).
 
 - `explicit_attention` materialises every step of the book's data flow (scores = Q Kᵀ,
   scaled by 1/sqrt(d_k), masked with -inf, softmax over keys, dropout, weights @ V) and
@@ -25,9 +25,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from qkv.attention.masks import causal_mask
-from qkv.kernel_names import BACKENDS, Backend
-from qkv.native import build as native_build
-from qkv.native.ops import decode_attention
+from qkv.attention.registry import attention_function, register_attention
+from qkv.kernel_names import BACKENDS, Backend  # noqa: F401  (re-exported: the names configs check)
 
 
 _SDPA_HAS_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
@@ -230,36 +229,9 @@ def _zero_empty_rows(out: Tensor, visible: Callable[[], Tensor]) -> Tensor:
 def one_query_attention(
     q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None, scale: float | None = None
 ) -> Tensor:
-    """Attention of a single query (a decode step). `attention` uses it for every one-query
-    call without dropout, eager or compiled, so both run the same math: qkv's kernel
-    (`qkv.native`) for float32 tensors once the kernels are loaded (a model prepared for
-    decoding), else `reduction_attention`. The kernel took 28 us for SmolLM2's 9 heads over
-    256 cached positions, where Inductor's fused reductions (with RoPE and the cache write)
-    took about 75 us a layer. PyTorch's fused kernel was measured slower at one query, even
-    with many keys: SmolLM2 in bfloat16 at 4096 cached positions took 202 ms a step eagerly
-    through it against 133 ms as reductions, and 142 ms against 58 ms compiled (2 cores, AVX2).
-    (..., H, 1, D) queries, (..., H_kv, S, D) keys -> (..., H, 1, D_v).
-    """
-    if _native_fits(q, k, v, mask):
-        return _native_one_query(q, k, v, mask, scale)
-    return reduction_attention(q, k, v, mask=mask, scale=scale)
-
-
-def _native_fits(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> bool:
-    return (native_build.LOADED and q.dim() == 4 and k.dim() == 4 and v.dim() == 4 and q.shape[-2] == 1
-            and q.shape[0] == k.shape[0] == v.shape[0] and k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0
-            and q.dtype == k.dtype == v.dtype == torch.float32 and q.device.type == "cpu"
-            and not (q.requires_grad or k.requires_grad or v.requires_grad)
-            and (mask is None or mask.dtype == torch.bool))
-
-
-def _native_one_query(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float | None) -> Tensor:
-    b, h, _, d = q.shape
-    s = k.shape[-2]
-    visible = None if mask is None else torch.broadcast_to(mask, (b, h, 1, s)).reshape(b, h, s).contiguous()
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
-    out = decode_attention(q.reshape(b, h, d).contiguous(), k.contiguous(), v.contiguous(), visible, scale)  # (B, H, D_v)
-    return out.unsqueeze(2)  # (B, H, 1, D_v)
+    """Attention of a single query (a decode step) through the registry's "one_query":
+    (..., H, 1, D) queries, (..., H_kv, S, D) keys -> (..., H, 1, D_v)."""
+    return attention_function("one_query")(q, k, v, mask=mask, scale=scale)
 
 
 def reduction_attention(
@@ -306,18 +278,37 @@ def attention(
     is_causal: bool = False,
     scale: float | None = None,
     dropout_p: float = 0.0,
-    backend: Backend = "fused",
+    backend: str = "fused",
 ) -> Tensor:
-    """Context vectors through the chosen backend; both give the same answer."""
-    if backend == "explicit":
-        return explicit_attention(
-            q, k, v, mask=mask, is_causal=is_causal, scale=scale, dropout_p=dropout_p
-        )[0]
-    if backend == "fused":
-        if q.shape[-2] == 1 and dropout_p == 0.0:
-            # One query aligned with the last key: causality hides nothing but the mask.
-            return one_query_attention(q, k, v, mask=mask, scale=scale)
-        return fused_attention(
-            q, k, v, mask=mask, is_causal=is_causal, scale=scale, dropout_p=dropout_p
-        )
-    raise ValueError(f"unknown attention backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    """Context vectors through the attention function registered as `backend`
+    (qkv.attention.registry); every backend gives the same answer."""
+    return attention_function(backend)(q, k, v, mask=mask, is_causal=is_causal, scale=scale, dropout_p=dropout_p)
+
+
+def _explicit_context(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None, is_causal: bool = False,
+                      scale: float | None = None, dropout_p: float = 0.0) -> Tensor:
+    return explicit_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale, dropout_p=dropout_p)[0]
+
+
+def _fused_or_one_query(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None, is_causal: bool = False,
+                        scale: float | None = None, dropout_p: float = 0.0) -> Tensor:
+    if q.shape[-2] == 1 and dropout_p == 0.0:
+        # One query aligned with the last key: causality hides nothing but the mask. PyTorch's
+        # fused kernel was measured slower at one query, even with many keys: SmolLM2 in
+        # bfloat16 at 4096 cached positions took 202 ms a step eagerly through it against 133 ms
+        # as reductions, and 142 ms against 58 ms compiled (2 cores, AVX2).
+        return attention_function("one_query")(q, k, v, mask=mask, scale=scale)
+    return fused_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale, dropout_p=dropout_p)
+
+
+def _reductions(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None, is_causal: bool = False,
+                scale: float | None = None, dropout_p: float = 0.0) -> Tensor:
+    if q.shape[-2] != 1 or dropout_p:
+        raise ValueError("the reductions backend attends one query without dropout")
+    return reduction_attention(q, k, v, mask=mask, scale=scale)
+
+
+register_attention("explicit", _explicit_context)
+register_attention("fused", _fused_or_one_query)
+register_attention("one_query", _reductions)
+register_attention("reductions", _reductions)

@@ -17,8 +17,9 @@ step be one graph for every length up to the capacity. Nothing in `update` reads
 back into Python.
 
 Other kinds of cache (quantized keys, attention sinks with a window, one slot per request)
-subclass `KVCache`; the models never look inside one. A model builds its caches through
-`CausalDecoder.setup_cache(..., kind=...)`, which calls `kind(spec)` once per layer.
+subclass `KVCache`; the models never look inside one. A decode session
+(`qkv.runtime.DecodeSession`) owns its caches: it calls `kind(spec)` once per attention layer
+with the layer's `CacheSpec` and hands the list to each forward call (`caches=`).
 
 Shape legend: B batch, H_kv key/value heads, T new tokens, S keys read (the capacity),
 D head size of keys, D_v of values.
@@ -136,7 +137,7 @@ class KVCache(nn.Module, ABC):
         return False
 
     def fused_buffers(self) -> tuple[Tensor, Tensor, Tensor] | None:
-        """For a kernel that runs a whole decode step itself (`qkv.perf.fused_layers`): the
+        """For a kernel that runs a whole decode step itself (`qkv.runtime.native_layers`): the
         buffers (keys (B, H_kv, S, D), values (B, H_kv, S, D_v), lengths (B,) int64) when this
         kind stores position p of row b at slot p, and a query at p reads slots <= p; else
         None (the layer then calls `update`)."""
@@ -259,25 +260,44 @@ class StaticKVCache(KVCache):
         return f"batch={s.batch_size}, kv_heads={s.num_kv_heads}, capacity={s.capacity}, head_dim={s.head_dim}"
 
 
+class SlotSelection:
+    """Which slot rows the next calls carry, shared by every SlotKVCache of one session: the
+    session sets it once per call (not once per layer).
+
+    rows: (b,) the batch rows the calls carry (None: the whole batch). limit: with rows, how
+    many positions attention reads (None: the capacity), so a short chat in a long-context
+    slot does not read the whole slot every step."""
+
+    __slots__ = ("rows", "limit")
+
+    def __init__(self) -> None:
+        self.rows: Tensor | None = None
+        self.limit: int | None = None
+
+
 class SlotKVCache(StaticKVCache):
     """A StaticKVCache whose rows are slots, one per request (a server's continuous batch).
 
-    A whole-batch call writes every row, as in StaticKVCache. While `rows` is set (by
-    `DecodeSession.prefill_row` or `DecodeSession.decode(..., rows=)`), a call carries only
-    those rows, (b, H_kv, T, D): they are written at their own positions and attention reads
-    those rows only, (b, H_kv, S, D), and only the first `limit` positions when it is set. So a new request is prefilled while the others keep
-    what they hold, and a step decodes the occupied slots, not every slot of the batch. A
-    freed row needs no clearing: its next request starts at position 0 and the position
-    mask hides the rest.
+    A whole-batch call writes every row, as in StaticKVCache. While the session's
+    `SlotSelection` names rows (`DecodeSession.prefill_row`, `decode(..., rows=)`), a call
+    carries only those rows, (b, H_kv, T, D): they are written at their own positions and
+    attention reads those rows only, (b, H_kv, S, D), and only the first `limit` positions
+    when it is set. So a new request is prefilled while the others keep what they hold, and
+    a step decodes the occupied slots, not every slot of the batch. A freed row needs no
+    clearing: its next request starts at position 0 and the position mask hides the rest.
     """
 
-    def __init__(self, spec: CacheSpec) -> None:
+    def __init__(self, spec: CacheSpec, selection: SlotSelection | None = None) -> None:
         super().__init__(spec)
-        self.rows: Tensor | None = None  # (b,) the batch rows the next calls carry
-        # With `rows`: how many positions attention reads (None: the capacity). An eager
-        # server sets it to what its longest row needs, so a short chat in a long-context
-        # slot does not read the whole slot every step.
-        self.limit: int | None = None
+        self.selection = SlotSelection() if selection is None else selection
+
+    @property
+    def rows(self) -> Tensor | None:
+        return self.selection.rows
+
+    @property
+    def limit(self) -> int | None:
+        return self.selection.limit
 
     def fused_rows(self) -> Tensor | None:
         return self.rows  # a call on some slots carries those rows (the whole batch without)

@@ -2,7 +2,7 @@
 and the first ones kept in the model's precision.
 
     kind = QuantizedKVCache.kind(bits=4, group_size=64, residual=64, sinks=0, rope="before")
-    model.setup_cache(batch, capacity, kind=kind)
+    DecodeSession(model, batch_size=batch, capacity=capacity, kind=kind)  # qkv.runtime
 
 Keys have a few channels of persistently large magnitude, so a key is quantized per
 channel: the statistics (min, max) of each channel run over a group of `group_size`

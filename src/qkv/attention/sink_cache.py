@@ -1,7 +1,7 @@
 """A sink cache (StreamingLLM): the first `sinks` tokens plus a window of recent tokens.
 
     kind = SinkKVCache.kind(sinks=4, window=252)    # holds sinks + window positions
-    model.setup_cache(batch, capacity, kind=kind)   # capacity is not a limit on positions
+    DecodeSession(model, batch_size=batch, capacity=capacity, kind=kind)   # qkv.runtime; capacity is not a limit on positions
 
 Most heads put much of their weight on the first tokens, whatever they say (attention
 sinks); dropping them when a window slides past them is what makes window attention

@@ -22,7 +22,10 @@ path) and FULL (what the issue's targets are measured at), in qkv.bench.common.
   quality    perplexity of SmolLM2 on --data in every precision, ratios to bfloat16
   startup    wall time of `qkv --help`, each subcommand's --help and `qkv explain`
   kv-cache   SmolLM2 through each cache kind: perplexity on --data and the long text,
-             streaming past the context, bytes per token, decode speed at 4k int4 vs full
+             streaming past the context, bytes per token, decode speed at 4k int4 vs full,
+             and kv-window's measurement
+  kv-window  the bytes of a sliding-window layer's cache (a ring of W slots) against a full
+             cache at 256, 1k, 4k and 16k positions: flat past W while the full one grows
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ SECTIONS: dict[str, str] = {
     "quality": "qkv.bench.quality:quality_section",
     "startup": "qkv.bench.startup:startup_section",
     "kv-cache": "qkv.bench.kv_cache:kv_cache_section",
+    "kv-window": "qkv.bench.window_memory:window_memory_section",
 }
 DEFAULT: tuple[str, ...] = ("decode", "roofline", "prefill", "cache", "kv_bytes", "attention", "plot")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from qkv.attention import GroupedQueryAttention
+from qkv.attention.kv_cache import StaticKVCache
 from qkv.bench.common import Context, Section
 from qkv.bench.gpt2 import load_qkv, make_gpt2_checkpoint, qkv_generate
 from qkv.perf.timing import alternate, ratio
@@ -46,7 +47,7 @@ def kv_bytes_section(ctx: Context) -> Section:
     head_dim = s.n_embd // s.n_head
     for kv_heads in sorted({s.n_head, max(1, s.n_head // 3), 1}, reverse=True):
         layer = GroupedQueryAttention(s.n_embd, s.n_head, num_kv_heads=kv_heads)
-        cache = layer.setup_cache(1, s.n_positions, dtype=torch.float32, device=torch.device("cpu"))
+        cache = StaticKVCache(layer.cache_spec(1, s.n_positions, dtype=torch.float32, device="cpu"))
         total = cache.nbytes * s.n_layer
         label = "MHA" if kv_heads == s.n_head else ("MQA" if kv_heads == 1 else "GQA")
         section.facts[f"{label} kv_heads={kv_heads}"] = {

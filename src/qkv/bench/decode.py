@@ -16,7 +16,8 @@ import torch
 
 from qkv.bench.common import Context, Section
 from qkv.bench.gpt2 import hf_generate, load_hf, load_qkv, qkv_generate
-from qkv.generation import DecodeSession, warm_up
+from qkv.runtime import DecodeSession
+from qkv.generation import warm_up
 from qkv.models.decoder import CausalDecoder
 from qkv.perf.huge_pages import huge_ones
 from qkv.perf.timing import alternate, alternate_probed, ratio

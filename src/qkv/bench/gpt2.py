@@ -18,7 +18,7 @@ from qkv.errors import QkvError
 from qkv.generation import generate
 from qkv.models.loader import load_pretrained
 from qkv.models.decoder import CausalDecoder
-from qkv.perf.prepare import prepare_for_decoding
+from qkv.runtime.prepare import prepare_for_decoding
 
 
 def transformers_module() -> Any:

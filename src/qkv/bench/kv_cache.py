@@ -9,6 +9,8 @@
   each slice of the text and the slope of a line through them (flat: no upward trend);
 - bytes per token of each kind in bfloat16, from real caches: what one more token of
   capacity adds (codes, scales and zero points included), against the full cache;
+- the bytes of a sliding-window layer's cache against a full one at growing context
+  lengths (qkv.bench.window_memory, also its own section `kv-window`);
 - decode speed at a long context (4k tokens at FULL sizes): the model as `qkv generate`
   prepares it by default, with the full cache and the int4 cache, alternating, same run.
 
@@ -30,7 +32,9 @@ import torch
 
 from qkv.attention.kv_cache import CacheKind, CacheSpec
 from qkv.bench.common import Context, Section
-from qkv.generation import DecodeSession
+from qkv.bench.window_memory import FULL_WINDOW, QUICK_WINDOW, window_memory
+from qkv.generation.decode_loop import DecodeLoop, RowRequest
+from qkv.runtime import DecodeSession
 from qkv.generation.cache_kinds import cache_kind, cached_perplexity
 from qkv.long_text import long_text, long_text_source
 from qkv.perf.timing import alternate, ratio
@@ -70,7 +74,7 @@ def _tiny_llama(precision: str) -> Any:
     """A random Llama small enough for QUICK runs, prepared like a loaded model."""
     from qkv.models.llama import LlamaForCausalLM
     from qkv.models.llama_config import LlamaConfig
-    from qkv.perf.prepare import prepare_for_decoding
+    from qkv.runtime.prepare import prepare_for_decoding
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -86,7 +90,7 @@ def _load(sizes: KVSizes, precision: str, compile: bool) -> tuple[Any, Callable[
     if sizes.model == "tiny":
         model = _tiny_llama(precision)
         return model, lambda text: torch.tensor([b % 128 for b in text.encode("utf-8")])
-    from qkv.perf.prepare import load_for_generation
+    from qkv.runtime.prepare import load_for_generation
 
     model, tokenizer, _ = load_for_generation("smollm2", precision=precision, compile=compile)
     return model, lambda text: torch.tensor(tokenizer.encode(text).ids)
@@ -107,6 +111,8 @@ def kv_cache_section(ctx: Context) -> Section:
     _perplexities(ctx, section, model, texts, sizes)
     _streaming(ctx, section, model, long_ids, sizes)
     section.facts["bytes per token (bfloat16)"] = bytes_per_token(model)
+    window_sizes = QUICK_WINDOW if sizes.model == "tiny" else FULL_WINDOW
+    section.facts["windowed layer cache bytes"] = window_memory(window_sizes)  # flat past W (kv-window)
     del model
     _speed(ctx, section, sizes, encode)
     return section
@@ -201,21 +207,22 @@ def _speed(ctx: Context, section: Section, sizes: KVSizes, encode: Callable[[str
     ids = encode(long_text())[: sizes.speed_context][None]  # (1, N)
     rounds = ctx.options.repeats + 1
     capacity = sizes.speed_context + sizes.speed_steps * rounds  # positions 0 .. capacity - 1
-    sessions: dict[str, tuple[DecodeSession, list[torch.Tensor]]] = {}
+    sessions: dict[str, tuple[DecodeSession, DecodeLoop]] = {}
     try:
         for label, name in (("full cache", "full"), ("int4 cache", "int4")):
             ctx.progress(f"decode speed at {sizes.speed_context} tokens: prefilling the {label}")
             model, _ = _load(sizes, DEFAULT_PRECISION, compile=True)
             session = DecodeSession(model, capacity=capacity, kind=cache_kind(name)).__enter__()
-            token = session.prefill(ids).argmax(-1)  # (1,)
-            sessions[label] = (session, [token])
+            loop = DecodeLoop(session)  # one greedy row, stepped in timed rounds (the one decode loop)
+            loop.start(0, session.prefill(ids)[0], RowRequest(max_tokens=sizes.speed_steps * rounds + 1))
+            sessions[label] = (session, loop)
 
         def steps(label: str) -> Callable[[], None]:
-            session, last = sessions[label]
+            _, loop = sessions[label]
 
             def run() -> None:
                 for _ in range(sizes.speed_steps):
-                    last[0] = session.decode(last[0]).argmax(-1)
+                    loop.step()
             return run
 
         ctx.progress("decode speed: timing")

@@ -14,7 +14,8 @@ import torch
 from qkv.atomic import atomic_write_with
 from qkv.bench.common import Context, Section
 from qkv.bench.gpt2 import load_qkv
-from qkv.generation import DecodeSession
+from qkv.generation.decode_loop import DecodeLoop, RowRequest
+from qkv.runtime import DecodeSession
 from qkv.perf.timing import Measurement, alternate
 
 STEPS = 4  # decode steps per timed call with the cache
@@ -28,14 +29,15 @@ def plot_section(ctx: Context) -> Section:
     ids = torch.randint(1, s.vocab, (1, max(s.plot_lengths) + 1), generator=torch.Generator().manual_seed(6))
     series: dict[str, list[float]] = {"with cache": [], "without cache": []}
     for length in s.plot_lengths:
-        with DecodeSession(cached_model, capacity=length + STEPS) as session:
-            session.prefill(ids[:, :length])  # once; each timed call truncates back to here
+        with DecodeSession(cached_model, capacity=length + STEPS + 1) as session:
+            logits = session.prefill(ids[:, :length])[0]  # once; each timed call truncates back to here
 
-            def cached(length: int = length, session: DecodeSession = session) -> object:
+            def cached(length: int = length, session: DecodeSession = session, logits: torch.Tensor = logits) -> object:
                 session.truncate(length)
-                token = ids[0, length : length + 1]  # (B,)
-                for _ in range(STEPS):
-                    token = session.decode(token).argmax(-1)
+                loop = DecodeLoop(session)  # STEPS decode steps of one greedy row, then its last choice
+                loop.start(0, logits, RowRequest(max_tokens=STEPS + 1))
+                while loop.running:
+                    loop.step()
                 return None
 
             def uncached(length: int = length) -> object:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from qkv.bench.common import Context, Section
-from qkv.perf.prepare import load_for_generation
+from qkv.runtime.prepare import load_for_generation
 from qkv.perplexity import perplexity
 from qkv.precision import PRECISIONS
 from qkv.text_file import read_text_file

@@ -17,7 +17,7 @@ import statistics
 
 from qkv.bench.common import Context, Section
 from qkv.bench.decode import measure_decode
-from qkv.generation import DecodeSession
+from qkv.runtime import DecodeSession
 from qkv.perf.bandwidth import measure_read_bandwidth
 from qkv.perf.roofline import roofline_tokens_per_s, token_bytes
 
@@ -33,8 +33,8 @@ def roofline_section(ctx: Context) -> Section:
     section.facts["cached positions a decode step sees (mean)"] = visible
     by_name = {m.name: m for m in run.section.measurements}
     for name, model in run.models.items():
-        with DecodeSession(model, capacity=run.capacity):
-            tb = token_bytes(model, visible)
+        with DecodeSession(model, capacity=run.capacity) as session:
+            tb = token_bytes(model, session.caches, visible)
         achieved = [(new_tokens - 1) / (t - run.prefill_s[name]) for t in by_name[name].samples_s]
         gb_per_s = [run.probe_bytes / ((before + after) / 2) / 1e9 for before, after in run.around[name]]
         bounds = [roofline_tokens_per_s(tb.total, gb) for gb in gb_per_s]

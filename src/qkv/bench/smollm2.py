@@ -35,7 +35,7 @@ from qkv.bench.common import Context, Section, optional
 from qkv.bench.gpt2 import hf_generate
 from qkv.generation import generate, warm_up
 from qkv.models.loader import smollm2_path
-from qkv.perf.prepare import load_for_generation
+from qkv.runtime.prepare import load_for_generation
 from qkv.perf.timing import alternate, ratio
 from qkv.precision import DEFAULT_PRECISION
 
@@ -55,7 +55,7 @@ import json, sys, time
 import torch
 torch.set_num_threads(int(sys.argv[1]))
 from qkv.generation import generate, warm_up
-from qkv.perf.prepare import load_for_generation
+from qkv.runtime.prepare import load_for_generation
 loaded = time.time()
 model, tokenizer, setup = load_for_generation("smollm2")
 loaded = time.time() - loaded

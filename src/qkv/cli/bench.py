@@ -20,7 +20,7 @@ from typing import Any
 from qkv.errors import QkvError
 
 SECTION_HELP = ("decode, roofline, prefill, cache, kv_bytes, attention, plot (the default set), "
-                "smollm2, quality, startup")
+                "smollm2, quality, startup, kv-cache, kv-window")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

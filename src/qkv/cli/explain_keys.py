@@ -21,7 +21,7 @@ DEFAULT_TEXT = (
 
 def run_keys(args: argparse.Namespace) -> int:
     from qkv.cli.explain_model import load_model
-    from qkv.trace.keys import key_anatomy, summary_rows
+    from qkv.trace.keys import by_attention, key_anatomy, summary_rows
 
     if args.generate is not None:
         raise QkvError("--keys measures the keys of a text; drop --generate")
@@ -47,7 +47,7 @@ def run_keys(args: argparse.Namespace) -> int:
     if args.png is not None or args.html is not None:
         _write_figures(args, anatomy, rows, console)
     if args.json:
-        json.dump(anatomy.to_json() | {"summary": rows}, sys.stdout)
+        json.dump(anatomy.to_json() | {"summary": rows, "by_attention": by_attention(rows)}, sys.stdout)
         sys.stdout.write("\n")
         return 0
     from qkv.trace.keys_terminal import render_keys

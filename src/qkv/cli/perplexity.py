@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
 def _score(args: argparse.Namespace, cp: ContextParallel | None) -> int:
     import torch
 
-    from qkv.perf.prepare import load_for_generation
+    from qkv.runtime.prepare import load_for_generation
     from qkv.perplexity import perplexity, windows
     from qkv.progress import progress_bar
 
@@ -155,7 +155,7 @@ def _score_cached(args: argparse.Namespace, kind: CacheKind, text: str, threads:
     import torch
 
     from qkv.generation.cache_kinds import cached_perplexity, check_kind
-    from qkv.perf.prepare import load_for_generation
+    from qkv.runtime.prepare import load_for_generation
     from qkv.progress import progress_bar
 
     if args.chunk < 1:

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from qkv.attention.kv_cache import CacheKind
     from qkv.models.decoder import CausalDecoder
     from qkv.models.loader import LoadedModel
-    from qkv.perf.prepare import DecodeSetup
+    from qkv.runtime.prepare import DecodeSetup
 
 
 def add_precision_argument(parser: argparse.ArgumentParser) -> None:
@@ -44,7 +44,7 @@ def add_speed_arguments(parser: argparse.ArgumentParser) -> None:
 def load_for_speed(args: argparse.Namespace, *, chat: bool = False) -> tuple[LoadedModel, DecodeSetup]:
     """Load `--model` prepared as asked (`--dtype`, `--no-compile`): from the prepared-weights
     cache when it holds it (qkv.perf.prepared_cache). Nothing is compiled yet."""
-    from qkv.perf.prepare import load_prepared_model
+    from qkv.runtime.prepare import load_prepared_model
 
     return load_prepared_model(args.model, precision=args.dtype, compile=not args.no_compile,
                                max_memory=args.max_memory, chat=chat)

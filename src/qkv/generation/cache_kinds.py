@@ -26,6 +26,7 @@ from qkv.attention.quantized_cache import QuantizedKVCache
 from qkv.attention.sink_cache import SinkKVCache
 from qkv.errors import QkvError
 from qkv.models.decoder import CausalDecoder
+from qkv.runtime.session import DecodeSession
 
 KINDS = ("full", "int4", "int2", "sink")
 
@@ -85,21 +86,17 @@ def cached_perplexity(model: CausalDecoder, ids: Tensor, kind: CacheKind, *, cap
     """Score ids (N,) through caches of `kind` (see the module docstring)."""
     if chunk < 1:
         raise QkvError(f"the chunk size must be at least 1, got {chunk}")
-    model.eval()
-    model.setup_cache(1, capacity, kind=kind)
     nlls: list[Tensor] = []
-    try:
+    with DecodeSession(model, capacity=capacity, kind=kind, exact_capacity=True) as session:
         n = ids.numel()
         for start in range(0, n - 1, chunk):
-            part = ids[start:min(start + chunk, n - 1)][None]  # (1, t)
-            targets = ids[start + 1:start + 1 + part.shape[1]]  # (t,)
-            logits = model(part, positions=torch.arange(start, start + part.shape[1]))  # (1, t, V)
-            nlls.append(torch.nn.functional.cross_entropy(logits[0].float(), targets, reduction="none"))
+            part = ids[start:min(start + chunk, n - 1)]  # (t,)
+            targets = ids[start + 1:start + 1 + part.shape[0]]  # (t,)
+            logits = session.prefill_scores(part)  # (t, V)
+            nlls.append(torch.nn.functional.cross_entropy(logits.float(), targets, reduction="none"))
             if progress is not None:
-                progress(part.shape[1])
-        nbytes = model.cache_nbytes()
-    finally:
-        model.remove_cache()
+                progress(part.shape[0])
+        nbytes = session.cache_nbytes()
     every = torch.cat(nlls)  # (N - 1,)
     slices = [float(every[i:i + slice_tokens].mean()) for i in range(0, every.numel(), slice_tokens)]
     nll = float(every.mean())

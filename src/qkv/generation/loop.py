@@ -1,27 +1,28 @@
-"""The decode loop every command shares: prefill, decode steps, sampling, stopping, streaming.
+"""Generation for the Python API and the commands, on the one decode loop (DecodeLoop).
 
     stream(model, input_ids (B, T), max_new_tokens, *, ...) -> iterator of (B,) new tokens
     generate(model, input_ids (B, T), max_new_tokens, *, ...) -> ids (B, T + N)
     continue_from(session, logits (B, V), max_new_tokens, *, sampling, stop) -> iterator of (B,)
 
-`continue_from` is the loop itself (sample, stop, decode the choice, repeat) over an open
-`DecodeSession`; `stream` opens a session for one batch of prompts and runs it, and `qkv
-chat` runs it turn after turn on one long-lived session.
+`stream` opens a runtime session for one batch of prompts, prefills each row alone and runs
+the loop (qkv.generation.decode_loop); `continue_from` runs the loop on a session the
+caller holds (`qkv chat`, turn after turn on one long-lived session).
 
 Batches of prompts of different lengths arrive left-padded, with `attention_mask` (B, T)
-1 for real tokens and 0 for padding (transformers' convention). The loop moves each row's
-padding to its end: every row then starts at position 0 and the cache's position mask
-keeps each row to its own tokens, so each row produces the same tokens as alone, with no
-padding mask at all.
+1 for real tokens and 0 for padding (transformers' convention). Each row's padding moves to
+its end: every row starts at position 0 and is prefilled and decoded as if alone, in a
+session of slots, as the server runs its requests, so each row produces the same tokens as
+alone, with no padding mask at all.
 
-Without the cache (`use_cache=False`) every step re-runs the whole sequence: the
-reference the cache must reproduce.
+Without the cache (`use_cache=False`) every step re-runs the whole sequence
+(qkv.runtime.recompute): the reference the cache must reproduce.
 
 Shape legend: B batch, T prompt tokens, N new tokens, V vocabulary.
 """
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 
@@ -30,11 +31,14 @@ from torch import Tensor
 
 from qkv.errors import QkvError
 from qkv.generation.constraints import Constraint
-from qkv.generation.sampling import Sampling, choose
-from qkv.attention.kv_cache import CacheKind, StaticKVCache
-from qkv.generation.past_context import cropped_steps, plan_past_context
-from qkv.generation.session import DecodeSession
+from qkv.attention.kv_cache import CacheKind, SlotKVCache, StaticKVCache
+from qkv.generation.decode_loop import DecodeLoop, RowRequest
+from qkv.generation.past_context import ContextPlan, plan_past_context
+from qkv.generation.sampling import Sampling
 from qkv.models.decoder import CausalDecoder
+from qkv.runtime import setup_of
+from qkv.runtime.recompute import RecomputeSession
+from qkv.runtime.session import SMALLEST_CAPACITY, DecodeSession
 
 
 def check_request(model: CausalDecoder, input_ids: Tensor, max_new_tokens: int,
@@ -68,26 +72,6 @@ def stop_tokens(eos_token_id: int | Sequence[int] | None) -> tuple[int, ...]:
     return (eos_token_id,) if isinstance(eos_token_id, int) else tuple(eos_token_id)
 
 
-def _hold_finished(new: Tensor, finished: Tensor, stop_ids: Tensor) -> Tensor:
-    """Rows that have ended keep yielding the first stop token; marks rows that end now
-    (`finished` is updated in place). new, finished: (B,)."""
-    new = torch.where(finished, stop_ids[0], new)
-    finished |= torch.isin(new, stop_ids)
-    return new
-
-
-def _choose(logits: Tensor, sampling: Sampling, generator: torch.Generator | None,
-            constraint: Constraint | None, stop: Sequence[int]) -> Tensor:
-    """The next tokens (B,); with a constraint (B = 1), only among those its grammar allows,
-    and the grammar advanced by the choice (an end token ends it, it is not fed)."""
-    if constraint is None:
-        return choose(logits, sampling, generator)
-    new = choose(constraint.mask(logits), sampling, generator)  # (1,)
-    if int(new[0]) not in stop:
-        constraint.accept(int(new[0]))
-    return new
-
-
 def continue_from(
     session: DecodeSession,
     logits: Tensor,
@@ -98,27 +82,35 @@ def continue_from(
     generator: torch.Generator | None = None,
     constraint: Constraint | None = None,
 ) -> Iterator[Tensor]:
-    """From the logits (B, V) of each row's last token, yield up to `max_new_tokens` new
-    tokens (B,), decoding each one into the session's cache before asking for the next.
+    """From the logits (B, V) of each row's last token in an open `session`, yield up to
+    `max_new_tokens` new tokens (B,), through the one decode loop (DecodeLoop).
 
     A row that produces a `stop` token keeps yielding it; the loop ends when every row has
     (the stop token itself is yielded and is in the cache only if another step follows).
     A `constraint` (one row) masks each step's logits by its grammar, and the loop ends when
-    the grammar is complete (qkv.generation.constraints).
+    the grammar is complete (qkv.generation.constraints). The rows share `generator`.
     """
+    if max_new_tokens < 1:
+        return
     if generator is None and not sampling.greedy:
         generator = sampling.generator(logits.device)
-    stop_ids = torch.tensor(list(stop), dtype=torch.long, device=logits.device)
-    finished = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
-    for step in range(max_new_tokens):
-        new = _choose(logits, sampling, generator, constraint, stop)  # (B,)
-        if stop:
-            new = _hold_finished(new, finished, stop_ids)
-        yield new
-        if (stop and bool(finished.all())) or step + 1 == max_new_tokens or (
-                constraint is not None and constraint.finished):
-            return
-        logits = session.decode(new)  # (B, V)
+    loop = DecodeLoop(session)
+    for row in range(logits.shape[0]):
+        loop.start(row, logits[row], RowRequest(sampling, tuple(stop), max_new_tokens, generator,
+                                                constraint if row == 0 else None))
+    yield from _steps(loop, logits.shape[0], stop, logits.device)
+
+
+def _steps(loop: DecodeLoop, batch: int, stop: Sequence[int], device: torch.device) -> Iterator[Tensor]:
+    """The loop's choices as (B,) tensors per step: a row that has ended yields its stop token."""
+    held = [stop[0] if stop else 0] * batch
+    while loop.running:
+        new = list(held)
+        for choice in loop.step():
+            if choice.end == "error":
+                raise QkvError(choice.message)
+            new[choice.row] = choice.token
+        yield torch.tensor(new, dtype=torch.long, device=device)
 
 
 def _right_aligned(input_ids: Tensor, attention_mask: Tensor | None) -> tuple[Tensor, list[int]]:
@@ -171,82 +163,45 @@ def stream(
     if plan.crop and constraint is not None:
         raise QkvError(f"a constrained reply (--json-schema) must fit the context of {model.context_length} tokens: "
                        "ask for fewer new tokens or a shorter prompt")
-    if plan.crop:
-        if constraint is not None:
-            raise QkvError("a grammar-constrained generation must fit the model's context; ask for fewer tokens")
-        return _cropped(model, ids, lengths, max_new_tokens, sampling, stop, plan.kind, use_cache)
-    if not use_cache:
-        return _uncached(model, ids, lengths, max_new_tokens, sampling, stop, constraint=constraint)
-    return _cached(model, ids, lengths, max_new_tokens, sampling, stop, plan.kind, constraint=constraint)
+    return _generated(model, ids, lengths, max_new_tokens, sampling, stop, plan, use_cache, constraint)
 
 
-def _cached(model: CausalDecoder, ids: Tensor, lengths: list[int], max_new_tokens: int,
-            sampling: Sampling, stop: tuple[int, ...], kind: CacheKind = StaticKVCache,
-            generator: torch.Generator | None = None, constraint: Constraint | None = None) -> Iterator[Tensor]:
-    capacity = min(ids.shape[1] + max_new_tokens, model.context_length)  # a sink cache may go past it
-    with DecodeSession(model, batch_size=ids.shape[0], capacity=capacity, kind=kind) as session:
-        logits = session.prefill(ids, lengths=lengths)
-        yield from continue_from(session, logits, max_new_tokens, sampling=sampling, stop=stop, generator=generator,
-                                 constraint=constraint)
-
-
-def _cropped(model: CausalDecoder, ids: Tensor, lengths: list[int], max_new_tokens: int,
-             sampling: Sampling, stop: tuple[int, ...], kind: CacheKind, use_cache: bool) -> Iterator[Tensor]:
-    """As much as fits the context the usual way, then each step from the last
-    context_length tokens (qkv.generation.past_context)."""
-    context, longest = model.context_length, max(lengths)
-    fitting = min(max_new_tokens, context - longest + 1) if longest <= context else 0
+def _generated(model: CausalDecoder, ids: Tensor, lengths: list[int], max_new_tokens: int, sampling: Sampling,
+               stop: tuple[int, ...], plan: ContextPlan, use_cache: bool,
+               constraint: Constraint | None) -> Iterator[Tensor]:
+    """Each prompt row prefilled alone in a session, then the one decode loop. Without a
+    cache, or past the context of a model with learned positions, the session runs each
+    row's sequence again every step (RecomputeSession)."""
     b = ids.shape[0]
-    tokens = torch.zeros(b, ids.shape[1] + max_new_tokens, dtype=torch.long, device=ids.device)  # (B, T + N)
-    tokens[:, : ids.shape[1]] = ids
-    ends = torch.tensor(lengths, device=ids.device)  # (B,) each row's length so far
-    rows = torch.arange(b, device=ids.device)
     generator = None if sampling.greedy else sampling.generator(ids.device)
-    stop_ids = torch.tensor(list(stop), dtype=torch.long, device=ids.device)
-    finished = torch.zeros(b, dtype=torch.bool, device=ids.device)
-    if fitting > 0:
-        first = (_cached(model, ids, lengths, fitting, sampling, stop, kind, generator) if use_cache
-                 else _uncached(model, ids, lengths, fitting, sampling, stop, generator))
-        for new in first:
-            tokens[rows, ends] = new
-            ends += 1
-            if stop:
-                finished |= torch.isin(new, stop_ids)
-            yield new
-        if stop and bool(finished.all()):
-            return
-    yield from cropped_steps(model, tokens, ends, max_new_tokens - fitting, sampling, stop, generator, finished)
+    if not use_cache or plan.crop:
+        session: DecodeSession | RecomputeSession = RecomputeSession(
+            model, batch_size=b, window=model.context_length if plan.crop else None)
+    else:
+        capacity = min(ids.shape[1] + max_new_tokens, model.context_length)  # a sink cache may go past it
+        session = DecodeSession(model, batch_size=b, capacity=capacity, kind=_row_kind(model, plan.kind))
+    with session:
+        loop = DecodeLoop(session)
+        if session.decodes_rows:  # each row prefilled alone: its numbers do not depend on the others
+            firsts = [session.prefill_row(r, ids[r, :n]) for r, n in enumerate(lengths)]
+        else:  # a kind without slots (quantized, sink caches): one prefill of the padded rows
+            assert isinstance(session, DecodeSession)
+            firsts = list(session.prefill(ids, lengths=lengths))
+        for row, logits in enumerate(firsts):
+            loop.start(row, logits, RowRequest(sampling, stop, max_new_tokens, generator,
+                                               constraint if row == 0 else None))
+        yield from _steps(loop, b, stop, ids.device)
 
 
-def _uncached(model: CausalDecoder, ids: Tensor, lengths: list[int], max_new_tokens: int,
-              sampling: Sampling, stop: tuple[int, ...], generator: torch.Generator | None = None,
-              constraint: Constraint | None = None) -> Iterator[Tensor]:
-    """Every step runs each row's whole sequence again (rows stay padded at the end)."""
-    b = ids.shape[0]
-    tokens = torch.zeros(b, ids.shape[1] + max_new_tokens, dtype=torch.long, device=ids.device)
-    tokens[:, : ids.shape[1]] = ids
-    ends = torch.tensor(lengths, device=ids.device)  # (B,) each row's length so far
-    rows = torch.arange(b, device=ids.device)
-    if generator is None and not sampling.greedy:
-        generator = sampling.generator(ids.device)
-    stop_ids = torch.tensor(list(stop), dtype=torch.long, device=ids.device)
-    finished = torch.zeros(b, dtype=torch.bool, device=ids.device)
-    was_training = model.training
-    model.eval()
-    try:
-        for _ in range(max_new_tokens):
-            with torch.inference_mode():
-                logits = model(tokens[:, : int(ends.max())])[rows, ends - 1]  # (B, V)
-            new = _choose(logits, sampling, generator, constraint, stop)
-            if stop:
-                new = _hold_finished(new, finished, stop_ids)
-            tokens[rows, ends] = new
-            ends += 1
-            yield new
-            if stop and bool(finished.all()) or constraint is not None and constraint.finished:
-                return
-    finally:
-        model.train(was_training)
+def _row_kind(model: CausalDecoder, kind: CacheKind) -> CacheKind:
+    """The cache kind a generation's session uses: slots (rows prefilled and decoded alone,
+    as a server decodes them) for the full cache, unless Inductor compiled the model's layers,
+    whose graphs keep one static shape; other kinds as asked."""
+    if kind is not StaticKVCache:
+        return kind
+    setup = setup_of(model)
+    compiled = setup is not None and setup.fused is None and setup.compile is not None and setup.compile.compiled
+    return StaticKVCache if compiled else SlotKVCache
 
 
 def generate(
@@ -285,3 +240,16 @@ def generate(
     if not new:
         return input_ids.clone()
     return torch.cat([input_ids.long(), torch.stack(new, dim=1).to(input_ids.device)], dim=1)  # (B, T + N)
+
+
+def warm_up(model: CausalDecoder, *, capacity: int = SMALLEST_CAPACITY, kind: CacheKind = StaticKVCache) -> float:
+    """Generate three tokens through a throw-away session of `capacity` positions and caches
+    of `kind`, so that a compiled model compiles its decode step (and qkv's kernels are
+    ready) before anyone waits on a token. Returns the seconds it took."""
+    start = time.perf_counter()
+    token = torch.zeros(1, 1, dtype=torch.long, device=next(model.parameters()).device)
+    with DecodeSession(model, capacity=min(capacity, model.context_length), kind=kind) as session:
+        logits = session.prefill(token)
+        for _ in continue_from(session, logits, 3):
+            pass
+    return time.perf_counter() - start

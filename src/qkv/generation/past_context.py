@@ -17,15 +17,11 @@ Shape legend: B batch, T tokens so far, W window (at most the context length), V
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
-import torch
-from torch import Tensor
 
 from qkv.attention.kv_cache import CacheKind, StaticKVCache
 from qkv.attention.sink_cache import SinkKVCache
-from qkv.generation.sampling import Sampling, choose
 from qkv.models.decoder import CausalDecoder
 
 SINKS = 4  # StreamingLLM's sink tokens
@@ -62,36 +58,4 @@ def plan_past_context(model: CausalDecoder, prompt_tokens: int, max_new_tokens: 
     )
 
 
-def cropped_steps(model: CausalDecoder, tokens: Tensor, ends: Tensor, steps: int, sampling: Sampling,
-                  stop: tuple[int, ...], generator: torch.Generator | None, finished: Tensor) -> Iterator[Tensor]:
-    """`steps` new tokens (B,), each from the row's last context_length tokens.
-
-    tokens (B, T + steps) holds each row's tokens first (row r: tokens[r, :ends[r]]), room
-    after; `ends` (B,) and `finished` (B,) are updated in place."""
-    context = model.context_length
-    rows = torch.arange(tokens.shape[0], device=tokens.device)
-    stop_ids = torch.tensor(list(stop), dtype=torch.long, device=tokens.device)
-    was_training = model.training
-    model.eval()
-    try:
-        for _ in range(steps):
-            width = min(context, int(ends.max()))
-            starts = (ends - width).clamp(min=0)  # (B,) rows shorter than the window start at 0
-            columns = starts[:, None] + torch.arange(width, device=tokens.device)[None]  # (B, W)
-            window = tokens.gather(1, columns)  # (B, W); a shorter row's tail is never seen (causal)
-            with torch.inference_mode():
-                logits = model(window)[rows, ends - starts - 1]  # (B, V)
-            new = choose(logits, sampling, generator)
-            if stop:
-                new = torch.where(finished, stop_ids[0], new)
-                finished |= torch.isin(new, stop_ids)
-            tokens[rows, ends] = new
-            ends += 1
-            yield new
-            if stop and bool(finished.all()):
-                return
-    finally:
-        model.train(was_training)
-
-
-__all__ = ["ContextPlan", "SINKS", "cropped_steps", "plan_past_context"]
+__all__ = ["ContextPlan", "SINKS", "plan_past_context"]

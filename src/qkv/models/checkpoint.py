@@ -35,7 +35,7 @@ from qkv.atomic import atomic_write_with
 from qkv.errors import QkvError
 from qkv.models import hf_keys
 from qkv.models.decoder import CausalDecoder
-from qkv.models.empty_init import meta_names, parameters_on_meta
+from qkv.empty_init import meta_names, parameters_on_meta
 from qkv.models.gpt2 import GPTConfig, GPTModel
 from qkv.models.llama import LlamaForCausalLM
 from qkv.models.llama_config import LlamaConfig
@@ -109,7 +109,7 @@ class ModelPlan:
         """The model in eval mode with `tensors` (HF names) loaded; each one checked first.
 
         The model is made with its parameters on the meta device (no random init to
-        overwrite: qkv.models.empty_init) and the weights are assigned. owned=True: the
+        overwrite: qkv.empty_init) and the weights are assigned. owned=True: the
         caller hands the tensors over (nothing else holds them), so those already in the
         model's dtype become its parameters without a copy; else each one is copied.
         """

@@ -73,8 +73,6 @@ def join_context_parallel(
 @contextmanager
 def attach_ring(model: CausalDecoder, ring: Ring) -> Iterator[CausalDecoder]:
     """Within the block, every attention layer of `model` attends through `ring`."""
-    if model.caches():
-        raise ValueError("a model with a KV cache cannot run context-parallel; call remove_cache() first")
     layers = list(model.attention_layers())
     for layer in layers:
         layer.ring = ring

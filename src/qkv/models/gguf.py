@@ -1,21 +1,23 @@
-"""Llama-architecture models from GGUF files (llama.cpp's format).
+"""Models from GGUF files (llama.cpp's format), read into what the Hugging Face side loads.
 
 A GGUF file holds everything a model needs in one place: the hyperparameters as metadata
-(`llama.block_count`, `llama.attention.head_count`, ...), the tokenizer (tokens, merges,
+(`llama.block_count`, `gemma3.attention.sliding_window`, ...), the tokenizer (tokens, merges,
 special ids, chat template) and the tensors, usually quantized (Q4_1, Q8_0, ...). This module
 turns it into what the Hugging Face side of qkv already loads: a `config.json`-style dict,
 fp32/bf16 tensors under Hugging Face names (`model.layers.0.self_attn.q_proj.weight`) and a
-`tokenizers.Tokenizer`. One transform is needed on the way: llama.cpp's converter reorders the
-rows of every head of the query and key projections from the rotate-half RoPE layout (first
-half of the head, then second half) into the interleaved one (pairs of neighbouring rows), so
-`unpermute_rows` puts them back; qkv's RoPE is rotate-half.
+`tokenizers.Tokenizer`. What each architecture means (its config.json, its tensor names, the
+transforms llama.cpp's converter applied) is `qkv.models.gguf_arch`; the transforms are undone
+here: the llama-ordered q/k rows (the converter reorders the rows of every head from the
+rotate-half RoPE layout, first half then second half, into the interleaved one, pairs of
+neighbouring rows; `unpermute_rows` puts them back), Gemma's norm weights + 1, GPT-2's
+transposed Conv1D matrices.
 
 This module only reads GGUF files; `qkv.models.loader` (the one loader) finds them by name
 and builds the model. The header (metadata and tensor table) is parsed by
 `qkv.models.gguf_header`, the tensors are dequantized by `qkv.models.gguf_blocks` (torch
 operations on the block bytes) or, for the types it lacks, by the `gguf` library. Everything
-in the file is checked before it is used: metadata types and ranges, token ids, tensor
-names and shapes (from the header, before any dequantizing).
+in the file is checked before it is used: the architecture, metadata types and ranges, token
+ids, tensor names and shapes (from the header, before any dequantizing).
 
 Shape legend: V vocabulary, C embedding (hidden size), F feed-forward size, H query heads,
 H_kv key/value heads, D head size, R rows of a projection (H*D or H_kv*D).
@@ -33,38 +35,17 @@ import torch
 from torch import Tensor
 
 from qkv.errors import QkvError
-from qkv.models import gguf_blocks
-from qkv.models.hf_fields import (
-    MAX_DIM, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB, MISSING, check_float, check_int, is_int,
-)
+from qkv.models import gguf_arch, gguf_blocks
+from qkv.models.hf_fields import is_int
 
 GGUF_MAGIC = b"GGUF"
 
-SUPPORTED_ARCHITECTURES = ("llama",)
+SUPPORTED_ARCHITECTURES = tuple(gguf_arch.ARCHITECTURES)
 
 # llama.cpp's token types (tokenizer.ggml.token_type): CONTROL tokens are the special ones
 # (<|im_start|>, ...), USER_DEFINED ones are added tokens that are matched before BPE.
 TOKEN_TYPE_CONTROL = 3
 TOKEN_TYPE_USER_DEFINED = 4
-
-# GGUF tensor names -> Hugging Face Llama names. "{i}" is the layer index.
-_GLOBAL_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-_LAYER_NAMES = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-}
-
 
 @dataclass(frozen=True)
 class GGUFCheckpoint:
@@ -143,21 +124,6 @@ def _required(reader: Any, key: str, path: Path) -> Any:
     return value
 
 
-def _int(reader: Any, key: str, path: Path, default: Any = MISSING, *, minimum: int = 1, maximum: int = MAX_DIM) -> int:
-    value = _required(reader, key, path) if default is MISSING else _field(reader, key, default)
-    try:
-        return check_int(key, value, minimum=minimum, maximum=maximum)
-    except ValueError as error:
-        raise QkvError(f"{path}: {error}") from None
-
-
-def _float(reader: Any, key: str, path: Path, default: float) -> float:
-    try:
-        return check_float(key, _field(reader, key, default), positive=True)
-    except ValueError as error:
-        raise QkvError(f"{path}: {error}") from None
-
-
 def _token_id(reader: Any, key: str, path: Path, count: int) -> int | None:
     value = _field(reader, key)
     if value is None:
@@ -168,57 +134,8 @@ def _token_id(reader: Any, key: str, path: Path, count: int) -> int | None:
 
 
 def read_config(reader: Any, path: Path) -> dict[str, Any]:
-    """The model's hyperparameters as a Hugging Face LlamaConfig dict, each value checked."""
-    arch = _field(reader, "general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise QkvError(
-            f"{path} holds a {str(arch)[:40]!r} model; qkv reads GGUF files of these architectures: "
-            f"{', '.join(SUPPORTED_ARCHITECTURES)}"
-        )
-    hidden = _int(reader, f"{arch}.embedding_length", path)
-    heads = _int(reader, f"{arch}.attention.head_count", path, maximum=hidden)
-    kv_heads = _int(reader, f"{arch}.attention.head_count_kv", path, heads, maximum=heads)
-    if hidden % heads != 0 and _field(reader, f"{arch}.attention.key_length") is None:
-        raise QkvError(f"{path}: embedding_length {hidden} is not divisible by head_count {heads}")
-    head_dim = _int(reader, f"{arch}.attention.key_length", path, hidden // heads)
-    value_dim = _int(reader, f"{arch}.attention.value_length", path, head_dim)
-    if value_dim != head_dim:
-        raise QkvError(f"{path}: key_length {head_dim} and value_length {value_dim} differ; qkv needs them equal")
-    rope_dim = _int(reader, f"{arch}.rope.dimension_count", path, head_dim)
-    if rope_dim != head_dim:
-        raise QkvError(f"{path} rotates {rope_dim} of {head_dim} head dimensions; qkv's RoPE rotates whole heads")
-    scaling = _field(reader, f"{arch}.rope.scaling.type")
-    if scaling not in (None, "none"):
-        raise QkvError(f"{path} uses RoPE scaling {str(scaling)[:40]!r}, which qkv does not read from GGUF")
-    if any(t.name == "rope_freqs.weight" for t in reader.tensors):
-        raise QkvError(f"{path} carries per-frequency RoPE factors (rope_freqs.weight), which qkv does not read from GGUF")
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    count = tokens.count if tokens is not None else None
-    if count is None and _field(reader, f"{arch}.vocab_size") is None:
-        raise QkvError(f"{path} states no vocabulary size and holds no tokenizer")
-    vocab = _int(reader, f"{arch}.vocab_size", path, count, maximum=MAX_VOCAB)
-    names = {t.name for t in reader.tensors}
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "vocab_size": vocab,
-        "hidden_size": hidden,
-        "intermediate_size": _int(reader, f"{arch}.feed_forward_length", path),
-        "num_hidden_layers": _int(reader, f"{arch}.block_count", path, maximum=MAX_LAYERS),
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "head_dim": head_dim,
-        "max_position_embeddings": _int(reader, f"{arch}.context_length", path, 2048, maximum=MAX_POSITIONS),
-        "rms_norm_eps": _float(reader, f"{arch}.attention.layer_norm_rms_epsilon", path, 1e-5),
-        "rope_theta": _float(reader, f"{arch}.rope.freq_base", path, 10000.0),
-        "rope_scaling": None,
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "mlp_bias": False,
-        "tie_word_embeddings": "output.weight" not in names,
-        "bos_token_id": _token_id(reader, "tokenizer.ggml.bos_token_id", path, vocab),
-        "eos_token_id": _token_id(reader, "tokenizer.ggml.eos_token_id", path, vocab),
-    }
+    """The model's hyperparameters as the family's config.json dict (qkv.models.gguf_arch), each value checked."""
+    return gguf_arch.read_config(reader, path)
 
 
 def unpermute_rows(weight: Tensor, num_heads: int) -> Tensor:
@@ -241,14 +158,9 @@ def permute_rows(weight: Tensor, num_heads: int) -> Tensor:
     return w.transpose(1, 2).reshape(rows, cols)  # (H, D/2, 2, C) -> (R, C)
 
 
-def hf_name(gguf_name: str) -> str | None:
-    """Hugging Face name of a GGUF tensor, None when qkv does not know it."""
-    if gguf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[gguf_name]
-    parts = gguf_name.split(".", 2)
-    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
-    return None
+def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
+    """Hugging Face name of a GGUF tensor of architecture `arch`, None when qkv does not know it."""
+    return gguf_arch.ARCHITECTURES[arch].hf_name(gguf_name)
 
 
 def dequantize(tensor: Any, path: Path) -> np.ndarray:
@@ -274,20 +186,26 @@ def _gguf_shape(tensor: Any) -> tuple[int, ...]:
 
 def tensor_shapes(reader: Any, config: dict[str, Any], path: Path) -> dict[str, tuple[int, ...]]:
     """Hugging Face name -> shape of every tensor, from the file's header (nothing is read)."""
-    layers = config["num_hidden_layers"]
+    arch = gguf_arch.architecture(reader, path)
+    layers = config.get("num_hidden_layers", config.get("n_layer"))
     shapes: dict[str, tuple[int, ...]] = {}
-    for tensor in reader.tensors:
-        name = hf_name(tensor.name)
-        if name is None or (name.startswith("model.layers.") and int(name.split(".")[2]) >= layers):
-            raise QkvError(f"{path}: unexpected tensor {str(tensor.name)[:80]!r} for a {layers}-layer llama model")
+    for tensor in arch.weights(reader.tensors):
+        name = arch.hf_name(tensor.name)
+        layer = None if name is None else arch.layer_of(name)
+        if name is None or (layer is not None and layer >= layers):
+            raise QkvError(f"{path}: unexpected tensor {str(tensor.name)[:80]!r} for a {layers}-layer {arch.name} model")
         if name in shapes:
             raise QkvError(f"{path}: tensor {tensor.name!r} appears twice")
-        shapes[name] = _gguf_shape(tensor)
+        shape = _gguf_shape(tensor)
+        shapes[name] = shape[::-1] if arch.is_transposed(tensor.name, len(shape)) else shape
     return shapes
 
 
-def _rope_heads(name: str, config: dict[str, Any]) -> int | None:
-    """How many heads' rows llama.cpp reordered in this tensor (q and k), else None."""
+def _rope_heads(name: str, config: dict[str, Any], arch: gguf_arch.Architecture) -> int | None:
+    """How many heads' rows llama.cpp reordered in this tensor (q and k of the llama-ordered
+    architectures), else None."""
+    if not arch.permuted_qk:
+        return None
     if name.endswith("self_attn.q_proj.weight"):
         return config["num_attention_heads"]
     if name.endswith("self_attn.k_proj.weight"):
@@ -307,28 +225,40 @@ def _rows_in_hf_order(data: np.ndarray, heads: int | None) -> np.ndarray:
     return data[order.numpy()]  # (R, bytes per row), a copy
 
 
+def _dequantize_one(tensor: Any, path: Path) -> Tensor:
+    """One tensor as float32 in its (out, in) shape, by qkv's block decoder or the gguf library."""
+    if tensor.tensor_type in gguf_blocks.TYPES:
+        return gguf_blocks.dequantize_blocks([tensor.data], tensor.tensor_type).view(_gguf_shape(tensor))
+    return torch.from_numpy(np.array(dequantize(tensor, path)))
+
+
 def read_state_dict(reader: Any, config: dict[str, Any], path: Path, dtype: torch.dtype) -> dict[str, Tensor]:
-    """Every tensor dequantized, renamed and (for q/k) unpermuted; an unknown one -> QkvError.
+    """Every tensor dequantized, renamed and put back as Hugging Face holds it (q/k rows
+    unpermuted, Gemma's norm weights less the 1 the converter added, GPT-2's Conv1D matrices
+    transposed back); an unknown one -> QkvError.
 
     Tensors of the types `qkv.models.gguf_blocks` decodes are decoded together, one batch
     per type, and come back as views into that batch's one tensor (each contiguous); the
-    rest go through the gguf library one by one.
+    rest, and the shifted norms (subtracted in float32 before any cast), one by one.
     """
+    arch = gguf_arch.architecture(reader, path)
     tensor_shapes(reader, config, path)
     state: dict[str, Tensor] = {}
     batches: dict[Any, list[tuple[str, Any]]] = {}
-    for tensor in reader.tensors:
-        name = hf_name(tensor.name)
-        heads = _rope_heads(name, config)
-        if tensor.tensor_type in gguf_blocks.TYPES:
+    for tensor in arch.weights(reader.tensors):
+        name = arch.hf_name(tensor.name)
+        heads = _rope_heads(name, config, arch)
+        if tensor.tensor_type in gguf_blocks.TYPES and not arch.is_shifted_norm(tensor.name):
             batches.setdefault(tensor.tensor_type, []).append((name, tensor))
             continue
-        weight = torch.from_numpy(np.array(dequantize(tensor, path)))
+        weight = _dequantize_one(tensor, path)
         if heads is not None:
             weight = unpermute_rows(weight, heads)
+        if arch.is_shifted_norm(tensor.name):
+            weight = weight - arch.norm_shift
         state[name] = weight.to(dtype).contiguous()
     for tensor_type, members in batches.items():
-        parts = [_rows_in_hf_order(t.data, _rope_heads(name, config)) for name, t in members]
+        parts = [_rows_in_hf_order(t.data, _rope_heads(name, config, arch)) for name, t in members]
         try:
             flat = gguf_blocks.dequantize_blocks(parts, tensor_type).to(dtype)  # (all weights,)
         except ValueError as error:  # the header checked sizes; this is the last guard
@@ -338,7 +268,11 @@ def read_state_dict(reader: Any, config: dict[str, Any], path: Path, dtype: torc
             raise QkvError(f"{path}: the {tensor_type.name} tensors hold {flat.numel()} values, not {sum(sizes)}")
         for (name, t), values in zip(members, flat.split(sizes)):
             state[name] = values.view(_gguf_shape(t))
-    return {name: state[name] for name in (hf_name(t.name) for t in reader.tensors)}  # the file's order
+    for tensor in arch.weights(reader.tensors):
+        if arch.is_transposed(tensor.name, len(tensor.shape)):  # (out, in) -> Conv1D's (in, out)
+            name = arch.hf_name(tensor.name)
+            state[name] = state[name].t().contiguous()
+    return {name: state[name] for name in (arch.hf_name(t.name) for t in arch.weights(reader.tensors))}  # the file's order
 
 
 # ----------------------------------------------------------------------------- tokenizer

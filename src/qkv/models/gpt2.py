@@ -16,12 +16,13 @@ H heads, D head size, V vocabulary.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from qkv.attention.grouped_query import GroupedQueryAttention
+from qkv.attention.kv_cache import KVCache
 from qkv.models.decoder import CausalDecoder, LayerParts
 from qkv.models.gpt2_config import GPT_CONFIG_124M, GPTConfig  # noqa: F401  (re-exported; torch-free home)
 
@@ -71,15 +72,15 @@ class TransformerBlock(nn.Module):
         self.norm2 = LayerNorm(cfg.emb_dim, cfg.layer_norm_eps)
         self.drop_shortcut = nn.Dropout(cfg.drop_rate)
 
-    def forward(self, x: Tensor, *, mask: Tensor | None, positions: Tensor) -> Tensor:
-        x = x + self.drop_shortcut(self.att(self.norm1(x), mask=mask, positions=positions))
+    def forward(self, x: Tensor, *, mask: Tensor | None, positions: Tensor, cache: KVCache | None = None) -> Tensor:
+        x = x + self.drop_shortcut(self.att(self.norm1(x), mask=mask, positions=positions, cache=cache))
         return x + self.drop_shortcut(self.ff(self.norm2(x)))
 
 
 class GPTModel(CausalDecoder):
     """Section 4.6: token + position embeddings, transformer blocks, final norm, output head.
 
-    forward(input_ids (B, T), *, positions=None, mask=None) -> logits (B, T, V).
+    forward(input_ids (B, T), *, positions=None, mask=None, caches=None) -> logits (B, T, V).
     `positions` (T,) or (B, T) defaults to cache_length + arange(T); `mask` is a (B, S)
     key padding mask or a boolean mask broadcastable to (B, 1, T, S) for padded batches
     (see qkv.models.decoder). The output head may share its weight with tok_emb (GPT-2
@@ -121,15 +122,18 @@ class GPTModel(CausalDecoder):
     def weights_tied(self) -> bool:
         return self.out_head.weight is self.tok_emb.weight
 
-    def forward(
-        self, input_ids: Tensor, *, positions: Tensor | None = None, mask: Tensor | None = None
-    ) -> Tensor:
-        positions, mask = self.call_arguments(input_ids, positions, mask)  # (T,) or (B, T); bool
-        x = self.drop_emb(self.tok_emb(input_ids) + self.pos_emb(positions))  # (B, T, C)
-        fused = self.fused_step(x, positions, mask)  # a decode step in qkv's whole-layer kernel
-        if fused is not None:
-            x = fused
-        else:
-            for block in self.trf_blocks:
-                x = block(x, mask=mask, positions=positions)
+    def embed(self, input_ids: Tensor, positions: Tensor) -> Tensor:
+        return self.drop_emb(self.tok_emb(input_ids) + self.pos_emb(positions))  # (B, T, C)
+
+    def head(self, x: Tensor) -> Tensor:
         return self.out_head(self.final_norm(x))  # (B, T, V)
+
+    def forward(
+        self, input_ids: Tensor, *, positions: Tensor | None = None, mask: Tensor | None = None,
+        caches: Sequence[KVCache] | None = None,
+    ) -> Tensor:
+        positions, mask = self.call_arguments(input_ids, positions, mask, caches)  # (T,) or (B, T); bool
+        x = self.embed(input_ids, positions)  # (B, T, C)
+        for index, block in enumerate(self.trf_blocks):
+            x = block(x, mask=mask, positions=positions, cache=None if caches is None else caches[index])
+        return self.head(x)  # (B, T, V)

@@ -83,7 +83,7 @@ def load_mapped(
 
     tied_duplicates: {name: original} checkpoint keys that may repeat a tied weight.
     The tensors are assigned (`load_state_dict(assign=True)`), so `model` may have been
-    built with its parameters on the meta device (qkv.models.empty_init). copy=False: a
+    built with its parameters on the meta device (qkv.empty_init). copy=False: a
     tensor already of the right dtype and contiguous becomes the parameter itself, for a
     caller that hands over tensors nothing else holds (the loader's freshly read ones).
     """

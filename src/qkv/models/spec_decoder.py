@@ -25,7 +25,7 @@ R rotated channels of a head.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -35,7 +35,8 @@ from qkv.attention.grouped_query import GroupedQueryAttention
 from qkv.attention.rmsnorm import RMSNorm
 from qkv.attention.rope import RotaryEmbedding
 from qkv.attention.rope_scaling import scaled_rotary
-from qkv.fusion import stack_linears
+from qkv.attention.stacking import stack_linears
+from qkv.attention.kv_cache import KVCache
 from qkv.kernel_names import Backend
 from qkv.models.decoder import CausalDecoder, LayerParts
 from qkv.models.decoder_spec import DecoderSpec
@@ -120,9 +121,11 @@ class SpecDecoderLayer(nn.Module):
         return x if name is None else getattr(self, name)(x)
 
     def forward(
-        self, x: Tensor, *, cos: Tensor | None, sin: Tensor | None, mask: Tensor | None, positions: Tensor
+        self, x: Tensor, *, cos: Tensor | None, sin: Tensor | None, mask: Tensor | None, positions: Tensor,
+        cache: KVCache | None = None,
     ) -> Tensor:
-        attended = self.self_attn(self.norm("attn_norm", x), cos=cos, sin=sin, mask=mask, positions=positions)
+        attended = self.self_attn(self.norm("attn_norm", x), cos=cos, sin=sin, mask=mask, positions=positions,
+                                  cache=cache)
         x = x + self.norm("attn_post_norm", attended)
         return x + self.norm("mlp_post_norm", self.mlp(self.norm("mlp_norm", x)))
 
@@ -204,26 +207,27 @@ class SpecDecoder(CausalDecoder):
             ))
         return parts
 
-    def embed(self, input_ids: Tensor) -> Tensor:
+    def embed(self, input_ids: Tensor, positions: Tensor) -> Tensor:
         x = self.model.embed_tokens(input_ids)  # (B, T, C)
         if self.spec.embedding_scale is not None:
             x = x * torch.tensor(self.spec.embedding_scale, dtype=x.dtype)  # in the embedding's dtype, as HF does
         return x
 
-    def forward(
-        self, input_ids: Tensor, *, positions: Tensor | None = None, mask: Tensor | None = None
-    ) -> Tensor:
-        positions, mask = self.call_arguments(input_ids, positions, mask)  # (T,) or (B, T); bool
-        x = self.embed(input_ids)  # (B, T, C)
-        fused = self.fused_step(x, positions, mask)  # a decode step in qkv's whole-layer kernel
-        if fused is not None:
-            x = fused
-        else:
-            rope_positions = self.rope_positions(positions)
-            tables = [rotary(rope_positions, dtype=x.dtype) for rotary in self.model.rotaries()]  # (T, R) or (B, T, R)
-            for layer, index in zip(self.model.layers, self.model.rope_index):
-                cos, sin = (None, None) if index is None else tables[index]
-                x = layer(x, cos=cos, sin=sin, mask=mask, positions=positions)
+    def head(self, x: Tensor) -> Tensor:
         logits = self.lm_head(self.model.norm(x))  # (B, T, V)
         cap = self.spec.final_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    def forward(
+        self, input_ids: Tensor, *, positions: Tensor | None = None, mask: Tensor | None = None,
+        caches: Sequence[KVCache] | None = None,
+    ) -> Tensor:
+        positions, mask = self.call_arguments(input_ids, positions, mask, caches)  # (T,) or (B, T); bool
+        x = self.embed(input_ids, positions)  # (B, T, C)
+        rope_positions = self.rope_positions(positions, caches)
+        tables = [rotary(rope_positions, dtype=x.dtype) for rotary in self.model.rotaries()]  # (T, R) or (B, T, R)
+        for index, (layer, rope) in enumerate(zip(self.model.layers, self.model.rope_index)):
+            cos, sin = (None, None) if rope is None else tables[rope]
+            x = layer(x, cos=cos, sin=sin, mask=mask, positions=positions,
+                      cache=None if caches is None else caches[index])
+        return self.head(x)  # (B, T, V)

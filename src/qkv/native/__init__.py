@@ -13,7 +13,7 @@ layers, against about 30 GB/s of read bandwidth; `kernels.cpp` reaches 11-23 GB/
 compiler against PyTorch's stable C ABI (headers only: about 3 seconds), into a per-user
 cache folder keyed by the source, the compiler and the torch version, so it is built once
 per machine. The ops are `torch.ops.qkv.int8_linear`, `int4_linear`, `f32_linear`,
-`decode_attention` and `decoder_layer` (a whole layer's decode step, qkv.perf.fused_layers);
+`decode_attention` and `decoder_layer` (a whole layer's decode step, qkv.runtime.native_layers);
 they have fake implementations, so torch.compile traces them as one opaque call each.
 
 They need an x86-64 CPU with AVX2, FMA and F16C, PyTorch 2.10 or later (the stable ABI),

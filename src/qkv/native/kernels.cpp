@@ -25,7 +25,7 @@
 //                      k_cache!, v_cache!, lengths!, positions (B,), rows (B,)?, num_heads, activation, eps,
 //                      scale) -> (B, C): one decode step of a pre-norm decoder layer (Llama/Qwen or GPT-2),
 //       one new token per row, through the products above; the new keys and values are written at
-//       `positions` of cache row rows[r] (or r) (qkv.perf.fused_layers describes the arguments)
+//       `positions` of cache row rows[r] (or r) (qkv.runtime.native_layers describes the arguments)
 //
 // Shape legend: M rows of x (batch x tokens), K input features, N output features.
 #include <immintrin.h>

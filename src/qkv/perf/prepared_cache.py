@@ -45,8 +45,8 @@ DIGEST_KEY = "qkv_tensors_sha256"  # the entry's own checksum, in its safetensor
 _OFF = {"0", "false", "no", "off"}
 _PACKAGE = Path(__file__).resolve().parents[1]  # src/qkv
 # the modules whose code decides the prepared tensors (their source is part of the key)
-_CODE = ("fusion.py", "precision.py", "native/ops.py", "perf/quantize.py", "perf/prepare.py", "perf/prepared_cache.py",
-         "models", "attention/grouped_query.py")
+_CODE = ("attention/stacking.py", "precision.py", "native/ops.py", "perf/quantize.py", "runtime/prepare.py",
+         "perf/prepared_cache.py", "models", "attention/grouped_query.py")
 
 
 def smallest_source() -> int:

@@ -37,7 +37,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkv.native import native_kernels
-from qkv.native.ops import BLOCK, dequantize_blocks, int4_linear, int8_linear, pack_blocks, unpack_blocks
+from qkv.native.ops import (
+    BLOCK, dequantize_blocks, int4_linear, int8_linear, pack_blocks, round_activations, unpack_blocks,
+)
 from qkv.perf.compile import repeated_blocks
 
 QUANTIZATIONS: tuple[str, ...] = ("int8", "int4")
@@ -49,7 +51,9 @@ INT4_GROUP = BLOCK  # GGUF's Q4 block size: SmolLM2's Q4_1 weights fall on the s
 PROMPT_ROWS = 16
 # qkv's kernels take two rows of x per pass over the weights, and dequantizing a layer for
 # `F.linear` costs about 10 ms for SmolLM2's largest (fresh pages for the float copy), so
-# they are used up to this many rows (measured: 32 rows of a 3072x576 layer, 1.3 ms).
+# they are used up to this many rows (measured: 32 rows of a 3072x576 layer, 1.3 ms). Past
+# it, an int4 layer rounds the activations as its kernel does before the float product, so a
+# prompt and a decode step compute one precision's math (to float rounding).
 NATIVE_ROWS = 128
 
 _INT8_MM = getattr(torch.ops.aten, "_weight_int8pack_mm", None)
@@ -227,6 +231,8 @@ class Int4Linear(nn.Module):
             y = int4_linear(rows.float().contiguous(), self.q, self.d_bits, self.m_bits).to(x.dtype)
         elif decode and self.packed is not None and self.scales_and_zeros is not None:
             y = _INT4_MM(rows, self.packed, BLOCK, self.scales_and_zeros.to(x.dtype))
+        elif self.native:  # a prompt: the kernel's math (activations rounded to int8 per block), one float product
+            y = F.linear(round_activations(rows), self.dequantized(torch.float32)).to(x.dtype)
         else:
             y = F.linear(rows.float(), self.dequantized(torch.float32)).to(x.dtype)
         return _bias_after(y.reshape(*x.shape[:-1], self.out_features), self.bias, x.dtype)

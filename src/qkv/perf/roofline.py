@@ -21,6 +21,8 @@ Shape legend: S cached positions, H_kv key/value heads, D head size.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from dataclasses import dataclass
 
 from torch import Tensor, nn
@@ -72,24 +74,22 @@ def _persistent_buffers(module: nn.Module) -> list[Tensor]:
     return [b for name, b in module.named_buffers(recurse=False) if name not in skip]
 
 
-def kv_bytes_per_token(model: nn.Module, positions: int) -> int:
+def kv_bytes_per_token(caches: Sequence[nn.Module], positions: int) -> int:
     """Bytes of cached keys and values read by one decode step over `positions` tokens.
 
-    Read from the KV caches attached to the model (modules named `kv_cache` that have
-    `k_cache` and `v_cache` buffers of shape (B, H_kv, S_max, D)).
+    Read from a session's KV caches (`k_cache` and `v_cache` buffers of shape
+    (B, H_kv, S_max, D)).
     """
     total = 0
-    for name, module in model.named_modules():
-        if name.split(".")[-1] != "kv_cache":
-            continue
+    for module in caches:
         for buf in (module.k_cache, module.v_cache):
             b, h, _, d = buf.shape
             total += b * h * positions * d * buf.element_size()
     return total
 
 
-def token_bytes(model: nn.Module, positions: int) -> TokenBytes:
-    return TokenBytes(weight_bytes_per_token(model), kv_bytes_per_token(model, positions))
+def token_bytes(model: nn.Module, caches: Sequence[nn.Module], positions: int) -> TokenBytes:
+    return TokenBytes(weight_bytes_per_token(model), kv_bytes_per_token(caches, positions))
 
 
 def roofline_tokens_per_s(bytes_per_token: int, gb_per_s: float) -> float:

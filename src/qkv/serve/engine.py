@@ -17,7 +17,9 @@ slots wait in a bounded queue; `submit` refuses one more (EngineFull).
 
 A freed row keeps its keys and values: a new request takes the free row that shares the
 longest prefix with its prompt and prefills only the rest (qkv.serve.prefix_cache; not for
-a job that scores its prompt, which needs the logits at every prompt position). A job may
+a job that scores its prompt, which needs the logits at every prompt position), keeping the
+whole prefill parts of the prefix (`qkv.runtime.reusable_prefix`), so the rest computes
+what a whole prefill would: an answer does not depend on what ran before it. A job may
 carry a `Constraint` (qkv.generation.constraints): its row's logits are masked by the
 grammar before sampling, each chosen token advances it, and the job ends when it is
 complete.
@@ -29,11 +31,6 @@ log-softmax (before bias, penalties and temperature) of the chosen token and the
 likely; with `score_prompt`, the job first receives `PromptScores` for the prompt's own
 tokens (the first has none). max_tokens 0 scores the prompt and generates nothing.
 
-A freed row keeps its keys and values: a new request starts from the row that shares the
-longest prefix with its prompt and prefills only the rest (qkv.serve.prefix_cache). A job
-may carry a `Constraint` (qkv.generation.constraints): its row's logits are masked by the
-grammar before sampling, each chosen token advances it, and the job ends when it is complete.
-
 Shape legend: B slots (max_batch), T prompt tokens, V vocabulary.
 """
 
@@ -41,10 +38,9 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -52,8 +48,9 @@ import torch
 from qkv.attention.kv_cache import SlotKVCache
 from qkv.errors import QkvError
 from qkv.generation.constraints import Constraint
-from qkv.generation.sampling import Sampling, choose
-from qkv.generation.session import DecodeSession
+from qkv.generation.decode_loop import Alternatives, Choice, DecodeLoop, RowRequest, scored
+from qkv.generation.sampling import Sampling
+from qkv.runtime.session import DecodeSession, reusable_prefix
 from qkv.models.decoder import CausalDecoder
 from qkv.serve.prefix_cache import RowPrefixes
 from qkv.threads import FollowIdleCores
@@ -74,7 +71,6 @@ class Finished:
     message: str = ""
 
 
-Alternatives = tuple[tuple[int, float], ...]  # (token id, logprob), most likely first
 
 
 @dataclass(frozen=True)
@@ -128,20 +124,10 @@ class Job:
     row: int = -1
     last: int = 0
     generator: torch.Generator | None = None
-    counts: torch.Tensor | None = None  # (V,) generated tokens, for the penalties
     constraint: Constraint | None = None  # a grammar the reply must follow (response_format, tools)
 
     def cancel(self) -> None:
         self.cancelled = True
-
-
-def _scored(logprobs: torch.Tensor, chosen: torch.Tensor, k: int) -> tuple[list[float], list[Alternatives]]:
-    """logprobs (T, V), chosen (T,) -> each row's chosen logprob and its k best."""
-    picked = logprobs.gather(1, chosen[:, None])[:, 0].tolist()  # (T,)
-    if k == 0:
-        return picked, [() for _ in picked]
-    values, ids = logprobs.topk(k, dim=-1)  # (T, k)
-    return picked, [tuple(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
 
 
 @dataclass
@@ -169,6 +155,7 @@ class Engine:
         self.max_batch = max_batch
         capacity = model.context_length if capacity is None else min(capacity, model.context_length)
         self.session = DecodeSession(model, batch_size=max_batch, capacity=capacity, kind=SlotKVCache)
+        self.loop = DecodeLoop(self.session)  # the one decode loop: rows join and leave between steps
         self.capacity = self.session.capacity
         self.max_waiting = max_batch * 4 if max_waiting is None else max_waiting
         self.stats = EngineStats(slots=max_batch)
@@ -221,25 +208,13 @@ class Engine:
             self._wake.notify()
 
     def call(self, fn: Callable[[], object]) -> concurrent.futures.Future[object]:
-        """Run `fn()` on the engine thread between two steps, with the slot caches detached
-        (so that it may run the model on its own, e.g. to trace it); returns its future."""
+        """Run `fn()` on the engine thread between two steps (so that it may run the model in a
+        session of its own, e.g. to trace it, never beside a step); returns its future."""
         future: concurrent.futures.Future[object] = concurrent.futures.Future()
         with self._wake:
             self._calls.append((fn, future))
             self._wake.notify()
         return future
-
-    @contextlib.contextmanager
-    def _detached(self) -> Iterator[None]:
-        layers = list(self.model.attention_layers())
-        caches = [layer.kv_cache for layer in layers]
-        for layer in layers:
-            layer.kv_cache = None
-        try:
-            yield
-        finally:
-            for layer, cache in zip(layers, caches):
-                layer.kv_cache = cache
 
     def _run_calls(self) -> None:
         while True:
@@ -250,8 +225,7 @@ class Engine:
             if not future.set_running_or_notify_cancel():
                 continue
             try:
-                with self._detached():
-                    result = fn()
+                result = fn()
             except BaseException as error:  # noqa: BLE001 - handed to the caller
                 future.set_exception(error)
             else:
@@ -289,21 +263,18 @@ class Engine:
             if job is not None and job.cancelled:
                 self._finish(row, Finished("cancelled"))
         self._admit_waiting()
-        running = [row for row, job in enumerate(self._rows) if job is not None]
-        self.stats.occupied = len(running)
-        if not running:
+        self.stats.occupied = len(self.loop.running)
+        if not self.loop.running:
             return
-        tokens = torch.tensor([self._rows[row].last for row in running], dtype=torch.long)  # (b,)  # type: ignore[union-attr]
         start = time.perf_counter()
-        # Only the occupied slots step, and attention reads only what their longest row holds.
-        logits = self.session.decode(tokens, rows=running)  # (b, V)
-        for row, token in zip(running, tokens.tolist()):
-            self.prefixes.extend(row, token)
-        for i, row in enumerate(running):
-            self._deliver(row, logits[i : i + 1])
+        choices = self.loop.step()  # each running row's next token, then one decode call for those going on
+        for choice in choices:  # (decoded tokens are no reusable prefix: qkv.runtime.reusable_prefix)
+            job = self._rows[choice.row]
+            assert job is not None
+            self._deliver(job, choice)
         elapsed = time.perf_counter() - start
         self.stats.steps += 1
-        self.stats.tokens_per_second = len(running) / elapsed if elapsed > 0 else 0.0
+        self.stats.tokens_per_second = len(choices) / elapsed if elapsed > 0 else 0.0
 
     def _admit_waiting(self) -> None:
         """Waiting jobs take free rows: prefills while they fit in PREFILL_BUDGET new tokens
@@ -327,7 +298,9 @@ class Engine:
                 self._admit_copy(self.prefixes.pick(free, job.prompt)[0], job, source)
             else:
                 row, donor, kept = self.prefixes.pick(free, job.prompt)
-                if job.score_prompt:  # every prompt position's logits are needed: prefill it whole
+                # Only whole prefill parts are kept: the rest computes what a whole prefill would.
+                kept = reusable_prefix(len(job.prompt), kept) if self.session.keeps_every_position else 0
+                if job.score_prompt or kept == 0:  # every prompt position's logits are needed: prefill it whole
                     donor, kept = row, 0
                 self._admit(row, job, donor, kept)
                 budget -= len(job.prompt) - kept
@@ -344,14 +317,17 @@ class Engine:
         self.stats.prompt_tokens_reused += kept
         self.prefixes.forget(row)  # until the prefill has written it
         if donor != row and kept:
-            self.session.copy_row(donor, row, kept)
+            try:
+                self.session.copy_row(donor, row, kept)
+            except NotImplementedError:  # a sliding-window ring that has dropped those keys: prefill it all
+                kept = 0
         ids = torch.tensor(job.prompt, dtype=torch.long)  # (T,)
         logits = self.session.prefill_row_all(row, ids[kept:], start=kept)  # (T - kept, V)
         self.prefixes.hold(row, job.prompt)
         scores = None
         if job.score_prompt:  # kept == 0 here
             k = job.logprobs or 0
-            picked, top = _scored(torch.log_softmax(logits[:-1].float(), dim=-1), ids[1:].to(logits.device), k)
+            picked, top = scored(torch.log_softmax(logits[:-1].float(), dim=-1), ids[1:].to(logits.device), k)
             scores = PromptScores([None, *picked], [(), *top])
         if job.share is not None:
             job.share.logits, job.share.scores = logits[-1].clone(), scores
@@ -362,9 +338,13 @@ class Engine:
         """A job whose prompt row `source` holds: copy its positions instead of prefilling."""
         share = job.share
         assert share is not None and share.logits is not None
+        try:
+            self.session.copy_row(source, row, len(job.prompt))
+        except NotImplementedError:  # a sliding-window ring that cannot give those positions: prefill
+            self._admit(row, job, row, 0)
+            return
         self._start(row, job)
         self.prefixes.forget(row)
-        self.session.copy_row(source, row, len(job.prompt))
         self.prefixes.hold(row, job.prompt)
         share.rows.add(row)
         self._begin(row, job, share.logits[None], share.scores)
@@ -375,52 +355,29 @@ class Engine:
         if job.max_tokens == 0:
             self._finish(row, Finished("length"))
             return
-        self._deliver(row, logits)
+        self.loop.start(row, logits, RowRequest(job.sampling, job.stop_ids, job.max_tokens, job.generator,
+                                                job.constraint, job.logprobs))
 
-    def _deliver(self, row: int, logits: torch.Tensor) -> None:
-        """Choose row `row`'s next token from its logits (1, V) and hand it to the job."""
-        job = self._rows[row]
-        assert job is not None
-        if job.cancelled:
-            self._finish(row, Finished("cancelled"))
+    def _deliver(self, job: Job, choice: Choice) -> None:
+        """Hand row `choice.row`'s new token to its job; a row that ended leaves the loop."""
+        if choice.end == "error":
+            self._finish(choice.row, Finished("error", choice.message))
             return
-        if job.sampling.penalised and job.counts is None:
-            job.counts = torch.zeros(logits.shape[-1], device=logits.device)  # (V,)
-        counts = None if job.counts is None else job.counts[None]  # (1, V)
-        try:
-            allowed = logits if job.constraint is None else job.constraint.mask(logits)  # (1, V)
-            token = int(choose(allowed, job.sampling, job.generator, counts)[0])
-            if job.constraint is not None and token not in job.stop_ids:
-                job.constraint.accept(token)
-        except QkvError as error:  # this request's grammar failed: the other rows go on
-            self._finish(row, Finished("error", str(error)))
-            return
-        logprob, top = None, ()
-        if job.logprobs is not None:
-            picked, alternatives = _scored(torch.log_softmax(logits.float(), dim=-1),
-                                           torch.tensor([token], device=logits.device), job.logprobs)
-            logprob, top = picked[0], alternatives[0]
         if job.first_token_at is None:
             job.first_token_at = time.perf_counter()
             self.stats.ttft.append(job.first_token_at - job.submitted)
-        if token in job.stop_ids:
-            job.emit(Token(token, logprob, top, stop=True))
-            self._finish(row, Finished("stop"))
-            return
-        job.last = token
-        job.produced += 1
-        if job.counts is not None:
-            job.counts[token] += 1
-        self.stats.completion_tokens += 1
-        job.emit(Token(token, logprob, top))
-        if job.constraint is not None and job.constraint.finished:
-            self._finish(row, Finished("stop"))  # the grammar is complete: nothing may follow
-        elif job.produced >= job.max_tokens:
-            self._finish(row, Finished("length"))
+        if not choice.stop_token:
+            job.last = choice.token
+            job.produced += 1
+            self.stats.completion_tokens += 1
+        job.emit(Token(choice.token, choice.logprob, choice.top, stop=choice.stop_token))
+        if choice.end is not None:
+            self._finish(choice.row, Finished(choice.end))
 
     def _finish(self, row: int, event: Finished) -> None:
         job = self._rows[row]
         self._rows[row] = None
+        self.loop.finish(row)
         self.session.release_row(row)
         if job is not None and job.share is not None:
             job.share.rows.discard(row)

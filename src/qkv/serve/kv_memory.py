@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from qkv.errors import QkvError
-from qkv.generation.session import cache_capacity
+from qkv.runtime.session import cache_capacity
 from qkv.models.decoder import CausalDecoder
 from qkv.models.untrusted import available_memory, format_size
 

@@ -31,8 +31,7 @@ def load_served(source: str, *, precision: str = "float32", max_batch: int = 8,
     """The model (with its chat template when it has one), ready for the engine."""
     from qkv.chat import ChatTemplate, load_chat_model
     from qkv.models.loader import load_pretrained
-    from qkv.perf.fused_layers import FusedLayers
-    from qkv.perf.prepare import load_dtype, prepare_for_decoding
+    from qkv.runtime.prepare import load_dtype, prepare_for_decoding
 
     template: ChatTemplate | None = None
     try:
@@ -43,10 +42,9 @@ def load_served(source: str, *, precision: str = "float32", max_batch: int = 8,
             raise
         model, tokenizer = load_pretrained(source, dtype=load_dtype(precision))
         stop = set(model.eos_token_ids)
-    prepare_for_decoding(model, precision=precision, compile=False)
     # Decode steps of the occupied slots as one qkv kernel call per layer where the kernels run
     # the model (float32, int8, int4); not Inductor, whose graphs would follow the batch size.
-    model.fused_layers = FusedLayers.for_model(model)
+    prepare_for_decoding(model, precision=precision, inductor=False)
     require_kv_memory(model, max_batch=max_batch, capacity=capacity)  # before the engine allocates it
     engine = Engine(model, max_batch=max_batch, capacity=capacity, max_waiting=max_waiting, threads=threads,
                     prefix_reuse=prefix_reuse)

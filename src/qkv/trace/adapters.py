@@ -82,10 +82,9 @@ def _batched(x: Tensor) -> tuple[Tensor, bool]:
     return (x.unsqueeze(0), True) if x.dim() == 2 else (x, False)
 
 
-def _cached(module: nn.Module, k_new: Tensor, v_new: Tensor) -> tuple[Tensor, Tensor]:
-    """After the call, the module's KV cache (if any) holds every key, the new ones last
-    (the recorder checks that they equal the keys recomputed from the input)."""
-    cache = getattr(module, "kv_cache", None)
+def _cached(cache: object, k_new: Tensor, v_new: Tensor) -> tuple[Tensor, Tensor]:
+    """After the call, the layer's KV cache (the `cache=` it was handed, if any) holds every
+    key, the new ones last (the recorder checks that they equal the keys recomputed from the input)."""
     if cache is None:
         return k_new, v_new
     keys, values = cache.contents()  # (B, H_kv, S, D)
@@ -158,12 +157,9 @@ def _grouped_query(module: GroupedQueryAttention, args: tuple, kwargs: dict) -> 
     rope = cos is not None and sin is not None
     q_rot = module.rotate(q, cos, sin) if rope else q  # (B, H, T, D)
     k_rot = module.rotate(k, cos, sin) if rope else k  # (B, H_kv, T, D)
-    keys, values = _cached(module, k_rot, v_new)
+    keys, values = _cached(kwargs.get("cache"), k_rot, v_new)
     s = keys.shape[2]
-    # The keys are positions 0 .. S-1 and the queries the last T of them.
-    window = module.window_visible(torch.arange(s - t, s, device=x.device), torch.arange(s, device=x.device))
-    local = None if window is None else window[0, 0]  # (T, S)
-    full = combine_masks(mask, causal_mask(t, s, device=x.device) if is_causal else None, local)
+    full = combine_masks(mask, causal_mask(t, s, device=x.device) if is_causal else None)  # the window: _with_window
     return AttentionCall(
         x=x, W_query=wq, W_key=wk, W_value=wv, b_query=bq, b_key=bk, b_value=bv,
         q_unrotated=q, q=q_rot, k_unrotated=k, k_new=k_rot, keys=keys, values=values,
@@ -215,4 +211,19 @@ def explain_call(module: nn.Module, args: tuple, kwargs: dict) -> AttentionCall:
     adapter = adapter_for(module)
     if adapter is None:
         raise TypeError(f"{type(module).__name__} is not an attention module qkv can trace")
-    return adapter(module, args, kwargs)
+    return _with_window(module, adapter(module, args, kwargs))
+
+
+def _with_window(module: nn.Module, call: AttentionCall) -> AttentionCall:
+    """A local layer (its `window` attribute; None or absent: global) lets a query see only
+    its last `window` keys: the call's mask says so too (AND-ing it again where the adapter
+    already did changes nothing). The queries are the last T of the S keys."""
+    window = getattr(module, "window", None)
+    if window is None:
+        return call
+    from qkv.attention.window_cache import sliding_window_mask
+
+    t, s = call.q.shape[2], call.keys.shape[2]
+    local = sliding_window_mask(t, s, window, device=call.q.device)  # (T, S)
+    call.mask = local if call.mask is None else call.mask & local
+    return call

@@ -309,8 +309,8 @@ def attribute_recorded(record: ForwardRecord, *, layer: int, head: int, query: i
         raise QkvError(f"layer {layer} was not recorded; recorded: {sorted(record.traces)}")
     trace = record.traces[layer]
     if trace.cache_length:
-        raise QkvError("score attribution explains one whole text: remove the model's KV cache first "
-                       "(model.remove_cache())")
+        raise QkvError("score attribution explains one whole text: record it without a KV cache "
+                       "(outside a decode session)")
     attention = record.layout.blocks[layer].attention
     h_all, d = attention.num_heads, attention.head_dim
     head = _index(head, h_all, "head")

@@ -49,6 +49,8 @@ def query_row(layer: LayerTrace, tokens: list[str] | None, head: int, query: int
         "scores": plain(layer.scores[0, h, row]),
         "scaled_scores": plain(layer.scaled[0, h, row]),
         "visible": layer.mask[0, h, row].tolist(),
+        "outside_window": layer.outside_window(query),  # hidden by a local layer's window
+        "window": layer.window,
         "weights": plain(layer.weights[0, h, row]),
         "context": plain(layer.context[0, h, row]),
         "scale": layer.scale,
@@ -68,4 +70,6 @@ def layer_summary(layer: LayerTrace) -> dict[str, Any]:
         "causal": layer.causal,
         "rope": layer.rope,
         "cache_length": layer.cache_length,
+        "window": layer.window,  # keys a query of this local layer sees; None: a global layer
+        "attention": "global" if layer.window is None else "local",
     }

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from qkv.errors import QkvError
-from qkv.generation import DecodeSession, continue_from
+from qkv.generation import continue_from
+from qkv.runtime import DecodeSession
 from qkv.models.decoder import CausalDecoder
 from qkv.trace.recorder import LayerTrace, recording
 
@@ -46,7 +47,7 @@ def trace_generation(
             f"{t + steps} tokens exceed the model's context length ({model.context_length}); "
             "ask for fewer with --generate"
         )
-    with DecodeSession(model, capacity=t + steps) as session:
+    with DecodeSession(model, capacity=t + steps, step="modules") as session:  # hooks see every step
         logits = session.prefill(input_ids)
         with recording(model, layer=layer, head=head) as records:
             # steps + 1 choices: each of the first `steps` is decoded (and traced) to make the next

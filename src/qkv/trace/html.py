@@ -63,6 +63,7 @@ def _explorer_rows(layer: LayerTrace) -> dict[str, Any]:
                 "scaled_scores": _rounded(layer.scaled[0, slot, row]),
                 "weights": _rounded(layer.weights[0, slot, row]),
                 "visible": layer.mask[0, slot, row].tolist(),
+                "outside_window": layer.outside_window(query),
                 "kv_head": layer.kv_heads[slot],
                 "context": _rounded(layer.context[0, slot, row, :_SHOWN_DIMS]),
                 "context_dims": layer.head_dim,
@@ -183,7 +184,7 @@ recorded queries that see more than it (an “attention sink” parks weight the
   function token(position) { return position < data.tokens.length ? data.tokens[position] : "#" + (position + 1); }
   function fillControls() {
     var ls = el("layer-select"); clear(ls);
-    data.layers.forEach(function (l, i) { option(ls, i, "layer " + l.layer); });
+    data.layers.forEach(function (l, i) { option(ls, i, "layer " + l.layer + (l.window === null ? "" : " (local, window " + l.window + ")")); });
     ls.value = String(state.layer);
     var hs = el("head-select"); clear(hs);
     layer().heads.forEach(function (h) { option(hs, h, "head " + h); });
@@ -204,8 +205,10 @@ recorded queries that see more than it (an “attention sink” parks weight the
     var l = layer();
     if (l.query_indices.indexOf(state.query) < 0) { state.query = l.query_indices[l.query_indices.length - 1]; }
     var row = l.rows[state.head + ":" + state.query];
-    el("kv-note").textContent = l.num_kv_heads !== l.num_heads ? "reads key/value head " + row.kv_head +
-      " (shared by " + (l.num_heads / l.num_kv_heads) + " query heads)" : "";
+    el("kv-note").textContent = (l.num_kv_heads !== l.num_heads ? "reads key/value head " + row.kv_head +
+      " (shared by " + (l.num_heads / l.num_kv_heads) + " query heads)" : "") +
+      (l.window === null ? "" : (l.num_kv_heads !== l.num_heads ? "; " : "") + "a local layer: each query sees only its last " +
+       l.window + " keys, itself included (a key before that is marked outside window)");
     var body = el("explorer").tBodies[0]; clear(body);
     var heat = el("heat-row"); clear(heat);
     var top = Math.max.apply(null, row.weights.concat([1e-12]));
@@ -213,14 +216,15 @@ recorded queries that see more than it (an “attention sink” parks weight the
       var tr = document.createElement("tr");
       tr.className = "key-row" + (row.visible[s] ? "" : " masked") + (s === l.cache_length + state.query ? " query" : "");
       tr.dataset.key = String(s);
-      [String(s + 1), token(s), row.visible[s] ? fmt(row.scores[s]) : "(masked)", fmt(row.scaled_scores[s]), w.toFixed(4)]
+      var hidden = row.outside_window[s] ? "(outside window)" : "(masked)";
+      [String(s + 1), token(s), row.visible[s] ? fmt(row.scores[s]) : hidden, fmt(row.scaled_scores[s]), w.toFixed(4)]
         .forEach(function (text, c) { var td = document.createElement("td"); td.textContent = text; if (c === 1) { td.className = "tok"; } tr.appendChild(td); });
       var bar = document.createElement("td"); bar.className = "tok";
       var span = document.createElement("span"); span.className = "bar"; span.style.width = (w * 12).toFixed(2) + "rem";
       bar.appendChild(span); tr.appendChild(bar);
       var show = function () {
         el("detail").textContent = "key " + (s + 1) + " \u201c" + token(s) + "\u201d: q \u00b7 k = " +
-          (row.visible[s] ? fmt(row.scores[s]) : "masked") + ", scaled = " + fmt(row.scaled_scores[s]) + ", weight = " + w.toFixed(4);
+          (row.visible[s] ? fmt(row.scores[s]) : hidden.slice(1, -1)) + ", scaled = " + fmt(row.scaled_scores[s]) + ", weight = " + w.toFixed(4);
       };
       tr.addEventListener("mouseenter", show);
       body.appendChild(tr);
@@ -254,7 +258,7 @@ recorded queries that see more than it (an “attention sink” parks weight the
         td.style.background = r.visible[s] ? "rgba(239,108,0," + (w / top).toFixed(3) + ")" : "#333";
         td.addEventListener("mouseenter", function () {
           el("detail").textContent = "query \u201c" + token(l.cache_length + q) + "\u201d, key " + (s + 1) + " \u201c" +
-            token(s) + "\u201d: q \u00b7 k = " + (r.visible[s] ? fmt(r.scores[s]) : "masked") + ", weight = " + w.toFixed(4);
+            token(s) + "\u201d: q \u00b7 k = " + (r.visible[s] ? fmt(r.scores[s]) : r.outside_window[s] ? "outside the window" : "masked") + ", weight = " + w.toFixed(4);
         });
         tr.appendChild(td);
       });
@@ -367,7 +371,8 @@ def build_page(
     }
     focus_keys = [
         {"number": s + 1, "token": token_at(tokens, s),
-         "score": f"{row['scores'][s]:.4f}" if row["visible"][s] else "(masked)",
+         "score": f"{row['scores'][s]:.4f}" if row["visible"][s] else (
+             "(outside window)" if row["outside_window"][s] else "(masked)"),
          "scaled": "-inf" if row["scaled_scores"][s] is None else f"{row['scaled_scores'][s]:.4f}",
          "weight": f"{row['weights'][s]:.4f}"}
         for s in range(focus_layer.num_keys)
@@ -399,7 +404,7 @@ _CAPTIONS = {
     "keys_plane": "The keys and the query as arrows in the plane, each key labelled with its dot product",
     "scores": "From scores to scaled scores to weights",
     "heatmap": "Every query's weights over the keys, the story's query marked",
-    "causal_mask": "The causal mask",
+    "causal_mask": "The causal mask (a local layer's: its sliding window too)",
     "heads": "Every recorded head of this layer",
 }
 

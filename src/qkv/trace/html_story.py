@@ -115,7 +115,9 @@ def story_steps(layer: LayerTrace, row: dict[str, Any], tokens: list[str], *, bo
               _vector_rows([f"q ⊙ k({s + 1}) {token_at(tokens, s)}" for s in range(s_keys)], row["products"])
               + _one("q · k", row["scores"]), ": q ⊙ k, then q · k"),
         _step("scaled", f"[{s_keys}]", f"Divide by sqrt(d_k) = sqrt({d}) so the softmax does not saturate"
-              + ("; keys the query may not see (the mask) get -inf." if layer.causal or masked else "."),
+              + ("; keys the query may not see (the mask) get -inf." if layer.causal or masked else ".")
+              + (f" This is a local layer: a query sees only its last {layer.window} keys (a sliding "
+                 "window), so keys before that get -inf too." if layer.window is not None else ""),
               _one(f"q · k / sqrt({d})", row["scaled_scores"]), " scores"),
         _step("weights", f"[{s_keys}]", "Softmax: positive, summing to 1.", _one("softmax", row["weights"]),
               ": softmax"),

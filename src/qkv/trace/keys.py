@@ -9,7 +9,9 @@ For each attention layer and KV head, over the tokens of one text:
   of tokens in which each is among that token's largest |k| channels;
 - key norms by position (the first token's key is often unlike the rest);
 - the sink mass: the mean attention weight the queries (after the first) put on the first
-  token, per query head;
+  token, per query head (a local layer's: of the queries whose window still holds it);
+- local (sliding-window) layers and global layers summed up apart (`by_attention`): the
+  window is read from each attention module's `window` attribute (None: global);
 - with RoPE, the magnitude of each rotation pair (in qkv's rotate-half layout channels i and
   i + D/2 rotate together at frequency inv_freq[i]; `rope_partner` computes the pairing for a
   head size and layout) against its wavelength: the large channels sit in the slow bands, and
@@ -33,6 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from qkv.attention.rope import RotaryEmbedding
+from qkv.attention.window_cache import sliding_window_mask
 from qkv.trace.adapters import AttentionCall, explain_call
 from qkv.trace.recorder import attention_modules
 
@@ -73,6 +76,7 @@ class HeadAnatomy:
     key_norms: list[float]  # (T,) |k| by position
     sink_mass: list[float]  # per query head of this group: mean weight on the first token
     band_magnitude: list[float] | None  # (D/2,) RMS of each rotation pair, pre-RoPE
+    window: int | None = None  # a local layer's sliding window; None: a global layer
 
 
 @dataclass
@@ -101,17 +105,29 @@ def channel_stats(x: Tensor) -> ChannelStats:
                         outliers, [round(s, 3) for s in stability])
 
 
-def _sink_mass(call: AttentionCall, kv_head: int) -> list[float]:
+def _sink_mass(call: AttentionCall, kv_head: int, window: int | None) -> list[float]:
+    """Per query head of the group: the mean weight on the first token of the queries after
+    the first that can see it (a local layer's queries past its window cannot: they put
+    exactly 0 there, and are left out; with a window of 1 none is left, and the mass is 0)."""
     heads, kv_heads = call.q.shape[1], call.keys.shape[1]
     group = heads // kv_heads
     out = []
     for h in range(kv_head * group, (kv_head + 1) * group):
         q, k = call.q[0, h].float(), call.keys[0, kv_head].float()  # (T, D), (S, D)
         scores = (q @ k.T) * call.scale  # (T, S)
+        softcap = getattr(call, "softcap", None)  # Gemma 2's cap, where the adapter records one
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)
         t, s = scores.shape
-        causal = torch.ones(t, s, dtype=torch.bool).tril(s - t)
-        weights = scores.masked_fill(~causal, float("-inf")).softmax(-1)  # (T, S)
-        out.append(round(float(weights[1:, 0].mean()) if t > 1 else 1.0, 4))
+        visible = torch.ones(t, s, dtype=torch.bool).tril(s - t)
+        if window is not None:
+            visible &= sliding_window_mask(t, s, window)
+        weights = scores.masked_fill(~visible, float("-inf")).softmax(-1)  # (T, S)
+        seeing = visible[1:, 0]  # (T - 1,) the later queries that see the first token
+        if t == 1:
+            out.append(1.0)
+        else:
+            out.append(round(float(weights[1:, 0][seeing].mean()) if bool(seeing.any()) else 0.0, 4))
     return out
 
 
@@ -123,9 +139,13 @@ def _rotary(model: nn.Module) -> RotaryEmbedding | None:
 def key_anatomy(model: nn.Module, input_ids: Tensor, name: str = "") -> KeyAnatomy:
     """Run `input_ids` (1, T) through `model` once and measure every layer's keys."""
     calls: list[AttentionCall] = []
-    handles = [module.register_forward_hook(
-        lambda m, args, kwargs, out: calls.append(explain_call(m, args, kwargs)), with_kwargs=True)
-        for _, module in attention_modules(model)]
+    windows: list[int | None] = []  # each call's layer: its sliding window, or None (global)
+
+    def record(module: nn.Module, args: tuple, kwargs: dict, out: Tensor) -> None:
+        calls.append(explain_call(module, args, kwargs))
+        windows.append(getattr(module, "window", None))
+
+    handles = [module.register_forward_hook(record, with_kwargs=True) for _, module in attention_modules(model)]
     try:
         model(input_ids)
     finally:
@@ -138,7 +158,7 @@ def key_anatomy(model: nn.Module, input_ids: Tensor, name: str = "") -> KeyAnato
     # qkv's RotaryEmbedding and apply_rope are rotate-half (Hugging Face's layout).
     anatomy = KeyAnatomy(name, int(input_ids.shape[1]), bool(rope), wavelengths, head_dim,
                          "rotate-half" if rope else None)
-    for layer, call in enumerate(calls):
+    for layer, (call, window) in enumerate(zip(calls, windows)):
         for h in range(call.keys.shape[1]):
             k = call.k_new[0, h].float()  # (T, D)
             pre = call.k_unrotated[0, h].float()  # (T, D)
@@ -149,8 +169,9 @@ def key_anatomy(model: nn.Module, input_ids: Tensor, name: str = "") -> KeyAnato
                 keys_pre_rope=channel_stats(pre) if rope else None,
                 values=channel_stats(call.values[0, h, -k.shape[0]:].float()),
                 key_norms=[round(float(n), 4) for n in k.norm(dim=1)],
-                sink_mass=_sink_mass(call, h),
+                sink_mass=_sink_mass(call, h, window),
                 band_magnitude=[round(float(b), 5) for b in bands] if bands is not None else None,
+                window=window,
             ))
     return anatomy
 
@@ -198,5 +219,31 @@ def summary_rows(anatomy: KeyAnatomy) -> list[dict[str, object]]:
             "value_ratio": head.values.max_over_median, "value_outliers": head.values.outliers,
             "first_key_norm_over_median": round(norms[0] / max(rest[len(rest) // 2], 1e-12), 3),
             "sink_mass": round(sum(head.sink_mass) / len(head.sink_mass), 4),
+            "attention": attention_kind(head.window), "window": head.window,
         })
     return rows
+
+
+def attention_kind(window: int | None) -> str:
+    return "global" if window is None else "local"
+
+
+def by_attention(rows: list[dict[str, object]]) -> dict[str, dict[str, object]]:
+    """The summary's means over global layers and over local (sliding-window) layers apart:
+    a local layer's queries never see far back, so its sink and its keys can differ."""
+    kinds: dict[str, dict[str, object]] = {}
+    for kind in ("global", "local"):
+        chosen = [r for r in rows if r["attention"] == kind]
+        if not chosen:
+            continue
+
+        def mean(key: str) -> float:
+            return round(sum(float(r[key]) for r in chosen) / len(chosen), 4)  # type: ignore[arg-type]
+
+        kinds[kind] = {
+            "layers": sorted({int(r["layer"]) for r in chosen}),  # type: ignore[call-overload]
+            "windows": sorted({int(r["window"]) for r in chosen if r["window"] is not None}),  # type: ignore[call-overload]
+            "heads": len(chosen), "key_ratio": mean("key_ratio"), "value_ratio": mean("value_ratio"),
+            "first_key_norm_over_median": mean("first_key_norm_over_median"), "sink_mass": mean("sink_mass"),
+        }
+    return kinds

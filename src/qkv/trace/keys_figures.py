@@ -5,7 +5,8 @@ values can be seen rather than read off a table:
 - `channels`: per layer (rows) and channel (columns), the mean |x| of keys and of values
   side by side, each row divided by its median channel: outlier channels are bright stripes
   in the keys and absent from the values;
-- `sink`: the mean attention weight on the first token, per layer and KV head;
+- `sink`: the mean attention weight on the first token, per layer and KV head (a local
+  layer's row is labelled with its window);
 - `rope_bands` (models with RoPE): the RMS of each rotation pair before RoPE against the
   pair's wavelength in tokens, averaged over heads;
 - `key_norms`: |k| by position (counted from 1, as every position shown), averaged over
@@ -27,7 +28,7 @@ import statistics
 from matplotlib.figure import Figure
 
 from qkv.trace.html import data_uri
-from qkv.trace.keys import OUTLIER_RATIO, KeyAnatomy, outliers_by_pair
+from qkv.trace.keys import OUTLIER_RATIO, KeyAnatomy, by_attention, outliers_by_pair
 
 
 def _by_layer(anatomy: KeyAnatomy, values: list[list[float]]) -> list[list[float]]:
@@ -81,7 +82,9 @@ def sink_figure(anatomy: KeyAnatomy) -> Figure:
     ax = fig.subplots()
     image = ax.imshow(grid, aspect="auto", cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
     ax.set_xticks(range(len(heads)), [str(h) for h in heads])
-    ax.set_yticks(range(len(layers)), [str(layer) for layer in layers])
+    windows = {h.layer: h.window for h in anatomy.heads}
+    ax.set_yticks(range(len(layers)), [str(layer) if windows[layer] is None else f"{layer} (local {windows[layer]})"
+                                       for layer in layers])
     ax.set_xlabel("KV head")
     ax.set_ylabel("layer")
     ax.set_title("weight on the first token\n(mean over the queries and\nthe query heads sharing the KV head)",
@@ -125,7 +128,8 @@ def keys_figures(anatomy: KeyAnatomy) -> dict[str, Figure]:
     return figures
 
 
-_COLUMNS = (("layer", "layer"), ("kv_head", "KV head"), ("key_ratio", "key max/median"),
+_COLUMNS = (("layer", "layer"), ("attention", "attention"), ("window", "window"), ("kv_head", "KV head"),
+            ("key_ratio", "key max/median"),
             ("key_ratio_pre_rope", "before RoPE"), ("key_outliers", "key outlier channels"),
             ("stability", "stability"), ("key_outlier_pairs", "RoPE pairs among them"),
             ("value_ratio", "value max/median"), ("value_outliers", "value outlier channels"),
@@ -158,6 +162,16 @@ def _legend(anatomy: KeyAnatomy) -> str:
             "that share the KV head." + pairs)
 
 
+def _kind_line(kind: str, summary: dict[str, object]) -> str:
+    """One line of the page's local/global summary (qkv.trace.keys.by_attention)."""
+    layers = ", ".join(map(str, summary["layers"]))  # type: ignore[call-overload]
+    sees = ("each query sees every earlier key" if kind == "global" else
+            "each query sees only its last " + ", ".join(map(str, summary["windows"])) + " keys")  # type: ignore[call-overload]
+    return (f"{kind.capitalize()} layers ({layers}; {sees}): mean key max/median {summary['key_ratio']}, "
+            f"value max/median {summary['value_ratio']}, first key norm / median "
+            f"{summary['first_key_norm_over_median']}, sink mass {summary['sink_mass']}.")
+
+
 def _cell(value: object) -> str:
     if value is None:
         return "-"
@@ -181,6 +195,9 @@ def keys_page(anatomy: KeyAnatomy, rows: list[dict[str, object]], images: dict[s
         "<tr>" + "".join(f"<td>{html.escape(_cell(row[key]))}</td>" for key, _ in _COLUMNS) + "</tr>"
         for row in rows
     )
+    kinds = by_attention(rows)
+    split = "" if set(kinds) <= {"global"} else "<h2>Local and global layers</h2><ul>" + "".join(
+        f"<li>{html.escape(_kind_line(kind, summary))}</li>" for kind, summary in kinds.items()) + "</ul>"
     figures = "".join(
         f'<figure><img alt="{html.escape(CAPTIONS.get(stem, stem))}" src="{data_uri(data)}">'
         f'<figcaption>{html.escape(CAPTIONS.get(stem, stem))} ({html.escape(stem)}.png)</figcaption></figure>'
@@ -194,6 +211,6 @@ def keys_page(anatomy: KeyAnatomy, rows: list[dict[str, object]], images: dict[s
         "img{max-width:100%}figure{margin:1em 0}</style></head><body>"
         f"<h1>{html.escape(title)}</h1><p>{anatomy.tokens} tokens; {html.escape(rope)}. "
         "An outlier channel has a mean |x| above 4 times the median channel's.</p>"
-        f"{figures}<h2>Per layer and KV head</h2><p class=\"legend\">{html.escape(_legend(anatomy))}</p>"
+        f"{split}{figures}<h2>Per layer and KV head</h2><p class=\"legend\">{html.escape(_legend(anatomy))}</p>"
         f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></body></html>"
     )

@@ -43,11 +43,7 @@ def _channels(values: object, width: int = 8) -> str:
     return text if len(text) <= width else text[: width - 2].rsplit(",", 1)[0] + " …"
 
 
-def render_keys(console: Console, anatomy: KeyAnatomy, rows: list[dict[str, object]]) -> None:
-    rope = "keys after RoPE (before RoPE in brackets)" if anatomy.rope else (
-        "this model has no RoPE (learned absolute positions are added to its input), so keys "
-        "have one form")
-    console.print(f"Key anatomy of {anatomy.model} on {anatomy.tokens} tokens: {rope}.")
+def _table(rows: list[dict[str, object]]) -> Table:
     # One space of padding and the one-space divider: 2 between columns, none at the edges.
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
     for header, justify in (("layer", "right"), ("kv\nhead", "right"), ("key\nmax/med", "right"),
@@ -62,7 +58,39 @@ def render_keys(console: Console, anatomy: KeyAnatomy, rows: list[dict[str, obje
         table.add_row(str(row["layer"]), str(row["kv_head"]), ratio, _outliers(row),
                       f"{row['value_ratio']:.1f}", _channels(row["value_outliers"]),
                       f"{row['first_key_norm_over_median']:.2f}", f"{row['sink_mass']:.2f}")
-    console.print(table)
+    return table
+
+
+def _means(rows: list[dict[str, object]], over: str = "heads") -> str:
+    keys = sum(float(r["key_ratio"]) for r in rows) / len(rows)  # type: ignore[arg-type]
+    values = sum(float(r["value_ratio"]) for r in rows) / len(rows)  # type: ignore[arg-type]
+    sink = sum(float(r["sink_mass"]) for r in rows) / len(rows)  # type: ignore[arg-type]
+    return (f"Mean over {over}: key max/median {keys:.1f}, value max/median {values:.1f}, "
+            f"weight on the first token {sink:.2f}.")
+
+
+def _heading(kind: str, rows: list[dict[str, object]]) -> str:
+    layers = ", ".join(str(n) for n in sorted({int(r["layer"]) for r in rows}))  # type: ignore[call-overload]
+    if kind == "global":
+        return f"Global layers ({layers}): each query sees every earlier key."
+    windows = ", ".join(str(w) for w in sorted({int(r["window"]) for r in rows}))  # type: ignore[call-overload]
+    return (f"Local layers ({layers}): each query sees only its last {windows} keys (a sliding window; "
+            "the sink mass counts the queries whose window still holds the first token).")
+
+
+def render_keys(console: Console, anatomy: KeyAnatomy, rows: list[dict[str, object]]) -> None:
+    rope = "keys after RoPE (before RoPE in brackets)" if anatomy.rope else (
+        "this model has no RoPE (learned absolute positions are added to its input), so keys "
+        "have one form")
+    console.print(f"Key anatomy of {anatomy.model} on {anatomy.tokens} tokens: {rope}.")
+    kinds = [(kind, [r for r in rows if r.get("attention", "global") == kind]) for kind in ("global", "local")]
+    kinds = [(kind, chosen) for kind, chosen in kinds if chosen]
+    if len(kinds) == 1 and kinds[0][0] == "global":
+        console.print(_table(rows))
+    else:  # local and global layers apart: their queries see different spans of keys
+        for kind, chosen in kinds:
+            console.print(Text(_heading(kind, chosen), style="bold"))
+            console.print(_table(chosen))
     console.print(Text(
         f"key max/med: the largest key channel's mean |k| over the median channel's. Outlier "
         f"channels: mean |k| over {OUTLIER_RATIO:g} x the median channel; stability: the share of "
@@ -71,11 +99,11 @@ def render_keys(console: Console, anatomy: KeyAnatomy, rows: list[dict[str, obje
         "length over the median of the others' (a sink's key is often unlike the rest). sink "
         "mass: the mean attention weight the queries after the first put on the first token, over "
         "the query heads that share this KV head.", style="dim"))
-    keys = sum(float(r["key_ratio"]) for r in rows) / len(rows)  # type: ignore[arg-type]
-    values = sum(float(r["value_ratio"]) for r in rows) / len(rows)  # type: ignore[arg-type]
-    sink = sum(float(r["sink_mass"]) for r in rows) / len(rows)  # type: ignore[arg-type]
-    console.print(f"Mean over heads: key max/median {keys:.1f}, value max/median {values:.1f}, "
-                  f"weight on the first token {sink:.2f}.")
+    if len(kinds) == 1:
+        console.print(_means(rows))
+    else:
+        for kind, chosen in kinds:
+            console.print(_means(chosen, f"{kind} layers' heads"))
     if anatomy.rope and anatomy.heads:
         _render_rope(console, anatomy)
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from typing import Any
 
+import torch
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
@@ -86,9 +87,10 @@ def keys_plane(layer: LayerTrace, tokens: list[str] | None, head: int, query: in
     qv = row["query_vector"]
     arrows = [(key, "tab:blue" if visible else "tab:gray", 1.5,
                f"k({s + 1}) {token}: q·k = {score:.4f}" if visible and score is not None
-               else f"k({s + 1}) {token}: masked, not scored")
-              for s, (key, token, score, visible)
-              in enumerate(zip(row["keys"], row["key_tokens"], row["scores"], row["visible"]))]
+               else f"k({s + 1}) {token}: {'outside the window' if outside else 'masked'}, not scored")
+              for s, (key, token, score, visible, outside)
+              in enumerate(zip(row["keys"], row["key_tokens"], row["scores"], row["visible"],
+                               row["outside_window"]))]
     arrows.append((qv, "tab:red", 2.5, f"query q({row['query']['position']}) {row['query']['token']}"))
     # Labels in a column right of the plot, in the order of the arrow tips, so none overlap.
     order = sorted(range(len(arrows)), key=lambda i: arrows[i][0][1])
@@ -124,18 +126,24 @@ def score_bars(layer: LayerTrace, tokens: list[str] | None, head: int, query: in
     for ax, (title, values, colour) in zip(axes, panels):
         shown = [0.0 if v is None else v for v in values]
         bars = ax.bar(range(len(shown)), shown, color=colour)
-        for bar, value, visible in zip(bars, values, row["visible"]):
+        for bar, visible, outside in zip(bars, row["visible"], row["outside_window"]):
             if not visible:
-                bar.set_hatch("//")
+                bar.set_hatch(".." if outside else "//")
                 bar.set_alpha(0.3)
         ax.set_title(title, fontsize=10)
         ax.axhline(0, color="black", lw=0.5)
         _ticks(ax, names, "x")
     masked = not all(row["visible"])
     if masked:  # below the panels, where it hides no bar
-        hidden = "hatched: a key the mask hides (its q · k is discarded: scaled = -inf, weight 0)"
-        fig.legend(handles=[Patch(facecolor="white", edgecolor="gray", hatch="//", label=hidden)],
-                   fontsize=8, loc="lower center", frameon=False)
+        handles = []
+        if any(not v and not o for v, o in zip(row["visible"], row["outside_window"])):
+            hidden = "hatched: a key the mask hides (its q · k is discarded: scaled = -inf, weight 0)"
+            handles.append(Patch(facecolor="white", edgecolor="gray", hatch="//", label=hidden))
+        if any(row["outside_window"]):
+            outside = (f"dotted: a key outside this local layer's window of {row['window']} "
+                       "(discarded: scaled = -inf, weight 0)")
+            handles.append(Patch(facecolor="white", edgecolor="gray", hatch="..", label=outside))
+        fig.legend(handles=handles, fontsize=8, loc="lower center", frameon=False, ncols=len(handles))
     fig.suptitle(f"query x({row['query']['position']}) = \"{row['query']['token']}\", "
                  f"layer {layer.index}, head {head}", fontsize=11)
     fig.tight_layout(rect=(0, 0.07, 1, 1) if masked else (0, 0, 1, 1))
@@ -198,14 +206,19 @@ def mask_figure(layer: LayerTrace, tokens: list[str] | None) -> Figure:
     width = min(12.0, 2.5 + 0.3 * len(keys))
     height = min(10.0, 2.5 + 0.3 * len(queries))
     fig, ax = _new_figure(figsize=(width + 1, height))
-    visible = layer.mask[0, 0].float().numpy()  # (t, S)
-    ax.imshow(visible, cmap="Greys_r", vmin=0, vmax=1, aspect="auto")
+    visible = layer.mask[0, 0].float()  # (t, S)
+    title = f"{'causal mask' if layer.causal else 'mask'}: white = visible, black = hidden"
+    if layer.window is not None:  # keys before a query's window in grey, apart from later ones
+        outside = torch.tensor([layer.outside_window(q) for q in layer.queries])  # (t, S)
+        visible = torch.where(outside & ~layer.mask[0, 0], 0.5, visible)
+        title = (f"sliding-window causal mask (window {layer.window}): white = visible,\n"
+                 "grey = before the query's window, black = after the query")
+    ax.imshow(visible.numpy(), cmap="Greys_r", vmin=0, vmax=1, aspect="auto")
     _ticks(ax, keys, "x")
     _ticks(ax, queries, "y")
     ax.set_xlabel("key (column)")
     ax.set_ylabel("query (row)")
-    kind = "causal mask" if layer.causal else "mask"
-    ax.set_title(f"{kind}: white = visible, black = hidden")
+    ax.set_title(title)
     fig.tight_layout()
     return fig
 
@@ -243,7 +256,7 @@ def layer_figures(layer: LayerTrace, tokens: list[str] | None, head: int, query:
         figures["keys_plane"] = keys_plane(layer, tokens, head, query)
     figures["scores"] = score_bars(layer, tokens, head, query)
     figures["heatmap"] = heatmap(layer, tokens, head, query)
-    if layer.causal:
+    if layer.causal or layer.window is not None:
         figures["causal_mask"] = mask_figure(layer, tokens)
     if len(layer.heads) > 1:
         figures["heads"] = head_grid(layer, tokens)

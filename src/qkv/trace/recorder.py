@@ -76,6 +76,19 @@ class LayerTrace:
     output: Tensor  # (B, t, C_out) the module's output rows for the selected queries
     cos: Tensor | None = None  # (T, D) RoPE rotations of the new tokens
     sin: Tensor | None = None
+    window: int | None = None  # a local layer's sliding window (keys a query sees); None: global
+
+    @property
+    def is_local(self) -> bool:
+        return self.window is not None
+
+    def outside_window(self, query: int) -> list[bool]:
+        """(S,) per key: hidden from `query` (an index among the new tokens) because it lies
+        before the query's window, not because it comes after the query."""
+        if self.window is None:
+            return [False] * self.num_keys
+        position = self.cache_length + query
+        return [s <= position - self.window for s in range(self.num_keys)]
 
     @property
     def products(self) -> Tensor:
@@ -240,6 +253,7 @@ def record_call(index: int, name: str, module: nn.Module, call: AttentionCall, r
         k_unrotated=call.k_unrotated[:, kvs], keys=keys, values=values,
         scores=scores, scaled=scaled, mask=visible, weights=weights,
         context=context, concat=concat[:, qs], output=output[:, qs], cos=call.cos, sin=call.sin,
+        window=getattr(module, "window", None),
     )
 
 

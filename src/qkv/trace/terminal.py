@@ -86,7 +86,8 @@ def render_layer(
         (f"layer {layer.index}", "bold"),
         f" ({layer.name or layer.kind}, {layer.num_heads} head{'s' if layer.num_heads != 1 else ''}",
         f", {layer.num_kv_heads} key/value heads" if layer.num_kv_heads != layer.num_heads else "",
-        ", causal" if layer.causal else ", bidirectional", ", RoPE" if layer.rope else "", ")",
+        ", causal" if layer.causal else ", bidirectional", ", RoPE" if layer.rope else "",
+        f", local: sliding window of {layer.window} keys" if layer.window is not None else "", ")",
     ))
     console.print(Text.assemble(
         (f"head {head}", "bold"), f" (reads key/value head {row['kv_head']})  " if layer.rope or
@@ -105,17 +106,32 @@ def render_layer(
     for s, token in enumerate(row["key_tokens"]):
         weight = row["weights"][s]
         visible = row["visible"][s]
+        hidden = "(outside window)" if row["outside_window"][s] else "(masked)"
         table.add_row(
-            str(s + 1), token, _num(row["scores"][s]) if visible else "(masked)",
+            str(s + 1), token, _num(row["scores"][s]) if visible else hidden,
             _num(row["scaled_scores"][s]), f"{weight:.4f}",
             Text(_bar(weight), style=_heat_style(weight).split(" on ")[1] if visible else "dim"),
         )
     console.print(table)
+    if layer.window is not None:
+        console.print(window_note(row), soft_wrap=True)
     console.print(Text("weights: ", style="bold"),
                   heat_row(row["key_tokens"], row["weights"], colour=_has_colour(console)))
     console.print(f"context = weights @ values = {_vector(row['context'])}")
     if analysis:
         render_analysis(console, layer, analysis, first_token=row["key_tokens"][0])
+
+
+def window_note(row: dict[str, Any]) -> str:
+    """What a local layer's query can see, in words: its window of keys and those before it."""
+    position, window = row["query"]["position"], row["window"]
+    first = max(1, position - window + 1)
+    before = sum(row["outside_window"])
+    text = (f"local layer: the query x({position}) sees only the last {window} positions, x({first}) "
+            f"to x({position}), itself included")
+    if before:
+        text += f"; the {before} key{'s' if before != 1 else ''} before x({first}) lie outside its window"
+    return text + "."
 
 
 def render_analysis(console: Console, layer: LayerTrace, analysis: dict[str, Any], *,

@@ -1,11 +1,22 @@
-"""A decode session: the one owner of a model's KV caches while it generates.
+"""A decode session: the one owner of its KV caches and of how its steps run.
 
     with DecodeSession(model, batch_size=B, capacity=S) as session:
         logits = session.prefill(ids (B, T), lengths=None)   # (B, V), the caches filled
         logits = session.decode(tokens (B,))                  # (B, V), one position each
 
-The session attaches the caches when it is entered and removes them when it is left
-(restoring the model's training mode), so nothing else touches them. It carries the
+The session builds its caches when it is entered (one per attention layer, from the
+model's `cache_specs`) and drops them when it is left; it hands them to every call of the
+model, which holds none itself, so any number of sessions run on one model without
+touching each other (a server's slots and an explorer's trace side by side).
+
+How a decode step runs is chosen per session, once, when it is entered (`step`):
+"native" runs each layer as one call of qkv's C++ (`qkv.runtime.native_layers`), where the
+model was prepared for it (`qkv.runtime.prepare_for_decoding`) and the cache kind lets it;
+"modules" runs the PyTorch modules (compiled where the preparation compiled them); "auto"
+(the default) takes native where it can. A trace, whose hooks must see every module, asks
+for "modules" (and a session entered while any forward hook is on the model runs the
+modules). Asked for "native" where it cannot run, the session says so in one line and
+runs the modules. It carries the
 positions as tensors: a prefill writes positions [n, n + T) of every row; a decode step
 writes each row's next position. Rows may have different lengths (a batch of prompts laid
 out with their padding at the end, `lengths` giving the real ones): positions are then
@@ -24,16 +35,20 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import time
 from collections.abc import Iterator
 from types import TracebackType
 
 import torch
 from torch import Tensor
 
-from qkv.attention.kv_cache import CacheKind, SlotKVCache, StaticKVCache
+from qkv.attention.kv_cache import CacheKind, CacheSpec, KVCache, SlotKVCache, SlotSelection, StaticKVCache
+from qkv.attention.window_cache import cache_kind_for
 from qkv.errors import QkvError
 from qkv.models.decoder import CausalDecoder
+from qkv.runtime.native_layers import FusedLayers
+from qkv.runtime.prepare import setup_of
+
+STEPS = ("auto", "native", "modules")
 
 # Capacities are rounded up to these steps so that generations of similar lengths share
 # buffers of one shape (and a compiled model its graphs); attention reads every slot of
@@ -42,6 +57,27 @@ SMALLEST_CAPACITY = 256
 
 
 ROW_REACH_STEP = 64  # calls on some slot rows read keys up to a multiple of this
+
+# Prompts are prefilled in parts that begin and end at multiples of this many positions
+# (the last part ends with the prompt). A part's numbers depend only on its tokens and what the
+# cache holds before it, never on how long the rest of the prompt is (the matrix products and
+# the attention kernel choose their blocking by the row count), so a prompt prefilled whole,
+# after a kept prefix, alone or in a server's slot writes the same numbers.
+PREFILL_ALIGN = 64
+
+
+def aligned_parts(start: int, end: int, align: int = PREFILL_ALIGN) -> list[tuple[int, int]]:
+    """[start, end) cut at the multiples of `align`: the parts a prompt is prefilled in."""
+    cuts = [start, *range((start // align + 1) * align, end, align), end]
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
+def reusable_prefix(length: int, held: int) -> int:
+    """How many of the `held` leading positions of a `length`-token prompt a prefill may keep
+    (rather than compute again) and still write what a whole prefill of the prompt writes:
+    the whole parts (PREFILL_ALIGN) among them, leaving at least the last token to compute.
+    Positions written by decode steps are not whole parts: a server keeps prompts only."""
+    return (min(held, length - 1) // PREFILL_ALIGN) * PREFILL_ALIGN if length > 0 else 0
 
 
 def cache_capacity(tokens: int, context_length: int) -> int:
@@ -60,6 +96,17 @@ def _eager_prompts() -> contextlib.AbstractContextManager[object]:
     return set_stance("force_eager") if set_stance is not None else contextlib.nullcontext()
 
 
+def _hooked(model: CausalDecoder) -> bool:
+    """Whether a forward hook is on any module of `model` (or on every module): a session
+    entered then runs the modules, so the hooks see every step. (Checked once, when the
+    session is entered: a hook put on later needs a session with step="modules".)"""
+    from torch.nn.modules import module as torch_module
+
+    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
 class DecodeSession:
     """Owns `model`'s caches for the duration of a `with` block (see the module docstring).
 
@@ -75,12 +122,20 @@ class DecodeSession:
         capacity: int | None = None,
         kind: CacheKind = StaticKVCache,
         dtype: torch.dtype | None = None,
+        step: str = "auto",
+        exact_capacity: bool = False,
     ) -> None:
         if batch_size < 1:
             raise QkvError(f"batch_size must be at least 1, got {batch_size}")
+        if step not in STEPS:
+            raise QkvError(f"unknown decode step {step!r}; choose one of {', '.join(STEPS)}")
+        self.step = step
         self.model = model
         self.batch_size = batch_size
-        self.capacity = cache_capacity(capacity or model.context_length, model.context_length)
+        if exact_capacity and capacity is not None:  # a window cache's size, say: not rounded
+            self.capacity = capacity
+        else:
+            self.capacity = cache_capacity(capacity or model.context_length, model.context_length)
         self.kind = kind
         self.dtype = dtype
         self.device = next(model.parameters()).device
@@ -88,15 +143,74 @@ class DecodeSession:
         self._next: Tensor | None = None  # (B, 1) or (1,): the positions of the next decode step
         self._was_training = model.training
         self._open = False
+        self.caches: list[KVCache] = []
+        self._selection = SlotSelection()  # the slot rows a call carries (every SlotKVCache of this session)
+        self._native: FusedLayers | None = None
 
     # -- lifetime --------------------------------------------------------------------
     def __enter__(self) -> DecodeSession:
         self._was_training = self.model.training
         self.model.eval()
-        self.model.setup_cache(self.batch_size, self.capacity, dtype=self.dtype, device=self.device,
-                               kind=self.kind)
+        specs = self.model.cache_specs(self.batch_size, self.capacity, dtype=self.dtype, device=self.device)
+        windows = [getattr(layer, "window", None) for layer in self.model.attention_layers()]
+        self.caches = [self._cache(spec, window) for spec, window in zip(specs, windows)]
+        self._native = self._native_layers()
         self._open = True
         return self
+
+    def _cache(self, spec: CacheSpec, window: int | None) -> KVCache:
+        """One layer's cache: a ring of its window for a sliding-window layer (its memory
+        stays flat past the window), else the session's kind; slots share the selection."""
+        if window is not None:
+            return cache_kind_for(window, self.kind, selection=self._selection)(spec)
+        if self.kind is SlotKVCache:
+            return SlotKVCache(spec, self._selection)
+        return self.kind(spec)
+
+    def _native_layers(self) -> FusedLayers | None:
+        """The native layers bound to this session's caches, when its step may use them."""
+        if self.step == "modules" or _hooked(self.model):
+            return None
+        setup = setup_of(self.model)
+        fused = None if setup is None else setup.fused
+        native = None if fused is None else fused.bound_to(self.model, self.caches)
+        if native is None and self.step == "native":
+            print("qkv: native decode layers cannot run this session (model not prepared for them, or its "
+                  "cache kind); decoding through the modules", file=sys.stderr)
+        return native
+
+    @property
+    def keeps_every_position(self) -> bool:
+        """Whether every cache keeps all the positions it was given (no sliding-window ring
+        dropping old keys), so a row's first positions can be kept for a later prompt."""
+        return not any(getattr(cache, "windowed", False) for cache in self.caches)
+
+    @property
+    def decodes_rows(self) -> bool:
+        """Whether `decode(tokens, rows=...)` steps some rows only (a session of slots)."""
+        return self.kind is SlotKVCache
+
+    @property
+    def runs_native(self) -> bool:
+        """Whether this session's decode steps run qkv's native layers."""
+        return self._native is not None
+
+    def _forward(self, ids: Tensor, positions: Tensor) -> Tensor:
+        """The model on `ids` (B, T) at `positions` with this session's caches -> logits (B, T, V)."""
+        native = self._native
+        if native is not None and ids.shape[1] == 1:
+            x = self.model.embed(ids, positions)  # (B, 1, C)
+            if native.takes(x, positions, None):
+                return self.model.head(native(x, positions))  # (B, 1, V)
+        return self.model(ids, positions=positions, caches=self.caches)
+
+    def cache_nbytes(self) -> int:
+        """Bytes held by this session's KV caches."""
+        return sum(cache.nbytes for cache in self.caches)
+
+    def cache_length(self) -> int:
+        """Positions the longest row holds."""
+        return max(self.lengths)
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  tb: TracebackType | None) -> None:
@@ -104,21 +218,22 @@ class DecodeSession:
 
     def close(self) -> None:
         if self._open:
-            self.model.remove_cache()
+            self.caches, self._native = [], None
             self.model.train(self._was_training)
             self._open = False
 
     def reset(self) -> None:
         """Forget every row's tokens; the buffers stay for the next prompt."""
         self._check_open()
-        self.model.reset_cache()
+        for cache in self.caches:
+            cache.reset()
         self.lengths = [0] * self.batch_size
         self._next = None
 
     def truncate(self, length: int) -> None:
         """Keep each row's first `length` positions (a chat rewinds to a common prefix)."""
         self._check_open()
-        for cache in self.model.caches():
+        for cache in self.caches:
             cache.truncate(length)
         self.lengths = [min(n, length) for n in self.lengths]
         self._next = None
@@ -144,21 +259,41 @@ class DecodeSession:
         if any(n != start for n in self.lengths):
             raise QkvError("a prompt can follow only rows of equal length; reset the session first")
         self._need(start + t)
-        caches = self.model.caches()
-        step = (caches[0].prefill_chunk if caches else None) or t  # a sink cache: a window at a time
-        if step < t and lengths != [t] * b:
-            raise QkvError(f"prompts longer than {step} tokens are prefilled in parts, which needs rows "
+        caches = self.caches
+        chunk = caches[0].prefill_chunk if caches else None  # a sink cache: a window at a time
+        if chunk is not None:
+            parts = [(start + begin, start + min(begin + chunk, t)) for begin in range(0, t, chunk)]
+        elif lengths == [t] * b:
+            parts = aligned_parts(start, start + t)
+        else:  # ragged rows in one call: one part (a session of slots prefills each row alone instead)
+            parts = [(start, start + t)]
+        if len(parts) > 1 and lengths != [t] * b:
+            raise QkvError(f"prompts longer than {chunk} tokens are prefilled in parts, which needs rows "
                            "of equal length; prefill them one at a time")
         with torch.inference_mode(), _eager_prompts():
-            for begin in range(0, t, step):
-                end = min(begin + step, t)
-                positions = torch.arange(start + begin, start + end, device=self.device)  # (t',)
-                logits = self.model(ids[:, begin:end].to(self.device), positions=positions)  # (B, t', V)
+            for begin, end in parts:
+                positions = torch.arange(begin, end, device=self.device)  # (t',)
+                logits = self._forward(ids[:, begin - start:end - start].to(self.device), positions)  # (B, t', V)
         self.lengths = [start + n for n in lengths]
         skipped = t - logits.shape[1]  # tokens of earlier parts
         last = torch.tensor([n - 1 - skipped for n in lengths], device=self.device)  # (B,)
         self._next = self._positions()
         return logits[torch.arange(b, device=self.device), last]  # (B, V)
+
+    def prefill_scores(self, ids: Tensor) -> Tensor:
+        """One row's next tokens ids (T,) after what it holds -> the logits at each of them,
+        (T, V): row t scores the token after ids[t] (perplexity through a cache)."""
+        self._check_open()
+        if self.batch_size != 1 or ids.dim() != 1 or ids.shape[0] < 1:
+            raise QkvError(f"prefill_scores takes one row's ids (T,) in a one-row session, got {tuple(ids.shape)}")
+        start = self.lengths[0]
+        self._need(start + ids.shape[0])
+        positions = torch.arange(start, start + ids.shape[0], device=self.device)  # (T,)
+        with torch.inference_mode(), _eager_prompts():
+            logits = self._forward(ids.to(self.device)[None], positions)  # (1, T, V)
+        self.lengths = [start + ids.shape[0]]
+        self._next = None
+        return logits[0]  # (T, V)
 
     def prefill_row(self, row: int, ids: Tensor, *, start: int = 0) -> Tensor:
         """Start row `row` afresh with one request's prompt ids (T,), leaving the other rows
@@ -177,12 +312,15 @@ class DecodeSession:
                            f"{row}, ids of shape {tuple(ids.shape)}, start {start}")
         end = start + ids.shape[0]
         self._need(end)
-        positions = torch.arange(start, end, device=self.device)  # (T,)
-        with self._on_rows([row], reach=end), torch.inference_mode(), _eager_prompts():
-            logits = self.model(ids.to(self.device)[None], positions=positions)  # (1, T, V)
+        pieces = []
+        with torch.inference_mode(), _eager_prompts():
+            for begin, stop in aligned_parts(start, end):  # positions [begin, stop)
+                positions = torch.arange(begin, stop, device=self.device)  # (t',)
+                with self._on_rows([row], reach=stop):
+                    pieces.append(self._forward(ids[begin - start:stop - start].to(self.device)[None], positions)[0])
         self.lengths[row] = end
         self._next = None
-        return logits[0]  # (T, V)
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces)  # (T, V)
 
     def copy_row(self, source: int, target: int, length: int) -> None:
         """Row `target` starts with the first `length` positions row `source` holds (one
@@ -193,7 +331,7 @@ class DecodeSession:
             raise QkvError(f"copy_row takes two different rows in 0..{self.batch_size - 1}, got {source}, {target}")
         if not 1 <= length <= self.capacity:
             raise QkvError(f"a row holds at most {self.capacity} positions; cannot copy {length}")
-        caches = self.model.caches()
+        caches = self.caches
         if not all(isinstance(cache, SlotKVCache) for cache in caches):
             raise QkvError("copy_row needs a session with kind=SlotKVCache")
         for cache in caches:
@@ -222,7 +360,7 @@ class DecodeSession:
         if self._next is None:
             self._next = self._positions()
         with torch.inference_mode():
-            logits = self.model(tokens.to(self.device)[:, None], positions=self._next)  # (B, 1, V)
+            logits = self._forward(tokens.to(self.device)[:, None], self._next)  # (B, 1, V)
         if all(self.lengths):
             self._next.add_(1)  # in place: the next step reuses the same tensor
             self.lengths = [n + 1 for n in self.lengths]
@@ -240,7 +378,7 @@ class DecodeSession:
         self._need(reach)
         positions = torch.tensor([self.lengths[r] for r in rows], device=self.device)[:, None]  # (b, 1)
         with self._on_rows(rows, reach=reach), torch.inference_mode():
-            logits = self.model(tokens.to(self.device)[:, None], positions=positions)  # (b, 1, V)
+            logits = self._forward(tokens.to(self.device)[:, None], positions)  # (b, 1, V)
         for r in rows:
             self.lengths[r] += 1
         self._next = None
@@ -251,18 +389,15 @@ class DecodeSession:
         """The slot caches carry only `rows` for the calls made inside, and attention reads
         the first `reach` positions, rounded up to a multiple of ROW_REACH_STEP (a few
         shapes, not one per length) rather than the whole capacity."""
-        caches = self.model.caches()
-        if not all(isinstance(cache, SlotKVCache) for cache in caches):
+        if self.kind is not SlotKVCache:
             raise QkvError("calls on some rows of the batch need a session with kind=SlotKVCache")
-        index = torch.tensor(rows, device=self.device)  # (b,)
-        limit = -(-reach // ROW_REACH_STEP) * ROW_REACH_STEP
+        selection = self._selection
+        selection.rows = torch.tensor(rows, device=self.device)  # (b,)
+        selection.limit = -(-reach // ROW_REACH_STEP) * ROW_REACH_STEP
         try:
-            for cache in caches:
-                cache.rows, cache.limit = index, limit  # type: ignore[attr-defined]
             yield
         finally:
-            for cache in caches:
-                cache.rows, cache.limit = None, None  # type: ignore[attr-defined]
+            selection.rows, selection.limit = None, None
 
     # -- helpers ---------------------------------------------------------------------
     def _positions(self) -> Tensor:
@@ -283,16 +418,3 @@ class DecodeSession:
     def _check_open(self) -> None:
         if not self._open:
             raise QkvError("the decode session is not open: use it inside `with DecodeSession(...)`")
-
-
-def warm_up(model: CausalDecoder, *, capacity: int = SMALLEST_CAPACITY, kind: CacheKind = StaticKVCache) -> float:
-    """Run a prompt and two decode steps on a throw-away session, so that a compiled
-    model compiles its decode step (for sessions of `capacity` and caches of `kind`)
-    before anyone waits on a token. Returns the seconds it took."""
-    start = time.perf_counter()
-    token = torch.zeros(1, dtype=torch.long, device=next(model.parameters()).device)
-    with DecodeSession(model, capacity=min(capacity, model.context_length), kind=kind) as session:
-        session.prefill(token[None])
-        session.decode(token)
-        session.decode(token)
-    return time.perf_counter() - start

@@ -1,4 +1,4 @@
-"""qkv's whole-layer decode step (`qkv.perf.fused_layers`) against the same model running its
+"""qkv's whole-layer decode step (`qkv.runtime.native_layers`) against the same model running its
 layers as PyTorch modules: Llama with grouped heads, Qwen2's biases, Qwen3's q/k norms and
 GPT-2's LayerNorm, GELU and biases, in float32, int8 and int4, one row or ragged rows.
 Kinds of cache the fused calls cannot write run the modules (and compile them, once)."""
@@ -6,13 +6,15 @@ Kinds of cache the fused calls cannot write run the modules (and compile them, o
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qkv.generation import DecodeSession, generate
+from qkv.generation import generate
+from qkv.runtime import DecodeSession
 from qkv.generation.cache_kinds import cache_kind
 from qkv.models.gpt2 import GPTModel
 from qkv.models.gpt2_config import GPTConfig
@@ -20,8 +22,9 @@ from qkv.models.llama import LlamaForCausalLM
 from qkv.models.llama_config import LlamaConfig
 from qkv.models.qwen import Qwen2Config, Qwen3Config
 from qkv.native import native_kernels
-from qkv.perf.fused_layers import FusedLayers
-from qkv.perf.prepare import prepare_for_decoding
+from qkv.runtime.native_layers import FusedLayers
+from qkv.runtime import prepare, setup_of
+from qkv.runtime.prepare import prepare_for_decoding
 
 pytestmark = pytest.mark.skipif(not native_kernels().available,
                                 reason=f"qkv's kernels are not available here: {native_kernels().reason}")
@@ -50,7 +53,7 @@ def _pair(family: str, precision: str, heads: int = 4, kv_heads: int = 2, head_d
     modules = copy.deepcopy(fused)
     setup = prepare_for_decoding(fused, precision=precision, compile=True)
     prepare_for_decoding(modules, precision=precision, compile=False)
-    assert setup.fused is not None and modules.fused_layers is None
+    assert setup.fused is not None and setup_of(modules).fused is None
     return fused, modules
 
 
@@ -107,7 +110,7 @@ def test_the_fused_calls_write_the_cache_as_the_layers_do() -> None:
             token = session.prefill(prompt).argmax(-1)
             for _ in range(3):
                 token = session.decode(token).argmax(-1)
-            caches.append([(c.contents(), c.length) for c in model.caches()])
+            caches.append([(c.contents(), c.length) for c in session.caches])
     for ((k1, v1), n1), ((k2, v2), n2) in zip(*caches):
         assert n1 == n2 == 7
         assert torch.allclose(k1, k2, atol=1e-4) and torch.allclose(v1, v2, atol=1e-4)
@@ -121,8 +124,9 @@ def test_other_cache_kinds_run_the_modules_and_compile_them_once(kind_name: str)
     reference = copy.deepcopy(model)
     prepare_for_decoding(reference, precision="float32", compile=False)
     calls = []
-    prepare_for_decoding(model, precision="float32", compile=False)
-    model.fused_layers = FusedLayers.for_model(model, on_unfused=lambda: calls.append(1))
+    setup = prepare_for_decoding(model, precision="float32", compile=False)
+    prepare._PREPARED[model] = dataclasses.replace(  # the native layers, with a probe for Inductor's fallback
+        setup, fused=FusedLayers.for_model(model, on_unfused=lambda: calls.append(1)))
     kind = cache_kind(kind_name, residual=8, group_size=8, sinks=2, window=16)
     prompt = torch.tensor([[3, 14, 15, 92, 65, 35]])
     assert torch.equal(generate(model, prompt, 24, kv_cache=kind), generate(reference, prompt, 24, kv_cache=kind))
@@ -133,16 +137,16 @@ def test_other_cache_kinds_run_the_modules_and_compile_them_once(kind_name: str)
 
 def test_calls_with_gradients_or_prompts_run_the_modules() -> None:
     fused, _ = _pair("llama", "float32")
-    layers = fused.fused_layers
     x = torch.zeros(1, 1, 64)
-    with DecodeSession(fused, capacity=64):
+    with DecodeSession(fused, capacity=64) as session:
+        layers = session._native
+        assert layers is not None and session.runs_native
         with torch.inference_mode():
             assert layers.takes(x, torch.tensor([0]), None)
             assert not layers.takes(torch.zeros(1, 3, 64), torch.arange(3), None)  # a prompt
             assert not layers.takes(x, torch.tensor([0]), torch.ones(1, 1, 1, 64, dtype=torch.bool))
             assert not layers.takes(x.bfloat16(), torch.tensor([0]), None)
         assert not layers.takes(x, torch.tensor([0]), None)  # gradients on
-    assert not layers.takes(x, torch.tensor([0]), None)  # no caches bound
 
 
 def test_models_the_kernels_cannot_run_whole_are_not_fused() -> None:
@@ -155,14 +159,14 @@ def test_models_the_kernels_cannot_run_whole_are_not_fused() -> None:
 
 def test_a_position_outside_the_cache_is_refused_in_one_line() -> None:
     fused, _ = _pair("llama", "int8")
-    with torch.inference_mode(), DecodeSession(fused, capacity=64):
+    with torch.inference_mode(), DecodeSession(fused, capacity=64) as session:
         with pytest.raises(RuntimeError, match="a position lies outside the KV cache"):
-            fused.fused_layers(torch.zeros(1, 1, 64), torch.tensor([64]))
+            session._native(torch.zeros(1, 1, 64), torch.tensor([64]))
 
 
 def test_a_forward_hook_sees_every_step() -> None:
-    """A hook (a trace) sees every decode step: the fused calls stand aside while it is on,
-    whether it was put on before the session or during it."""
+    """A hook (a trace) on the model when a session starts: that session runs the modules, so
+    the hook sees every step; a session asked for step="modules" does so too."""
     fused, _ = _pair("llama", "float32")
     seen = []
     handle = fused.model.layers[1].self_attn.register_forward_hook(lambda m, args, out: seen.append(out.shape))
@@ -171,16 +175,37 @@ def test_a_forward_hook_sees_every_step() -> None:
     finally:
         handle.remove()
     assert len(seen) == 5  # the prompt, then four decode steps (the fifth token needs no step)
-    assert fused.fused_layers.takes(torch.zeros(1, 1, 64), torch.tensor([0]), None) is False  # unbound after
     with torch.inference_mode(), DecodeSession(fused, capacity=64) as session:
+        assert session.runs_native  # no hook now
+    with torch.inference_mode(), DecodeSession(fused, capacity=64, step="modules") as session:
+        assert not session.runs_native
         token = session.prefill(torch.tensor([[3, 14, 15]])).argmax(-1)
-        assert fused.fused_layers.takes(torch.zeros(1, 1, 64), torch.tensor([3]), None)
         handle = fused.model.layers[0].mlp.down_proj.register_forward_pre_hook(lambda m, args: seen.append(0))
         try:
             session.decode(token)
         finally:
             handle.remove()
-        assert seen[-1] == 0 and fused.fused_layers.takes(torch.zeros(1, 1, 64), torch.tensor([4]), None)
+        assert seen[-1] == 0
+
+
+def test_two_sessions_on_one_model_keep_their_own_caches_and_native_layers() -> None:
+    """Sessions are independent: one opened and closed inside another (an explorer trace
+    beside a server's slots) neither changes the other's numbers nor unbinds its layers."""
+    fused, _ = _pair("llama", "float32")
+    prompt = torch.tensor([[3, 14, 15, 92]])
+    with torch.inference_mode(), DecodeSession(fused, capacity=64) as alone:
+        expected = [alone.prefill(prompt)]
+        for _ in range(4):
+            expected.append(alone.decode(expected[-1].argmax(-1)))
+    with torch.inference_mode(), DecodeSession(fused, capacity=64) as outer:
+        got = [outer.prefill(prompt)]
+        for _ in range(4):
+            with DecodeSession(fused, capacity=64, step="modules") as inner:  # a trace in between
+                inner.prefill(torch.tensor([[7, 7, 7]]))
+            assert outer.runs_native
+            got.append(outer.decode(got[-1].argmax(-1)))
+    for want, have in zip(expected, got):
+        assert torch.equal(want, have)
 
 
 FALLBACK = """
@@ -188,7 +213,7 @@ import json, torch
 from qkv.generation import generate
 from qkv.models.llama import LlamaForCausalLM
 from qkv.models.llama_config import LlamaConfig
-from qkv.perf.prepare import prepare_for_decoding
+from qkv.runtime.prepare import prepare_for_decoding
 cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
 torch.manual_seed(0)

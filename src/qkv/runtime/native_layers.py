@@ -14,9 +14,8 @@ products, RoPE, cache write, attention, activation and shortcuts in C++ (kernels
 
 Which calls it takes: one new token per row, float32, no gradients, no extra mask, and
 caches whose kind gives `fused_buffers()` (StaticKVCache; other kinds and prompts run the
-layers as modules). A call made while a forward hook is on any module of the model (a
-trace recording them, `qkv.trace`) runs the modules too, so the hooks see every step (the
-check looks at each module's hook dictionaries: about 15 us a step for SmolLM2's 336).
+layers as modules). A session that records the modules with hooks (a trace, `qkv.trace`)
+asks the runtime for the module step (`step="modules"`), so its hooks see every step.
 
 The math is the layers': the same weights through the same kernels (`qkv::int4_linear`'s
 activation rounding included) in the same order, so its logits match the module path to
@@ -35,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from qkv.attention.kv_cache import StaticKVCache
 from qkv.native import native_kernels
 from qkv.perf.float_linear import NativeFloatLinear
 from qkv.perf.quantize import Int4Linear, Int8Linear
@@ -96,33 +96,19 @@ def _layer_arguments(parts: LayerParts, inv_freq: Tensor | None, buffers: tuple[
     return head, tail
 
 
-def _hook_tables(modules: list[nn.Module]) -> list[dict[Any, Any]]:
-    """The dictionaries a forward hook on any of `modules` is written into (registering a
-    hook adds to them in place, so they can be gathered once and looked at per call)."""
-    return [table for m in modules for table in (m._forward_hooks, m._forward_pre_hooks)]
-
-
-def _hooked(tables: list[dict[Any, Any]]) -> bool:
-    """Whether any of `tables` holds a hook, or a global forward hook is registered."""
-    from torch.nn.modules import module as torch_module
-
-    return bool(torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks) or any(
-        map(bool, tables))
-
-
 class FusedLayers:
     """A model's decode steps as one `qkv::decoder_layer` call per layer (module docstring).
 
-    `bind(model)` (called by `CausalDecoder.setup_cache`) gathers each layer's tensors and
-    its cache's buffers; when the cache kind or a layer does not fit, the model runs its
-    layers as before and `on_unfused` is called once (prepare_for_decoding compiles the
-    layers with Inductor then, for those other kinds).
+    `for_model(model)` (at preparation) checks that every layer can run so; a session then
+    takes its own copy bound to its caches (`bound_to`), so sessions on one model never
+    share or undo each other's binding. When a session's cache kind does not fit, it runs
+    the layers as modules and `on_unfused` is called once (the runtime compiles the layers
+    with Inductor then, for those other kinds).
     """
 
     def __init__(self, on_unfused: Callable[[], object] | None = None) -> None:
         self._layers: list[tuple[tuple[Any, ...], tuple[Any, ...]]] | None = None
         self._cache: KVCache | None = None  # the first layer's, asked which rows a call carries
-        self._watched: list[dict[Any, Any]] = []  # where a forward hook on a module would be
         self._on_unfused = on_unfused
         self.fallback: object = None  # what on_unfused returned, once called
 
@@ -132,30 +118,33 @@ class FusedLayers:
         one call each (checked on a one-row static cache), else None."""
         if not native_kernels().available or model.layer_parts() is None:
             return None
-        fused = FusedLayers()
-        model.setup_cache(1, 1)
-        try:
-            fused.bind(model)
-            ready = fused.bound
-        finally:
-            fused.unbind()
-            model.remove_cache()
-        if not ready:
+        probe = FusedLayers()
+        probe.bind(model, [StaticKVCache(spec) for spec in model.cache_specs(1, 1)])
+        if not probe.bound:
             return None
-        fused._on_unfused = on_unfused
-        return fused
+        return FusedLayers(on_unfused)
 
     @property
     def bound(self) -> bool:
         return self._layers is not None
 
-    def bind(self, model: CausalDecoder) -> None:
+    def bound_to(self, model: CausalDecoder, caches: list[KVCache]) -> FusedLayers | None:
+        """A copy of these layers bound to one session's `caches`, or None when they cannot
+        run with that kind (then `on_unfused` runs, once per model)."""
+        session = FusedLayers()
+        session.bind(model, caches)
+        if session.bound:
+            return session
+        if self._on_unfused is not None:
+            on_unfused, self._on_unfused = self._on_unfused, None
+            self.fallback = on_unfused()
+        return None
+
+    def bind(self, model: CausalDecoder, caches: list[KVCache]) -> None:
         parts = model.layer_parts()
-        self._watched = _hook_tables([m for m in model.modules() if m is not model])
-        caches = [layer.kv_cache for layer in model.attention_layers()]
         rotary = model.rotary_embedding()
         inv_freq = None if rotary is None else rotary.inv_freq.float().contiguous()
-        layers = []
+        layers: list[tuple[tuple[Any, ...], tuple[Any, ...]]] | None = []
         for index, part in enumerate(parts or []):
             cache = caches[index] if index < len(caches) else None
             buffers = cache.fused_buffers() if cache is not None else None
@@ -163,21 +152,14 @@ class FusedLayers:
             if arguments is None:
                 layers = None
                 break
-            layers.append(arguments)
+            layers.append(arguments)  # type: ignore[union-attr]
         self._layers = layers if parts and layers else None
         self._cache = caches[0] if self._layers is not None else None
-        if self._layers is None and self._on_unfused is not None:
-            on_unfused, self._on_unfused = self._on_unfused, None
-            self.fallback = on_unfused()
-
-    def unbind(self) -> None:
-        self._layers, self._cache = None, None
 
     def takes(self, x: Tensor, positions: Tensor, mask: Tensor | None) -> bool:
         """Whether a call with these inputs is a decode step the fused layers run."""
         return (self._layers is not None and mask is None and x.shape[1] == 1 and x.dtype == torch.float32
-                and x.device.type == "cpu" and not torch.is_grad_enabled() and positions.numel() in (1, x.shape[0])
-                and not _hooked(self._watched))  # a hook (a trace) sees the modules run
+                and x.device.type == "cpu" and not torch.is_grad_enabled() and positions.numel() in (1, x.shape[0]))
 
     def __call__(self, x: Tensor, positions: Tensor) -> Tensor:
         """x (B, 1, C), positions (1,) or (B, 1) -> x after every layer, (B, 1, C); the caches

@@ -6,7 +6,7 @@ import torch
 
 from qkv.attention.kv_cache import SlotKVCache
 from qkv.generation import generate
-from qkv.generation.session import DecodeSession
+from qkv.runtime.session import DecodeSession
 from qkv.models.llama import LlamaForCausalLM
 from qkv.models.llama_config import LlamaConfig
 
@@ -31,7 +31,7 @@ def test_decoding_some_rows_matches_each_sequence_alone_and_leaves_the_others_un
     with DecodeSession(model, batch_size=4, capacity=32, kind=SlotKVCache) as session:
         last = [int(session.prefill_row(r, p).argmax()) for r, p in enumerate(prompts)]
         produced = [[t] for t in last]
-        before = [c.k_cache[1].clone() for c in model.caches()]
+        before = [c.k_cache[1].clone() for c in session.caches]
         for _ in range(steps - 1):  # rows 0, 2 and 3 step; row 1 waits
             rows = [0, 2, 3]
             logits = session.decode(torch.tensor([last[r] for r in rows]), rows=rows)  # (3, V)
@@ -39,7 +39,7 @@ def test_decoding_some_rows_matches_each_sequence_alone_and_leaves_the_others_un
             for i, r in enumerate(rows):
                 last[r] = int(logits[i].argmax())
                 produced[r].append(last[r])
-        for cache, kept in zip(model.caches(), before):
+        for cache, kept in zip(session.caches, before):
             assert torch.equal(cache.k_cache[1], kept)  # the waiting row was not written
         for _ in range(steps - 1):  # now row 1 catches up alone
             last[1] = int(session.decode(torch.tensor([last[1]]), rows=[1])[0].argmax())
@@ -55,12 +55,12 @@ def test_rows_read_only_the_positions_they_reach() -> None:
                      dtype=torch.float32, device=torch.device("cpu"))
     cache = SlotKVCache(spec)
     k = torch.randn(2, 2, 1, 4)
-    cache.rows, cache.limit = torch.tensor([2, 0]), 64
+    cache.selection.rows, cache.selection.limit = torch.tensor([2, 0]), 64
     keys, values, visible = cache.update(k, k, torch.tensor([[10], [3]]))
     assert keys.shape == (2, 2, 64, 4) and visible.shape == (2, 1, 1, 64)
     assert torch.equal(keys[0, :, 10], k[0, :, 0]) and torch.equal(keys[1, :, 3], k[1, :, 0])
     assert visible[0, 0, 0, :11].all() and not visible[0, 0, 0, 11:].any()
-    cache.limit = None
+    cache.selection.limit = None
     assert cache.update(k, k, torch.tensor([[11], [4]]))[0].shape == (2, 2, 256, 4)
 
 

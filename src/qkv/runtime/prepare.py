@@ -17,7 +17,7 @@ else int8, the fastest whose perplexity on the-verdict stays within 1% of bfloat
 (benchmarks/RESULTS.md).
 
 Every precision first stacks the projections that read the same input (query, key and
-value; a SwiGLU's gate and up) into one layer each (`qkv.fusion`): the same numbers in
+value; a SwiGLU's gate and up) into one layer each (`qkv.attention.stacking`): the same numbers in
 fewer matrix products. With "float32", decode-sized products then run on qkv's float32
 kernel (`qkv.perf.float_linear`); where it cannot be built, layers with at least as many
 outputs as inputs are stored input-major (`qkv.perf.transposed`), which PyTorch reads
@@ -25,7 +25,7 @@ faster at batch 1.
 
 compile=True compiles the decode step. Where qkv's kernels run every layer of a float32 or
 quantized model, each layer's decode step is one call of qkv's compiled C++
-(`qkv.perf.fused_layers`: about 1 ms of overhead a step, against 14 ms for Inductor's
+(`qkv.runtime.native_layers`: about 1 ms of overhead a step, against 14 ms for Inductor's
 regions), and Inductor compiles the layers only if a session uses a cache kind those
 calls cannot write (`qkv.perf.compile`, then). Elsewhere each repeated layer is compiled
 once with Inductor; where compiling is not possible the model stays eager and the report
@@ -33,7 +33,9 @@ says why. compile=False runs the layers as PyTorch modules (the reference path).
 `qkv.generation.warm_up` runs the compilation before a timed or interactive generation, so
 the first token a user waits for, or a tokens/s figure, does not include it.
 
-Either way the large weights end on 2 MB pages (`qkv.perf.huge_pages`). Loading through
+The runtime remembers how it prepared each model (`setup_of`), and each decode session
+(`qkv.runtime.DecodeSession`) binds the native layers to its own caches; the model holds
+no fast path. Either way the large weights end on 2 MB pages (`qkv.perf.huge_pages`). Loading through
 `load_for_generation` (or `load_prepared_model`, what the CLI uses) keeps a model prepared
 at int8 or int4 on disk, and the next load assigns it instead of preparing again
 (`qkv.perf.prepared_cache`).
@@ -42,16 +44,18 @@ at int8 or int4 on disk, and the next load assigns it instead of preparing again
 from __future__ import annotations
 
 import os
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from qkv.errors import QkvError
-from qkv.fusion import fuse_projections
+from qkv.attention.stacking import fuse_projections
 from qkv.models.decoder import CausalDecoder
 from qkv.native import NativeStatus, native_kernels
-from qkv.perf.fused_layers import FusedLayers
+from qkv.runtime.native_attention import register_native_attention
+from qkv.runtime.native_layers import FusedLayers
 from qkv.perf.compile import Backend, CompileReport, compile_decoder
 from qkv.perf.huge_pages import place_on_huge_pages
 from qkv.perf.prepared_cache import check_entry, keep_prepared, prepared_path, read_prepared, reject
@@ -83,7 +87,7 @@ class DecodeSetup:
     precision: str
     compile: CompileReport | None  # Inductor's, None when it was not asked for (or not yet)
     kernels: NativeStatus | None = None  # for quantized precisions: qkv's kernels or why not
-    fused: FusedLayers | None = None  # decode steps as qkv's whole-layer calls (qkv.perf.fused_layers)
+    fused: FusedLayers | None = None  # decode steps as qkv's whole-layer calls (qkv.runtime.native_layers)
     from_cache: bool = False  # the prepared weights came from qkv.perf.prepared_cache
 
     @property
@@ -104,20 +108,23 @@ def prepare_for_decoding(
     precision: str = DEFAULT_PRECISION,
     compile: bool = True,
     backend: Backend = "inductor",
+    inductor: bool = True,
 ) -> DecodeSetup:
     """Bring `model` to `precision` and compile it, in place (see the module docstring).
-    "auto" is int4 for a model loaded from 4-bit blocks, else int8 (qkv.precision)."""
+    "auto" is int4 for a model loaded from 4-bit blocks, else int8 (qkv.precision).
+    inductor=False: qkv's native layers where they run, never Inductor's graphs (a server,
+    whose batch sizes vary, would compile one graph per size)."""
     check_precision(precision)
     precision = resolve_precision(precision, stored_in_four_bits=model.stored_in_four_bits)
     _shape_layers(model, precision)
-    return _finish(model, precision, compile=compile, backend=backend)
+    return _finish(model, precision, compile=compile, backend=backend, inductor=inductor)
 
 
 def _shape_layers(model: CausalDecoder, precision: str, *, empty: bool = False) -> None:
     """The prepared layers at `precision` (a resolved one); empty=True makes them without
     computing their weights, for a state assigned next (qkv.perf.prepared_cache)."""
     model.eval()
-    fuse_projections(model)  # q/k/v and gate/up: one product each (qkv.fusion)
+    fuse_projections(model)  # q/k/v and gate/up: one product each (qkv.attention.stacking)
     if precision in QUANTIZED:
         quantize(model, precision, empty=empty)  # from the weights as loaded (float32 for these precisions)
     elif precision == "float32" and native_kernels().available:
@@ -132,16 +139,30 @@ def _shape_layers(model: CausalDecoder, precision: str, *, empty: bool = False) 
 
 
 def _finish(model: CausalDecoder, precision: str, *, compile: bool, backend: Backend,
-            from_cache: bool = False) -> DecodeSetup:
+            from_cache: bool = False, inductor: bool = True) -> DecodeSetup:
     """Weights on 2 MB pages, then the fused layers or Inductor's regions."""
     place_on_huge_pages(model)  # a decode step streams every weight: 2 MB pages read faster (qkv.perf.huge_pages)
-    model.fused_layers = None
-    fused = FusedLayers.for_model(model, on_unfused=lambda: compile_decoder(model, backend=backend)) if compile else None
-    if fused is not None:
-        model.fused_layers = fused  # Inductor waits for a cache kind the fused layers cannot write
-    report = compile_decoder(model, backend=backend) if compile and fused is None else None
+    # Inductor waits for a session whose cache kind the fused layers cannot write.
+    on_unfused = (lambda: compile_decoder(model, backend=backend)) if inductor else None
+    fused = FusedLayers.for_model(model, on_unfused=on_unfused) if compile else None
+    report = compile_decoder(model, backend=backend) if compile and inductor and fused is None else None
     kernels = native_kernels() if precision in (*QUANTIZED, "float32") else None
-    return DecodeSetup(precision=precision, compile=report, kernels=kernels, fused=fused, from_cache=from_cache)
+    if kernels is not None:
+        register_native_attention()  # one-query attention on qkv's kernel (qkv.attention.registry)
+    setup = DecodeSetup(precision=precision, compile=report, kernels=kernels, fused=fused, from_cache=from_cache)
+    _PREPARED[model] = setup
+    return setup
+
+
+# How the runtime prepared each model it prepared: a fact about the model's converted weights
+# that its sessions read to choose their step (qkv.runtime.session). Weak keys: a model
+# that is dropped takes its entry with it; the model itself holds nothing of it.
+_PREPARED: weakref.WeakKeyDictionary[CausalDecoder, DecodeSetup] = weakref.WeakKeyDictionary()
+
+
+def setup_of(model: CausalDecoder) -> DecodeSetup | None:
+    """How `prepare_for_decoding` prepared `model`, or None for a model it never saw."""
+    return _PREPARED.get(model)
 
 
 def load_for_generation(

@@ -1,4 +1,4 @@
-"""qkv.models.empty_init: parameters on the meta device, buffers real, this thread only."""
+"""qkv.empty_init: parameters on the meta device, buffers real, this thread only."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from qkv.attention.rope import RotaryEmbedding
-from qkv.models.empty_init import meta_names, parameters_on_meta
+from qkv.empty_init import meta_names, parameters_on_meta
 
 
 def test_parameters_are_meta_and_computed_buffers_real() -> None:

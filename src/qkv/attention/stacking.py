@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from qkv.models.empty_init import parameters_on_meta
+from qkv.empty_init import parameters_on_meta
 
 
 def stack_linears(layers: list[nn.Linear]) -> nn.Linear:

@@ -9,10 +9,10 @@ import torch
 from torch import nn
 
 from qkv.attention.grouped_query import GroupedQueryAttention
-from qkv.fusion import fuse_projections, stack_linears
+from qkv.attention.stacking import fuse_projections, stack_linears
 from qkv.models.llama import LlamaForCausalLM
 from qkv.models.llama_config import LlamaConfig
-from qkv.perf.prepare import prepare_for_decoding
+from qkv.runtime.prepare import prepare_for_decoding
 
 
 @pytest.mark.parametrize("bias", [False, True])
