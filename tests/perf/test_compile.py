@@ -121,8 +121,9 @@ def test_key_aware_caches_compile_to_one_set_of_graphs(kind_name: str) -> None:
 
 @pytest.mark.slow
 def test_inductor_fuses_the_quantized_cache_and_gives_the_eager_tokens() -> None:
-    """Inductor compiles the int4 cache's decode step (dequantization fused into the
-    attention reductions): the same greedy tokens as eager, past several quantized groups.
+    """Inductor compiles the int4 cache's decode step (the cache's write in the graph, its
+    attention one call of qkv's quantized kernel): the same greedy tokens as eager, past
+    several quantized groups.
     The model prepared with compile=True has qkv's fused layers, which hand this cache kind
     to Inductor's regions when the first session opens."""
     from qkv.generation.cache_kinds import cache_kind

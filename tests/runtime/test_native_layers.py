@@ -259,3 +259,94 @@ def test_slot_rows_decode_through_the_fused_calls_as_through_the_modules() -> No
         out.append(steps)
     for have, want in zip(*out):
         assert torch.allclose(have, want, atol=_tolerance("int8", want), rtol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_layer_is_described_by_what_its_modules_are(family: str) -> None:
+    """The LayerSpec read from today's layers says what each family is: RMS norms, RoPE at the
+    config's base and SwiGLU for Llama/Qwen (q/k norms for Qwen3); LayerNorms with biases, no
+    RoPE and a plain tanh-GELU for GPT-2; and its RoPE frequencies are the modules' own."""
+    from qkv.perf.fused_layers import spec_of
+    from qkv.runtime.native_layer_spec import declined, rope_frequencies
+
+    model = _model(family, 4, 2 if family != "gpt2" else 4, 16, seed=0)
+    prepare_for_decoding(model, precision="float32", compile=False)
+    rotary = model.rotary_embedding()
+    for part in model.layer_parts():
+        spec = spec_of(part, rotary)
+        assert spec is not None and declined(spec) is None
+        assert (spec.attention.num_heads, spec.attention.head_dim) == (4, 16)
+        assert (spec.attention.qk_norm is not None) == (family == "qwen3")
+        if family == "gpt2":
+            assert spec.rope is None and spec.attn_norm.kind == "layer" and spec.attn_norm.bias
+            assert spec.mlp.activation == "gelu_tanh" and not spec.mlp.gated
+        else:
+            assert spec.attn_norm.kind == "rms" and spec.mlp.activation == "silu" and spec.mlp.gated
+            assert spec.rope.base == rotary.theta
+            assert torch.equal(rope_frequencies(spec.rope), rotary.inv_freq.float())
+
+
+def test_llama3_rope_scaling_reaches_the_native_layer_through_the_description() -> None:
+    """A scaled RoPE (Llama 3.x) is part of the description: the frequencies computed from it
+    are the modules' own, and the fused steps give the modules' logits."""
+    from qkv.attention.rope import Llama3RopeScaling
+    from qkv.perf.fused_layers import spec_of
+    from qkv.runtime.native_layer_spec import rope_frequencies
+
+    scaling = Llama3RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                original_max_position_embeddings=16)
+    torch.manual_seed(4)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                         rope_scaling=scaling)).eval()
+    modules = copy.deepcopy(model)
+    setup = prepare_for_decoding(model, precision="float32", compile=True)
+    prepare_for_decoding(modules, precision="float32", compile=False)
+    assert setup.fused is not None
+    spec = spec_of(model.layer_parts()[0], model.rotary_embedding())
+    assert dict(spec.rope.scaling)["factor"] == 8.0
+    assert torch.equal(rope_frequencies(spec.rope), model.rotary_embedding().inv_freq.float())
+    prompts = torch.randint(0, 101, (1, 9), generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        for want, have in zip(_steps(modules, prompts, [9], 5), _steps(model, prompts, [9], 5)):
+            assert torch.allclose(have, want, rtol=0, atol=_tolerance("float32", want))
+
+
+def test_a_model_whose_own_description_the_kernel_lacks_runs_its_modules() -> None:
+    """A model that describes its layers (`layer_specs()`) is read from that description: one
+    with a q/k norm over all heads (OLMo 2's) is declined there, so nothing is fused."""
+    import dataclasses
+
+    from qkv.models.layer_spec import NormSpec
+    from qkv.perf.fused_layers import spec_of
+
+    model = _model("llama", 4, 2, 16, seed=3)
+    prepare_for_decoding(model, precision="float32", compile=False)
+    specs = [spec_of(part, model.rotary_embedding()) for part in model.layer_parts()]
+    model.layer_specs = lambda: specs
+    assert FusedLayers.for_model(model) is not None  # the same description as the modules': fused
+    over_all = dataclasses.replace(specs[1], attention=dataclasses.replace(
+        specs[1].attention, qk_norm=NormSpec("rms"), qk_norm_over="all"))
+    model.layer_specs = lambda: [specs[0], over_all]
+    assert FusedLayers.for_model(model) is None
+
+
+@pytest.mark.parametrize("precision", ["float32", "int8", "int4"])
+def test_a_rows_decode_logits_do_not_depend_on_the_rows_beside_it(precision: str) -> None:
+    """Batch invariance of a whole fused decode step: prompts prefilled one slot at a time,
+    then one step for three rows at once against each row's step alone: the same logits, bit
+    for bit (the kernels compute a row with the same operations whatever the batch)."""
+    from qkv.attention.kv_cache import SlotKVCache
+
+    fused, _ = _pair("llama", precision)
+    prompts = {0: torch.tensor([3, 14, 15, 92]), 1: torch.tensor([65, 35]), 2: torch.tensor([8, 9, 7, 9, 3])}
+    with torch.inference_mode():
+        with DecodeSession(fused, batch_size=3, capacity=64, kind=SlotKVCache) as session:
+            last = {row: session.prefill_row(row, ids).argmax(-1) for row, ids in prompts.items()}
+            together = session.decode(torch.stack([last[r] for r in (0, 1, 2)]), rows=[0, 1, 2])  # (3, V)
+        alone = []
+        for row in (0, 1, 2):
+            with DecodeSession(fused, batch_size=3, capacity=64, kind=SlotKVCache) as session:
+                token = session.prefill_row(row, prompts[row]).argmax(-1)
+                alone.append(session.decode(token[None], rows=[row])[0])
+    assert torch.equal(together, torch.stack(alone))

@@ -11,12 +11,13 @@ import torch
 from qkv.attention.kv_cache import SlotKVCache
 from qkv.generation import generate
 from qkv.generation.sampling import Sampling
-from qkv.runtime.session import DecodeSession
+from qkv.runtime.session import PREFILL_ALIGN, DecodeSession, reusable_prefix
 from qkv.models.loader import load_pretrained
 from qkv.serve.engine import Engine, Finished
 from qkv.serve.prefix_cache import RowPrefixes, common_prefix
 
-SYSTEM = "Keys, queries and values. Attention is all you need, they said. " * 2
+# long enough (over two prefill parts of PREFILL_ALIGN tokens) that whole parts can be kept
+SYSTEM = "Keys, queries and values. Attention is all you need, they said. " * 5
 
 
 def _alone(model, ids: list[int], n: int) -> list[int]:
@@ -49,15 +50,16 @@ def test_reused_prefixes_give_the_tokens_of_each_request_alone(tiny_folder: Path
     prompts.append(prompts[0] + first[:5])  # a conversation goes on: prompt and decoded reply are cached
     expected = [_alone(model, ids, 6) for ids in prompts]
     for reuse in (True, False):
-        engine = Engine(model, max_batch=3, capacity=128, prefix_reuse=reuse)
+        engine = Engine(model, max_batch=3, capacity=256, prefix_reuse=reuse)
         engine.start()
         try:
             got = _run(engine, prompts, 6)
         finally:
             engine.stop()
         assert got == expected
-        if reuse:  # the system prompt every time, and the whole first exchange for the last one
-            assert engine.stats.prompt_tokens_reused >= 2 * len(system) + len(prompts[0]) + 5
+        if reuse:  # the whole prefill parts of the system prompt, for every prompt after the first
+            kept = reusable_prefix(len(prompts[1]), len(system))
+            assert kept >= PREFILL_ALIGN and engine.stats.prompt_tokens_reused >= 3 * kept
         else:
             assert engine.stats.prompt_tokens_reused == 0
 

@@ -227,6 +227,11 @@ class GroupedQueryAttention(nn.Module):
             if positions is None:  # a direct call: the tokens follow what the cache holds
                 start = cache.length
                 positions = torch.arange(start, start + t, device=x.device)  # (T,)
+            if (t == 1 and mask is None and self.backend == "fused" and self.ring is None
+                    and cache.attends_decode_step):
+                # The cache writes the step and attends it from its own codes (quantized_cache).
+                context = cache.decode_attention(q, k, v, positions)  # (B, H, 1, D)
+                return self.o_proj(context.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
             k, v, visible = cache.update(k, v, positions)  # (B, H_kv, S, D), (B, 1, T, S)
             # A full cache holds position p at slot p: the window reads slot numbers.
             local = self.window_visible(positions, torch.arange(k.shape[2], device=x.device), cache)
@@ -246,11 +251,6 @@ class GroupedQueryAttention(nn.Module):
         else:
             if self.ring is not None and self.window is not None:
                 raise ValueError("ring attention does not slide a window; run this model on one process")
-            backend = self.backend
-            if t == 1 and cache is not None and cache.reads_as_reductions and backend == "fused":
-                # Keys computed from codes as they are read: the reductions let a compiler fuse
-                # that computation into the attention (qkv.attention.quantized_cache).
-                backend = "reductions"
             kernel = attention if self.ring is None else self.ring.attend  # the ring: every rank's keys
             context = kernel(
                 q,
@@ -260,7 +260,7 @@ class GroupedQueryAttention(nn.Module):
                 is_causal=is_causal,
                 scale=self.scale,
                 dropout_p=self.dropout if self.training else 0.0,
-                backend=backend,
+                backend=self.backend,
             )  # (B, H, T, D)
         context = context.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (B, T, H*D)
         return self.o_proj(context)

@@ -130,11 +130,17 @@ class KVCache(nn.Module, ABC):
         return positions
 
     @property
-    def reads_as_reductions(self) -> bool:
-        """True when the answer is computed from a compact stored form (codes) as it is read:
-        a one-query step then attends as two reductions (`reduction_attention`), which a
-        compiler fuses with that computation, however many keys there are."""
+    def attends_decode_step(self) -> bool:
+        """True when the cache attends a one-token decode step itself (`decode_attention`):
+        it keeps a compact stored form (codes) that its own kernel reads, so attention never
+        reads its buffers (qkv.attention.quantized_cache)."""
         return False
+
+    def decode_attention(self, q: Tensor, k: Tensor, v: Tensor, positions: Tensor,
+                         scale: float | None = None) -> Tensor:
+        """Write one token's keys/values and attend the queries (B, H, 1, D) over what is
+        held -> (B, H, 1, D_v); only kinds with `attends_decode_step`."""
+        raise NotImplementedError(f"{type(self).__name__} does not attend decode steps itself")
 
     def fused_buffers(self) -> tuple[Tensor, Tensor, Tensor] | None:
         """For a kernel that runs a whole decode step itself (`qkv.runtime.native_layers`): the

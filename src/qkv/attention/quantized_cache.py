@@ -29,13 +29,18 @@ RoPE.
 
 Layout and shapes. The answer of `update` always has the same layout, whatever the length:
 [sinks | every group slot of the capacity, dequantized | the full-precision tail], with
-the mask (derived from the positions each slot holds) hiding what is not filled. So a
-decode step has one shape at every length and compiles to one graph, in which Inductor
-fuses the unpacking and dequantization of the codes into the attention's reductions
-(`reads_as_reductions`): the step reads the packed codes, never a dequantized copy. A
+the mask (derived from the positions each slot holds) hiding what is not filled. A
 one-token call (a decode step) updates the cache with tensor operations only (whether a
-group is full is a tensor, and the group is written through `torch.where`); a longer call
-(a prompt, run eagerly) reads the cache's counters into Python once.
+group is full is a tensor, and the group is written through `torch.where`), so it has one
+shape at every length and compiles to one graph; a longer call (a prompt, run eagerly)
+reads the cache's counters into Python once.
+
+A decode step is attended by the cache itself (`decode_attention`: write, then `attend`),
+so attention never reads these buffers: qkv's kernel (qkv.native, quantized_attention.cpp)
+reads the packed codes, dequantizes them in registers, rotates the keys at their positions
+from RoPE tables shared by every layer, and reads the keys of a KV head once for all the
+query heads that share them. Where the kernel is not loaded, `reference_attention` computes
+the same numbers (to float rounding) from a dequantized copy, as two float32 reductions.
 
 Shape legend: B batch, H_kv key/value heads, T new tokens, S positions answered (sinks +
 group slots + tail), D head size of keys, D_v of values, G group size (tokens), N_g groups,
@@ -46,13 +51,16 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 
 import torch
 from torch import Tensor
 
+from qkv.attention.kernels import reduction_attention
 from qkv.attention.kv_cache import CacheKind, CacheSpec, KVCache
 from qkv.attention.quantize import check_bits, dequantize, pack, quantize, unpack
 from qkv.attention.rope import apply_rope
+from qkv.attention.registry import ATTENTION_FUNCTIONS
 
 KEY_AXES = ("channel", "token")
 ROPE_SIDES = ("after", "before")  # quantize keys after RoPE (as the layer hands them) or before
@@ -117,6 +125,11 @@ class QuantizedKVCache(KVCache):
         self.register_buffer("sink_pos", torch.arange(self.sinks, **long), persistent=False)
         self.register_buffer("slot_pos", torch.arange(self.slots, **long) + self.sinks, persistent=False)
         self.register_buffer("tail_index", torch.arange(self.tail, **long), persistent=False)
+        # RoPE at every position, half a head wide, for the native kernel (shared by the layers).
+        tables = _half_rope_tables(s) if self.rotates_keys else None
+        self.native_rope = tables is not None or not self.rotates_keys
+        self.register_buffer("rope_cos", None if tables is None else tables[0], persistent=False)
+        self.register_buffer("rope_sin", None if tables is None else tables[1], persistent=False)
 
     @classmethod
     def kind(cls, **options: object) -> CacheKind:
@@ -124,7 +137,7 @@ class QuantizedKVCache(KVCache):
         return functools.partial(cls, **options)  # type: ignore[arg-type]
 
     @property
-    def reads_as_reductions(self) -> bool:
+    def attends_decode_step(self) -> bool:
         return True
 
     @property
@@ -197,6 +210,47 @@ class QuantizedKVCache(KVCache):
             return self._read(positions)
         filled = self._prompt(k, v, positions)
         return self._read(positions, filled)  # eager: only the group slots in use
+
+    def decode_attention(self, q: Tensor, k: Tensor, v: Tensor, positions: Tensor,
+                         scale: float | None = None) -> Tensor:
+        """One decode step: write the new key and value (B, H_kv, 1, D) at `positions` (1,),
+        then attend the queries (B, H, 1, D) over everything held, read from the codes
+        (`attend`). -> context (B, H, 1, D_v)."""
+        self.check_input(k, v, positions)
+        if positions.shape != (1,) or k.shape[2] != 1:
+            raise ValueError("a decode step writes one token at one position shared by every row, shape (1,)")
+        self._step(k.to(self.spec.dtype), v.to(self.spec.dtype), positions[0])
+        return self.attend(q, scale)
+
+    def attend(self, q: Tensor, scale: float | None = None, *, variant: str | None = None) -> Tensor:
+        """Queries (B, H, 1, D) at the newest position held, over every held position (sinks,
+        groups, tail) -> (B, H, 1, D_v). qkv's kernel reads the packed codes where the runtime
+        registered it (qkv.attention.registry's "quantized_decode")
+        (`variant`: "best", "generic", "avx2", "avx512"; default "best"); else, or with
+        variant="torch", `reference_attention` (the same numbers to float rounding)."""
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+        if variant == "torch" or (variant is None and not self._native_fits(q)):
+            return self.reference_attention(q, scale)
+        b, h, _, d = q.shape
+        stored = [getattr(self, name).float() for name in (
+            "k_scale", "k_zero", "v_scale", "v_zero", "sink_k", "sink_v", "pending_k", "pending_v")]
+        k_scale, k_zero, v_scale, v_zero, sink_k, sink_v, tail_k, tail_v = stored  # float32 (copies if not)
+        out = ATTENTION_FUNCTIONS["quantized_decode"](
+            q.reshape(b, h, d).float().contiguous(), self.k_codes, k_scale, k_zero, self.v_codes, v_scale, v_zero,
+            sink_k, sink_v, tail_k, tail_v, self.held, self.quantized, self.rope_cos, self.rope_sin,
+            bits=self.bits, group_size=self.group_size, keys_per_channel=self.key_axis == "channel",
+            scale=scale, variant=variant or "best")  # (B, H, D_v)
+        return out.unsqueeze(2).to(q.dtype)  # (B, H, 1, D_v)
+
+    def reference_attention(self, q: Tensor, scale: float | None = None) -> Tensor:
+        """What `attend` computes, in torch: every group slot dequantized (keys rotated at
+        their positions), then attention as two float32 reductions. (B, H, 1, D) -> (B, H, 1, D_v)."""
+        keys, values, visible = self._read((self.held - 1)[None])  # the query sits at the newest position
+        return reduction_attention(q, keys, values, mask=visible, scale=scale)
+
+    def _native_fits(self, q: Tensor) -> bool:
+        return ("quantized_decode" in ATTENTION_FUNCTIONS and self.native_rope and q.device.type == "cpu" and not q.requires_grad
+                and q.dim() == 4 and q.shape[2] == 1 and q.shape[0] == self.batch_size)
 
     def _step(self, k: Tensor, v: Tensor, position: Tensor) -> None:
         """One token at `position` (a tensor: it continues what is held, or rewrites a
@@ -314,3 +368,23 @@ class QuantizedKVCache(KVCache):
     def extra_repr(self) -> str:
         return (f"bits={self.bits}, group_size={self.group_size}, residual={self.residual}, "
                 f"sinks={self.sinks}, keys per {self.key_axis} {self.rope} RoPE, capacity={self.capacity}")
+
+
+_ROPE_TABLES: weakref.WeakKeyDictionary[object, dict[tuple[int, str], tuple[Tensor, Tensor]]] = (
+    weakref.WeakKeyDictionary())
+
+
+def _half_rope_tables(spec: CacheSpec) -> tuple[Tensor, Tensor] | None:
+    """cos and sin at positions 0 .. capacity - 1, (capacity, D/2) float32, from the model's
+    RoPE (computed once per RoPE and capacity, shared by every layer's cache); None when its
+    two halves differ (a layout other than rotate-half: the kernel then does not run)."""
+    assert spec.rotary is not None
+    per_rotary = _ROPE_TABLES.setdefault(spec.rotary, {})
+    key = (spec.capacity, str(spec.device))
+    if key not in per_rotary:
+        cos, sin = spec.rotary(torch.arange(spec.capacity, device=spec.device), dtype=torch.float32)  # (S, D)
+        half = cos.shape[-1] // 2
+        if not (torch.equal(cos[:, :half], cos[:, half:]) and torch.equal(sin[:, :half], sin[:, half:])):
+            return None
+        per_rotary[key] = (cos[:, :half].contiguous(), sin[:, :half].contiguous())
+    return per_rotary[key]

@@ -11,8 +11,10 @@ Built in (qkv.attention.kernels):
   a runtime registered a faster kernel of the same math under this name (qkv.runtime
   registers qkv's native decode attention once its library has loaded and passed its
   self-test: `register_attention`);
-- "reductions": always the reductions (a quantized cache's keys are computed as they are
-  read, and a compiler fuses that computation into them).
+- "reductions": always the reductions;
+- "quantized_decode" (registered by the runtime with qkv's kernels): one query over a
+  quantized KV cache's packed codes, which the cache calls with its own buffers
+  (qkv.attention.quantized_cache; without it the cache dequantizes and runs the reductions).
 
 Every function takes (..., H, T, D) queries, (..., H_kv, S, D) keys and values and keyword
 arguments mask, is_causal, scale, dropout_p, and returns the (..., H, T, D_v) context.

@@ -24,8 +24,8 @@ def add_precision_argument(parser: argparse.ArgumentParser) -> None:
         f"{DEFAULT_PRECISION}, is int4 for a checkpoint already stored in 4-bit blocks (a Q4_0/Q4_1 "
         "GGUF such as SmolLM2's) and int8 otherwise: the fastest whose perplexity stays within 1%% "
         "of bfloat16's (benchmarks/RESULTS.md). int8 and int4 run on qkv's own kernels "
-        "(AVX2, or AVX-512 VNNI where the CPU has it), built for this machine on first use "
-        "(QKV_NATIVE=0 takes PyTorch's instead)",
+        "(generic C++, AVX2 or AVX-512 VNNI, picked from the CPU), built for this machine on first "
+        "use (QKV_NATIVE=0: the same math in PyTorch, slower)",
     )
 
 
@@ -61,7 +61,8 @@ def announce_speed(model: CausalDecoder, setup: DecodeSetup, kind: CacheKind | N
     if kernels is not None and kernels.built_seconds is not None:
         print(f"built qkv's kernels for this CPU in {kernels.built_seconds:.1f} s (once per machine: "
               f"{kernels.path})", file=sys.stderr, flush=True)
-    elif kernels is not None and not kernels.available and "QKV_NATIVE" not in (kernels.reason or ""):
+    elif (kernels is not None and not kernels.available and "QKV_NATIVE" not in (kernels.reason or "")
+          and setup.precision not in ("int8", "int4")):  # quantized layers say so themselves (qkv.perf.quantize)
         print(f"using PyTorch's {setup.precision} kernels: {kernels.reason}", file=sys.stderr, flush=True)
     if setup.compile is not None and not setup.compile.compiled:
         print(f"decoding eagerly: {setup.compile.reason} (--no-compile hides this line)",

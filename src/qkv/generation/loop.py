@@ -170,27 +170,45 @@ def _generated(model: CausalDecoder, ids: Tensor, lengths: list[int], max_new_to
                stop: tuple[int, ...], plan: ContextPlan, use_cache: bool,
                constraint: Constraint | None) -> Iterator[Tensor]:
     """Each prompt row prefilled alone in a session, then the one decode loop. Without a
-    cache, or past the context of a model with learned positions, the session runs each
-    row's sequence again every step (RecomputeSession)."""
+    cache every step runs each row's sequence again (RecomputeSession); past the context of
+    a model with learned positions, the cache serves while the tokens fit and then each step
+    runs the last context_length tokens again (qkv.generation.past_context)."""
     b = ids.shape[0]
     generator = None if sampling.greedy else sampling.generator(ids.device)
-    if not use_cache or plan.crop:
-        session: DecodeSession | RecomputeSession = RecomputeSession(
-            model, batch_size=b, window=model.context_length if plan.crop else None)
-    else:
-        capacity = min(ids.shape[1] + max_new_tokens, model.context_length)  # a sink cache may go past it
-        session = DecodeSession(model, batch_size=b, capacity=capacity, kind=_row_kind(model, plan.kind))
-    with session:
-        loop = DecodeLoop(session)
-        if session.decodes_rows:  # each row prefilled alone: its numbers do not depend on the others
-            firsts = [session.prefill_row(r, ids[r, :n]) for r, n in enumerate(lengths)]
-        else:  # a kind without slots (quantized, sink caches): one prefill of the padded rows
-            assert isinstance(session, DecodeSession)
-            firsts = list(session.prefill(ids, lengths=lengths))
-        for row, logits in enumerate(firsts):
-            loop.start(row, logits, RowRequest(sampling, stop, max_new_tokens, generator,
-                                               constraint if row == 0 else None))
-        yield from _steps(loop, b, stop, ids.device)
+    rows = [ids[r, :n].tolist() for r, n in enumerate(lengths)]  # each row's tokens so far
+    ended = [False] * b
+    fitting = max_new_tokens
+    if plan.crop:  # as many new tokens as fit the context the usual way, the rest cropped
+        longest = max(lengths)
+        fitting = min(max_new_tokens, model.context_length - longest + 1) if longest <= model.context_length else 0
+    phases = [(fitting, use_cache), (max_new_tokens - fitting, False)]
+    for steps, cached in phases:
+        if steps <= 0 or all(ended):
+            continue
+        if cached:
+            capacity = min(ids.shape[1] + max_new_tokens, model.context_length)  # a sink cache may go past it
+            session: DecodeSession | RecomputeSession = DecodeSession(
+                model, batch_size=b, capacity=capacity, kind=_row_kind(model, plan.kind))
+        else:
+            session = RecomputeSession(model, batch_size=b, window=model.context_length if plan.crop else None)
+        with session:
+            loop = DecodeLoop(session)
+            going = [r for r in range(b) if not ended[r]]
+            prompts = [torch.tensor(rows[r], device=ids.device) for r in going]
+            if session.decodes_rows:  # each row prefilled alone: its numbers do not depend on the others
+                firsts = [session.prefill_row(r, p) for r, p in zip(going, prompts)]
+            else:  # a kind without slots (quantized, sink caches): one prefill of the padded rows
+                assert isinstance(session, DecodeSession)
+                firsts = list(session.prefill(ids, lengths=lengths))
+            for row, logits in zip(going, firsts):
+                loop.start(row, logits, RowRequest(sampling, stop, steps, generator, constraint if row == 0 else None))
+            for new in _steps(loop, b, stop, ids.device):
+                for r in going:
+                    if not ended[r]:
+                        rows[r].append(int(new[r]))
+                        ended[r] = int(new[r]) in stop
+                yield new
+                going = [r for r in going if not ended[r]]
 
 
 def _row_kind(model: CausalDecoder, kind: CacheKind) -> CacheKind:

@@ -36,16 +36,13 @@ from torch import Tensor
 
 from qkv.errors import QkvError
 from qkv.models import gguf_arch, gguf_blocks
+from qkv.models.gguf_tokenizer import read_tokenizer  # both kinds: byte-level BPE and SentencePiece
 from qkv.models.hf_fields import is_int
 
 GGUF_MAGIC = b"GGUF"
 
 SUPPORTED_ARCHITECTURES = tuple(gguf_arch.ARCHITECTURES)
 
-# llama.cpp's token types (tokenizer.ggml.token_type): CONTROL tokens are the special ones
-# (<|im_start|>, ...), USER_DEFINED ones are added tokens that are matched before BPE.
-TOKEN_TYPE_CONTROL = 3
-TOKEN_TYPE_USER_DEFINED = 4
 
 @dataclass(frozen=True)
 class GGUFCheckpoint:
@@ -232,10 +229,13 @@ def _dequantize_one(tensor: Any, path: Path) -> Tensor:
     return torch.from_numpy(np.array(dequantize(tensor, path)))
 
 
-def read_state_dict(reader: Any, config: dict[str, Any], path: Path, dtype: torch.dtype) -> dict[str, Tensor]:
-    """Every tensor dequantized, renamed and put back as Hugging Face holds it (q/k rows
-    unpermuted, Gemma's norm weights less the 1 the converter added, GPT-2's Conv1D matrices
-    transposed back); an unknown one -> QkvError.
+def read_state_dict(
+    reader: Any, config: dict[str, Any], path: Path, dtype: torch.dtype, skip: frozenset[str] = frozenset()
+) -> dict[str, Tensor]:
+    """Every tensor (but those named in `skip`) dequantized, renamed and put back as Hugging
+    Face holds it (q/k rows unpermuted, Gemma's norm weights less the 1 the converter added,
+    GPT-2's Conv1D matrices transposed back); an unknown one -> QkvError.
+    (qkv.models.gguf_stored reads the skipped ones as blocks.)
 
     Tensors of the types `qkv.models.gguf_blocks` decodes are decoded together, one batch
     per type, and come back as views into that batch's one tensor (each contiguous); the
@@ -247,6 +247,8 @@ def read_state_dict(reader: Any, config: dict[str, Any], path: Path, dtype: torc
     batches: dict[Any, list[tuple[str, Any]]] = {}
     for tensor in arch.weights(reader.tensors):
         name = arch.hf_name(tensor.name)
+        if name in skip:
+            continue
         heads = _rope_heads(name, config, arch)
         if tensor.tensor_type in gguf_blocks.TYPES and not arch.is_shifted_norm(tensor.name):
             batches.setdefault(tensor.tensor_type, []).append((name, tensor))
@@ -269,71 +271,11 @@ def read_state_dict(reader: Any, config: dict[str, Any], path: Path, dtype: torc
         for (name, t), values in zip(members, flat.split(sizes)):
             state[name] = values.view(_gguf_shape(t))
     for tensor in arch.weights(reader.tensors):
-        if arch.is_transposed(tensor.name, len(tensor.shape)):  # (out, in) -> Conv1D's (in, out)
-            name = arch.hf_name(tensor.name)
+        name = arch.hf_name(tensor.name)
+        if name not in skip and arch.is_transposed(tensor.name, len(tensor.shape)):  # (out, in) -> Conv1D's (in, out)
             state[name] = state[name].t().contiguous()
-    return {name: state[name] for name in (arch.hf_name(t.name) for t in arch.weights(reader.tensors))}  # the file's order
-
-
-# ----------------------------------------------------------------------------- tokenizer
-
-
-def read_tokenizer(reader: Any, path: Path) -> Any:
-    """The byte-level BPE tokenizer in the metadata as a `tokenizers.Tokenizer`."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
-
-    kind = _field(reader, "tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise QkvError(
-            f"{path} has a {kind!r} tokenizer; qkv reads byte-level BPE ('gpt2') tokenizers from GGUF"
-        )
-    pre = _field(reader, "tokenizer.ggml.pre", "default")
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if pre == "smollm":  # SmolLM splits every digit on its own before the GPT-2 split
-        pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-    elif pre in ("default", "gpt2"):
-        pre_tokenizer = byte_level
-    else:
-        raise QkvError(f"{path} uses the pre-tokenizer {pre!r}; qkv knows 'gpt2' and 'smollm'")
-    tokens = _required(reader, "tokenizer.ggml.tokens", path)
-    raw_merges = _required(reader, "tokenizer.ggml.merges", path)
-    types = _field(reader, "tokenizer.ggml.token_type", [1] * len(tokens))
-    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
-        raise QkvError(f"{path}: tokenizer.ggml.tokens must be a list of strings")
-    if not isinstance(raw_merges, list) or not all(isinstance(m, str) and " " in m for m in raw_merges):
-        raise QkvError(f"{path}: tokenizer.ggml.merges must be a list of 'a b' strings")
-    if not isinstance(types, list) or len(types) != len(tokens) or not all(is_int(t) for t in types):
-        raise QkvError(f"{path}: tokenizer.ggml.token_type must give one integer type per token")
-    merges = [tuple(m.split(" ", 1)) for m in raw_merges]
-    try:
-        tokenizer = Tokenizer(
-            models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False, byte_fallback=False)
-        )
-    except Exception as error:  # tokenizers refuses inconsistent merges with its own type
-        raise QkvError(f"{path}: the tokenizer in the metadata is inconsistent ({str(error)[:120]})") from None
-    tokenizer.pre_tokenizer = pre_tokenizer
-    tokenizer.decoder = decoders.ByteLevel()
-    added = [
-        AddedToken(tokens[i], special=types[i] == TOKEN_TYPE_CONTROL, normalized=False)
-        for i in range(len(tokens))
-        if types[i] in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED)
-    ]
-    tokenizer.add_tokens(added)
-    bos_id = _token_id(reader, "tokenizer.ggml.bos_token_id", path, len(tokens))
-    eos_id = _token_id(reader, "tokenizer.ggml.eos_token_id", path, len(tokens))
-    single, special = "$A", []
-    if _field(reader, "tokenizer.ggml.add_bos_token", False) and bos_id is not None:
-        single, special = f"{tokens[bos_id]} $A", [(tokens[bos_id], int(bos_id))]
-    if _field(reader, "tokenizer.ggml.add_eos_token", False) and eos_id is not None:
-        single += f" {tokens[eos_id]}"
-        special.append((tokens[eos_id], int(eos_id)))
-    tokenizer.post_processor = processors.TemplateProcessing(single=single, special_tokens=special)
-    from qkv.models.tokenizer_guard import guard
-
-    # the pipeline is the one built above (no normalizer, no regex from the file)
-    pipeline = {"normalizer": None, "decoder": {"type": "ByteLevel"},
-                "pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Digits"}, {"type": "ByteLevel"}]}}
-    return guard(tokenizer, str(path), pipeline=pipeline)
+    names = (arch.hf_name(t.name) for t in arch.weights(reader.tensors))
+    return {name: state[name] for name in names if name not in skip}  # the file's order
 
 
 # ----------------------------------------------------------------------------- the whole file
@@ -359,6 +301,12 @@ class GGUFFile:
 
     def read_tensors(self, dtype: torch.dtype = torch.float32) -> dict[str, Tensor]:
         return read_state_dict(self.reader, self.config, self.path, dtype)
+
+    def read_stored(self, dtype: torch.dtype = torch.float32) -> Any:
+        """The projection matrices as stored blocks, the rest dequantized (qkv.models.gguf_stored)."""
+        from qkv.models.gguf_stored import read_stored_state
+
+        return read_stored_state(self.reader, self.config, self.path, dtype)
 
     @property
     def stored_in_four_bits(self) -> bool:

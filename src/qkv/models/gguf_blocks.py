@@ -9,10 +9,12 @@ library's, operation for operation in float32 (`d * q`, then `+ m`; no fused mul
 so the values are bit-identical to its output (tests/models/test_gguf_blocks.py checks it
 on the SmolLM2 file and on random blocks of every type here).
 
-Types without a torch path here (the K-quants, the IQ types, ...) still go through the gguf
-library, one tensor at a time, in `qkv.models.gguf.dequantize`: TYPES lists the ones here.
+The K-quants (Q2_K .. Q6_K) and IQ4_NL are decoded the same way in `qkv.models.gguf_kquants`.
+Types without a torch path (the other IQ types, ...) still go through the gguf library, one
+tensor at a time, in `qkv.models.gguf.dequantize`: TYPES lists the ones decoded here.
 
-Block layouts (little-endian; B blocks of 32 weights, one row of bytes each):
+Block layouts (little-endian; B blocks of 32 weights, one row of bytes each; the K-quants'
+layouts are in gguf_kquants):
 
     F32 / F16 / BF16   plain values
     Q8_0  (34 bytes)   d: f16, q: 32 x int8                          x = d * q
@@ -28,11 +30,14 @@ i of qh is the fifth (high) bit of weight i.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from gguf.constants import GGMLQuantizationType as Q
 from torch import Tensor
+
+from qkv.models import gguf_kquants as kq
 
 BLOCK = 32  # weights per block, in every format below
 
@@ -62,7 +67,8 @@ def _nibbles(packed: Tensor, high: Tensor | None = None) -> Tensor:
 
 def _fifth_bits(blocks: Tensor, start: int) -> Tensor:
     """The u32 at byte `start` of every block, bit i -> 16 for weight i: (B, n) -> (B, 32) uint8."""
-    qh = blocks[:, start : start + 4].contiguous().view(torch.int32)  # (B, 1); sign is masked off below
+    # a copy, not .contiguous(): one block's slice is contiguous already, at an offset of 2 bytes
+    qh = blocks[:, start : start + 4].clone(memory_format=torch.contiguous_format).view(torch.int32)  # (B, 1); sign is masked off below
     shifts = torch.arange(BLOCK, dtype=torch.int32)
     return (((qh >> shifts) & 1) << 4).to(torch.uint8)  # (B, 32)
 
@@ -98,13 +104,28 @@ def _q5_1(blocks: Tensor) -> Tensor:
     return _nibbles(blocks[:, 8:], _fifth_bits(blocks, 4)).mul_(d).add_(m)
 
 
-# type -> (bytes per block, blocks (B, bytes) uint8 -> weights (B, 32) float32)
-BLOCK_FORMATS: dict[Q, tuple[int, Callable[[Tensor], Tensor]]] = {
-    Q.Q8_0: (34, _q8_0),
-    Q.Q4_0: (18, _q4_0),
-    Q.Q4_1: (20, _q4_1),
-    Q.Q5_0: (22, _q5_0),
-    Q.Q5_1: (24, _q5_1),
+@dataclass(frozen=True)
+class BlockFormat:
+    """How one GGUF block type is stored and decoded."""
+
+    weights: int  # weights per block
+    size: int  # bytes per block
+    decode: Callable[[Tensor], Tensor]  # (B, size) uint8 -> (B, weights) float32
+    halves: tuple[int, ...]  # byte offsets of the block's float16 scales (and minimums)
+
+
+BLOCK_FORMATS: dict[Q, BlockFormat] = {
+    Q.Q8_0: BlockFormat(BLOCK, 34, _q8_0, (0,)),
+    Q.Q4_0: BlockFormat(BLOCK, 18, _q4_0, (0,)),
+    Q.Q4_1: BlockFormat(BLOCK, 20, _q4_1, (0, 2)),
+    Q.Q5_0: BlockFormat(BLOCK, 22, _q5_0, (0,)),
+    Q.Q5_1: BlockFormat(BLOCK, 24, _q5_1, (0, 2)),
+    Q.Q2_K: BlockFormat(kq.QK_K, 84, kq.q2_k, (80, 82)),
+    Q.Q3_K: BlockFormat(kq.QK_K, 110, kq.q3_k, (108,)),
+    Q.Q4_K: BlockFormat(kq.QK_K, 144, kq.q4_k, (0, 2)),
+    Q.Q5_K: BlockFormat(kq.QK_K, 176, kq.q5_k, (0, 2)),
+    Q.Q6_K: BlockFormat(kq.QK_K, 210, kq.q6_k, (208,)),
+    Q.IQ4_NL: BlockFormat(BLOCK, 18, kq.iq4_nl, (0,)),
 }
 PLAIN = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}
 
@@ -128,7 +149,7 @@ def dequantize_blocks(parts: list[np.ndarray], tensor_type: Q) -> Tensor:
         if raw.numel() % dtype.itemsize:
             raise ValueError(f"{raw.numel()} bytes are not whole {tensor_type.name} values")
         return raw.view(dtype).float()
-    size, decode = BLOCK_FORMATS[tensor_type]
-    if raw.numel() % size:
-        raise ValueError(f"{raw.numel()} bytes are not whole {tensor_type.name} blocks of {size} bytes")
-    return decode(raw.view(-1, size)).reshape(-1)  # (B, bytes) -> (B, 32) -> (B * 32,)
+    block = BLOCK_FORMATS[tensor_type]
+    if raw.numel() % block.size:
+        raise ValueError(f"{raw.numel()} bytes are not whole {tensor_type.name} blocks of {block.size} bytes")
+    return block.decode(raw.view(-1, block.size)).reshape(-1)  # (B, bytes) -> (B, weights) -> (B * weights,)

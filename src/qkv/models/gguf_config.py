@@ -92,7 +92,8 @@ def _vocab_size(meta: Metadata) -> int:
     tokens = meta.reader.fields.get("tokenizer.ggml.tokens")
     if tokens is None:
         raise meta.refuse("states no vocabulary size and holds no tokenizer")
-    return check_int("tokenizer.ggml.tokens", len(tokens.data), maximum=MAX_VOCAB)
+    count = tokens.count if hasattr(tokens, "count") else len(tokens.data)  # qkv's header reader, or gguf's
+    return check_int("tokenizer.ggml.tokens", count, maximum=MAX_VOCAB)
 
 
 def _attention_sizes(meta: Metadata, hidden: int) -> tuple[int, int, int]:

@@ -1,23 +1,27 @@
-"""Building and loading `kernels.cpp` once per machine (see qkv.native).
+"""Building and loading qkv's native kernels once per machine (see qkv.native).
 
 The shared library is written to `<cache>/native/qkv_kernels_<key>.so`, where <cache> is
 `$QKV_CACHE_DIR`, else `$XDG_CACHE_HOME/qkv`, else `~/.cache/qkv`, and <key> hashes the
-source, the compiler's version, the flags and the torch version: a changed source or a new
+sources, the compiler's version, the flags and the torch version: a changed source or a new
 torch builds anew, and two processes building at once each write a temporary file and
 rename it into place (the last rename wins, both are the same library).
 
 Beside the library, `<name>.so.sha256` holds the SHA-256 of its bytes, written before the
 library is renamed into place. A library is loaded only when its bytes match (a truncated
 file would otherwise SIGBUS the process in dlopen; another library under the name would
-register other operators) and then only used when its self-test passes; a library that
-fails either is deleted, rebuilt, and one line on stderr says so. Temporary files of
+register other operators) and then only used when its self-test passes. One that fails its
+checksum or does not load is deleted and rebuilt; one that loads but fails its self-test is
+kept (a rebuild would give the same library) and not used; either way one line on stderr
+says so. Temporary files of
 builds that were killed are removed (qkv.cache_integrity), and a relative cache folder
 (`XDG_CACHE_HOME=cache`) is refused, so that nothing is loaded from the current folder.
 
-The instruction set follows the CPU: AVX2 + FMA + F16C everywhere, and AVX-512 VNNI on top
-where /proc/cpuinfo lists it (the int4 product then runs four blocks a step, kernels.cpp's
-`vnni_blocks`). `QKV_NATIVE_ISA=avx2` builds the AVX2-only library on such a CPU too (what
-the tests use to check that path on an AVX-512 machine).
+The sources (`SOURCES`, compiled together into one library; a new op is a new file in that
+list that registers itself with STABLE_TORCH_LIBRARY_FRAGMENT) are built for the baseline
+CPU with warnings on; each op's vectorised variants (AVX2, AVX-512 VNNI) carry their
+instruction set as a target attribute and are picked at run time from what the CPU reports,
+beside a generic variant in plain C++ (kernels.h). `use_variant` caps the variant (tests;
+the self-test runs every variant this CPU has against PyTorch before the library is used).
 """
 
 from __future__ import annotations
@@ -38,11 +42,16 @@ import torch
 from qkv.atomic import atomic_write_text, temporary_name
 from qkv.cache_integrity import absolute_folder, file_sha256, remove_stale_temporaries, say_discarded
 
-SOURCE = Path(__file__).with_name("kernels.cpp")
-FLAGS = ("-O3", "-std=c++17", "-mavx2", "-mfma", "-mf16c", "-shared", "-fPIC", "-w")
-VNNI_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni")
-VNNI_CPU = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}  # /proc/cpuinfo's names
-ISAS = ("auto", "avx2")  # QKV_NATIVE_ISA: auto (the CPU's best) or avx2
+HERE = Path(__file__).parent
+# Compiled together, in this order: the products, attention and the layer (sharing kernels.h);
+# products straight from GGUF's stored blocks (block_products.cpp, its AVX2 and AVX-512
+# variants sharing block_kernels.h); attention over a quantized KV cache's packed codes.
+SOURCES: tuple[str, ...] = ("products.cpp", "products_x86.cpp", "attention.cpp", "layer.cpp",
+                            "block_products.cpp", "block_avx2.cpp", "block_avx512.cpp", "quantized_attention.cpp")
+HEADERS: tuple[str, ...] = ("kernels.h", "block_kernels.h", "quantized_attention_simd.h")
+FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-ffp-contract=off", "-Wall", "-Wextra")
+VARIANTS = ("generic", "avx2", "avx512")  # slowest first, the names qkv::set_variant takes
+VARIANT_NAMES = {"generic": "generic C++", "avx2": "AVX2", "avx512": "AVX-512 VNNI"}
 BUILD_TIMEOUT_S = 300
 _OFF = {"0", "false", "no", "off"}
 LOADED = False  # set once the kernels are loaded and self-tested in this process
@@ -56,7 +65,7 @@ class NativeStatus:
     reason: str | None = None  # why not, in a few words
     path: Path | None = None  # the shared library loaded
     built_seconds: float | None = None  # set when this process compiled it
-    isa: str = "AVX2"  # the instruction set the library was built for: "AVX2" or "AVX-512 VNNI"
+    isa: str = "generic C++"  # the variant the ops run: "generic C++", "AVX2" or "AVX-512 VNNI"
 
     def describe(self) -> str:
         if not self.available:
@@ -78,50 +87,26 @@ def _torch_dirs() -> tuple[Path, Path]:
     return root / "include", root / "lib"
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text(encoding="ascii", errors="replace")
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
 def unavailable_reason() -> str | None:
     """None when this machine can build and run the kernels, else why not."""
     if os.environ.get("QKV_NATIVE", "").strip().lower() in _OFF:
         return "turned off with QKV_NATIVE=0"
     if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
         return f"qkv's kernels are built on Linux x86-64 only, this is {sys.platform} {platform.machine()}"
-    missing = {"avx2", "fma", "f16c"} - _cpu_flags()
-    if missing:
-        return f"this CPU lacks {', '.join(sorted(missing))}"
-    if _requested_isa() not in ISAS:
-        return f"QKV_NATIVE_ISA must be one of {', '.join(ISAS)}, got {_requested_isa()!r}"
     include, _ = _torch_dirs()
     ops = include / "torch" / "csrc" / "stable" / "ops.h"
     if not ops.is_file() or "torch_parallel_for" not in ops.read_text(encoding="utf-8", errors="replace"):
         return f"torch {torch.__version__} has no stable C ABI with parallel_for (needs torch 2.10 or later)"
+    if os.environ.get("CXX") and shutil.which(os.environ["CXX"]) is None:
+        return f"no C++ compiler found: CXX={os.environ['CXX']} is not a program (set CXX, or install g++)"
     if cxx_compiler() is None:
         return "no C++ compiler found (set CXX, or install g++)"
     return None
 
 
-def _requested_isa() -> str:
-    return os.environ.get("QKV_NATIVE_ISA", "").strip().lower() or "auto"
-
-
 def flags() -> tuple[str, ...]:
-    """The compiler flags for this CPU (module docstring)."""
-    if _requested_isa() == "auto" and VNNI_CPU <= _cpu_flags():
-        return FLAGS + VNNI_FLAGS
+    """The compiler flags: the same on every machine (the variants are chosen at run time)."""
     return FLAGS
-
-
-def isa_of(build_flags: tuple[str, ...]) -> str:
-    return "AVX-512 VNNI" if "-mavx512vnni" in build_flags else "AVX2"
 
 
 def cxx_compiler() -> str | None:
@@ -134,7 +119,8 @@ def _key(compiler: str, build_flags: tuple[str, ...]) -> str:
     except (OSError, subprocess.SubprocessError):
         version = ""
     digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), compiler.encode(), version.encode(), " ".join(build_flags).encode(),
+    sources = b"".join(name.encode() + b"\0" + (HERE / name).read_bytes() for name in SOURCES + HEADERS)
+    for part in (sources, compiler.encode(), version.encode(), " ".join(build_flags).encode(),
                  torch.__version__.encode(), str(_torch_dirs()[1]).encode()):
         digest.update(part)
         digest.update(b"\0")
@@ -142,12 +128,12 @@ def _key(compiler: str, build_flags: tuple[str, ...]) -> str:
 
 
 def _build(compiler: str, target: Path, build_flags: tuple[str, ...]) -> None:
-    """Compile SOURCE into `target`, atomically; raises RuntimeError with the compiler's
+    """Compile SOURCES into `target`, atomically; raises RuntimeError with the compiler's
     first error line."""
     include, lib = _torch_dirs()
     target.parent.mkdir(parents=True, exist_ok=True)
     temporary = str(temporary_name(target))
-    command = [compiler, *build_flags, f"-I{include}", str(SOURCE), "-o", temporary, f"-L{lib}",
+    command = [compiler, *build_flags, "-isystem", str(include), *(str(HERE / name) for name in SOURCES), "-o", temporary, f"-L{lib}",
                "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{lib}"]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
@@ -164,24 +150,37 @@ def _build(compiler: str, target: Path, build_flags: tuple[str, ...]) -> None:
 
 
 def _self_test() -> str | None:
-    """A tiny product against PyTorch's, so that a library that loads but computes wrong
-    (a broken compiler, a changed ABI) is never used."""
-    from qkv.native.ops import int4_linear_reference, int8_linear, int4_linear
+    """A few tiny products and one attention against PyTorch, in every variant this CPU runs,
+    so that a library that loads but computes wrong (a broken compiler, a changed ABI, a
+    variant the CPU reports but runs wrong) is never used. None when all pass, else which."""
+    from qkv.native.ops import (decode_attention, f32_linear, int4_linear, int4_linear_reference, int8_linear,
+                                use_variant, variants)
 
     generator = torch.Generator().manual_seed(0)
-    x = torch.randn(3, 64, generator=generator)
-    w = torch.randint(-127, 128, (9, 64), dtype=torch.int8, generator=generator)
+    x = torch.randn(3, 72, generator=generator)  # 72: the vector steps and a scalar tail
+    w = torch.randint(-127, 128, (9, 72), dtype=torch.int8, generator=generator)
+    wf = torch.randn(9, 72, generator=generator)
     scales, bias = torch.rand(9, generator=generator), torch.randn(9, generator=generator)
-    expected = x @ (w.float() * scales[:, None]).t() + bias
-    if not torch.allclose(int8_linear(x, w, scales, bias), expected, atol=1e-4, rtol=1e-4):
-        return "the int8 kernel's self-test failed"
-    # 9 blocks a row: the four-block (VNNI), two-block and one-block steps all run
+    # 9 blocks a row and 9 outputs: the four-block (VNNI), two-block and one-block steps all run
     x4 = torch.randn(3, 288, generator=generator)
     q = torch.randint(0, 256, (9, 144), dtype=torch.uint8, generator=generator)
     d = torch.rand(9, 9, generator=generator).half()
     m = torch.randn(9, 9, generator=generator).half()
-    if not torch.allclose(int4_linear(x4, q, d, m, bias), int4_linear_reference(x4, q, d, m, bias), atol=1e-3, rtol=1e-4):
-        return "the int4 kernel's self-test failed"
+    qa, ka, va = (torch.randn(2, 4, 16, generator=generator), torch.randn(2, 2, 11, 16, generator=generator),
+                  torch.randn(2, 2, 11, 16, generator=generator))
+    weights = torch.softmax(qa.reshape(2, 2, 2, 16) @ ka.transpose(-1, -2) * 0.25, dim=-1)  # (B, H_kv, group, S)
+    attended = (weights @ va).reshape(2, 4, 16)
+    checks = (
+        ("int8 product", lambda: int8_linear(x, w, scales, bias), x @ (w.float() * scales[:, None]).t() + bias, 1e-4),
+        ("float32 product", lambda: f32_linear(x, wf, bias), x @ wf.t() + bias, 1e-4),
+        ("int4 product", lambda: int4_linear(x4, q, d, m, bias), int4_linear_reference(x4, q, d, m, bias), 1e-3),
+        ("attention", lambda: decode_attention(qa, ka, va, None, 0.25), attended, 1e-4),
+    )
+    for variant in variants():
+        with use_variant(variant):
+            for name, run, expected, tolerance in checks:
+                if not torch.allclose(run(), expected, atol=tolerance, rtol=1e-4):
+                    return f"the {name} failed its self-test ({VARIANT_NAMES[variant]} variant)"
     return None
 
 
@@ -254,9 +253,14 @@ def native_kernels() -> NativeStatus:
     failure = _load_checked(target)
     if failure is not None and failure.startswith("it does not work"):
         _discard(target)  # a library of another build: the next process builds this one
-        say_discarded(target, failure, "PyTorch's kernels run instead; the next run builds qkv's again")
-    if failure is not None:  # a self-test that computes wrong stays: rebuilding gives the same library
+        say_discarded(target, failure, "PyTorch runs the same math instead; the next run builds qkv's again")
+    elif failure is not None:  # a self-test that computes wrong stays: rebuilding gives the same library
+        print(f"qkv: not using the native kernels: {failure}; PyTorch runs the same math instead, slower",
+              file=sys.stderr)
+    if failure is not None:
         return NativeStatus(False, failure, target)
     global LOADED
     LOADED = True
-    return NativeStatus(True, None, target, built, isa_of(build_flags))
+    from qkv.native.ops import active_variant
+
+    return NativeStatus(True, None, target, built, VARIANT_NAMES[active_variant()])

@@ -11,11 +11,13 @@ op and fuses only what lies between them):
   w = q * d + m with q in 0..15, d = (max - min) / 15 and m = min in float16. Five bits a
   weight with the scales, against 32 for float32.
 
-Kernels, chosen when a layer is made: qkv's own (`qkv.native`, float32 activations) where
-they build on this machine, else PyTorch's (`_weight_int8pack_mm`, and
-`_weight_int4pack_mm_for_cpu` on its packed copy of the same 4-bit numbers, both with
-bfloat16 activations), else dequantize and `F.linear`. The int4 kernel of qkv rounds the
-activations to int8 per block of 32 (as llama.cpp does); PyTorch's rounds them to bfloat16.
+Kernels, chosen when a layer is made: qkv's own (`qkv.native`) where they build on this
+machine, else the same math in PyTorch (`int8_linear_reference`, `int4_linear_reference`:
+the activations rounded to int8 per block of 32 exactly as the kernel rounds them, exact
+integer block dots, float32 sums, the same scales), slower, with one line saying so. Either
+way a decode-sized call (up to NATIVE_ROWS rows) computes the same numbers, up to float32
+summation order, so a precision means one thing with or without a compiler; longer prompts
+multiply by the dequantized weight with `F.linear` on both.
 
 `quantize(model, "int8" | "int4")` replaces every `nn.Linear` of a model, the output head
 included (a tied head gets its own quantized copy; the embedding keeps the float table,
@@ -23,13 +25,15 @@ since a token reads one row of it). With int4 the linear layers outside the stac
 repeated layers (the output head) are int8: the head is the most sensitive layer (GGUF's
 Q4 files keep it at 8 bits too: SmolLM2's Q4_1 file stores it as Q8_0), and at 4 bits it
 alone cost SmolLM2 about 3% perplexity. A layer whose input size is not a multiple of 32
-(or, for PyTorch's int4 kernel, whose outputs are not a multiple of 16) stays int8.
+stays int8.
 
 Shape legend: N output features, K input features, G = K / 32 blocks, M rows (batch x tokens).
 """
 
 from __future__ import annotations
 
+import functools
+import sys
 from collections.abc import Callable
 
 import torch
@@ -37,9 +41,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkv.native import native_kernels
-from qkv.native.ops import (
-    BLOCK, dequantize_blocks, int4_linear, int8_linear, pack_blocks, round_activations, unpack_blocks,
-)
+from qkv.native.ops import (BLOCK, dequantize_blocks, int4_linear, int4_linear_reference, int8_linear,
+                            int8_linear_reference, pack_blocks, round_activations)
 from qkv.perf.compile import repeated_blocks
 
 QUANTIZATIONS: tuple[str, ...] = ("int8", "int4")
@@ -49,16 +52,13 @@ INT4_GROUP = BLOCK  # GGUF's Q4 block size: SmolLM2's Q4_1 weights fall on the s
 # weight-only kernels work a row at a time, while dequantizing once and calling the float
 # matrix product is many times faster (measured: a 384-token SmolLM2 window took minutes).
 PROMPT_ROWS = 16
-# qkv's kernels take two rows of x per pass over the weights, and dequantizing a layer for
+# qkv's kernels read the weights once for all the rows of a call, and dequantizing a layer for
 # `F.linear` costs about 10 ms for SmolLM2's largest (fresh pages for the float copy), so
-# they are used up to this many rows (measured: 32 rows of a 3072x576 layer, 1.3 ms). Past
-# it, an int4 layer rounds the activations as its kernel does before the float product, so a
-# prompt and a decode step compute one precision's math (to float rounding).
+# they are used up to this many rows (measured: 32 rows of a 3072x576 layer, 1.3 ms). The
+# PyTorch reference of their math takes the same calls, so that both give the same numbers;
+# past it, an int4 layer rounds the activations as its kernel does before the float product,
+# so a prompt and a decode step compute one precision's math (to float rounding).
 NATIVE_ROWS = 128
-
-_INT8_MM = getattr(torch.ops.aten, "_weight_int8pack_mm", None)
-_INT4_PACK = getattr(torch.ops.aten, "_convert_weight_to_int4pack_for_cpu", None)
-_INT4_MM = getattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu", None)
 
 
 def uses_native_kernels() -> bool:
@@ -67,21 +67,31 @@ def uses_native_kernels() -> bool:
 
 
 def activation_dtype() -> torch.dtype:
-    """The activations quantized layers made now run fastest with: float32 for qkv's
-    kernels; bfloat16 for PyTorch's, which are 8-15x slower with float32 (measured: one
-    1536x576 row product, 717 us against 88 us for int8)."""
-    return torch.float32 if uses_native_kernels() else torch.bfloat16
+    """The activations quantized layers run with: float32, on qkv's kernels and on their
+    PyTorch reference alike (the same numbers either way)."""
+    return torch.float32
+
+
+@functools.lru_cache(maxsize=1)
+def _say_reference_path(reason: str | None) -> None:
+    print(f"qkv: quantized layers run qkv's kernel math in PyTorch, the slower path ({reason})", file=sys.stderr)
 
 
 def _chooses_native(native: bool | None) -> bool:
-    """A layer's kernel: qkv's where they are loaded, unless native=False asks for PyTorch's."""
-    return uses_native_kernels() if native is None else native and uses_native_kernels()
+    """A layer's kernel: qkv's where they are loaded, unless native=False asks for the
+    PyTorch reference; saying once per process when the reference runs for want of them."""
+    if native is False:
+        return False
+    if not uses_native_kernels():
+        _say_reference_path(native_kernels().reason)
+        return False
+    return True
 
 
-def _on_kernel(x: Tensor, rows: Tensor, native: bool) -> bool:
-    """Whether a call of `rows` (M, K) runs on a weight-only kernel (qkv's up to NATIVE_ROWS
-    rows, PyTorch's up to PROMPT_ROWS), rather than dequantizing for F.linear."""
-    return x.device.type == "cpu" and rows.shape[0] <= (NATIVE_ROWS if native else PROMPT_ROWS)
+def _on_kernel(x: Tensor, rows: Tensor) -> bool:
+    """Whether a call of `rows` (M, K) runs the weight-only math (qkv's kernel or its PyTorch
+    reference, up to NATIVE_ROWS rows), rather than dequantizing for F.linear."""
+    return x.device.type == "cpu" and rows.shape[0] <= NATIVE_ROWS
 
 
 def quantize_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
@@ -132,7 +142,7 @@ class Int8Linear(nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, *, native: bool | None = None) -> Int8Linear:
-        """`linear` quantized; native=False takes PyTorch's kernel even where qkv's exist."""
+        """`linear` quantized; native=False takes the PyTorch reference even where qkv's kernels exist."""
         new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None,
                   bias_dtype=linear.weight.dtype, native=native)
         q, scales = quantize_rows(linear.weight)
@@ -148,11 +158,11 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features)  # (M, K)
-        decode = _on_kernel(x, rows, self.native)
+        decode = _on_kernel(x, rows)
         if decode and self.native:
             y = int8_linear(rows.float().contiguous(), self.weight, self.scales.float()).to(x.dtype)
-        elif decode and _INT8_MM is not None:
-            y = _INT8_MM(rows, self.weight, self.scales.to(x.dtype))
+        elif decode:  # the same math in PyTorch (module docstring)
+            y = int8_linear_reference(rows, self.weight, self.scales).to(x.dtype)
         else:  # a prompt: float32 products are fast on every CPU (bfloat16 ones need AMX or AVX-512)
             y = F.linear(rows.float(), self.dequantized(torch.float32)).to(x.dtype)
         return _bias_after(y.reshape(*x.shape[:-1], self.out_features), self.bias, x.dtype)
@@ -166,9 +176,8 @@ class Int4Linear(nn.Module):
 
     `q` and the float16 `d`, `m` are the 4-bit blocks (qkv.native.ops' layout), what qkv's
     kernel reads. d and m are kept as their float16 bits in int16 buffers (`d_bits`,
-    `m_bits`), so that `model.to(dtype)` leaves them exact. Without qkv's kernels the layer
-    also keeps PyTorch's packed copy of the same numbers (`packed`, `scales_and_zeros`:
-    w = (q - 8) * d + (m + 8 d)) for its int4 kernel.
+    `m_bits`), so that `model.to(dtype)` leaves them exact. Without qkv's kernels the same
+    blocks go through `int4_linear_reference`, the kernel's math in PyTorch.
     """
 
     q: Tensor
@@ -185,8 +194,6 @@ class Int4Linear(nn.Module):
         self.register_buffer("q", torch.zeros(out_features, in_features // 2, dtype=torch.uint8))
         self.register_buffer("d_bits", torch.zeros(out_features, in_features // BLOCK, dtype=torch.int16))
         self.register_buffer("m_bits", torch.zeros(out_features, in_features // BLOCK, dtype=torch.int16))
-        self.packed: Tensor | None = None
-        self.scales_and_zeros: Tensor | None = None
         self.bias = (
             nn.Parameter(torch.zeros(out_features, dtype=bias_dtype), requires_grad=False) if bias else None
         )
@@ -201,7 +208,7 @@ class Int4Linear(nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, *, native: bool | None = None) -> Int4Linear:
-        """`linear` quantized; native=False takes PyTorch's kernel even where qkv's exist."""
+        """`linear` quantized; native=False takes the PyTorch reference even where qkv's kernels exist."""
         new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None,
                   bias_dtype=linear.weight.dtype, native=native)
         new.set_blocks(*quantize_blocks(linear.weight.cpu()))
@@ -214,11 +221,6 @@ class Int4Linear(nn.Module):
         self.q = q.contiguous()
         self.d_bits = d.half().contiguous().view(torch.int16)
         self.m_bits = m.half().contiguous().view(torch.int16)
-        if not self.native and _INT4_PACK is not None and self.out_features % 16 == 0:
-            packed = _INT4_PACK(unpack_blocks(self.q).to(torch.int32).contiguous(), 1)  # (N, K/2) uint8
-            scale, zero = self.d.float(), self.m.float() + 8.0 * self.d.float()  # (N, G) each
-            self.packed = packed
-            self.scales_and_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()  # (G, N, 2)
 
     def dequantized(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """The (N, K) weight the 4-bit blocks stand for."""
@@ -226,15 +228,13 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features)  # (M, K)
-        decode = _on_kernel(x, rows, self.native)
+        decode = _on_kernel(x, rows)
         if decode and self.native:
             y = int4_linear(rows.float().contiguous(), self.q, self.d_bits, self.m_bits).to(x.dtype)
-        elif decode and self.packed is not None and self.scales_and_zeros is not None:
-            y = _INT4_MM(rows, self.packed, BLOCK, self.scales_and_zeros.to(x.dtype))
-        elif self.native:  # a prompt: the kernel's math (activations rounded to int8 per block), one float product
+        elif decode:  # the same math in PyTorch (module docstring)
+            y = int4_linear_reference(rows, self.q, self.d_bits, self.m_bits).to(x.dtype)
+        else:  # a prompt: the kernel's math (activations rounded to int8 per block), one float product
             y = F.linear(round_activations(rows), self.dequantized(torch.float32)).to(x.dtype)
-        else:
-            y = F.linear(rows.float(), self.dequantized(torch.float32)).to(x.dtype)
         return _bias_after(y.reshape(*x.shape[:-1], self.out_features), self.bias, x.dtype)
 
     def extra_repr(self) -> str:
@@ -243,14 +243,13 @@ class Int4Linear(nn.Module):
 
 
 def int4_fits(linear: nn.Linear) -> bool:
-    """Whether a layer can be made int4: inputs in whole blocks, on the CPU, and outputs in
-    multiples of 16 where PyTorch's kernel (its packed layout) is the one used."""
-    return (linear.in_features % BLOCK == 0 and linear.weight.device.type in ("cpu", "meta")
-            and (uses_native_kernels() or linear.out_features % 16 == 0))
+    """Whether a layer can be made int4: inputs in whole blocks, on the CPU."""
+    return linear.in_features % BLOCK == 0 and linear.weight.device.type in ("cpu", "meta")
 
 
 def int4_available() -> bool:
-    return uses_native_kernels() or (_INT4_PACK is not None and _INT4_MM is not None)
+    """int4 runs everywhere: on qkv's kernels, or on their PyTorch reference."""
+    return True
 
 
 def replace_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module],
@@ -272,8 +271,6 @@ def quantize(model: nn.Module, kind: str, *, empty: bool = False) -> nn.Module:
     without quantizing anything (zeros), for weights assigned next (qkv.perf.prepared_cache)."""
     if kind not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {kind!r}; choose one of {', '.join(QUANTIZATIONS)}")
-    if kind == "int4" and not int4_available():
-        raise ValueError("this PyTorch build has no CPU int4 kernels; use int8")
 
     blocks = repeated_blocks(model)
     in_stack = {id(m) for m in blocks.modules()} if blocks is not None else {id(m) for m in model.modules()}

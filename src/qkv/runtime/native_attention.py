@@ -1,4 +1,5 @@
-"""qkv's native one-query attention, registered as the "one_query" attention function.
+"""qkv's native decode attention, registered as the "one_query" attention function (and its
+attention over a quantized KV cache's packed codes as "quantized_decode").
 
 The attention core (qkv.attention) knows nothing of qkv's C++; the runtime, once the native
 library has loaded and passed its self-test, registers its decode attention under the name
@@ -22,6 +23,7 @@ from qkv.attention.kernels import reduction_attention
 from qkv.attention.registry import register_attention
 from qkv.native import native_kernels
 from qkv.native.ops import decode_attention
+from qkv.native.quantized_ops import quantized_decode_attention
 
 
 def _fits(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> bool:
@@ -50,4 +52,5 @@ def register_native_attention() -> bool:
     if not native_kernels().available:
         return False
     register_attention("one_query", native_one_query)
+    register_attention("quantized_decode", quantized_decode_attention)  # called by a quantized cache with its codes
     return True

@@ -7,7 +7,13 @@ against one pass over the weights that qkv's kernels make in 6-8 ms. Compiling e
 with Inductor fuses the small operations but leaves its own Python around every region
 (Dynamo's guards, the wrappers): 14 ms a step of overhead, measured, against about 1 ms
 for the same step as 30 calls of `qkv::decoder_layer`, which runs a layer's norms,
-products, RoPE, cache write, attention, activation and shortcuts in C++ (kernels.cpp).
+products, RoPE, cache write, attention, activation and shortcuts in C++ (native/layer.cpp).
+
+The C++ reads each layer's description (`qkv.models.layer_spec.LayerSpec`, packed by
+`qkv.runtime.native_layer_spec`): a model that gives `layer_specs()` hands its own; for today's
+Llama/Qwen and GPT-2 layers the description is read here from the layer's modules
+(`spec_of`). A layer is declined by what its description says (`declined`), not by a list of
+codes kept beside the C++.
 
     model.fused_layers = FusedLayers.for_model(model)   # qkv.perf.prepare_for_decoding does this
     # then: model.setup_cache(...) binds the caches; model.forward() takes decode steps here
@@ -27,7 +33,6 @@ Shape legend: B batch (rows), C hidden size, H query heads, D head size.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -35,19 +40,20 @@ import torch
 from torch import Tensor, nn
 
 from qkv.attention.kv_cache import StaticKVCache
+from qkv.models.layer_spec import AttentionSpec, LayerSpec, MlpSpec, NormSpec, RopeSpec
 from qkv.native import native_kernels
 from qkv.perf.float_linear import NativeFloatLinear
+from qkv.runtime.native_layer_spec import declined, layer_vectors, pack
 from qkv.perf.quantize import Int4Linear, Int8Linear
 
 if TYPE_CHECKING:
     from qkv.attention.kv_cache import KVCache
+    from qkv.attention.rope import RotaryEmbedding
     from qkv.models.decoder import CausalDecoder, LayerParts
-
-ACTIVATIONS = {"silu_gated": 0, "gelu_tanh": 1}  # kernels.cpp's Activation
 
 
 def linear_tensors(layer: nn.Module) -> list[Tensor] | None:
-    """A linear layer as the kernel reads it (kernels.cpp's `Linear`), or None when it is
+    """A linear layer as the kernel reads it (native/kernels.h's `Linear`), or None when it is
     not one qkv's kernels run: float32 [w, bias?], int8 [w, scales, bias?], 4-bit blocks
     [q, d_bits, m_bits, bias?]."""
     if isinstance(layer, Int4Linear) and layer.native:
@@ -65,35 +71,64 @@ def linear_tensors(layer: nn.Module) -> list[Tensor] | None:
     return parts if all(t.is_contiguous() and t.device.type == "cpu" for t in parts) else None
 
 
-def _norm_weight(norm: nn.Module, eps: float) -> Tensor | None | bool:
-    """A q/k norm's weight, None for none, False for one the kernel cannot run."""
-    if isinstance(norm, nn.Identity):
-        return None
+def _norm_weight(norm: nn.Module) -> Tensor | None:
+    """A q/k norm's weight, None for none."""
     weight = getattr(norm, "weight", None)
-    if getattr(norm, "eps", None) != eps or not isinstance(weight, Tensor) or weight.dtype != torch.float32:
-        return False
-    return weight
+    return None if isinstance(norm, nn.Identity) or not isinstance(weight, Tensor) else weight
 
 
-def _layer_arguments(parts: LayerParts, inv_freq: Tensor | None, buffers: tuple[Tensor, Tensor, Tensor]
-                     ) -> tuple[tuple[Any, ...], tuple[Any, ...]] | None:
-    """The op's arguments before and after `positions`, or None when the layer cannot run."""
+def spec_of(parts: LayerParts, rotary: RotaryEmbedding | None) -> LayerSpec | None:
+    """The description of one of today's layers (Llama/Qwen: RMS norms, RoPE, SwiGLU, optional
+    q/k norms; GPT-2: LayerNorms with biases, no RoPE, tanh-GELU) read from its modules, or None
+    when its parts are not those (until the models give their own `layer_specs()`)."""
     att = parts.attention
-    qkv = att.qkv_proj
-    linears = [linear_tensors(m) if m is not None else None for m in (qkv, att.o_proj, parts.up, parts.down)]
-    q_norm, k_norm = _norm_weight(att.q_norm, parts.eps), _norm_weight(att.k_norm, parts.eps)
+    if parts.activation not in ("silu_gated", "gelu_tanh") or len(parts.attn_norm) not in (1, 2):
+        return None
+    layer_norm = len(parts.attn_norm) == 2
+    norm = NormSpec("layer" if layer_norm else "rms", eps=parts.eps, bias=layer_norm)
+    q_weight = _norm_weight(att.q_norm)
+    qk_eps = getattr(att.q_norm, "eps", None)
+    if q_weight is not None and qk_eps is None:
+        return None
+    rope = None
+    if rotary is not None:
+        scaling = rotary.scaling
+        pairs = () if scaling is None else (("factor", scaling.factor), ("high_freq_factor", scaling.high_freq_factor),
+                                            ("low_freq_factor", scaling.low_freq_factor),
+                                            ("original_max_position_embeddings", scaling.original_max_position_embeddings),
+                                            ("rope_type", "llama3"))
+        rope = RopeSpec(base=rotary.theta, rotary_dim=rotary.inv_freq.numel() * 2, scaling=pairs)
+    gated = parts.activation == "silu_gated"
+    up_features = getattr(parts.up, "out_features", None)
+    if not isinstance(up_features, int):
+        return None
+    return LayerSpec(
+        attention=AttentionSpec(att.num_heads, att.num_kv_heads, att.head_dim,
+                                qk_norm=None if q_weight is None else NormSpec("rms", eps=float(qk_eps))),
+        mlp=MlpSpec(up_features // 2 if gated else up_features, "silu" if gated else "gelu_tanh", gated=gated),
+        rope=rope, attn_norm=norm, mlp_norm=norm)
+
+
+def _layer_arguments(parts: LayerParts, spec: LayerSpec | None, buffers: tuple[Tensor, Tensor, Tensor]) -> tuple[Any, ...] | None:
+    """The op's arguments before `positions` (qkv::decoder_layer's), or None when the layer
+    cannot run natively: no description, one it declines, or tensors it does not read."""
+    if spec is None or declined(spec) is not None:
+        return None
+    att = parts.attention
+    linears = [linear_tensors(m) if m is not None else None for m in (att.qkv_proj, att.o_proj, parts.up, parts.down)]
     norms = [*parts.attn_norm, *parts.mlp_norm]
-    if (any(x is None for x in linears) or q_norm is False or k_norm is False or att.ring is not None
-            or parts.activation not in ACTIVATIONS
+    if (any(x is None for x in linears) or att.ring is not None
             or any(t.dtype != torch.float32 or not t.is_contiguous() for t in norms)):
         return None
     k_cache, v_cache, lengths = buffers
     if k_cache.dtype != torch.float32 or k_cache.shape[-1] != v_cache.shape[-1]:
         return None
-    head = (list(parts.attn_norm), *linears[:2], list(parts.mlp_norm), *linears[2:], q_norm, k_norm, inv_freq,
-            k_cache, v_cache, lengths)
-    tail = (att.num_heads, ACTIVATIONS[parts.activation], float(parts.eps), 1.0 / math.sqrt(att.head_dim))
-    return head, tail
+    try:
+        vectors = layer_vectors(spec, attn_norm=tuple(parts.attn_norm), mlp_norm=tuple(parts.mlp_norm),
+                                q_norm=_norm_weight(att.q_norm), k_norm=_norm_weight(att.k_norm))
+    except ValueError:  # the description and the modules disagree: run the modules
+        return None
+    return (pack(spec), vectors, *linears, k_cache, v_cache, lengths)
 
 
 class FusedLayers:
@@ -107,7 +142,7 @@ class FusedLayers:
     """
 
     def __init__(self, on_unfused: Callable[[], object] | None = None) -> None:
-        self._layers: list[tuple[tuple[Any, ...], tuple[Any, ...]]] | None = None
+        self._layers: list[tuple[Any, ...]] | None = None
         self._cache: KVCache | None = None  # the first layer's, asked which rows a call carries
         self._on_unfused = on_unfused
         self.fallback: object = None  # what on_unfused returned, once called
@@ -143,12 +178,14 @@ class FusedLayers:
     def bind(self, model: CausalDecoder, caches: list[KVCache]) -> None:
         parts = model.layer_parts()
         rotary = model.rotary_embedding()
-        inv_freq = None if rotary is None else rotary.inv_freq.float().contiguous()
-        layers: list[tuple[tuple[Any, ...], tuple[Any, ...]]] | None = []
+        given = getattr(model, "layer_specs", None)  # a model that describes its own layers
+        specs = list(given()) if callable(given) else [spec_of(part, rotary) for part in parts or []]
+        layers: list[Any] | None = []
         for index, part in enumerate(parts or []):
             cache = caches[index] if index < len(caches) else None
             buffers = cache.fused_buffers() if cache is not None else None
-            arguments = None if buffers is None else _layer_arguments(part, inv_freq, buffers)
+            spec = specs[index] if index < len(specs) else None
+            arguments = None if buffers is None else _layer_arguments(part, spec, buffers)
             if arguments is None:
                 layers = None
                 break
@@ -170,6 +207,6 @@ class FusedLayers:
         where = positions.reshape(-1).to(torch.int64).expand(b).contiguous()  # (B,)
         rows = self._cache.fused_rows()  # (B,) cache rows, or None: row r is cache row r
         layer = torch.ops.qkv.decoder_layer.default
-        for head, tail in self._layers:
-            hidden = layer(hidden, *head, where, rows, *tail)
+        for arguments in self._layers:
+            hidden = layer(hidden, *arguments, where, rows)
         return hidden.reshape(b, 1, c)  # (B, 1, C)

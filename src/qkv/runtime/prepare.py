@@ -10,7 +10,7 @@ Precisions (the weights, and the activations they run with):
 - "int8": weight-only int8, one scale per output row (`qkv.perf.quantize`);
 - "int4": weight-only 4-bit blocks of 32 inputs (GGUF's Q4_1 layout).
 The quantized ones run float32 activations on qkv's own kernels (`qkv.native`, built for
-the machine on first use) and bfloat16 ones on PyTorch's where qkv's cannot be built.
+the machine on first use), or the same math in PyTorch where qkv's cannot be built.
 
 DEFAULT_PRECISION (qkv.precision) is "auto": int4 for a checkpoint stored in 4-bit blocks,
 else int8, the fastest whose perplexity on the-verdict stays within 1% of bfloat16's
@@ -133,7 +133,7 @@ def _shape_layers(model: CausalDecoder, precision: str, *, empty: bool = False) 
     elif precision == "float32":
         store_input_major(model)  # wide layers read faster as x @ W at batch 1 (qkv.perf.transposed)
     if precision in QUANTIZED:
-        model.to(activation_dtype())  # float32 on qkv's kernels, bfloat16 on PyTorch's
+        model.to(activation_dtype())  # float32: qkv's kernels, or their math in PyTorch
     else:
         model.to(torch.float32 if precision == "float32" else torch.bfloat16)
 

