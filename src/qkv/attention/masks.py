@@ -55,3 +55,17 @@ def combine_masks(*masks: Tensor | None) -> Tensor | None:
             continue
         result = mask if result is None else result & mask
     return result
+
+
+def window_mask(key_positions: Tensor, query_positions: Tensor, window: int) -> Tensor:
+    """The sliding window's half of a local layer's mask: the query at position p sees the
+    keys at positions > p - window (itself and the window - 1 before it; causality, the
+    other half, comes from the caller). key_positions (S,) or (B, S); query_positions (T,)
+    or (B, T) -> (B or 1, 1, T, S) booleans."""
+    if window < 1:
+        raise ValueError(f"a sliding window holds at least one key, got {window}")
+    if query_positions.dim() == 1:
+        query_positions = query_positions[None]  # (1, T)
+    if key_positions.dim() == 1:
+        key_positions = key_positions[None]  # (1, S)
+    return key_positions[:, None, None, :] > query_positions[:, None, :, None] - window  # (B, 1, T, S)

@@ -30,7 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "\"The cat sat on the mat because it was tired\"; without a model: the book's example)")
     parser.add_argument("--model", metavar="M",
                         help="a real model: minilm (all-MiniLM-L6-v2, offline), smollm2, or a "
-                        "checkpoint folder qkv loads (GPT-2, Llama, Qwen, what qkv train writes)")
+                        "checkpoint folder qkv loads (GPT-2, Llama, Qwen, Mistral, Phi-3, Gemma 2/3, OLMo 2, "
+                        "SmolLM3, what qkv train writes)")
     parser.add_argument("--layer", type=integer(-2**20, 2**20), metavar="L",
                         help="the attention layer, counted from 0 as transformers counts (default: 0)")
     parser.add_argument("--head", type=integer(-2**20, 2**20), metavar="H",

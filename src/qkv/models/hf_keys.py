@@ -9,8 +9,8 @@ skipped by an explicit pattern, never by a catch-all.
 GPT-2 stores its linear layers as Conv1D, (in, out), the transpose of nn.Linear's
 (out, in), and fuses queries, keys and values into one c_attn of (C, 3C): the map splits
 it into the shared attention layer's q_proj, k_proj, v_proj (the book's W_query, W_key,
-W_value). The Llama family's names are qkv's own, so its
-map is the identity.
+W_value). The Llama family's names are qkv's own, so its map is the identity (the
+names and shapes come from its layer description: qkv.models.spec_keys).
 
 Shape legend: C embedding, V vocabulary, P positions (context length), F feed-forward size.
 """
@@ -19,25 +19,20 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from qkv.errors import QkvError
+from qkv.models.families import llama_decoder_spec
+from qkv.models.key_map import KeyMap
 from qkv.models.gpt2 import GPTConfig, GPTModel
 from qkv.models.llama import LlamaForCausalLM
 from qkv.models.llama_config import LlamaConfig
+from qkv.models.spec_keys import spec_shapes
 
 GPT2_BUFFERS = re.compile(r"transformer\.h\.\d+\.attn\.(bias|masked_bias)")
 LLAMA_BUFFERS = re.compile(r"model\.(layers\.\d+\.self_attn\.)?rotary_emb\.inv_freq")
-
-
-@dataclass(frozen=True)
-class KeyMap:
-    hf_name: str
-    shape: tuple[int, ...]
-    to_model: Callable[[Tensor], dict[str, Tensor]]
 
 
 def names_preview(names: list[str], limit: int = 5) -> str:
@@ -231,30 +226,7 @@ def gpt2_state_to_hf(sd: Mapping[str, Tensor], cfg: GPTConfig, *, tied: bool) ->
 def llama_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor of LlamaForCausalLM(cfg) with its shape, from the config alone (no model
     is built: loading checks a checkpoint against this before allocating anything)."""
-    c, f, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
-    q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, c)}
-    for i in range(cfg.num_hidden_layers):
-        p = f"model.layers.{i}."
-        layer = {
-            "input_layernorm.weight": (c,),
-            "self_attn.q_proj.weight": (q, c), "self_attn.k_proj.weight": (kv, c),
-            "self_attn.v_proj.weight": (kv, c), "self_attn.o_proj.weight": (c, q),
-            "post_attention_layernorm.weight": (c,),
-            "mlp.gate_proj.weight": (f, c), "mlp.up_proj.weight": (f, c), "mlp.down_proj.weight": (c, f),
-        }
-        if cfg.attention_bias:
-            layer.update({"self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.bias": (kv,)})
-        if cfg.attention_out_bias:
-            layer["self_attn.o_proj.bias"] = (c,)
-        if cfg.qk_norm:
-            layer.update({"self_attn.q_norm.weight": (d,), "self_attn.k_norm.weight": (d,)})
-        if cfg.mlp_bias:
-            layer.update({"mlp.gate_proj.bias": (f,), "mlp.up_proj.bias": (f,), "mlp.down_proj.bias": (c,)})
-        shapes.update({p + k: v for k, v in layer.items()})
-    shapes["model.norm.weight"] = (c,)
-    shapes["lm_head.weight"] = (cfg.vocab_size, c)
-    return shapes
+    return spec_shapes(llama_decoder_spec(cfg))
 
 
 def llama_key_maps(cfg: LlamaConfig) -> list[KeyMap]:

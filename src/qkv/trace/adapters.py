@@ -23,7 +23,6 @@ from torch import Tensor, nn
 
 from qkv.attention.grouped_query import GroupedQueryAttention
 from qkv.attention.masks import causal_mask, combine_masks
-from qkv.attention.rope import apply_rope
 from qkv.book import CausalAttention, MultiHeadAttention, SelfAttention_v1, SelfAttention_v2
 
 
@@ -52,6 +51,7 @@ class AttentionCall:
     cos: Tensor | None  # (T, D) rotations of the new tokens, when RoPE is used
     sin: Tensor | None
     unbatched: bool  # the module was called with (T, C) and answered (T, ...)
+    softcap: float | None = None  # scaled scores become cap * tanh(scaled / cap) (Gemma 2)
 
 
 def _linear_parts(layer: nn.Linear) -> tuple[Tensor, Tensor | None]:
@@ -153,24 +153,21 @@ def _grouped_query(module: GroupedQueryAttention, args: tuple, kwargs: dict) -> 
     mask, is_causal = kwargs.get("mask"), kwargs.get("is_causal", True)
     (wq, bq), (wk, bk), (wv, bv) = _projection_parts(module)
     b, t, _ = x.shape
-    q_flat, k_flat, v_flat = module.project(x)  # (B, T, H*D), (B, T, H_kv*D) x 2
-    q = module.q_norm(q_flat.view(b, t, module.num_heads, module.head_dim)).transpose(1, 2)
-    k = module.k_norm(k_flat.view(b, t, module.num_kv_heads, module.head_dim)).transpose(1, 2)
-    v_new = _heads(v_flat, module.num_kv_heads)  # (B, H_kv, T, D)
+    q, k, v_new = module.heads(x)  # (B, H, T, D), (B, H_kv, T, D) x 2: q/k-normed, not rotated
     rope = cos is not None and sin is not None
-    q_rot = apply_rope(q, cos, sin) if rope else q  # (B, H, T, D)
-    k_rot = apply_rope(k, cos, sin) if rope else k  # (B, H_kv, T, D)
+    q_rot = module.rotate(q, cos, sin) if rope else q  # (B, H, T, D)
+    k_rot = module.rotate(k, cos, sin) if rope else k  # (B, H_kv, T, D)
     keys, values = _cached(kwargs.get("cache"), k_rot, v_new)
     s = keys.shape[2]
-    full = combine_masks(mask, causal_mask(t, s, device=x.device) if is_causal else None)
+    full = combine_masks(mask, causal_mask(t, s, device=x.device) if is_causal else None)  # the window: _with_window
     return AttentionCall(
         x=x, W_query=wq, W_key=wk, W_value=wv, b_query=bq, b_key=bk, b_value=bv,
         q_unrotated=q, q=q_rot, k_unrotated=k, k_new=k_rot, keys=keys, values=values,
-        mask=full, scale=1.0 / math.sqrt(module.head_dim), causal=bool(is_causal),
+        mask=full, scale=module.score_scale, causal=bool(is_causal),
         out_proj=module.o_proj,
         cos=None if not rope else (cos[0] if cos.dim() == 3 else cos).detach(),
         sin=None if not rope else (sin[0] if sin.dim() == 3 else sin).detach(),
-        unbatched=False,
+        unbatched=False, softcap=module.softcap,
     )
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from itertools import combinations
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from qkv.attention.rope import rotate_half
@@ -84,7 +85,10 @@ def key_norms(layer: LayerTrace) -> list[float]:
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    return x * cos + rotate_half(x) * sin
+    """RoPE on the first cos.shape[-1] channels (all of them, or a partial rotary's share)."""
+    r = cos.shape[-1]
+    rotated = x[..., :r] * cos + rotate_half(x[..., :r]) * sin
+    return rotated if r == x.shape[-1] else torch.cat((rotated, x[..., r:].expand(rotated.shape[:-1] + (-1,))), dim=-1)
 
 
 def rope_relative(

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from qkv.attention.kernels import fused_attention
+from qkv.attention.softcap import softcapped_attention
 from qkv.errors import QkvError
 from qkv.trace.adapters import AttentionCall, adapter_for, dropout_p, explain_call, num_heads, supported_types
 
@@ -208,8 +209,12 @@ def record_call(index: int, name: str, module: nn.Module, call: AttentionCall, r
     full_mask = call.mask
     if full_mask is not None and full_mask.dim() < 4:
         full_mask = full_mask.reshape((1,) * (4 - full_mask.dim()) + tuple(full_mask.shape))
-    reference = fused_attention(call.q, call.keys, call.values, mask=full_mask,
-                                scale=call.scale)  # (B, H, T, D) every head, every query
+    if call.softcap is None:
+        reference = fused_attention(call.q, call.keys, call.values, mask=full_mask,
+                                    scale=call.scale)  # (B, H, T, D) every head, every query
+    else:
+        reference, _ = softcapped_attention(call.q, call.keys, call.values, mask=full_mask, scale=call.scale,
+                                            softcap=call.softcap)  # (B, H, T, D)
 
     q = call.q[:, hs][:, :, qs]  # (B, h, t, D)
     keys = call.keys[:, kvs]  # (B, h, S, D)
@@ -220,7 +225,10 @@ def record_call(index: int, name: str, module: nn.Module, call: AttentionCall, r
         visible = torch.ones(b, len(head_ids), len(query_ids), s, dtype=torch.bool)
     else:
         visible = full_mask.expand(b, h_all, t, s)[:, hs][:, :, qs]  # (B, h, t, S)
-    scaled = (scores * call.scale).masked_fill(~visible, -torch.inf)
+    scaled = scores * call.scale
+    if call.softcap is not None:  # what the softmax sees: the capped scores (Gemma 2)
+        scaled = torch.tanh(scaled / call.softcap) * call.softcap
+    scaled = scaled.masked_fill(~visible, -torch.inf)
     weights = torch.softmax(scaled.float(), dim=-1).to(q.dtype)  # (B, h, t, S)
     weights = weights.masked_fill(~visible.any(-1, keepdim=True), 0.0)
     context = weights @ values  # (B, h, t, D)

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from qkv.attention.grouped_query import GroupedQueryAttention
 from qkv.attention.rmsnorm import RMSNorm
 from qkv.errors import QkvError
+from qkv.models.decoder_spec import DecoderSpec
 
 
 @dataclass(frozen=True)
@@ -52,17 +53,41 @@ class ResidualLayout:
 def residual_layout(model: nn.Module) -> ResidualLayout:
     """The parts that write the residual stream, for the decoder families qkv builds."""
     from qkv.models.gpt2 import GPTModel
-    from qkv.models.llama import LlamaForCausalLM
+    from qkv.models.spec_decoder import SpecDecoder
 
     if isinstance(model, GPTModel):
         return ResidualLayout([("embed", model.tok_emb), ("pos", model.pos_emb)],
                               [Block(b.norm1, b.att, b.ff) for b in model.trf_blocks], model.final_norm)
-    if isinstance(model, LlamaForCausalLM):
+    if isinstance(model, SpecDecoder):
+        problem = unattributable(model.spec)
+        if problem:
+            raise QkvError(f"score attribution follows pre-norm decoders with one RoPE (Llama, Qwen, SmolLM2); "
+                           f"this {model.spec.model_type} model {problem}")
         return ResidualLayout([("embed", model.model.embed_tokens)],
                               [Block(l.input_layernorm, l.self_attn, l.mlp) for l in model.model.layers],
                               model.model.norm)
     raise QkvError(f"score attribution needs a decoder qkv builds (GPT-2, Llama, Qwen); "
                    f"{type(model).__name__} is not one")
+
+
+def unattributable(spec: DecoderSpec) -> str | None:
+    """What keeps a decoder's scores from being the plain sums attribution takes apart, or None."""
+    layers = spec.layers
+    reasons = [
+        (spec.embedding_scale is not None, "scales its embeddings"),
+        (any(l.attn_post_norm is not None or l.mlp_post_norm is not None for l in layers), "has norms after its blocks"),
+        (any(l.attn_norm is None or l.mlp_norm is None for l in layers), "lacks a norm before a block"),
+        (any(n is not None and n.weight_offset for l in layers
+             for n in (l.attn_norm, l.mlp_norm, l.attention.qk_norm)), "has (1 + w) norm weights"),
+        (any(l.attention.softcap is not None for l in layers), "soft-caps its scores"),
+        (any(l.attention.scale is not None for l in layers), "scales its scores by its own factor"),
+        (any(l.attention.window is not None for l in layers), "has sliding-window layers"),
+        (any(l.attention.qk_norm_over != "head" for l in layers), "normalises queries and keys over all heads"),
+        (len({l.rope for l in layers}) > 1, "has layers with different RoPE (or none)"),
+        (any(l.rope is not None and l.rope.rotary_dim != l.attention.head_dim for l in layers),
+         "rotates only part of each head"),
+    ]
+    return next((why for bad, why in reasons if bad), None)
 
 
 def norm_kind(norm: nn.Module) -> str:
