@@ -66,7 +66,12 @@ NOT_IN_GGUF = {
 }
 TRANSFORMERS_READS = {"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "gpt2", "qwen3_plain", "gpt2_1024"}
 TRANSFORMERS_READS = TRANSFORMERS_READS | {"llama3"}
-TRANSFORMERS_LOADS = TRANSFORMERS_READS - {"qwen3", "gpt2", "llama3"}  # it reads no rope_freqs, so its Llama 3 differs
+# Where transformers' GGUF loading gives the source model back. It reads no rope_freqs (its Llama
+# 3 differs), ignores qwen3's key_length and GPT-2's context length; its Gemma 2/3 models from
+# these files differ from the source by several logits (measured 4.66) while the tensors it reads
+# equal the source's (test above), and its Phi-3 fails on padding_idx: those are checked against
+# the source model only, as every kind is.
+TRANSFORMERS_LOADS = TRANSFORMERS_READS - {"qwen3", "gpt2", "llama3", "gemma2", "gemma3", "phi3"}
 
 
 def _source(kind: str, **overrides: Any) -> Any:
