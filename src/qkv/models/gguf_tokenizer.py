@@ -347,15 +347,17 @@ def _pipeline(vocab: GGUFVocabulary) -> tuple[Any, Any, Any]:
 
 def _added_tokens(vocab: GGUFVocabulary, spelled: Sequence[str]) -> list[Any]:
     """Tokens matched whole in the text: CONTROL ones and the named special ids as special,
-    USER_DEFINED ones as text. A byte-level token that had to be respelled (outside the byte
-    alphabet) is no real added token and stays a plain vocabulary entry."""
+    USER_DEFINED ones as text. A token that had to be respelled (a byte-level one outside the
+    byte alphabet; a Gemma whitespace piece llama.cpp writes with spaces) is no real added
+    token and stays a plain vocabulary entry: added as written, it would take a new id past
+    the vocabulary."""
     from tokenizers import AddedToken
 
     named = {i for i in (vocab.bos_id, vocab.eos_id, vocab.unk_id, vocab.pad_id) if i is not None}
     added = []
     for i, (token, kind) in enumerate(zip(vocab.tokens, vocab.types)):
-        if not token or (vocab.kind == "gpt2" and spelled[i] != token):
-            continue
+        if not token or spelled[i] != token:  # respelled (a byte-level token outside the byte alphabet,
+            continue  # a Gemma whitespace piece written with spaces): a plain vocabulary entry, its own id
         if kind == TOKEN_TYPE_CONTROL or i in named:
             added.append(AddedToken(token, special=True, normalized=False))
         elif kind == TOKEN_TYPE_USER_DEFINED:
