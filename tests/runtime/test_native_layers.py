@@ -266,7 +266,7 @@ def test_each_layer_is_described_by_what_its_modules_are(family: str) -> None:
     """The LayerSpec read from today's layers says what each family is: RMS norms, RoPE at the
     config's base and SwiGLU for Llama/Qwen (q/k norms for Qwen3); LayerNorms with biases, no
     RoPE and a plain tanh-GELU for GPT-2; and its RoPE frequencies are the modules' own."""
-    from qkv.perf.fused_layers import spec_of
+    from qkv.runtime.native_layers import spec_of
     from qkv.runtime.native_layer_spec import declined, rope_frequencies
 
     model = _model(family, 4, 2 if family != "gpt2" else 4, 16, seed=0)
@@ -290,7 +290,7 @@ def test_llama3_rope_scaling_reaches_the_native_layer_through_the_description() 
     """A scaled RoPE (Llama 3.x) is part of the description: the frequencies computed from it
     are the modules' own, and the fused steps give the modules' logits."""
     from qkv.attention.rope import Llama3RopeScaling
-    from qkv.perf.fused_layers import spec_of
+    from qkv.runtime.native_layers import spec_of
     from qkv.runtime.native_layer_spec import rope_frequencies
 
     scaling = Llama3RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
@@ -318,7 +318,7 @@ def test_a_model_whose_own_description_the_kernel_lacks_runs_its_modules() -> No
     import dataclasses
 
     from qkv.models.layer_spec import NormSpec
-    from qkv.perf.fused_layers import spec_of
+    from qkv.runtime.native_layers import spec_of
 
     model = _model("llama", 4, 2, 16, seed=3)
     prepare_for_decoding(model, precision="float32", compile=False)
