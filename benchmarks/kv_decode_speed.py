@@ -21,11 +21,11 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from qkv.generation import DecodeSession
+from qkv.runtime import DecodeSession
 from qkv.generation.cache_kinds import cache_kind
 from qkv.long_text import long_text
 from qkv.native import native_kernels
-from qkv.perf.prepare import load_for_generation
+from qkv.runtime.prepare import load_for_generation
 from qkv.precision import DEFAULT_PRECISION
 
 
