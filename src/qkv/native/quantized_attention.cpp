@@ -225,7 +225,12 @@ struct Lanes {
         return bytes(_mm_unpacklo_epi16(_mm_unpacklo_epi8(c0, c1), _mm_unpacklo_epi8(c2, c3)));
     }
 };
+// GCC 12's own AVX headers warn (maybe-uninitialized) where they are inlined (GCC bug 105593).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include "quantized_attention_simd.h"
+#pragma GCC diagnostic pop
 }  // namespace avx2
 #pragma GCC pop_options
 
@@ -278,7 +283,12 @@ struct Lanes {
         return bytes(_mm_unpacklo_epi16(_mm_unpacklo_epi8(c0, c1), _mm_unpacklo_epi8(c2, c3)));
     }
 };
+// GCC 12's own AVX headers warn (maybe-uninitialized) where they are inlined (GCC bug 105593).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include "quantized_attention_simd.h"
+#pragma GCC diagnostic pop
 }  // namespace avx512
 #pragma GCC pop_options
 
