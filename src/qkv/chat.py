@@ -34,6 +34,7 @@ from qkv.attention.sink_cache import SinkKVCache
 from qkv.errors import QkvError
 from qkv.generation import Sampling as Choice, continue_from
 from qkv.runtime import DecodeSession, cache_capacity, reusable_prefix
+from qkv.runtime.session import common_prefix
 from qkv.models.decoder import CausalDecoder
 
 if TYPE_CHECKING:
@@ -214,9 +215,7 @@ class ChatSession:
             self.cached_ids = []  # the template rewrote earlier text: start over
             return encode(rendered, add_special_tokens=False).ids
         full = encode(rendered, add_special_tokens=False).ids
-        same = next((i for i, (a, b) in enumerate(zip(self.cached_ids, full)) if a != b),
-                    min(len(self.cached_ids), len(full)))  # tokens the cache and the new rendering share
-        keep = reusable_prefix(len(full), min(same, self.whole_parts))
+        keep = reusable_prefix(len(full), min(common_prefix(self.cached_ids, full), self.whole_parts))
         self.cached_ids = self.cached_ids[:keep]
         return full[keep:]
 

@@ -72,6 +72,16 @@ def aligned_parts(start: int, end: int, align: int = PREFILL_ALIGN) -> list[tupl
     return list(zip(cuts[:-1], cuts[1:]))
 
 
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens `a` and `b` share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def reusable_prefix(length: int, held: int) -> int:
     """How many of the `held` leading positions of a `length`-token prompt a prefill may keep
     (rather than compute again) and still write what a whole prefill of the prompt writes:

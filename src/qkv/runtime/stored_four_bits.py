@@ -107,10 +107,9 @@ def _fill(model: nn.Module, state: dict[str, Tensor], blocks: dict[str, StoredBl
                 return False
             module.bias = nn.Parameter(torch.cat(biases).to(module.bias.dtype), requires_grad=False)  # type: ignore[arg-type]
     with torch.no_grad():
-        for holder in model.modules():
+        for owner, holder in model.named_modules():
             for key, parameter in list(holder.named_parameters(recurse=False)):
                 if parameter.is_meta:
-                    owner = next((n for n, m in model.named_modules() if m is holder), "")
                     value = state.get(f"{owner}.{key}" if owner else key)
                     if value is None:
                         return False

@@ -24,15 +24,7 @@ from __future__ import annotations
 
 import itertools
 
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """How many leading tokens `a` and `b` share."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+from qkv.runtime.session import common_prefix
 
 
 class RowPrefixes:
