@@ -53,6 +53,9 @@ def write_block_gguf(path: Path, *, tied: bool = True, embedding: Q = Q.Q6_K,
     writer.add_tensor("blk.0.attn_norm.weight", rng.normal(size=HIDDEN).astype(np.float32))
     writer.add_tensor("blk.0.ffn_norm.weight", rng.normal(size=HIDDEN).astype(np.float32))
     for name, block_type in (LAYER_TYPES if layer_types is None else layer_types).items():
+        if block_type == Q.F32:  # float values, as a file's unquantized matrices are
+            writer.add_tensor(f"blk.0.{name}.weight", rng.normal(scale=0.05, size=SHAPES[name]).astype(np.float32))
+            continue
         writer.add_tensor(f"blk.0.{name}.weight", random_blocks(block_type, SHAPES[name], rng), raw_dtype=block_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -12,7 +12,7 @@ from gguf.constants import GGMLQuantizationType as Q
 from qkv.models.gguf import open_gguf_file
 from qkv.perf.quantize import Int4Linear, Int8Linear
 from qkv.runtime.prepare import load_prepared_model
-from qkv.runtime.stored_four_bits import STACKED
+from qkv.attention.stacking import STACKED
 from tests.models.block_files import write_block_gguf
 
 FOUR_BIT_LAYERS = {"attn_q": Q.Q4_0, "attn_k": Q.Q4_1, "attn_v": Q.Q4_0, "attn_output": Q.Q4_1,

@@ -17,6 +17,16 @@ from torch import nn
 
 from qkv.empty_init import parameters_on_meta
 
+# The stacked layers `fuse_projections` makes and the checkpoint layers whose rows they hold, in order.
+STACKED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def stacked_from(name: str) -> tuple[str, ...]:
+    """The checkpoint layers a layer named `name` holds, in row order ("model.layers.0.self_attn.qkv_proj"
+    -> its q_proj, k_proj, v_proj; an unstacked name -> itself)."""
+    prefix, _, last = name.rpartition(".")
+    return tuple(f"{prefix}.{part}" if prefix else part for part in STACKED[last]) if last in STACKED else (name,)
+
 
 def stack_linears(layers: list[nn.Linear]) -> nn.Linear:
     """One nn.Linear whose output is the layers' outputs concatenated: (sum N_i, K) weight."""

@@ -302,11 +302,20 @@ class GGUFFile:
     def read_tensors(self, dtype: torch.dtype = torch.float32) -> dict[str, Tensor]:
         return read_state_dict(self.reader, self.config, self.path, dtype)
 
-    def read_stored(self, dtype: torch.dtype = torch.float32) -> Any:
-        """The projection matrices as stored blocks, the rest dequantized (qkv.models.gguf_stored)."""
-        from qkv.models.gguf_stored import read_stored_state
+    def read_stored(self, dtype: torch.dtype = torch.float32, *, embedding: bool = False) -> Any:
+        """The projection matrices as stored blocks, the rest dequantized (qkv.models.gguf_stored);
+        embedding=True keeps the embedding table's blocks too."""
+        from qkv.models.gguf_stored import is_projection, read_stored_state
 
-        return read_stored_state(self.reader, self.config, self.path, dtype)
+        keep = (lambda name: is_projection(name) or name == "model.embed_tokens.weight") if embedding else is_projection
+        return read_stored_state(self.reader, self.config, self.path, dtype, keep=keep)
+
+    @property
+    def stored_in_blocks(self) -> bool:
+        """Whether every matrix of the repeated layers is stored in a GGUF block type (a Q4_K_M,
+        Q5_0, Q8_0... file), which qkv's block products multiply as stored (qkv.perf.block_linear)."""
+        layers = [t for t in self.reader.tensors if t.name.startswith("blk.") and len(t.shape) == 2]
+        return bool(layers) and all(t.tensor_type in gguf_blocks.BLOCK_FORMATS for t in layers)
 
     @property
     def stored_in_four_bits(self) -> bool:

@@ -94,7 +94,8 @@ class StoredState:
 
     With tied embeddings (`config["tie_word_embeddings"]`) the file has no output matrix and
     `blocks["lm_head.weight"]` holds the embedding table's blocks (the output product reads
-    them; `state["model.embed_tokens.weight"]` is that table dequantized, for the lookup).
+    them; `state["model.embed_tokens.weight"]` is that table dequantized, for the lookup, unless
+    `keep` takes the table too: then `blocks["model.embed_tokens.weight"]` is the same blocks).
     """
 
     state: dict[str, Tensor]
@@ -126,6 +127,8 @@ def read_stored_state(
             stored[target] = StoredBlocks(torch.from_numpy(raw.copy()), tensor.tensor_type, shape)  # owned, writable
         except ValueError as error:
             raise QkvError(f"{path}: tensor {tensor.name}: {error}") from None
+        if tied_head and keep(name):  # the lookup reads the same blocks as the head
+            stored[name] = stored[target]
     skip = frozenset(name for name in stored if name != "lm_head.weight" or "lm_head.weight" in _file_names(reader, arch))
     return StoredState(read_state_dict(reader, config, path, dtype, skip=skip), stored)
 

@@ -22,6 +22,14 @@ namespace block_kernels {
 
 void decode_block(int64_t type, const uint8_t *b, float *out);  // the generic decoder (block_products.cpp)
 
+// Bytes of one row of K weights in `type`, or 0 when the type is not one these kernels read or K
+// is not whole blocks of it.
+int64_t row_bytes_of(int64_t type, int64_t K);
+
+// The block variant (block_rows' `isa`) that computes with the instruction set of qkv's main
+// variant `variant` (kernels.h's Variant: 0 generic, 1 AVX2, 2 AVX-512).
+int64_t isa_of_variant(int64_t variant);
+
 // Outputs n0..n1 of y (M, N) = x (M, K) @ w^T + bias from rows of blocks: the whole product for a
 // layer kernel's own parallel loop (block_products.cpp says more).
 void block_rows(int64_t type, const uint8_t *blocks, int64_t row_bytes, const float *x, int64_t M, int64_t K,

@@ -310,6 +310,17 @@ void check(bool ok, const char *message) {
 
 namespace block_kernels {
 
+int64_t row_bytes_of(int64_t type, int64_t K) {
+    Format f{};
+    if (!format_of(type, f) || K <= 0 || K % f.weights) return 0;
+    return K / f.weights * f.bytes;
+}
+
+int64_t isa_of_variant(int64_t variant) {
+    const int64_t isa = variant >= 2 ? AVX512 : variant == 1 ? AVX2 : GENERIC;
+    return cpu_has(static_cast<Isa>(isa)) ? isa : GENERIC;
+}
+
 // Outputs n0..n1 of y (M, N) = x (M, K) @ w^T + bias, w the rows of blocks (row_bytes apart) of
 // `type`, with variant `isa` (0 the CPU's best, 1 generic, 2 AVX2, 3 AVX-512; the caller checks
 // that the CPU has the one it names). The entry point for a layer kernel that runs these products inside its own parallel

@@ -104,20 +104,32 @@ QKV_AVX2 inline __m256 exp8(__m256 x) {
 #endif
 
 // A linear layer's weights as the products read them: float32 w (N, K), int8 w (N, K) with
-// scales (N,), or 4-bit blocks q (N, K/2) with d and m (N, K/32) float16 bits; bias optional.
+// scales (N,), 4-bit blocks q (N, K/2) with d and m (N, K/32) float16 bits, or a GGUF file's
+// own blocks (BLOCKS: up to MAX_PARTS matrices stacked by rows, each in its own block type,
+// as a Q4_K_M file's q, k and v are Q5_0, Q5_0 and Q8_0); bias optional.
+struct BlockPart {
+    int64_t type = 0, rows = 0, row_bytes = 0;  // GGUF block type; rows of the stacked output; bytes a row
+    const uint8_t *blocks = nullptr;
+};
+constexpr int64_t MAX_PARTS = 4;
+
 struct Linear {
-    enum Kind { F32, INT8, INT4 } kind;
+    enum Kind { F32, INT8, INT4, BLOCKS } kind;
     const void *w = nullptr;
     const float *scales = nullptr, *bias = nullptr;
     const uint16_t *d = nullptr, *m = nullptr;
     int64_t N = 0, K = 0;
+    BlockPart parts[MAX_PARTS] = {};
+    int64_t part_count = 0;
 };
 
 // y (M, N) = x (M, K) through L, on PyTorch's threads, in the active variant. Each row of y
 // is computed by the same operations whatever M is (batch invariance).
 void apply(const Linear &L, const float *x, float *y, int64_t M);
 
-// [w, (scales | d, m)?, bias?] as a Linear of K inputs (qkv::decoder_layer's lists).
+// [w, (scales | d, m)?, bias?], or [blocks, type, blocks, type, ..., bias?] (uint8 (N_i, bytes)
+// and an int64 (1,) GGUF block type per stacked matrix), as a Linear of K inputs
+// (qkv::decoder_layer's lists).
 Linear linear_of(const std::vector<Tensor> &parts, int64_t K, const char *message);
 
 // -- the products' variants (products.cpp: generic; products_x86.cpp: AVX2, AVX-512) ------

@@ -22,6 +22,7 @@
 //
 // Shape legend: M rows of x (batch x tokens), K input features, N output features.
 #include "kernels.h"
+#include "block_kernels.h"
 
 #include <math.h>
 
@@ -137,7 +138,27 @@ void generic_int4_rows(const int8_t *xq, const float *xd, const float *xsum, con
 }
 
 // -- the dispatch ----------------------------------------------------------------------
+// A GGUF file's own blocks: each stacked matrix through block_kernels::block_rows into its
+// columns of y, outputs split over the threads (each output computed alike whatever M is).
+static void apply_blocks(const Linear &L, const float *x, float *y, int64_t M) {
+    const int64_t N = L.N, K = L.K, isa = block_kernels::isa_of_variant(active_variant());
+    const int64_t threads = std::max<int64_t>(1, torch::stable::get_num_threads());
+    const int64_t chunk = std::max<int64_t>({1, N / (4 * threads), (int64_t{1} << 16) / K});
+    torch::stable::parallel_for(0, N, chunk, [&](int64_t n0, int64_t n1) {
+        int64_t first = 0;  // the stacked output where part p begins
+        for (int64_t p = 0; p < L.part_count; p++) {
+            const BlockPart &part = L.parts[p];
+            const int64_t a = std::max(n0, first), b = std::min(n1, first + part.rows);
+            if (a < b)
+                block_kernels::block_rows(part.type, part.blocks, part.row_bytes, x, M, K, N, a - first, b - first,
+                                          L.bias ? L.bias + first : nullptr, isa, y + first);
+            first += part.rows;
+        }
+    });
+}
+
 void apply(const Linear &L, const float *x, float *y, int64_t M) {
+    if (L.kind == Linear::BLOCKS) return apply_blocks(L, x, y, M);
     const int64_t N = L.N, K = L.K, blocks = (N + ROWS - 1) / ROWS;
     const Variant variant = active_variant();
     if (L.kind == Linear::INT4) {
@@ -264,9 +285,33 @@ std::string active_variant_name() {
 
 }  // namespace
 
+// [blocks, type, blocks, type, ..., bias?]: a GGUF file's matrices stacked by rows (linear_of).
+static Linear blocks_of(const std::vector<Tensor> &parts, int64_t K, const char *message) {
+    Linear L{Linear::BLOCKS};
+    L.K = K;
+    size_t i = 0;
+    for (; i + 1 < parts.size() && parts[i + 1].scalar_type() == ScalarType::Long; i += 2) {
+        const Tensor &blocks = parts[i], &type = parts[i + 1];
+        check(L.part_count < MAX_PARTS && type.dim() == 1 && type.size(0) == 1 && type.is_contiguous(), message);
+        BlockPart &part = L.parts[L.part_count++];
+        part.type = *static_cast<const int64_t *>(type.data_ptr());
+        part.row_bytes = block_kernels::row_bytes_of(part.type, K);
+        check(part.row_bytes > 0 && blocks.scalar_type() == ScalarType::Byte && blocks.dim() == 2 &&
+                  blocks.is_contiguous() && blocks.size(1) == part.row_bytes && blocks.size(0) > 0,
+              message);
+        part.rows = blocks.size(0);
+        part.blocks = static_cast<const uint8_t *>(blocks.data_ptr());
+        L.N += part.rows;
+    }
+    check(L.part_count > 0 && (i == parts.size() || i + 1 == parts.size()), message);
+    if (i + 1 == parts.size()) L.bias = optional_bias(&parts[i], L.N);
+    return L;
+}
+
 Linear linear_of(const std::vector<Tensor> &parts, int64_t K, const char *message) {
     check(!parts.empty(), message);
     const Tensor &w = parts[0];
+    if (parts.size() >= 2 && parts[1].scalar_type() == ScalarType::Long) return blocks_of(parts, K, message);
     Linear L;
     size_t base = 1;
     if (w.scalar_type() == ScalarType::Float) {

@@ -48,6 +48,8 @@ class BlockLinear(nn.Module):
         self.block_type = stored.block_type
         self.out_features, self.in_features = stored.shape
         self.register_buffer("blocks", stored.blocks)
+        # the block type as qkv's whole-layer kernel reads it (native/kernels.h's Linear: [blocks, type])
+        self.register_buffer("type_code", torch.tensor([int(stored.block_type)], dtype=torch.int64), persistent=False)
         if bias is not None and tuple(bias.shape) != (self.out_features,):
             raise ValueError(f"bias of shape {tuple(bias.shape)} for a layer of {self.out_features} outputs")
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
@@ -94,17 +96,50 @@ def block_linear_from_stored(stored: StoredBlocks, bias: Tensor | None = None) -
 
 class StackedBlockLinear(nn.Module):
     """Several stored matrices of different block types (a Q4_K_M file's q, k and v are Q5_0,
-    Q5_0 and Q8_0) as one layer: their outputs one after the other, as the stacked matrix's."""
+    Q5_0 and Q8_0) as one layer: their outputs one after the other, as the stacked matrix's,
+    plus the stacked bias. qkv's whole-layer kernel runs the parts as one product (kernels.h's
+    BLOCKS Linear)."""
 
     def __init__(self, parts: Sequence[StoredBlocks], bias: Tensor | None = None) -> None:
         super().__init__()
-        sizes = [p.shape[0] for p in parts]
-        biases = [None] * len(parts) if bias is None else list(bias.split(sizes))
-        self.parts = nn.ModuleList(BlockLinear(p, b) for p, b in zip(parts, biases))
-        self.in_features, self.out_features = parts[0].shape[1], sum(sizes)
+        self.parts = nn.ModuleList(BlockLinear(p) for p in parts)
+        self.in_features, self.out_features = parts[0].shape[1], sum(p.shape[0] for p in parts)
+        if bias is not None and tuple(bias.shape) != (self.out_features,):
+            raise ValueError(f"bias of shape {tuple(bias.shape)} for a layer of {self.out_features} outputs")
+        self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
+
+    @property
+    def native(self) -> bool:
+        return all(part.native for part in self.parts)  # type: ignore[union-attr]
 
     def forward(self, x: Tensor) -> Tensor:
-        return torch.cat([part(x) for part in self.parts], dim=-1)  # (..., N_0 + N_1 + ...)
+        y = torch.cat([part(x) for part in self.parts], dim=-1)  # (..., N_0 + N_1 + ...)
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+
+class BlockEmbedding(nn.Module):
+    """An embedding table kept as GGUF blocks (Gemma 3's 262,144 x 640 table is 178 MB as Q8_0
+    and 671 MB as float32): a lookup decodes only the rows it gathers, with the gguf library's
+    float32 values (qkv.models.gguf_blocks), so it equals nn.Embedding over the dequantized table.
+
+    ids (...) -> (..., C)."""
+
+    def __init__(self, stored: StoredBlocks) -> None:
+        super().__init__()
+        self.block_type = stored.block_type
+        self.num_embeddings, self.embedding_dim = stored.shape
+        self.register_buffer("blocks", stored.blocks)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        from qkv.models.gguf_blocks import BLOCK_FORMATS
+
+        form = BLOCK_FORMATS[self.block_type]
+        rows = self.blocks.index_select(0, ids.reshape(-1))  # (n, bytes a row)
+        values = form.decode(rows.view(-1, form.size))  # (n * K / W, W)
+        return values.reshape(*ids.shape, self.embedding_dim)  # (..., C)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, {self.block_type.name}"
 
 
 def stacked_block_linear(parts: Sequence[StoredBlocks], bias: Tensor | None = None) -> nn.Module:

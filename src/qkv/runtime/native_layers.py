@@ -42,9 +42,12 @@ from torch import Tensor, nn
 from qkv.attention.kv_cache import StaticKVCache
 from qkv.models.layer_spec import AttentionSpec, LayerSpec, MlpSpec, NormSpec, RopeSpec
 from qkv.native import native_kernels
+from qkv.perf.block_linear import BlockLinear, StackedBlockLinear
 from qkv.perf.float_linear import NativeFloatLinear
 from qkv.runtime.native_layer_spec import declined, layer_vectors, pack
 from qkv.perf.quantize import Int4Linear, Int8Linear
+
+MAX_STACKED_BLOCKS = 4  # native/kernels.h's MAX_PARTS: matrices of different block types in one product
 
 if TYPE_CHECKING:
     from qkv.attention.kv_cache import KVCache
@@ -55,8 +58,12 @@ if TYPE_CHECKING:
 def linear_tensors(layer: nn.Module) -> list[Tensor] | None:
     """A linear layer as the kernel reads it (native/kernels.h's `Linear`), or None when it is
     not one qkv's kernels run: float32 [w, bias?], int8 [w, scales, bias?], 4-bit blocks
-    [q, d_bits, m_bits, bias?]."""
-    if isinstance(layer, Int4Linear) and layer.native:
+    [q, d_bits, m_bits, bias?], a GGUF file's blocks [blocks, type, (blocks, type)..., bias?]."""
+    if isinstance(layer, BlockLinear) and layer.native:
+        parts = [layer.blocks, layer.type_code]
+    elif isinstance(layer, StackedBlockLinear) and layer.native and len(layer.parts) <= MAX_STACKED_BLOCKS:
+        parts = [t for part in layer.parts for t in (part.blocks, part.type_code)]  # type: ignore[union-attr]
+    elif isinstance(layer, Int4Linear) and layer.native:
         parts = [layer.q, layer.d_bits, layer.m_bits]
     elif isinstance(layer, Int8Linear) and layer.native and layer.scales.dtype == torch.float32:
         parts = [layer.weight, layer.scales]

@@ -56,6 +56,7 @@ from qkv.models.decoder import CausalDecoder
 from qkv.native import NativeStatus, native_kernels
 from qkv.runtime.native_attention import register_native_attention
 from qkv.runtime.native_layers import FusedLayers
+from qkv.runtime.stored_blocks import load_stored_blocks
 from qkv.runtime.stored_four_bits import load_stored_four_bits
 from qkv.perf.compile import Backend, CompileReport, compile_decoder
 from qkv.perf.huge_pages import place_on_huge_pages
@@ -63,11 +64,19 @@ from qkv.perf.prepared_cache import check_entry, keep_prepared, prepared_path, r
 from qkv.perf.quantize import activation_dtype, quantize
 from qkv.perf.float_linear import use_native_float
 from qkv.perf.transposed import store_input_major
-from qkv.precision import AUTO, DEFAULT_PRECISION, PRECISIONS, QUANTIZED, resolve_precision
+from qkv.precision import AUTO, BLOCKS, CHOICES, DEFAULT_PRECISION, QUANTIZED, resolve_precision
 
 if TYPE_CHECKING:
     from qkv.models.loader import LoadedModel
 
+
+
+def block_products_run() -> bool:
+    """Whether qkv's native block products run here (else "auto" does not pick "blocks": the
+    torch reference would hold float32 weights beside the blocks)."""
+    from qkv.perf.block_linear import native_reason
+
+    return native_reason() is None
 
 
 def load_dtype(precision: str) -> torch.dtype:
@@ -77,8 +86,8 @@ def load_dtype(precision: str) -> torch.dtype:
 
 
 def check_precision(precision: str) -> None:
-    if precision not in PRECISIONS and precision != AUTO:
-        raise QkvError(f"unknown precision {precision!r}; choose one of {AUTO}, {', '.join(PRECISIONS)}")
+    if precision not in CHOICES:
+        raise QkvError(f"unknown precision {precision!r}; choose one of {', '.join(CHOICES)}")
 
 
 @dataclass(frozen=True)
@@ -117,6 +126,9 @@ def prepare_for_decoding(
     whose batch sizes vary, would compile one graph per size)."""
     check_precision(precision)
     precision = resolve_precision(precision, stored_in_four_bits=model.stored_in_four_bits)
+    if precision == BLOCKS:
+        raise QkvError("the blocks precision keeps a GGUF file's own blocks, which a loaded model no longer has: "
+                       "load the file with load_for_generation(path, precision='blocks')")
     _shape_layers(model, precision)
     return _finish(model, precision, compile=compile, backend=backend, inductor=inductor)
 
@@ -147,7 +159,7 @@ def _finish(model: CausalDecoder, precision: str, *, compile: bool, backend: Bac
     on_unfused = (lambda: compile_decoder(model, backend=backend)) if inductor else None
     fused = FusedLayers.for_model(model, on_unfused=on_unfused) if compile else None
     report = compile_decoder(model, backend=backend) if compile and inductor and fused is None else None
-    kernels = native_kernels() if precision in (*QUANTIZED, "float32") else None
+    kernels = native_kernels() if precision in (*QUANTIZED, BLOCKS, "float32") else None
     if kernels is not None:
         register_native_attention()  # one-query attention on qkv's kernel (qkv.attention.registry)
     setup = DecodeSetup(precision=precision, compile=report, kernels=kernels, fused=fused, from_cache=from_cache)
@@ -199,7 +211,15 @@ def load_prepared_model(
     opened = open_model(source, load_dtype(precision), max_memory=max_memory, chat=chat)
     if precision == AUTO and getattr(opened.source, "prefers_float32", False):
         precision = "float32"  # the book's model.pth: its own float32 greedy text is the reference
-    precision = resolve_precision(precision, stored_in_four_bits=getattr(opened.source, "stored_in_four_bits", False))
+    in_blocks = getattr(opened.source, "stored_in_blocks", False)
+    precision = resolve_precision(precision, stored_in_four_bits=getattr(opened.source, "stored_in_four_bits", False),
+                                  stored_in_blocks=in_blocks and block_products_run())
+    if precision == BLOCKS:  # a GGUF file's layers in its own block types (stored_blocks)
+        blocks = load_stored_blocks(opened) if in_blocks else None
+        if blocks is None:
+            raise QkvError(f"--dtype blocks needs a GGUF file whose layers are stored in block types "
+                           f"(Q4_K, Q8_0...); {opened.source.path} is not one: choose {AUTO}, int8 or int4")
+        return blocks, _finish(blocks.model, precision, compile=compile, backend=backend)
     if precision == "int4":  # a file of Q4_0/Q4_1 layers: its blocks as stored, no cache needed (stored_four_bits)
         stored = load_stored_four_bits(opened, lambda model: _shape_layers(model, precision, empty=True))
         if stored is not None:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
+from qkv.attention.stacking import stacked_from
 from qkv.models.gguf_blocks import Q
 from qkv.perf.quantize import Int4Linear, Int8Linear, quantize_blocks, quantize_rows
 
@@ -32,8 +33,6 @@ if TYPE_CHECKING:
     from qkv.models.loader import LoadedModel, OpenedModel
 
 FOUR_BITS = (Q.Q4_0, Q.Q4_1)
-# Stacked layers and the rows they are made of, in order (qkv.attention.stacking).
-STACKED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
 
 def four_bit_blocks(parts: list[StoredBlocks]) -> tuple[Tensor, Tensor, Tensor]:
@@ -60,16 +59,11 @@ def four_bit_blocks(parts: list[StoredBlocks]) -> tuple[Tensor, Tensor, Tensor]:
     return q.view(total, g * 16), d.view(total, g), m.view(total, g)  # (N, K/2), (N, G), (N, G)
 
 
-def _parts(name: str) -> tuple[str, ...]:
-    """The checkpoint matrices a prepared layer named `name` holds, in row order."""
-    prefix, _, last = name.rpartition(".")
-    return tuple(f"{prefix}.{part}" for part in STACKED[last]) if last in STACKED else (name,)
-
-
-def _values(name: str, state: dict[str, Tensor], blocks: dict[str, StoredBlocks], tied: Tensor | None) -> Tensor | None:
-    """The float32 weight of the prepared layer `name` (its parts' rows stacked), or None."""
+def stacked_values(name: str, state: dict[str, Tensor], blocks: dict[str, StoredBlocks], tied: Tensor | None) -> Tensor | None:
+    """The float32 weight of the prepared layer `name` (its parts' rows stacked, dequantized
+    where they are stored as blocks), or None."""
     pieces = []
-    for part in _parts(name):
+    for part in stacked_from(name):
         weight = state.get(f"{part}.weight", tied if part == "lm_head" else None)  # a tied head: the embedding's values
         if weight is None and f"{part}.weight" in blocks:
             weight = blocks[f"{part}.weight"].dequantize()
@@ -85,16 +79,16 @@ def _fill(model: nn.Module, state: dict[str, Tensor], blocks: dict[str, StoredBl
     tied = state.get("model.embed_tokens.weight")  # what a tied head's rows are
     for name, module in model.named_modules():
         if isinstance(module, Int4Linear):
-            parts = [blocks.get(f"{part}.weight") for part in _parts(name)]
+            parts = [blocks.get(f"{part}.weight") for part in stacked_from(name)]
             if all(p is not None and p.block_type in FOUR_BITS and p.shape[1] == module.in_features for p in parts):
                 module.set_blocks(*four_bit_blocks([p for p in parts if p is not None]))  # rows of every part, in order
             else:  # a matrix stored otherwise (the tied head of a small model): fitted as before
-                weight = _values(name, state, blocks, tied)
+                weight = stacked_values(name, state, blocks, tied)
                 if weight is None:
                     return False
                 module.set_blocks(*quantize_blocks(weight))
         elif isinstance(module, Int8Linear):
-            weight = _values(name, state, blocks, tied)
+            weight = stacked_values(name, state, blocks, tied)
             if weight is None:
                 return False
             q, scales = quantize_rows(weight)
@@ -102,10 +96,16 @@ def _fill(model: nn.Module, state: dict[str, Tensor], blocks: dict[str, StoredBl
         else:
             continue
         if module.bias is not None:
-            biases = [state.get(f"{part}.bias") for part in _parts(name)]
+            biases = [state.get(f"{part}.bias") for part in stacked_from(name)]
             if any(b is None for b in biases):
                 return False
             module.bias = nn.Parameter(torch.cat(biases).to(module.bias.dtype), requires_grad=False)  # type: ignore[arg-type]
+    return fill_from_state(model, state)
+
+
+def fill_from_state(model: nn.Module, state: dict[str, Tensor]) -> bool:
+    """Every parameter still on the meta device (norms, embeddings) from `state`, in place;
+    False when one has no value there or anything is left on the meta device."""
     with torch.no_grad():
         for owner, holder in model.named_modules():
             for key, parameter in list(holder.named_parameters(recurse=False)):

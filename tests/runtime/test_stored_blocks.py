@@ -1,0 +1,105 @@
+"""The "blocks" precision: a GGUF file's layers kept in the block types it stores.
+
+The reference is the same file dequantized (the float32 path, bit-identical to the gguf
+library's dequantizer: tests/models/test_gguf_blocks.py): the block products differ from it
+by float32 summation order only, and qkv's whole-layer kernel multiplies the same blocks in
+the same order as the block layers it stands in for.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from gguf.constants import GGMLQuantizationType as Q
+
+from qkv.attention.kv_cache import SlotKVCache
+from qkv.errors import QkvError
+from qkv.perf.block_linear import BlockEmbedding, BlockLinear, StackedBlockLinear, native_reason
+from qkv.runtime import DecodeSession, prepare_for_decoding
+from qkv.runtime.prepare import load_prepared_model
+from tests.models.block_files import write_block_gguf
+
+needs_block_products = pytest.mark.skipif(native_reason() is not None, reason="qkv's block products do not build here")
+PROMPT = torch.tensor([[0, 1, 2, 2, 1, 0, 1]])
+
+
+def _steps(model, steps: int = 5, **session) -> list[torch.Tensor]:
+    """Logits of a prefill of PROMPT then `steps` greedy decode steps."""
+    out = []
+    with torch.inference_mode(), DecodeSession(model, batch_size=1, capacity=32, **session) as s:
+        logits = s.prefill(PROMPT)
+        for _ in range(steps):
+            out.append(logits)
+            logits = s.decode(logits.argmax(-1))
+    return out
+
+
+@needs_block_products
+@pytest.mark.parametrize("tied", [True, False])
+def test_auto_keeps_the_files_blocks_and_gives_the_dequantized_logits(tmp_path: Path, tied: bool) -> None:
+    path = write_block_gguf(tmp_path / "mix.gguf", tied=tied, embedding=Q.Q8_0)
+    loaded, setup = load_prepared_model(path, precision="auto", compile=False)
+    reference, _ = load_prepared_model(path, precision="float32", compile=False)
+    model = loaded.model
+    assert setup.precision == "blocks"
+    attention, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    # q, k and v are Q4_K, Q6_K and Q5_0 in this file: one stacked layer of three block types
+    assert isinstance(attention.qkv_proj, StackedBlockLinear)
+    assert [p.block_type for p in attention.qkv_proj.parts] == [Q.Q4_K, Q.Q6_K, Q.Q5_0]
+    assert isinstance(attention.o_proj, BlockLinear) and attention.o_proj.block_type == Q.Q8_0
+    assert isinstance(mlp.down_proj, BlockLinear) and mlp.down_proj.block_type == Q.Q4_1
+    assert isinstance(model.model.embed_tokens, BlockEmbedding) and isinstance(model.lm_head, BlockLinear)
+    assert not any(p.dtype == torch.float32 and p.dim() == 2 for p in model.parameters())  # no float32 matrix kept
+    with torch.inference_mode():
+        got, want = model(PROMPT), reference.model(PROMPT)
+    assert torch.allclose(got, want, rtol=0, atol=1e-4 * (1 + float(want.abs().max())))
+
+
+@needs_block_products
+def test_the_native_layer_multiplies_the_blocks_as_the_block_layers_do(tmp_path: Path) -> None:
+    path = write_block_gguf(tmp_path / "mix.gguf", embedding=Q.Q8_0)
+    loaded, setup = load_prepared_model(path, precision="blocks", compile=True)
+    assert setup.fused is not None  # every layer (three block types stacked in q/k/v) runs as one native call
+    with DecodeSession(loaded.model, batch_size=1, capacity=32, step="native") as session:
+        assert session.runs_native
+    native = _steps(loaded.model, step="native")
+    modules = _steps(loaded.model, step="modules")
+    for have, want in zip(native, modules):
+        assert torch.allclose(have, want, rtol=0, atol=1e-4 * (1 + float(want.abs().max())))
+    assert [int(x.argmax()) for x in native] == [int(x.argmax()) for x in modules]
+
+
+@needs_block_products
+def test_rows_decoded_together_through_blocks_equal_each_row_alone_bit_for_bit(tmp_path: Path) -> None:
+    path = write_block_gguf(tmp_path / "mix.gguf", embedding=Q.Q8_0)
+    model = load_prepared_model(path, precision="blocks", compile=True)[0].model
+    prompts = {0: torch.tensor([0, 1, 2, 2]), 1: torch.tensor([2, 1]), 2: torch.tensor([1, 1, 0, 2, 0])}
+    with torch.inference_mode():
+        with DecodeSession(model, batch_size=3, capacity=32, kind=SlotKVCache) as session:
+            assert session.runs_native
+            last = {row: session.prefill_row(row, ids).argmax(-1) for row, ids in prompts.items()}
+            together = session.decode(torch.stack([last[r] for r in (0, 1, 2)]), rows=[0, 1, 2])  # (3, V)
+        alone = []
+        for row in (0, 1, 2):
+            with DecodeSession(model, batch_size=3, capacity=32, kind=SlotKVCache) as session:
+                token = session.prefill_row(row, prompts[row]).argmax(-1)
+                alone.append(session.decode(token[None], rows=[row])[0])
+    assert torch.equal(together, torch.stack(alone))
+
+
+def test_blocks_is_refused_by_name_where_there_are_no_blocks(tmp_path: Path) -> None:
+    from qkv.models.llama import LlamaForCausalLM
+    from qkv.models.llama_config import LlamaConfig
+
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32))
+    with pytest.raises(QkvError, match="blocks precision keeps a GGUF file's own blocks"):
+        prepare_for_decoding(model, precision="blocks")
+    path = write_block_gguf(tmp_path / "f32.gguf", embedding=Q.F32,
+                            layer_types={"attn_q": Q.F32, "attn_k": Q.F32, "attn_v": Q.F32, "attn_output": Q.F32,
+                                         "ffn_gate": Q.F32, "ffn_up": Q.F32, "ffn_down": Q.F32})
+    with pytest.raises(QkvError, match="--dtype blocks needs a GGUF file whose layers are stored in block types"):
+        load_prepared_model(path, precision="blocks")
+    assert load_prepared_model(path, precision="auto", compile=False)[1].precision == "int8"
