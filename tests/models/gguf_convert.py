@@ -117,9 +117,11 @@ def _tokenizer(writer: gguf.GGUFWriter, tokenizer: Any, c: Any) -> None:
             add(getattr(c, key))
 
 
-def write_gguf(path: Path, model: Any, tokenizer: Any, *, extra: dict[str, Any] | None = None) -> Path:
+def write_gguf(path: Path, model: Any, tokenizer: Any, *, extra: dict[str, Any] | None = None,
+               block_type: gguf.GGMLQuantizationType | None = None) -> Path:
     """`model` (a transformers causal LM) as llama.cpp's converter writes it in f32.
-    extra: more `{arch}.`-less metadata keys -> int values (e.g. a sliding window)."""
+    extra: more `{arch}.`-less metadata keys -> int values (e.g. a sliding window).
+    block_type: every matrix of whole 32-blocks quantized to it (gguf.quants), as llama-quantize does."""
     c = model.config
     model_type = c.model_type
     arch = GGUF_ARCH[model_type]
@@ -145,7 +147,11 @@ def write_gguf(path: Path, model: Any, tokenizer: Any, *, extra: dict[str, Any] 
             w = w + 1
         if model_type == "gpt2" and suffix == "weight" and module.endswith(("c_attn", "c_proj", "c_fc")):
             w = w.T
-        writer.add_tensor(f"{gguf_name}.{suffix}", np.ascontiguousarray(w.numpy()))
+        values = np.ascontiguousarray(w.numpy())
+        if block_type is not None and values.ndim == 2 and values.shape[1] % 32 == 0:
+            writer.add_tensor(f"{gguf_name}.{suffix}", gguf.quants.quantize(values, block_type), raw_dtype=block_type)
+            continue
+        writer.add_tensor(f"{gguf_name}.{suffix}", values)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -100,6 +100,42 @@ def test_blocks_is_refused_by_name_where_there_are_no_blocks(tmp_path: Path) -> 
     path = write_block_gguf(tmp_path / "f32.gguf", embedding=Q.F32,
                             layer_types={"attn_q": Q.F32, "attn_k": Q.F32, "attn_v": Q.F32, "attn_output": Q.F32,
                                          "ffn_gate": Q.F32, "ffn_up": Q.F32, "ffn_down": Q.F32})
-    with pytest.raises(QkvError, match="--dtype blocks needs a GGUF file whose layers are stored in block types"):
+    with pytest.raises(QkvError, match="--dtype blocks needs a GGUF file whose layer matrices"):
         load_prepared_model(path, precision="blocks")
     assert load_prepared_model(path, precision="auto", compile=False)[1].precision == "int8"
+
+
+GGUF_KINDS = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "olmo2", "smollm3"]
+
+
+@needs_block_products
+@pytest.mark.parametrize("kind", GGUF_KINDS)
+def test_every_architecture_in_q8_0_decodes_from_its_blocks_as_dequantized(kind: str, tmp_path: Path) -> None:
+    """Each GGUF architecture qkv reads, its matrices quantized to Q8_0 as llama-quantize would:
+    "auto" keeps the blocks, and a prefill plus decode steps give the float32 reading's logits."""
+    from tests.models.gguf_convert import write_gguf
+    from tests.models.test_gguf_arch import _source
+    from tests.models.conftest import make_tokenizer
+
+    path = write_gguf(tmp_path / f"{kind}.gguf", _source(kind), make_tokenizer(), block_type=Q.Q8_0)
+    loaded, setup = load_prepared_model(path, precision="auto", compile=True)
+    reference = load_prepared_model(path, precision="float32", compile=False)[0].model
+    assert setup.precision == "blocks"
+    assert any(isinstance(m, (BlockLinear, StackedBlockLinear)) for m in loaded.model.modules())
+    got, want = _steps(loaded.model, 4), _steps(reference, 4)
+    for have, expected in zip(got, want):
+        assert torch.allclose(have, expected, rtol=0, atol=1e-4 * (1 + float(expected.abs().max())))
+
+
+@needs_block_products
+def test_a_gpt2_file_in_blocks_runs_at_int8_by_default_and_refuses_blocks_by_name(tmp_path: Path) -> None:
+    """qkv's GPT-2 holds the book's split W_query/W_key/W_value, not the file's stacked Conv1D
+    matrices one for one: "auto" prepares it at int8, and "blocks" says why it cannot."""
+    from tests.models.conftest import make_tokenizer
+    from tests.models.gguf_convert import write_gguf
+    from tests.models.test_gguf_arch import _source
+
+    path = write_gguf(tmp_path / "gpt2.gguf", _source("gpt2"), make_tokenizer(), block_type=Q.Q8_0)
+    assert load_prepared_model(path, precision="auto", compile=False)[1].precision == "int8"
+    with pytest.raises(QkvError, match="gpt2.gguf is not one: choose auto, int8 or int4"):
+        load_prepared_model(path, precision="blocks", compile=False)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from qkv.cli.numbers import add_max_memory_argument, integer
 from qkv.errors import QkvError
-from qkv.precision import PRECISIONS
+from qkv.precision import BLOCKS, PRECISIONS
 from qkv.text_file import read_text_file
 from qkv.threads import add_threads_argument, apply_threads
 
@@ -42,10 +42,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         f"{DEFAULT_CONTEXT_CAP})")
     parser.add_argument("--stride", type=integer(1, 2**24), metavar="S",
                         help="tokens between window starts (default: half the context length)")
-    parser.add_argument("--dtype", choices=PRECISIONS, default="float32",
+    parser.add_argument("--dtype", choices=(*PRECISIONS, BLOCKS), default="float32",
                         help="the weights to score, prepared as `qkv generate` prepares them: "
-                        "float32 (exact), bfloat16, int8 or int4 (default: %(default)s); compare "
-                        "them to see what a precision costs")
+                        "float32 (exact), bfloat16, int8, int4 or blocks (a GGUF file's own block "
+                        "types, as stored) (default: %(default)s); compare them to see what a "
+                        "precision costs")
     parser.add_argument("--context-parallel", nargs="?", type=int, const=0, metavar="N",
                         help="shard each window over the processes of a torchrun launch (ring "
                         "attention); N, if given, must be the number of processes")

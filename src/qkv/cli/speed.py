@@ -20,10 +20,12 @@ def add_precision_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtype", choices=CHOICES, default=DEFAULT_PRECISION,
         help="weights for decoding: float32 (exact: the checkpoint's numbers), bfloat16, int8 "
-        "(weight-only, one scale per row) or int4 (weight-only, blocks of 32). The default, "
+        "(weight-only, one scale per row), int4 (weight-only, blocks of 32) or blocks (a GGUF "
+        "file's own block types, Q4_K, Q6_K, Q5_0, Q8_0..., multiplied as stored). The default, "
         f"{DEFAULT_PRECISION}, is int4 for a checkpoint already stored in 4-bit blocks (a Q4_0/Q4_1 "
-        "GGUF such as SmolLM2's) and int8 otherwise: the fastest whose perplexity stays within 1%% "
-        "of bfloat16's (benchmarks/RESULTS.md). int8 and int4 run on qkv's own kernels "
+        "GGUF such as SmolLM2's), blocks for a GGUF file in other block types (a Q4_K_M file) and "
+        "int8 otherwise: the fastest whose perplexity stays within 1%% "
+        "of bfloat16's (benchmarks/RESULTS.md). int8, int4 and blocks run on qkv's own kernels "
         "(generic C++, AVX2 or AVX-512 VNNI, picked from the CPU), built for this machine on first "
         "use (QKV_NATIVE=0: the same math in PyTorch, slower)",
     )

@@ -33,7 +33,8 @@ from qkv.models import gguf_arch
 from qkv.models.gguf import _gguf_shape, _rope_heads, _rows_in_hf_order, read_state_dict
 
 _PROJECTIONS = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight",
-                "gate_proj.weight", "up_proj.weight", "down_proj.weight")
+                "gate_proj.weight", "up_proj.weight", "down_proj.weight",
+                "qkv_proj.weight", "gate_up_proj.weight")  # Phi-3 stores these two stacked
 
 
 @dataclass(frozen=True)

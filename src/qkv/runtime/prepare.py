@@ -8,12 +8,15 @@ Precisions (the weights, and the activations they run with):
 - "float32": the exact path, the checkpoint's numbers;
 - "bfloat16": weights and activations in bfloat16;
 - "int8": weight-only int8, one scale per output row (`qkv.perf.quantize`);
-- "int4": weight-only 4-bit blocks of 32 inputs (GGUF's Q4_1 layout).
+- "int4": weight-only 4-bit blocks of 32 inputs (GGUF's Q4_1 layout);
+- "blocks": a GGUF file's layers in the block types it stores (Q4_K, Q6_K, Q5_0, Q8_0...),
+  multiplied as stored (`qkv.runtime.stored_blocks`); only from the file itself.
 The quantized ones run float32 activations on qkv's own kernels (`qkv.native`, built for
 the machine on first use), or the same math in PyTorch where qkv's cannot be built.
 
 DEFAULT_PRECISION (qkv.precision) is "auto": int4 for a checkpoint stored in 4-bit blocks,
-else int8, the fastest whose perplexity on the-verdict stays within 1% of bfloat16's
+"blocks" for a GGUF file in other block types (where qkv's block products run), else int8,
+the fastest whose perplexity on the-verdict stays within 1% of bfloat16's
 (benchmarks/RESULTS.md).
 
 Every precision first stacks the projections that read the same input (query, key and
@@ -212,14 +215,17 @@ def load_prepared_model(
     if precision == AUTO and getattr(opened.source, "prefers_float32", False):
         precision = "float32"  # the book's model.pth: its own float32 greedy text is the reference
     in_blocks = getattr(opened.source, "stored_in_blocks", False)
+    asked = precision
     precision = resolve_precision(precision, stored_in_four_bits=getattr(opened.source, "stored_in_four_bits", False),
                                   stored_in_blocks=in_blocks and block_products_run())
     if precision == BLOCKS:  # a GGUF file's layers in its own block types (stored_blocks)
         blocks = load_stored_blocks(opened) if in_blocks else None
-        if blocks is None:
-            raise QkvError(f"--dtype blocks needs a GGUF file whose layers are stored in block types "
-                           f"(Q4_K, Q8_0...); {opened.source.path} is not one: choose {AUTO}, int8 or int4")
-        return blocks, _finish(blocks.model, precision, compile=compile, backend=backend)
+        if blocks is not None:
+            return blocks, _finish(blocks.model, precision, compile=compile, backend=backend)
+        if asked == BLOCKS:
+            raise QkvError(f"--dtype blocks needs a GGUF file whose layer matrices qkv's models hold as stored "
+                           f"blocks (Q4_K, Q8_0...); {opened.source.path} is not one: choose {AUTO}, int8 or int4")
+        precision = "int8"  # a model whose layers are not the file's matrices one for one (GPT-2's Conv1D)
     if precision == "int4":  # a file of Q4_0/Q4_1 layers: its blocks as stored, no cache needed (stored_four_bits)
         stored = load_stored_four_bits(opened, lambda model: _shape_layers(model, precision, empty=True))
         if stored is not None:

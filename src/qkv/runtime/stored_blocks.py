@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from qkv.attention.stacking import fuse_projections, stacked_from
 from qkv.perf.block_linear import BlockEmbedding, stacked_block_linear
-from qkv.runtime.stored_four_bits import fill_from_state, stacked_values
+from qkv.runtime.stored_four_bits import fill_from_state, stacked_values, stored_parts
 
 if TYPE_CHECKING:
     from qkv.models.gguf_stored import StoredBlocks
@@ -54,9 +54,9 @@ def use_file_blocks(model: nn.Module, state: dict[str, Tensor], blocks: dict[str
         bias = _bias(name, state, module)
         if bias is False:
             return False
-        parts = [blocks.get(f"{part}.weight") for part in stacked_from(name)]
-        if all(p is not None and p.shape[1] == module.in_features for p in parts):
-            model.set_submodule(name, stacked_block_linear([p for p in parts if p is not None], bias if isinstance(bias, Tensor) else None))
+        parts = stored_parts(name, blocks)
+        if parts and all(p.shape[1] == module.in_features for p in parts):
+            model.set_submodule(name, stacked_block_linear(parts, bias if isinstance(bias, Tensor) else None))
             continue
         weight = stacked_values(name, state, blocks, tied)  # a matrix the file keeps as float values
         if weight is None:

@@ -59,9 +59,23 @@ def four_bit_blocks(parts: list[StoredBlocks]) -> tuple[Tensor, Tensor, Tensor]:
     return q.view(total, g * 16), d.view(total, g), m.view(total, g)  # (N, K/2), (N, G), (N, G)
 
 
+def stored_parts(name: str, blocks: dict[str, StoredBlocks]) -> list[StoredBlocks] | None:
+    """The stored matrices of the prepared layer `name`, in row order: the file's own stacked
+    matrix where it keeps one (Phi-3's qkv_proj, gate_up_proj), else each part's; None when a
+    part is not stored as blocks."""
+    whole = blocks.get(f"{name}.weight")
+    if whole is not None:
+        return [whole]
+    parts = [blocks.get(f"{part}.weight") for part in stacked_from(name)]
+    return None if any(p is None for p in parts) else [p for p in parts if p is not None]
+
+
 def stacked_values(name: str, state: dict[str, Tensor], blocks: dict[str, StoredBlocks], tied: Tensor | None) -> Tensor | None:
     """The float32 weight of the prepared layer `name` (its parts' rows stacked, dequantized
     where they are stored as blocks), or None."""
+    stored = blocks.get(f"{name}.weight")
+    if stored is not None:  # stacked in the file already
+        return stored.dequantize()
     pieces = []
     for part in stacked_from(name):
         weight = state.get(f"{part}.weight", tied if part == "lm_head" else None)  # a tied head: the embedding's values
@@ -79,9 +93,9 @@ def _fill(model: nn.Module, state: dict[str, Tensor], blocks: dict[str, StoredBl
     tied = state.get("model.embed_tokens.weight")  # what a tied head's rows are
     for name, module in model.named_modules():
         if isinstance(module, Int4Linear):
-            parts = [blocks.get(f"{part}.weight") for part in stacked_from(name)]
-            if all(p is not None and p.block_type in FOUR_BITS and p.shape[1] == module.in_features for p in parts):
-                module.set_blocks(*four_bit_blocks([p for p in parts if p is not None]))  # rows of every part, in order
+            parts = stored_parts(name, blocks)
+            if parts and all(p.block_type in FOUR_BITS and p.shape[1] == module.in_features for p in parts):
+                module.set_blocks(*four_bit_blocks(parts))  # rows of every part, in order
             else:  # a matrix stored otherwise (the tied head of a small model): fitted as before
                 weight = stacked_values(name, state, blocks, tied)
                 if weight is None:
