@@ -147,13 +147,10 @@ def model_pass(path: Path, threads: int, rounds: int = 15) -> dict:
 def qkv_decode(path: Path, stored_blocks: bool, tokens: int = 64) -> float:
     """Tokens/s of `tokens` greedy tokens after a 1-token prompt, through the module path."""
     from qkv.generation import generate
-    from qkv.models.gguf import open_gguf_file
-    from qkv.models.loader import load
-    from qkv.perf.block_linear import use_stored_blocks
+    from qkv.runtime.prepare import load_prepared_model
 
-    model = load(path).model.eval()
-    if stored_blocks:
-        use_stored_blocks(model, open_gguf_file(path).read_stored().blocks)
+    precision = "blocks" if stored_blocks else "float32"
+    model = load_prepared_model(path, precision=precision, compile=False)[0].model
     ids = torch.tensor([[1]])
     generate(model, ids, 8)  # warm-up
     start = time.perf_counter()

@@ -1,9 +1,9 @@
 """The "blocks" precision: a GGUF file's layers kept in the block types it stores.
 
 The reference is the same file dequantized (the float32 path, bit-identical to the gguf
-library's dequantizer: tests/models/test_gguf_blocks.py): the block products differ from it
-by float32 summation order only, and qkv's whole-layer kernel multiplies the same blocks in
-the same order as the block layers it stands in for.
+library's dequantizer: tests/models/test_gguf_blocks.py), with each linear layer's input
+rounded as the block layers round it where they do (AVX-512 VNNI); qkv's whole-layer kernel
+multiplies the same blocks with the same products as the block layers it stands in for.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from gguf.constants import GGMLQuantizationType as Q
 
 from qkv.attention.kv_cache import SlotKVCache
 from qkv.errors import QkvError
+from qkv.native.block_ops import layers_round_activations, rounded_activations
 from qkv.perf.block_linear import BlockEmbedding, BlockLinear, StackedBlockLinear, native_reason
 from qkv.runtime import DecodeSession, prepare_for_decoding
 from qkv.runtime.prepare import load_prepared_model
@@ -23,6 +24,22 @@ from tests.models.block_files import write_block_gguf
 
 needs_block_products = pytest.mark.skipif(native_reason() is not None, reason="qkv's block products do not build here")
 PROMPT = torch.tensor([[0, 1, 2, 2, 1, 0, 1]])
+
+
+def _as_block_layers_compute(reference: torch.nn.Module) -> torch.nn.Module:
+    """The float32 reading with every linear layer's input rounded as qkv's block layers round
+    it where they do (AVX-512 VNNI: qkv.native.block_ops.rounded_activations), so that it
+    computes the blocks' math: dequantized weights times the layers' activations."""
+    if layers_round_activations():
+        for module in reference.modules():
+            if hasattr(module, "in_features") and not list(module.children()):  # nn.Linear, qkv's float32 layers
+                module.register_forward_pre_hook(lambda _, args: (rounded_activations(args[0]),))
+    return reference
+
+
+def _close(have: torch.Tensor, want: torch.Tensor) -> bool:
+    # an activation that float rounding moves across a rounding step moves by 1/127 of its block's largest
+    return torch.allclose(have, want, rtol=0, atol=1e-4 * (1 + float(want.abs().max())))
 
 
 def _steps(model, steps: int = 5, **session) -> list[torch.Tensor]:
@@ -41,7 +58,7 @@ def _steps(model, steps: int = 5, **session) -> list[torch.Tensor]:
 def test_auto_keeps_the_files_blocks_and_gives_the_dequantized_logits(tmp_path: Path, tied: bool) -> None:
     path = write_block_gguf(tmp_path / "mix.gguf", tied=tied, embedding=Q.Q8_0)
     loaded, setup = load_prepared_model(path, precision="auto", compile=False)
-    reference, _ = load_prepared_model(path, precision="float32", compile=False)
+    reference = _as_block_layers_compute(load_prepared_model(path, precision="float32", compile=False)[0].model)
     model = loaded.model
     assert setup.precision == "blocks"
     attention, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
@@ -53,8 +70,8 @@ def test_auto_keeps_the_files_blocks_and_gives_the_dequantized_logits(tmp_path: 
     assert isinstance(model.model.embed_tokens, BlockEmbedding) and isinstance(model.lm_head, BlockLinear)
     assert not any(p.dtype == torch.float32 and p.dim() == 2 for p in model.parameters())  # no float32 matrix kept
     with torch.inference_mode():
-        got, want = model(PROMPT), reference.model(PROMPT)
-    assert torch.allclose(got, want, rtol=0, atol=1e-4 * (1 + float(want.abs().max())))
+        got, want = model(PROMPT), reference(PROMPT)
+    assert _close(got, want)
 
 
 @needs_block_products
@@ -67,7 +84,7 @@ def test_the_native_layer_multiplies_the_blocks_as_the_block_layers_do(tmp_path:
     native = _steps(loaded.model, step="native")
     modules = _steps(loaded.model, step="modules")
     for have, want in zip(native, modules):
-        assert torch.allclose(have, want, rtol=0, atol=1e-4 * (1 + float(want.abs().max())))
+        assert _close(have, want)
     assert [int(x.argmax()) for x in native] == [int(x.argmax()) for x in modules]
 
 
@@ -119,12 +136,12 @@ def test_every_architecture_in_q8_0_decodes_from_its_blocks_as_dequantized(kind:
 
     path = write_gguf(tmp_path / f"{kind}.gguf", _source(kind), make_tokenizer(), block_type=Q.Q8_0)
     loaded, setup = load_prepared_model(path, precision="auto", compile=True)
-    reference = load_prepared_model(path, precision="float32", compile=False)[0].model
+    reference = _as_block_layers_compute(load_prepared_model(path, precision="float32", compile=False)[0].model)
     assert setup.precision == "blocks"
     assert any(isinstance(m, (BlockLinear, StackedBlockLinear)) for m in loaded.model.modules())
     got, want = _steps(loaded.model, 4), _steps(reference, 4)
     for have, expected in zip(got, want):
-        assert torch.allclose(have, expected, rtol=0, atol=1e-4 * (1 + float(expected.abs().max())))
+        assert _close(have, expected)
 
 
 @needs_block_products

@@ -28,6 +28,33 @@ def block_linear(x: Tensor, blocks: Tensor, block_type: Q, bias: Tensor | None =
     return torch.ops.qkv.block_linear.default(x, blocks, int(block_type), bias, ISAS[isa])
 
 
+def block_linear_q8(x: Tensor, blocks: Tensor, block_type: Q, bias: Tensor | None = None, isa: str = "best") -> Tensor:
+    """The same product on x rounded per 32 inputs (block_q8.cpp: integer dot products), what
+    qkv's whole-layer kernel runs for block layers on AVX-512 VNNI; isa "best", "generic" or
+    "avx512"."""
+    return torch.ops.qkv.block_linear_q8.default(x, blocks, int(block_type), bias, ISAS[isa])
+
+
+def block_layer_linear(x: Tensor, blocks: Tensor, block_type: Q, bias: Tensor | None = None) -> Tensor:
+    """What qkv's whole-layer kernel computes for a block layer: `block_linear_q8` where the active
+    variant is AVX-512 VNNI, else `block_linear` (the modules call this, so both agree)."""
+    return torch.ops.qkv.block_layer_linear.default(x, blocks, int(block_type), bias)
+
+
+def layers_round_activations() -> bool:
+    """Whether block layers run `block_linear_q8` here (the active variant is AVX-512 VNNI)."""
+    return block_products_status() is None and torch.ops.qkv.active_variant.default() == "avx512"
+
+
+def rounded_activations(x: Tensor) -> Tensor:
+    """x (..., K) as block_linear_q8 rounds it, in float32: per 32 inputs, step d = max|x| / 127
+    and x ~ d * round(x / d), ties to even (products.cpp's round_activations)."""
+    blocks = x.float().reshape(*x.shape[:-1], -1, 32)  # (..., K / 32, 32)
+    step = blocks.abs().amax(-1, keepdim=True) / 127
+    inverse = torch.where(step > 0, 1 / step, torch.zeros_like(step))
+    return (torch.round(blocks * inverse) * step).reshape(x.shape)
+
+
 def available_isas() -> list[str]:
     """The variants this CPU runs, generic first; none where the block products are not usable
     (block_products_status says why)."""
@@ -43,6 +70,10 @@ def _isas() -> list[str]:
 def register_fake() -> None:
     @torch.library.register_fake("qkv::block_linear")
     def _block_linear(x: Tensor, blocks: Tensor, block_type: int, bias: Tensor | None, isa: int) -> Tensor:
+        return x.new_empty(x.shape[0], blocks.shape[0])
+
+    @torch.library.register_fake("qkv::block_layer_linear")
+    def _block_layer_linear(x: Tensor, blocks: Tensor, block_type: int, bias: Tensor | None) -> Tensor:
         return x.new_empty(x.shape[0], blocks.shape[0])
 
 
@@ -69,6 +100,13 @@ def _self_test() -> str | None:
         for isa in _isas()[1:]:
             if not torch.equal(block_linear(x, blocks, block_type, isa=isa), generic):
                 return f"the {isa} {block_type.name} block product differs from the generic one"
+        rounded = rounded_activations(x).double()  # the rounded-activation products, every variant
+        expected, bound = rounded @ w.t(), 2 * k * torch.finfo(torch.float32).eps * (rounded.abs() @ w.abs().t()) + 1e-30
+        vnni = "avx512" in torch.ops.qkv.variants.default().split(",")  # qkv's AVX-512 variant has VNNI
+        for isa in ["generic", *(["avx512"] if vnni else [])]:
+            got = block_linear_q8(x, blocks, block_type, isa=isa).double()
+            if not bool(((got - expected).abs() <= bound).all()):
+                return f"the {isa} {block_type.name} product on rounded activations failed its self-test"
     return None
 
 

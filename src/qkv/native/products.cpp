@@ -158,7 +158,7 @@ static void apply_blocks(const Linear &L, const float *x, float *y, int64_t M) {
 }
 
 void apply(const Linear &L, const float *x, float *y, int64_t M) {
-    if (L.kind == Linear::BLOCKS) return apply_blocks(L, x, y, M);
+    if (L.kind == Linear::BLOCKS) return q8_products_run(L) ? apply_blocks_q8(L, x, y, M, true) : apply_blocks(L, x, y, M);
     const int64_t N = L.N, K = L.K, blocks = (N + ROWS - 1) / ROWS;
     const Variant variant = active_variant();
     if (L.kind == Linear::INT4) {

@@ -6,10 +6,14 @@
 Holding the file's blocks (4.5 bits a weight for Q4_K, 6.6 for Q6_K) instead of float32
 weights keeps memory and the bytes a decode step streams at the file's size, and runs on
 exactly the weights llama.cpp runs on: no float32 round trip, no re-quantization (a Q4_0
-block is multiplied as Q4_0, not re-fit). The product is qkv's native `qkv::block_linear`
-(qkv.native.block_ops): the activations stay float32 and the result is the dequantized
-product up to float32 summation order, in one fixed order whatever the batch, so a row's
-numbers do not depend on the other rows. Where the native kernels are not available (no
+block is multiplied as Q4_0, not re-fit). The product is what qkv's whole-layer kernel runs
+for the layer (`qkv::block_layer_linear`, qkv.native.block_ops): on AVX-512 VNNI the
+activations are rounded per 32 inputs as llama.cpp and qkv's int4 layers round them and the
+weights' codes meet them in integer dot products (native/block_q8.cpp: the dequantized
+weights times the rounded activations, up to float32 summation order); elsewhere the
+activations stay float32 (`qkv::block_linear`: the dequantized product). Either way each row
+is computed in one fixed order whatever the batch, so a row's numbers do not depend on the
+other rows. Where the native kernels are not available (no
 compiler, another CPU, QKV_NATIVE=0, a failed self-test) the layer runs the torch reference,
 `F.linear` on the dequantized weights (made once, on first use, and kept): the same weights
 and the same product up to summation order, more slowly, and said once on stderr.
@@ -20,7 +24,7 @@ Shape legend: N outputs (rows of the matrix), K inputs.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -77,21 +81,15 @@ class BlockLinear(nn.Module):
             raise ValueError(f"input of {x.shape[-1]} features for a layer of {self.in_features}")
         if not self.native:
             return F.linear(x.float(), self.dequantized_weight(), self.bias).to(x.dtype)
-        from qkv.native.block_ops import block_linear
+        from qkv.native.block_ops import block_layer_linear
 
         rows = x.reshape(-1, self.in_features).float().contiguous()  # (..., K) -> (M, K)
-        y = block_linear(rows, self.blocks, self.block_type, self.bias)  # (M, N)
+        y = block_layer_linear(rows, self.blocks, self.block_type, self.bias)  # (M, N)
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def extra_repr(self) -> str:
         path = "native" if self.native else "torch reference"
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.block_type.name}, {path}"
-
-
-def block_linear_from_stored(stored: StoredBlocks, bias: Tensor | None = None) -> nn.Module:
-    """The layer for one stored matrix (the runtime's hook: a loader's `StoredState.blocks[name]`
-    becomes the module that replaces the nn.Linear of that name)."""
-    return BlockLinear(stored, bias)
 
 
 class StackedBlockLinear(nn.Module):
@@ -150,18 +148,3 @@ def stacked_block_linear(parts: Sequence[StoredBlocks], bias: Tensor | None = No
     if all(p.block_type == parts[0].block_type for p in parts):
         return BlockLinear(StoredBlocks.concat_rows(parts), bias)
     return StackedBlockLinear(parts, bias)
-
-
-def use_stored_blocks(model: nn.Module, blocks: Mapping[str, StoredBlocks]) -> int:
-    """Replace the module of every `<module>.weight` in `blocks` (qkv.models.gguf_stored's
-    StoredState.blocks) by its BlockLinear, in place; how many were replaced. A name the model
-    has no module for -> KeyError naming it."""
-    for name, stored in blocks.items():
-        module_name = name.removesuffix(".weight")
-        try:
-            old = model.get_submodule(module_name)
-        except AttributeError:
-            raise KeyError(f"the model has no module {module_name!r} for the stored matrix {name!r}") from None
-        bias = getattr(old, "bias", None)
-        model.set_submodule(module_name, BlockLinear(stored, bias if isinstance(bias, Tensor) else None))
-    return len(blocks)
