@@ -324,9 +324,9 @@ QKV_AVX512 float dot_avx512(const uint8_t *codes, const float *scale, const floa
 
 #if QKV_X86
 // One output of the common types with the codes made in registers, the affine folded in: a
-// constant code offset c (Q4_0 8, Q5_0 16, Q8_0 and IQ4_NL 128, Q6_K 32) is subtracted from the
-// integer sums as c times the activations' 4-sums, a minimum (Q4_1, Q5_1, Q4_K, Q5_K) is added
-// as min * step * sum(codes) per 32.
+// block's offset (-c d for a constant code offset c: Q4_0 8, Q5_0 16, Q8_0 and IQ4_NL 128; or
+// a minimum: Q4_1, Q5_1, Q4_K, Q5_K) is added as offset * step * sum(codes) per 32, and Q6_K's
+// c = 32 is subtracted from the integer sums as c times the activations' 4-sums.
 QKV_AVX512 inline float half_avx(const uint8_t *p) {
     uint16_t h;
     std::memcpy(&h, p, sizeof h);
@@ -360,19 +360,19 @@ QKV_AVX512 __m128i codes32_avx512(const uint8_t *blk, __m128i &hi) {  // a 32-we
 // row's sum runs the same operations as it would alone (batch invariance).
 template <int64_t T, int R>
 QKV_AVX512 void fused32(const uint8_t *row, int64_t bytes, const Rounded &x, int64_t m0, int64_t K, float *out) {
-    constexpr int shift = T == Q4_0 ? 3 : T == Q5_0 ? 4 : (T == Q8_0 || T == IQ4_NL) ? 7 : -1;  // log2 of c
+    // w = d q + b per block: b = -c d for a constant code offset c, the stored minimum for Q4_1/Q5_1;
+    // b * step * sum(codes) is added per block in float32 (two chains, for the adds' latency)
+    constexpr float c = T == Q4_0 ? 8.f : T == Q5_0 ? 16.f : (T == Q8_0 || T == IQ4_NL) ? 128.f : 0.f;
     constexpr bool minimum = T == Q4_1 || T == Q5_1;
     const int64_t G = K / 32;
     const int8_t *xq[R];
     const float *step32[R], *scaled_sum32[R];
-    const int32_t *sum4[R];
     __m512 acc[R];
     float off0[R], off1[R];
     for (int r = 0; r < R; r++) {
         xq[r] = x.q.data() + (m0 + r) * K;
         step32[r] = x.step32.data() + (m0 + r) * G;
         scaled_sum32[r] = x.scaled_sum32.data() + (m0 + r) * G;
-        sum4[r] = x.sum4.data() + (m0 + r) * (K / 4);
         acc[r] = _mm512_setzero_ps();
         off0[r] = off1[r] = 0.f;
     }
@@ -391,22 +391,20 @@ QKV_AVX512 void fused32(const uint8_t *row, int64_t bytes, const Rounded &x, int
         }
         const __mmask64 take = pair ? ~0ull : 0xFFFFFFFFull;
         const float d0 = half_avx(b0), d1 = pair ? half_avx(b1) : 0.f;
-        float m0v = 0.f, m1v = 0.f;
+        float m0v, m1v;
         if constexpr (minimum) {
             m0v = half_avx(b0 + 2);
             m1v = pair ? half_avx(b1 + 2) : 0.f;
+        } else {
+            m0v = -c * d0;  // exact: c is a power of two
+            m1v = -c * d1;
         }
         for (int r = 0; r < R; r++) {
-            __m512i dots = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_maskz_loadu_epi8(take, xq[r] + 32 * g));
-            if constexpr (shift >= 0)
-                dots = _mm512_sub_epi32(dots, _mm512_slli_epi32(_mm512_maskz_loadu_epi32(static_cast<__mmask16>(pair ? 0xFFFF : 0xFF),
-                                                                                          sum4[r] + 8 * g), shift));
+            const __m512i dots = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_maskz_loadu_epi8(take, xq[r] + 32 * g));
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots),
                                      two_scales(d0 * step32[r][g], pair ? d1 * step32[r][g + 1] : 0.f), acc[r]);
-            if constexpr (minimum) {
-                off0[r] += m0v * scaled_sum32[r][g];
-                if (pair) off1[r] += m1v * scaled_sum32[r][g + 1];
-            }
+            off0[r] += m0v * scaled_sum32[r][g];
+            if (pair) off1[r] += m1v * scaled_sum32[r][g + 1];
         }
     }
     for (int r = 0; r < R; r++) out[r] = _mm512_reduce_add_ps(acc[r]) + (off0[r] + off1[r]);
