@@ -376,7 +376,44 @@ QKV_AVX512 void fused32(const uint8_t *row, int64_t bytes, const Rounded &x, int
         acc[r] = _mm512_setzero_ps();
         off0[r] = off1[r] = 0.f;
     }
-    for (int64_t g = 0; g < G; g += 2) {
+    // 16 blocks at a time: their scales (and minimums) gathered and converted at once, the offsets
+    // summed in a vector; each pair's two scales spread from those 16
+    __m512 off16[R];
+    for (int r = 0; r < R; r++) off16[r] = _mm512_setzero_ps();
+    const __m512i starts = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                              _mm512_set1_epi32(static_cast<int>(bytes)));
+    const __m512i pair_lanes = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    int64_t g = 0;
+    for (; g + 16 <= G; g += 16) {
+        const __m512i head = _mm512_i32gather_epi32(starts, row + g * bytes, 1);  // a block's first 4 bytes: d (and m)
+        const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
+        const __m512 b = minimum ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)))
+                                 : _mm512_mul_ps(d, _mm512_set1_ps(-c));
+        __m512 scale[R];
+        for (int r = 0; r < R; r++) {
+            scale[r] = _mm512_mul_ps(d, _mm512_loadu_ps(step32[r] + g));
+            off16[r] = _mm512_fmadd_ps(b, _mm512_loadu_ps(scaled_sum32[r] + g), off16[r]);
+        }
+        for (int p = 0; p < 8; p++) {
+            const uint8_t *b0 = row + (g + 2 * p) * bytes, *b1 = b0 + bytes;
+            __m512i w;
+            if constexpr (T == Q8_0) {
+                const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(b0 + 2));
+                const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(b1 + 2));
+                w = _mm512_xor_si512(_mm512_inserti64x4(_mm512_zextsi256_si512(lo), hi, 1), _mm512_set1_epi8(-128));
+            } else {
+                __m128i h0, h1;
+                const __m128i l0 = codes32_avx512<T>(b0, h0), l1 = codes32_avx512<T>(b1, h1);
+                w = _mm512_inserti64x4(_mm512_zextsi256_si512(_mm256_set_m128i(h0, l0)), _mm256_set_m128i(h1, l1), 1);
+            }
+            const __m512i lanes = _mm512_add_epi32(pair_lanes, _mm512_set1_epi32(2 * p));
+            for (int r = 0; r < R; r++) {
+                const __m512i dots = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(xq[r] + 32 * (g + 2 * p)));
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), _mm512_permutexvar_ps(lanes, scale[r]), acc[r]);
+            }
+        }
+    }
+    for (; g < G; g += 2) {
         const bool pair = g + 1 < G;
         const uint8_t *b0 = row + g * bytes, *b1 = pair ? b0 + bytes : b0;
         __m512i w;
@@ -407,7 +444,7 @@ QKV_AVX512 void fused32(const uint8_t *row, int64_t bytes, const Rounded &x, int
             if (pair) off1[r] += m1v * scaled_sum32[r][g + 1];
         }
     }
-    for (int r = 0; r < R; r++) out[r] = _mm512_reduce_add_ps(acc[r]) + (off0[r] + off1[r]);
+    for (int r = 0; r < R; r++) out[r] = _mm512_reduce_add_ps(acc[r]) + (_mm512_reduce_add_ps(off16[r]) + (off0[r] + off1[r]));
 }
 
 template <int64_t T, int R>
