@@ -7,7 +7,12 @@
 2. perplexity: llama.cpp's `llama-perplexity -f DATA -c N -b N -t THREADS` on the same file
    against qkv's perplexity over the same chunks, scored the same way
    (`qkv.chunked_perplexity`, `qkv perplexity --scheme llama-cpp`): per --dtype, both
-   numbers, their ratio (target within 0.5%) and the tokens scored.
+   numbers, their ratio (target within 0.5%) and the tokens scored. llama.cpp multiplies a
+   quantized file's matrices by 8-bit copies of the activations and keeps a float16 KV cache,
+   so the script also runs llama-perplexity on llama.cpp's own F32 conversion of the file
+   (`llama-quantize ... F32`, whose tensors it checks equal to qkv's dequantized ones bit for
+   bit) with float32 attention (`-fa off -ctk f32 -ctv f32`): the same arithmetic as qkv's
+   float32 model up to summation order, so that ratio should be 1 to a few digits.
 
 Token ids are checked first: qkv's against transformers' tokenizer of the file (the
 sentences of part 1) and against llama.cpp's own `llama-tokenize` (the data of part 2).
@@ -17,7 +22,7 @@ transformers' GGUF config map for gemma3 reads no query_pre_attn_scalar and no S
 config's defaults (256 and 10,000). The script prints both against the file's values; when
 they differ it also compares with transformers' model given the file's values, and says so.
 
-    .venv/bin/python benchmarks/gguf_reference.py                     # both parts, ~10 min on 2 cores
+    .venv/bin/python benchmarks/gguf_reference.py                     # both parts, ~15 min on 2 cores
     .venv/bin/python benchmarks/gguf_reference.py --only perplexity --context 512 --dtype float32
 
 Shape legend: T tokens of a sentence, V vocabulary.
@@ -29,8 +34,10 @@ import argparse
 import gc
 import json
 import re
+import shlex
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -49,6 +56,7 @@ SENTENCES = [
 ]
 LOGIT_TARGET = 1e-3
 PPL_TARGET = 0.005
+EXACT_ARGS = ["-fa", "off", "-ctk", "f32", "-ctv", "f32"]  # llama.cpp's attention in float32, no flash attention
 
 
 def real_file() -> Path:
@@ -171,10 +179,10 @@ def llama_cpp_ids(tool: Path, path: Path, data: Path) -> list[int] | None:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def llama_perplexity(tool: Path, path: Path, data: Path, n_ctx: int, threads: int) -> dict[str, Any]:
+def llama_perplexity(tool: Path, path: Path, data: Path, n_ctx: int, threads: int, extra: list[str]) -> dict[str, Any]:
     start = time.perf_counter()
     done = subprocess.run([str(tool), "-m", str(path), "-f", str(data), "-c", str(n_ctx), "-b", str(n_ctx),
-                           "-t", str(threads)], capture_output=True, text=True)
+                           "-t", str(threads), *extra], capture_output=True, text=True)
     output = done.stdout + done.stderr
     final = re.search(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)", output)
     chunks = re.search(r"calculating perplexity over (\d+) chunks", output)
@@ -185,19 +193,49 @@ def llama_perplexity(tool: Path, path: Path, data: Path, n_ctx: int, threads: in
             "tokens_scored": count * (n_ctx - n_ctx // 2 - 1), "seconds": time.perf_counter() - start}
 
 
+def float32_copy(llama_bin: Path, path: Path, folder: Path, threads: int) -> Path | None:
+    """llama.cpp's own F32 conversion of the file (`llama-quantize --allow-requantize --pure IN
+    OUT F32`), checked to hold qkv's dequantized tensors bit for bit; None without llama-quantize."""
+    from qkv.models.gguf import open_gguf_file
+
+    tool = llama_bin / "llama-quantize"
+    if not tool.is_file():
+        return None
+    out = folder / (path.stem + "-f32.gguf")
+    subprocess.run([str(tool), "--allow-requantize", "--pure", str(path), str(out), "F32", str(threads)],
+                   capture_output=True, check=True)
+    ours, theirs = open_gguf_file(path).read_tensors(torch.float32), open_gguf_file(out).read_tensors(torch.float32)
+    differing = [name for name in ours if name not in theirs or not torch.equal(ours[name], theirs[name])]
+    if differing or len(theirs) != len(ours):
+        sys.exit(f"llama.cpp's F32 copy differs from qkv's dequantized tensors: {differing[:5]}")
+    free(ours, theirs)
+    return out
+
+
 def perplexity_part(path: Path, data: Path, contexts: list[int], dtypes: list[str], threads: int,
-                    llama_bin: Path) -> dict[str, Any]:
+                    llama_bin: Path, llama_args: list[str], exact_copy: bool) -> dict[str, Any]:
     from qkv.chunked_perplexity import added_bos, chunked_perplexity, llama_cpp_text
     from qkv.runtime.prepare import load_for_generation
 
     print(f"== perplexity on {data.name}: qkv's chunks against llama-perplexity, {path.name}", flush=True)
     text = llama_cpp_text(data.read_text(encoding="utf-8"))
-    result: dict[str, Any] = {"file": str(path), "data": str(data), "threads": threads, "contexts": {}}
-    references = {n: llama_perplexity(llama_bin / "llama-perplexity", path, data, n, threads) for n in contexts}
-    for n, ref in references.items():
-        print(f"llama-perplexity -c {n}: PPL {ref['perplexity']:.4f} +/- {ref['plus_minus']:.4f}, {ref['chunks']} chunks, "
-              f"{ref['tokens_scored']} tokens scored ({ref['seconds']:.0f} s)", flush=True)
-        result["contexts"][n] = {"llama_cpp": ref, "qkv": {}}
+    result: dict[str, Any] = {"file": str(path), "data": str(data), "threads": threads, "llama_args": llama_args,
+                              "contexts": {n: {"qkv": {}} for n in contexts}}
+    tool = llama_bin / "llama-perplexity"
+    references: dict[str, dict[int, dict[str, Any]]] = {
+        "llama_cpp": {n: llama_perplexity(tool, path, data, n, threads, llama_args) for n in contexts}}
+    with tempfile.TemporaryDirectory(prefix="qkv-gguf-reference-") as folder:
+        copy = float32_copy(llama_bin, path, Path(folder), threads) if exact_copy else None
+        if copy is not None:  # the same weights in float32 and float32 attention: nothing rounded but sums
+            references["llama_cpp_f32_copy"] = {n: llama_perplexity(tool, copy, data, n, threads, EXACT_ARGS)
+                                                for n in contexts}
+    labels = {"llama_cpp": f"llama-perplexity {' '.join(llama_args)}".strip(),
+              "llama_cpp_f32_copy": f"llama-perplexity on llama.cpp's F32 copy (bit-equal tensors) {' '.join(EXACT_ARGS)}"}
+    for kind, by_context in references.items():
+        for n, ref in by_context.items():
+            result["contexts"][n][kind] = ref
+            print(f"{labels[kind]} -c {n}: PPL {ref['perplexity']:.4f} +/- {ref['plus_minus']:.4f}, {ref['chunks']} "
+                  f"chunks, {ref['tokens_scored']} tokens scored ({ref['seconds']:.0f} s)", flush=True)
     theirs = llama_cpp_ids(llama_bin / "llama-tokenize", path, data)
     for dtype in dtypes:
         model, tokenizer, setup = load_for_generation(path, precision=dtype, compile=False)
@@ -207,17 +245,22 @@ def perplexity_part(path: Path, data: Path, contexts: list[int], dtypes: list[st
             result["token_ids"] = {"count": len(ids), "equal_llama_tokenize": same}
             print(f"{len(ids)} tokens; equal to llama-tokenize's: "
                   f"{'not checked (no llama-tokenize)' if same is None else same}", flush=True)
-        for n, ref in references.items():
+        for n in contexts:
             start = time.perf_counter()
             ours = chunked_perplexity(model, torch.tensor(ids), context_length=n, bos_token_id=added_bos(tokenizer))
-            ratio = ours.perplexity / ref["perplexity"]
+            ratio = ours.perplexity / references["llama_cpp"][n]["perplexity"]
             row = {"precision": setup.describe(), "perplexity": ours.perplexity, "chunks": ours.windows,
                    "tokens_scored": ours.tokens, "ratio_to_llama_cpp": ratio,
                    "within_target": abs(ratio - 1) <= PPL_TARGET, "seconds": time.perf_counter() - start}
+            exact = ""
+            if "llama_cpp_f32_copy" in references:
+                row["ratio_to_llama_cpp_f32_copy"] = ours.perplexity / references["llama_cpp_f32_copy"][n]["perplexity"]
+                exact = f", {row['ratio_to_llama_cpp_f32_copy']:.5f}x on the F32 copy"
             result["contexts"][n]["qkv"][dtype] = row
             print(f"qkv {dtype} ({setup.describe()}) -c {n}: PPL {ours.perplexity:.4f}, {ours.windows} chunks, "
                   f"{ours.tokens} tokens scored; {ratio:.4f}x llama-perplexity's (target within "
-                  f"{PPL_TARGET:.1%}: {'met' if row['within_target'] else 'NOT met'}) ({row['seconds']:.0f} s)", flush=True)
+                  f"{PPL_TARGET:.1%}: {'met' if row['within_target'] else 'NOT met'}){exact} ({row['seconds']:.0f} s)",
+                  flush=True)
         free(model)
     return result
 
@@ -238,6 +281,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="threads for qkv and llama.cpp (default: %(default)s)")
     parser.add_argument("--llama-bin", type=Path, default=LLAMA_BIN,
                         help="folder with llama-perplexity (and llama-tokenize, optional) (default: %(default)s)")
+    parser.add_argument("--llama-args", default="", metavar="ARGS",
+                        help="more llama-perplexity options, as --llama-args='-fa off -ctk f32 -ctv f32' (its attention "
+                        "without flash attention and with a float32 KV cache) (default: none)")
+    parser.add_argument("--no-f32-copy", action="store_true",
+                        help="skip the second reference: llama-perplexity on llama.cpp's F32 conversion of the file "
+                        "(llama-quantize; its tensors checked equal to qkv's dequantized ones) with "
+                        f"{' '.join(EXACT_ARGS)}")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -248,7 +298,8 @@ def main() -> None:
     if args.only in (None, "perplexity"):
         if not (args.llama_bin / "llama-perplexity").is_file():
             sys.exit(f"no llama-perplexity in {args.llama_bin}; give --llama-bin or --only logits")
-        results["perplexity"] = perplexity_part(path, args.data, args.context, args.dtype, args.threads, args.llama_bin)
+        results["perplexity"] = perplexity_part(path, args.data, args.context, args.dtype, args.threads, args.llama_bin,
+                                                shlex.split(args.llama_args), not args.no_f32_copy)
     if args.json is not None:
         from qkv.atomic import atomic_write_text
 
