@@ -105,19 +105,20 @@ def test_text_loses_one_final_newline_as_llama_cpps_file_option_does() -> None:
     assert llama_cpp_text("a\n\n") == "a\n" and llama_cpp_text("a") == "a"
 
 
-def test_cli_prints_the_llama_cpp_scheme(tiny, tmp_path: Path, capsys) -> None:
+@pytest.mark.parametrize("options, n_ctx", [(["--context-length", "32"], 32), ([], 128)],
+                         ids=["given", "the model's 128 (under llama-perplexity's 512)"])
+def test_cli_prints_the_llama_cpp_scheme(tiny, tmp_path: Path, capsys, options: list[str], n_ctx: int) -> None:
     folder, hf_model = tiny
     data = tmp_path / "text.txt"
     data.write_text(TEXT + "\n", encoding="utf-8")
-    code = main(["perplexity", "--model", str(folder), "--data", str(data), "--scheme", "llama-cpp",
-                 "--context-length", "32"])
+    code = main(["perplexity", "--model", str(folder), "--data", str(data), "--scheme", "llama-cpp", *options])
     out, err = capsys.readouterr()
     assert code == 0, err
     ids = Tokenizer.from_file(str(folder / "tokenizer.json")).encode(TEXT).ids  # the final newline dropped
-    reference, count = llama_cpp_reference(hf_model, ids, 32, BOS)
+    reference, count = llama_cpp_reference(hf_model, ids, n_ctx, BOS)
     printed = float(re.search(r"perplexity ([0-9.]+)", out).group(1))
     assert printed == pytest.approx(reference, abs=1e-3)
-    assert f"on {count} tokens" in out and f"{len(ids) // 32} chunks of 32 tokens" in out
+    assert f"on {count} tokens" in out and f"{len(ids) // n_ctx} chunks of {n_ctx} tokens" in out
 
 
 @pytest.mark.parametrize("options, message", [

@@ -47,8 +47,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--scheme", choices=("sliding", "llama-cpp"), default="sliding",
                         help="sliding: the windows above, every token scored once; llama-cpp: what "
                         "llama.cpp's llama-perplexity scores (non-overlapping chunks of --context-length "
-                        f"tokens, default {LLAMA_CPP_CONTEXT}, BOS first in each, the second half of each "
-                        "scored; no --stride), so the two numbers compare (default: %(default)s)")
+                        f"tokens, default {LLAMA_CPP_CONTEXT} or the model's context if shorter, BOS first "
+                        "in each, the second half of each scored; no --stride), so the two numbers "
+                        "compare (default: %(default)s)")
     parser.add_argument("--dtype", choices=PRECISIONS, default="float32",
                         help="the weights to score, prepared as `qkv generate` prepares them: "
                         "float32 (exact), bfloat16, int8 or int4 (default: %(default)s); compare "
@@ -201,10 +202,11 @@ def _score_llama_cpp(args: argparse.Namespace, kind: CacheKind | None, cp: Conte
     for given, option in ((args.stride, "--stride"), (kind, "--kv-cache"), (cp, "--context-parallel")):
         if given is not None:
             raise QkvError(f"--scheme llama-cpp scores whole chunks from an empty cache; drop {option}")
-    context_length = args.context_length or LLAMA_CPP_CONTEXT
-    check_chunk_length(context_length)  # bad sizes are reported before loading
+    if args.context_length is not None:
+        check_chunk_length(args.context_length)  # bad sizes are reported before loading
     text = llama_cpp_text(_read_text(Path(args.data)))
     model, tokenizer, _ = load_for_generation(args.model, precision=args.dtype, compile=False, max_memory=args.max_memory)
+    context_length = args.context_length or min(LLAMA_CPP_CONTEXT, model.context_length)
     ids = torch.tensor(tokenizer.encode(text).ids)  # (N,)
     chunks = chunk_count(ids.numel(), context_length)
     with progress_bar(total=chunks * scored_per_chunk(context_length), unit="tok", desc="scoring",
