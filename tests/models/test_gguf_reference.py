@@ -85,6 +85,7 @@ def test_float32_logits_and_greedy_tokens_equal_transformers_gguf_loading(kind: 
         torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-4)
         greedy = reference.generate(batch, max_new_tokens=8, do_sample=False, pad_token_id=0)
     assert generate(model, batch, 8, use_cache=True).tolist() == greedy.tolist()
+    assert generate(model, batch, 8, use_cache=False).tolist() == greedy.tolist()
 
 
 def test_transformers_misses_only_gemma3s_query_scale_on_narrow_heads(tmp_path: Path) -> None:
