@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 # The default window: the model's context, but no longer than this many tokens.
 DEFAULT_CONTEXT_CAP = 1024
+# llama-perplexity's default -c, the chunk size of --scheme llama-cpp.
+LLAMA_CPP_CONTEXT = 512
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -42,6 +44,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         f"{DEFAULT_CONTEXT_CAP})")
     parser.add_argument("--stride", type=integer(1, 2**24), metavar="S",
                         help="tokens between window starts (default: half the context length)")
+    parser.add_argument("--scheme", choices=("sliding", "llama-cpp"), default="sliding",
+                        help="sliding: the windows above, every token scored once; llama-cpp: what "
+                        "llama.cpp's llama-perplexity scores (non-overlapping chunks of --context-length "
+                        f"tokens, default {LLAMA_CPP_CONTEXT} or the model's context if shorter, BOS first "
+                        "in each, the second half of each scored; no --stride), so the two numbers "
+                        "compare (default: %(default)s)")
     parser.add_argument("--dtype", choices=(*PRECISIONS, BLOCKS), default="float32",
                         help="the weights to score, prepared as `qkv generate` prepares them: "
                         "float32 (exact), bfloat16, int8, int4 or blocks (a GGUF file's own block "
@@ -125,6 +133,8 @@ def _score(args: argparse.Namespace, cp: ContextParallel | None) -> int:
     kind = kv_cache_kind(args)  # bad cache options are reported before loading
     if kind is not None and cp is not None:
         raise QkvError("--kv-cache and --context-parallel do not combine; choose one")
+    if args.scheme == "llama-cpp":
+        return _score_llama_cpp(args, kind, cp, threads)
     text = _read_text(Path(args.data))
     if kind is not None:
         return _score_cached(args, kind, text, threads)
@@ -176,5 +186,38 @@ def _score_cached(args: argparse.Namespace, kind: CacheKind, text: str, threads:
         f"perplexity {result.perplexity:.3f} (mean NLL {result.nll:.4f} nats) on {result.tokens} tokens "
         f"of {args.data} through a {args.kv_cache} KV cache ({result.cache_nbytes / 2**20:.2f} MiB), "
         f"chunks of {args.chunk}, {args.dtype}, {threads} thread{'s' if threads != 1 else ''}"
+    )
+    return 0
+
+
+def _score_llama_cpp(args: argparse.Namespace, kind: CacheKind | None, cp: ContextParallel | None,
+                     threads: int) -> int:
+    """--scheme llama-cpp: llama-perplexity's chunks (qkv.chunked_perplexity)."""
+    import torch
+
+    from qkv.chunked_perplexity import (added_bos, check_chunk_length, chunk_count, chunked_perplexity,
+                                        llama_cpp_text, scored_per_chunk)
+    from qkv.progress import progress_bar
+    from qkv.runtime.prepare import load_for_generation
+
+    for given, option in ((args.stride, "--stride"), (kind, "--kv-cache"), (cp, "--context-parallel")):
+        if given is not None:
+            raise QkvError(f"--scheme llama-cpp scores whole chunks from an empty cache; drop {option}")
+    if args.context_length is not None:
+        check_chunk_length(args.context_length)  # bad sizes are reported before loading
+    text = llama_cpp_text(_read_text(Path(args.data)))
+    model, tokenizer, _ = load_for_generation(args.model, precision=args.dtype, compile=False, max_memory=args.max_memory)
+    context_length = args.context_length or min(LLAMA_CPP_CONTEXT, model.context_length)
+    ids = torch.tensor(tokenizer.encode(text).ids)  # (N,)
+    chunks = chunk_count(ids.numel(), context_length)
+    with progress_bar(total=chunks * scored_per_chunk(context_length), unit="tok", desc="scoring",
+                      leave=False) as bar:
+        result = chunked_perplexity(model, ids, context_length=context_length, bos_token_id=added_bos(tokenizer),
+                                    progress=bar.update)
+    print(
+        f"perplexity {result.perplexity:.4f} (mean NLL {result.nll:.4f} nats) on {result.tokens} tokens "
+        f"of {args.data} ({ids.numel()} in all), llama-perplexity's scheme: {result.windows} chunks of "
+        f"{context_length} tokens, the second half of each scored, {args.dtype}, "
+        f"{threads} thread{'s' if threads != 1 else ''}"
     )
     return 0
