@@ -44,6 +44,8 @@ from typing import Any
 
 import torch
 
+from qkv.precision import CHOICES
+
 ROOT = Path(__file__).resolve().parents[1]
 VERDICT = ROOT.parent / "shared" / "data" / "the-verdict.txt"
 LLAMA_BIN = Path("/work/peers/build/bin")
@@ -276,7 +278,7 @@ def main() -> None:
                         help="llama-perplexity's -c (and -b): chunk sizes to compare (default: 512 1024; Gemma 3's "
                         "local layers see 512 keys, so 1024 uses their windows)")
     parser.add_argument("--dtype", nargs="+", default=["auto", "float32"],
-                        choices=["auto", "float32", "bfloat16", "int8", "int4"],
+                        choices=list(CHOICES),
                         help="qkv precisions to score (default: auto float32)")
     parser.add_argument("--only", choices=["logits", "perplexity"], help="run one part only")
     parser.add_argument("--threads", type=int, default=2, help="threads for qkv and llama.cpp (default: %(default)s)")
