@@ -38,8 +38,11 @@ def _as_block_layers_compute(reference: torch.nn.Module) -> torch.nn.Module:
 
 
 def _close(have: torch.Tensor, want: torch.Tensor) -> bool:
-    # an activation that float rounding moves across a rounding step moves by 1/127 of its block's largest
-    return torch.allclose(have, want, rtol=0, atol=1e-4 * (1 + float(want.abs().max())))
+    # where activations are rounded, a float-rounding difference upstream (another summation order,
+    # a compiled norm) can move one activation by a step, 1/127 of its block's largest: the int4
+    # tests' bound (tests/runtime/test_native_layers.py). Without rounding the two agree to 1e-4.
+    scale = 2e-2 if layers_round_activations() else 1e-4
+    return torch.allclose(have, want, rtol=0, atol=scale * (1 + float(want.abs().max())))
 
 
 def _steps(model, steps: int = 5, **session) -> list[torch.Tensor]:
