@@ -41,7 +41,9 @@ def _norm_code(norm: NormSpec | None) -> int:
 
 def _llama3(rope: RopeSpec) -> Llama3RopeScaling | None:
     scaling = rope.scaling_dict or {}
-    return Llama3RopeScaling(**{key: scaling[key] for key in LLAMA3_KEYS}) if scaling else None  # type: ignore[arg-type]
+    if _scaling_kind(rope) != "llama3":
+        return None
+    return Llama3RopeScaling(**{key: scaling[key] for key in LLAMA3_KEYS})  # type: ignore[arg-type]
 
 
 def declined(spec: LayerSpec) -> str | None:
@@ -50,10 +52,17 @@ def declined(spec: LayerSpec) -> str | None:
     if att.qk_norm is not None and (att.qk_norm.kind != "rms" or att.qk_norm_over != "head"):
         return f"a {att.qk_norm.kind} q/k norm over {att.qk_norm_over} heads (the native layer has per-head RMS)"
     if spec.rope is not None and spec.rope.scaling:
-        kind = (spec.rope.scaling_dict or {}).get("rope_type", (spec.rope.scaling_dict or {}).get("type"))
-        if kind != "llama3" or any(key not in (spec.rope.scaling_dict or {}) for key in LLAMA3_KEYS):
-            return f"RoPE scaling {kind!r} (the native layer has llama3's, or none)"
+        scaling = spec.rope.scaling_dict or {}
+        kind = _scaling_kind(spec.rope)
+        if not (kind == "default" or (kind == "llama3" and all(key in scaling for key in LLAMA3_KEYS))
+                or (kind == "linear" and "factor" in scaling)):
+            return f"RoPE scaling {kind!r} (the native layer has llama3's, linear, or none)"
     return None
+
+
+def _scaling_kind(rope: RopeSpec) -> object:
+    scaling = rope.scaling_dict or {}
+    return scaling.get("rope_type", scaling.get("type"))
 
 
 def pack(spec: LayerSpec) -> Tensor:
@@ -81,8 +90,12 @@ def pack(spec: LayerSpec) -> Tensor:
 
 def rope_frequencies(rope: RopeSpec) -> Tensor:
     """(R/2,) float32 rotation speeds of the rotated channels: base ** (-2i / R), llama3-scaled
-    where the description says so (qkv.attention.rope, what the modules compute)."""
-    return inverse_frequencies(rope.rotary_dim, rope.base, _llama3(rope)).float().contiguous()
+    or divided by a linear factor where the description says so (qkv.attention.rope and
+    rope_scaling, what the modules compute)."""
+    frequencies = inverse_frequencies(rope.rotary_dim, rope.base, _llama3(rope)).float()
+    if _scaling_kind(rope) == "linear":
+        frequencies = frequencies / float((rope.scaling_dict or {})["factor"])  # type: ignore[arg-type]
+    return frequencies.contiguous()
 
 
 def _norm_tensors(norm: NormSpec | None, tensors: tuple[Tensor, ...] | None, where: str) -> list[Tensor]:
