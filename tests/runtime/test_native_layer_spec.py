@@ -37,11 +37,13 @@ def _layer(spec: LayerSpec, seed: int) -> dict:
     att, mlp = spec.attention, spec.mlp
     qkv_out = (att.num_heads + 2 * att.num_kv_heads) * att.head_dim
     up_out = 2 * mlp.intermediate_size if mlp.gated else mlp.intermediate_size
+    over_all = att.qk_norm_over == "all"  # OLMo 2: one norm over every head's channels
+    q_width, k_width = (att.num_heads * att.head_dim, att.num_kv_heads * att.head_dim) if over_all else (att.head_dim,) * 2
     return {
         "attn_norm": _norm_weights(spec.attn_norm, g), "attn_post_norm": _norm_weights(spec.attn_post_norm, g),
         "mlp_norm": _norm_weights(spec.mlp_norm, g), "mlp_post_norm": _norm_weights(spec.mlp_post_norm, g),
-        "q_norm": None if att.qk_norm is None else _norm_weights(att.qk_norm, g, att.head_dim)[0],
-        "k_norm": None if att.qk_norm is None else _norm_weights(att.qk_norm, g, att.head_dim)[0],
+        "q_norm": None if att.qk_norm is None else _norm_weights(att.qk_norm, g, q_width)[0],
+        "k_norm": None if att.qk_norm is None else _norm_weights(att.qk_norm, g, k_width)[0],
         "qkv": torch.randn(qkv_out, C, generator=g) * 0.2, "qkv_bias": torch.randn(qkv_out, generator=g) * 0.1,
         "o": torch.randn(C, att.num_heads * att.head_dim, generator=g) * 0.2,
         "up": torch.randn(up_out, C, generator=g) * 0.2,
@@ -71,7 +73,10 @@ def reference_step(spec: LayerSpec, w: dict, x: torch.Tensor, keys: torch.Tensor
     proj = F.linear(_norm(spec.attn_norm, w["attn_norm"], x), w["qkv"], w["qkv_bias"])  # (B, (H + 2 H_kv) D)
     q, k, v = proj.split([h_q * d, h_kv * d, h_kv * d], dim=-1)
     q, k, v = q.reshape(-1, h_q, d), k.reshape(-1, h_kv, d), v.reshape(-1, h_kv, d)  # (B, heads, D)
-    if att.qk_norm is not None:
+    if att.qk_norm is not None and att.qk_norm_over == "all":  # over (heads * D) at once
+        q = _norm(att.qk_norm, (w["q_norm"],), q.reshape(q.shape[0], -1)).reshape(q.shape)
+        k = _norm(att.qk_norm, (w["k_norm"],), k.reshape(k.shape[0], -1)).reshape(k.shape)
+    elif att.qk_norm is not None:
         q, k = _norm(att.qk_norm, (w["q_norm"],), q), _norm(att.qk_norm, (w["k_norm"],), k)
     if spec.rope is not None:
         r = spec.rope.rotary_dim
@@ -129,6 +134,7 @@ def layer_specs(draw) -> LayerSpec:
         attention=AttentionSpec(heads, kv_heads, head_dim, scale=draw(st.sampled_from([None, 0.1])),
                                 window=draw(st.sampled_from([None, 1, 3])), softcap=draw(st.sampled_from([None, 2.0])),
                                 qk_norm=draw(st.sampled_from([None, NormSpec("rms", eps=1e-6)])),
+                                qk_norm_over=draw(st.sampled_from(["head", "all"])),
                                 sinks=draw(st.booleans())),
         mlp=MlpSpec(F_SIZE, activation, gated=gated),
         rope=None if rotary is None else RopeSpec(base=draw(st.sampled_from([100.0, 10000.0])), rotary_dim=rotary),
@@ -182,9 +188,16 @@ def test_descriptions_the_native_layer_lacks_are_declined_by_name() -> None:
     base = LayerSpec(attention=AttentionSpec(4, 2, 8), mlp=MlpSpec(F_SIZE), rope=RopeSpec(10000.0, 8))
     assert declined(base) is None
     over_all = dataclasses.replace(base, attention=dataclasses.replace(base.attention, qk_norm=NormSpec(), qk_norm_over="all"))
-    assert "over all heads" in declined(over_all)
-    with pytest.raises(ValueError, match="cannot run a rms q/k norm over all heads"):
-        pack(over_all)
+    assert declined(over_all) is None  # OLMo 2's q/k norm over all heads runs natively
+    layer_qk = dataclasses.replace(base, attention=dataclasses.replace(base.attention, qk_norm=NormSpec("layer")))
+    assert "layer q/k norm" in declined(layer_qk)
+    with pytest.raises(ValueError, match="cannot run a layer q/k norm"):
+        pack(layer_qk)
+    longrope = dataclasses.replace(base, rope=RopeSpec(10000.0, 8, scaling=(("rope_type", "longrope"),)))
+    assert "'longrope'" in declined(longrope)
+    linear = dataclasses.replace(base, rope=RopeSpec(10000.0, 8, scaling=(("factor", 8.0), ("rope_type", "linear"))))
+    assert declined(linear) is None  # Gemma 3's global layers
+    torch.testing.assert_close(rope_frequencies(linear.rope), rope_frequencies(base.rope) / 8.0, rtol=0, atol=0)
     yarn = dataclasses.replace(base, rope=RopeSpec(10000.0, 8, scaling=(("factor", 4.0), ("rope_type", "yarn"))))
     assert "'yarn'" in declined(yarn)
 

@@ -13,7 +13,8 @@
 //     x = x + post_norm_a(o(attention(rope(q, k), v)))   with q, k, v = qkv(norm_a(x))
 //     x = x + post_norm_m(down(act(gate) * up | act(up)))  with [gate | up] = up(norm_m(x))
 // Each norm is absent, RMSNorm, LayerNorm, or LayerNorm with a bias (a weight offset such as
-// Gemma's 1 + w is folded into the weight before the call); q/k norms are per head; RoPE turns
+// Gemma's 1 + w is folded into the weight before the call); q/k norms are per head, or over
+// all heads at once (OLMo 2: every query channel, then every key channel); RoPE turns
 // the first rotary_dim channels of each head (rotate-half pairs i, i + rotary_dim / 2) or none
 // (NoPE); scores are scale * q.k, soft-capped where softcap > 0, over the last `window` keys
 // where window > 0, with a learned sink logit per head joining the softmax where sinks is
@@ -40,12 +41,12 @@
 namespace qkv {
 namespace {
 
-constexpr int64_t LAYOUT = 2;  // the version of the field order below
+constexpr int64_t LAYOUT = 3;  // the version of the field order below
 enum Field : int64_t {
     VERSION, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM,
     ATTN_NORM, ATTN_NORM_EPS, ATTN_POST_NORM, ATTN_POST_NORM_EPS,
     MLP_NORM, MLP_NORM_EPS, MLP_POST_NORM, MLP_POST_NORM_EPS,
-    QK_NORM, QK_NORM_EPS, ROTARY_DIM, ACTIVATION, GATED, SCALE, SOFTCAP, WINDOW, SINKS,
+    QK_NORM, QK_NORM_EPS, ROTARY_DIM, ACTIVATION, GATED, SCALE, SOFTCAP, WINDOW, SINKS, QK_NORM_OVER_ALL,
     FIELDS
 };
 enum NormKind : int64_t { NO_NORM = 0, RMS = 1, LAYER = 2, LAYER_WITH_BIAS = 3 };
@@ -61,7 +62,7 @@ struct Norm {
 // The layer description as the C++ reads it (what `spec` holds, checked).
 struct LayerDesc {
     int64_t heads = 0, kv_heads = 0, head_dim = 0, rotary_dim = 0, activation = SILU, window = 0;
-    bool gated = true;
+    bool gated = true, qk_over_all = false;  // q/k norms over each head, or over all heads at once
     float scale = 1.f, softcap = 0.f;
     Norm attn_norm, attn_post_norm, mlp_norm, mlp_post_norm, q_norm, k_norm;
     const float *inv_freq = nullptr, *sinks = nullptr;  // sinks: one learned logit per query head
@@ -121,10 +122,11 @@ LayerDesc describe(const Tensor &spec_tensor, const std::vector<Tensor> &vectors
     L.mlp_norm = norm_at(spec, MLP_NORM, vectors, next, C);
     L.mlp_post_norm = norm_at(spec, MLP_POST_NORM, vectors, next, C);
     const int64_t qk = static_cast<int64_t>(spec[QK_NORM]);
-    check(qk == NO_NORM || qk == RMS, "qkv::decoder_layer: q/k norms are RMS norms per head, or none");
-    if (qk == RMS) {
-        L.q_norm = norm_at(spec, QK_NORM, vectors, next, L.head_dim);
-        L.k_norm = norm_at(spec, QK_NORM, vectors, next, L.head_dim);
+    check(qk == NO_NORM || qk == RMS, "qkv::decoder_layer: q/k norms are RMS norms, or none");
+    L.qk_over_all = spec[QK_NORM_OVER_ALL] != 0.0;
+    if (qk == RMS) {  // per head: (D) weights; over all heads (OLMo 2): (H * D) and (H_kv * D)
+        L.q_norm = norm_at(spec, QK_NORM, vectors, next, L.qk_over_all ? L.heads * L.head_dim : L.head_dim);
+        L.k_norm = norm_at(spec, QK_NORM, vectors, next, L.qk_over_all ? L.kv_heads * L.head_dim : L.head_dim);
     }
     if (L.rotary_dim > 0)
         L.inv_freq = vector_at(vectors, next, L.rotary_dim / 2, "qkv::decoder_layer: inv_freq must be float32 (rotary_dim/2,)");
@@ -294,10 +296,14 @@ Tensor decoder_layer(Tensor x, Tensor spec, std::vector<Tensor> vectors, std::ve
             cos_[i] = cosf(angle);
             sin_[i] = sinf(angle);
         }
+        if (L.qk_over_all && L.q_norm.kind != NO_NORM) {  // every query head at once, then every key head
+            normalize(L.q_norm, row, row);
+            normalize(L.k_norm, keys, keys);
+        }
         for (int64_t hd = 0; hd < H + Hkv; hd++) {  // query heads, then key heads
             float *vec = hd < H ? row + hd * D : keys + (hd - H) * D;
             const Norm &qk = hd < H ? L.q_norm : L.k_norm;
-            if (qk.kind != NO_NORM) normalize(qk, vec, vec);
+            if (qk.kind != NO_NORM && !L.qk_over_all) normalize(qk, vec, vec);
             if (half > 0) rotate(vec, cos_.data(), sin_.data(), half);
         }
         const int64_t c = row_of ? row_of[r] : r;
