@@ -14,8 +14,8 @@ The C++ reads each layer's description (`qkv.models.layer_spec.LayerSpec`, packe
 SpecDecoder family: Llama, Qwen, Gemma 2/3, Phi-3, Mistral, SmolLM3, OLMo 2) with the tensors
 they name (`layer_parts()`: post-norms, q/k norms, each layer's RoPE frequencies); for GPT-2's
 layers the description is read here from the layer's modules (`spec_of`). A layer is declined
-by what its description says (`declined`: OLMo 2's q/k norm over all heads, LongRoPE), not by
-a list of codes kept beside the C++.
+by what its description says (`declined`: LongRoPE, say), not by a list of codes kept beside
+the C++.
 
     model.fused_layers = FusedLayers.for_model(model)   # qkv.perf.prepare_for_decoding does this
     # then: model.setup_cache(...) binds the caches; model.forward() takes decode steps here
@@ -23,13 +23,14 @@ a list of codes kept beside the C++.
 Which calls it takes: one new token per row, float32, no gradients, no extra mask, and
 caches whose kind gives `fused_buffers()` (StaticKVCache, SlotKVCache) or is a sliding-window
 ring (`WindowKVCache.fused_ring()`: the kernel writes slot p mod W and keeps the ring's key
-positions, as the ring's own `update` does); other kinds and prompts run the layers as modules. A session that records the modules with hooks (a trace, `qkv.trace`)
-asks the runtime for the module step (`step="modules"`), so its hooks see every step.
+positions, as the ring's own `update` does); other kinds and prompts run the layers as
+modules. A session that records the modules with hooks (a trace, `qkv.trace`) asks the
+runtime for the module step (`step="modules"`), so its hooks see every step.
 
 The math is the layers': the same weights through the same kernels (`qkv::int4_linear`'s
 activation rounding included) in the same order, so its logits match the module path to
-float rounding (tests/runtime/test_native_layers.py, test_native_families.py; with int4, to the rounding of an
-activation that lands on a step boundary).
+float rounding (tests/runtime/test_native_layers.py and test_native_families.py; with int4,
+to the rounding of an activation that lands on a step boundary).
 
 Shape legend: B batch (rows), C hidden size, H query heads, D head size.
 """
