@@ -253,6 +253,34 @@ def test_a_ring_step_writes_and_attends_as_the_window_cache_does(spec: LayerSpec
 
 
 @needs_kernels
+@settings(max_examples=5, deadline=None)
+@given(spec=layer_specs(), window=st.integers(1, 6),
+       history=st.lists(st.tuples(st.integers(0, 14), st.integers(1, 9)), min_size=1, max_size=3),
+       seed=st.integers(0, 2**16))
+def test_each_row_of_a_ring_step_is_computed_as_that_row_alone(spec: LayerSpec, window: int, history,
+                                                                seed: int) -> None:
+    """Batch invariance through a ring, bit for bit, in every variant: three rows in one call
+    against each row alone (its cache row given by `rows`), rings and outputs alike."""
+    spec = dataclasses.replace(spec, attention=dataclasses.replace(spec.attention, window=window))
+    w = _layer(spec, seed)
+    start = _ring_with_history(spec, window, history, seed)
+    g = torch.Generator().manual_seed(seed + 4)
+    x, positions = torch.randn(3, C, generator=g), torch.randint(0, 20, (3,), generator=g)
+    for variant in variants():
+        with use_variant(variant):
+            together_ring = copy.deepcopy(start)
+            together = native_step(spec, w, x, together_ring.k_cache, together_ring.v_cache, together_ring.lengths,
+                                   positions, None, together_ring.key_positions)
+            alone_ring = copy.deepcopy(start)
+            alone = torch.cat([native_step(spec, w, x[i:i + 1].contiguous(), alone_ring.k_cache, alone_ring.v_cache,
+                                           alone_ring.lengths, positions[i:i + 1].contiguous(), torch.tensor([i]),
+                                           alone_ring.key_positions) for i in range(3)])
+            assert torch.equal(together, alone), variant
+            for name in ("k_cache", "v_cache", "key_positions", "lengths"):
+                assert torch.equal(getattr(together_ring, name), getattr(alone_ring, name)), (variant, name)
+
+
+@needs_kernels
 def test_a_ring_of_other_sizes_or_past_its_positions_is_refused_in_one_line() -> None:
     spec = LayerSpec(attention=AttentionSpec(4, 2, 8, window=4), mlp=MlpSpec(F_SIZE), rope=RopeSpec(10000.0, 8))
     w = _layer(spec, 0)
