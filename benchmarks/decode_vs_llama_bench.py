@@ -7,7 +7,7 @@ the same 128 decode steps after a one-token prompt (its prefill excluded). The t
 `--rounds` times in one run; medians and their ratio are printed.
 
     .venv/bin/python benchmarks/decode_vs_llama_bench.py --llama-bench /work/peers/build/bin/llama-bench \\
-        [--model smollm2 | FILE.gguf] [--threads 2] [--rounds 3]
+        [--model smollm2 | FILE.gguf] [--threads 2] [--rounds 3] [--dtype auto | int8 | ...]
 
 Build llama-bench as the README's benchmark section says (llama.cpp's own tools, this CPU's
 best flags).
@@ -27,6 +27,7 @@ import torch
 from qkv.attention.kv_cache import SlotKVCache
 from qkv.generation import continue_from, warm_up
 from qkv.models.loader import named_model, smollm2_path
+from qkv.precision import CHOICES, DEFAULT_PRECISION
 from qkv.runtime import DecodeSession, load_for_generation
 
 TOKENS = 128
@@ -57,10 +58,12 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2", help="'smollm2' or a .gguf file")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--dtype", choices=CHOICES, default=DEFAULT_PRECISION,
+                        help="qkv's decode precision, as `qkv generate --dtype` (default: the file's)")
     args = parser.parse_args()
     path = str(smollm2_path()) if named_model(args.model) else args.model
     torch.set_num_threads(args.threads)
-    model, _, setup = load_for_generation(path)
+    model, _, setup = load_for_generation(path, precision=args.dtype)
     warm_up(model, capacity=TOKENS + 8)
     print(f"qkv: {setup.describe()}; {os.cpu_count()} cores, {args.threads} threads; {path}", flush=True)
     ours, theirs = [], []

@@ -241,19 +241,23 @@ def test_a_whole_gemma3_folder_loads_its_text_model(tmp_path: Path) -> None:
     assert model.spec.windows() == (WINDOW, WINDOW)
 
 
-def test_only_plain_pre_norm_layers_go_to_the_fused_layer_kernel(saved) -> None:
-    """layer_parts() (what qkv's whole-layer kernel runs) declines every layer with a part
-    that kernel lacks: windows, soft-caps, post-norms, partial rotary, NoPE."""
+def test_every_family_describes_its_layers_for_the_native_layer_kernel(saved) -> None:
+    """layer_specs() and layer_parts() hand qkv's whole-layer kernel each layer's description
+    and tensors; the runtime declines only what the kernel lacks (LongRoPE here)."""
     from qkv.attention.stacking import fuse_projections
-    from qkv.models.spec_decoder import SpecDecoder
+    from qkv.runtime.native_layer_spec import declined
 
     for name in CASES:
         folder, _ = saved(name)
         model, _ = qkv.load_pretrained(folder)
+        assert model.layer_parts() is None, name  # the kernel reads q, k, v and gate, up stacked
         fuse_projections(model)
-        assert model.layer_parts() is None, name
-    config = {**_config(saved, "phi3-window"), "sliding_window": None}
-    plain = SpecDecoder(families.phi3_spec(config))
-    fuse_projections(plain)
-    parts = plain.layer_parts()
-    assert parts is not None and len(parts) == 4 and parts[0].activation == "silu_gated"
+        parts, specs = model.layer_parts(), model.layer_specs()
+        assert parts is not None and len(parts) == len(specs) == 4, name
+        assert specs == model.spec.layers
+        for part, spec in zip(parts, specs):
+            assert (part.attn_post_norm is None) == (spec.attn_post_norm is None), name
+            assert (part.inv_freq is None) == (spec.rope is None), name
+        reasons = {declined(spec) for spec in specs}
+        assert reasons == ({"RoPE scaling 'longrope' (the native layer has llama3's, linear, or none)"}
+                           if name == "phi4mini-longrope-partial" else {None}), name

@@ -1,11 +1,13 @@
 """`qkv::decoder_layer` executing a `LayerSpec`: one decode step of drawn layers (pre/post
 norms of each kind with weight offsets, q/k norms, full / partial / no RoPE, score scale,
 soft-cap, sliding window, learned sinks, SwiGLU / GeGLU / plain GELU feed-forwards) against the same step
-written with PyTorch's functions; every row of a batch as that row alone, bit for bit, in
+written with PyTorch's functions; a sliding-window ring's step against `WindowKVCache.update`
+(after histories with rewinds); every row of a batch as that row alone, bit for bit, in
 every variant; and descriptions the C++ cannot run declined by what they say."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import pytest
@@ -14,6 +16,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from qkv.attention.kv_cache import CacheSpec
+from qkv.attention.window_cache import WindowKVCache
 from qkv.models.layer_spec import AttentionSpec, LayerSpec, MlpSpec, NormSpec, RopeSpec
 from qkv.native import native_kernels
 from qkv.native.ops import use_variant, variants
@@ -37,11 +41,13 @@ def _layer(spec: LayerSpec, seed: int) -> dict:
     att, mlp = spec.attention, spec.mlp
     qkv_out = (att.num_heads + 2 * att.num_kv_heads) * att.head_dim
     up_out = 2 * mlp.intermediate_size if mlp.gated else mlp.intermediate_size
+    over_all = att.qk_norm_over == "all"  # OLMo 2: one norm over every head's channels
+    q_width, k_width = (att.num_heads * att.head_dim, att.num_kv_heads * att.head_dim) if over_all else (att.head_dim,) * 2
     return {
         "attn_norm": _norm_weights(spec.attn_norm, g), "attn_post_norm": _norm_weights(spec.attn_post_norm, g),
         "mlp_norm": _norm_weights(spec.mlp_norm, g), "mlp_post_norm": _norm_weights(spec.mlp_post_norm, g),
-        "q_norm": None if att.qk_norm is None else _norm_weights(att.qk_norm, g, att.head_dim)[0],
-        "k_norm": None if att.qk_norm is None else _norm_weights(att.qk_norm, g, att.head_dim)[0],
+        "q_norm": None if att.qk_norm is None else _norm_weights(att.qk_norm, g, q_width)[0],
+        "k_norm": None if att.qk_norm is None else _norm_weights(att.qk_norm, g, k_width)[0],
         "qkv": torch.randn(qkv_out, C, generator=g) * 0.2, "qkv_bias": torch.randn(qkv_out, generator=g) * 0.1,
         "o": torch.randn(C, att.num_heads * att.head_dim, generator=g) * 0.2,
         "up": torch.randn(up_out, C, generator=g) * 0.2,
@@ -63,15 +69,17 @@ def _activation(name: str, x: torch.Tensor) -> torch.Tensor:
     return {"silu": F.silu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"), "gelu": F.gelu}[name](x)
 
 
-def reference_step(spec: LayerSpec, w: dict, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                   positions: torch.Tensor) -> torch.Tensor:
-    """One decode step of `spec` in PyTorch: x (B, C); keys/values (B, H_kv, S, D) written in place."""
-    att, mlp = spec.attention, spec.mlp
+def _project(spec: LayerSpec, w: dict, x: torch.Tensor, positions: torch.Tensor):
+    """norm_a, qkv, q/k norms and RoPE: x (B, C) -> q (B, H, D), k, v (B, H_kv, D)."""
+    att = spec.attention
     h_q, h_kv, d = att.num_heads, att.num_kv_heads, att.head_dim
     proj = F.linear(_norm(spec.attn_norm, w["attn_norm"], x), w["qkv"], w["qkv_bias"])  # (B, (H + 2 H_kv) D)
     q, k, v = proj.split([h_q * d, h_kv * d, h_kv * d], dim=-1)
     q, k, v = q.reshape(-1, h_q, d), k.reshape(-1, h_kv, d), v.reshape(-1, h_kv, d)  # (B, heads, D)
-    if att.qk_norm is not None:
+    if att.qk_norm is not None and att.qk_norm_over == "all":  # over (heads * D) at once
+        q = _norm(att.qk_norm, (w["q_norm"],), q.reshape(q.shape[0], -1)).reshape(q.shape)
+        k = _norm(att.qk_norm, (w["k_norm"],), k.reshape(k.shape[0], -1)).reshape(k.shape)
+    elif att.qk_norm is not None:
         q, k = _norm(att.qk_norm, (w["q_norm"],), q), _norm(att.qk_norm, (w["k_norm"],), k)
     if spec.rope is not None:
         r = spec.rope.rotary_dim
@@ -84,33 +92,54 @@ def reference_step(spec: LayerSpec, w: dict, x: torch.Tensor, keys: torch.Tensor
             return torch.cat([rot * cos + half * sin, rest], dim=-1)
 
         q, k = turn(q), turn(k)
-    out = []
-    for row in range(x.shape[0]):
-        p = int(positions[row])
-        keys[row, :, p], values[row, :, p] = k[row], v[row]
-        start = 0 if att.window is None else max(0, p + 1 - att.window)
-        kk = keys[row, :, start:p + 1].repeat_interleave(h_q // h_kv, dim=0)  # (H, S', D)
-        vv = values[row, :, start:p + 1].repeat_interleave(h_q // h_kv, dim=0)
-        scores = torch.einsum("hd,hsd->hs", q[row], kk) * att.score_scale
-        if att.softcap is not None:
-            scores = att.softcap * torch.tanh(scores / att.softcap)
-        if att.sinks:  # a learned logit per head joins the softmax and gives no value
-            scores = torch.cat([scores, w["sinks"][:, None]], dim=-1)
-        weights = torch.softmax(scores, -1)[:, :kk.shape[1]]  # (H, S')
-        out.append(torch.einsum("hs,hsd->hd", weights, vv).reshape(-1))
-    x = x + _norm(spec.attn_post_norm, w["attn_post_norm"], F.linear(torch.stack(out), w["o"]))
+    return q, k, v
+
+
+def _attend(spec: LayerSpec, w: dict, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """One row's query heads (H, D) over the keys and values it sees (H_kv, S', D) -> (H * D,)."""
+    att = spec.attention
+    group = att.num_heads // att.num_kv_heads
+    kk, vv = keys.repeat_interleave(group, dim=0), values.repeat_interleave(group, dim=0)  # (H, S', D)
+    scores = torch.einsum("hd,hsd->hs", q, kk) * att.score_scale
+    if att.softcap is not None:
+        scores = att.softcap * torch.tanh(scores / att.softcap)
+    if att.sinks:  # a learned logit per head joins the softmax and gives no value
+        scores = torch.cat([scores, w["sinks"][:, None]], dim=-1)
+    weights = torch.softmax(scores, -1)[:, :kk.shape[1]]  # (H, S')
+    return torch.einsum("hs,hsd->hd", weights, vv).reshape(-1)
+
+
+def _finish(spec: LayerSpec, w: dict, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+    """o, the shortcuts, post-norms and the feed-forward: x (B, C), context (B, H * D) -> (B, C)."""
+    mlp = spec.mlp
+    x = x + _norm(spec.attn_post_norm, w["attn_post_norm"], F.linear(context, w["o"]))
     up = F.linear(_norm(spec.mlp_norm, w["mlp_norm"], x), w["up"])
     hidden = (_activation(mlp.activation, up[:, :mlp.intermediate_size]) * up[:, mlp.intermediate_size:]
               if mlp.gated else _activation(mlp.activation, up))
     return x + _norm(spec.mlp_post_norm, w["mlp_post_norm"], F.linear(hidden, w["down"]))
 
 
-def native_step(spec: LayerSpec, w: dict, x, keys, values, lengths, positions, rows=None) -> torch.Tensor:
+def reference_step(spec: LayerSpec, w: dict, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                   positions: torch.Tensor) -> torch.Tensor:
+    """One decode step of `spec` in PyTorch: x (B, C); keys/values (B, H_kv, S, D) written in place."""
+    att = spec.attention
+    q, k, v = _project(spec, w, x, positions)
+    out = []
+    for row in range(x.shape[0]):
+        p = int(positions[row])
+        keys[row, :, p], values[row, :, p] = k[row], v[row]
+        start = 0 if att.window is None else max(0, p + 1 - att.window)
+        out.append(_attend(spec, w, q[row], keys[row, :, start:p + 1], values[row, :, start:p + 1]))
+    return _finish(spec, w, x, torch.stack(out))
+
+
+def native_step(spec: LayerSpec, w: dict, x, keys, values, lengths, positions, rows=None,
+                key_positions=None) -> torch.Tensor:
     vectors = layer_vectors(spec, attn_norm=w["attn_norm"], attn_post_norm=w["attn_post_norm"],
                             mlp_norm=w["mlp_norm"], mlp_post_norm=w["mlp_post_norm"], q_norm=w["q_norm"],
                             k_norm=w["k_norm"], sinks=w["sinks"])
     return torch.ops.qkv.decoder_layer.default(x, pack(spec), vectors, [w["qkv"], w["qkv_bias"]], [w["o"]], [w["up"]],
-                                               [w["down"]], keys, values, lengths, positions, rows)
+                                               [w["down"]], keys, values, lengths, positions, rows, key_positions)
 
 
 norms = st.one_of(st.none(), st.builds(NormSpec, kind=st.just("rms"), eps=st.sampled_from([1e-6, 1e-5]),
@@ -129,6 +158,7 @@ def layer_specs(draw) -> LayerSpec:
         attention=AttentionSpec(heads, kv_heads, head_dim, scale=draw(st.sampled_from([None, 0.1])),
                                 window=draw(st.sampled_from([None, 1, 3])), softcap=draw(st.sampled_from([None, 2.0])),
                                 qk_norm=draw(st.sampled_from([None, NormSpec("rms", eps=1e-6)])),
+                                qk_norm_over=draw(st.sampled_from(["head", "all"])),
                                 sinks=draw(st.booleans())),
         mlp=MlpSpec(F_SIZE, activation, gated=gated),
         rope=None if rotary is None else RopeSpec(base=draw(st.sampled_from([100.0, 10000.0])), rotary_dim=rotary),
@@ -178,13 +208,111 @@ def test_each_row_of_the_layer_is_computed_as_that_row_alone(spec: LayerSpec, se
             assert torch.equal(k1, k2) and torch.equal(v1, v2) and torch.equal(n1, n2)
 
 
+def _ring_with_history(spec: LayerSpec, window: int, history: list[tuple[int, int]], seed: int) -> WindowKVCache:
+    """A ring of 3 rows after prompts written at (start, length) in turn: a later start below
+    an earlier one's end is a rewind, one past it leaves a gap."""
+    att = spec.attention
+    cache = WindowKVCache(CacheSpec(batch_size=3, num_kv_heads=att.num_kv_heads, capacity=64, head_dim=att.head_dim,
+                                    value_dim=att.head_dim, dtype=torch.float32, device=torch.device("cpu")),
+                          window=window)
+    g = torch.Generator().manual_seed(seed + 2)
+    for start, length in history:
+        shape = (3, att.num_kv_heads, length, att.head_dim)
+        cache.update(torch.randn(shape, generator=g), torch.randn(shape, generator=g), torch.arange(start, start + length))
+    return cache
+
+
+@needs_kernels
+@settings(max_examples=15, deadline=None)
+@given(spec=layer_specs(), window=st.integers(1, 6),
+       history=st.lists(st.tuples(st.integers(0, 14), st.integers(1, 9)), min_size=1, max_size=3),
+       some_rows=st.booleans(), seed=st.integers(0, 2**16))
+def test_a_ring_step_writes_and_attends_as_the_window_cache_does(spec: LayerSpec, window: int, history, some_rows: bool,
+                                                                 seed: int) -> None:
+    """With key_positions the caches are a WindowKVCache's ring: the step forgets what a row held at
+    its position and beyond, writes slot p mod W and attends over p - W < kp <= p, as `update` does."""
+    spec = dataclasses.replace(spec, attention=dataclasses.replace(spec.attention, window=window))
+    w = _layer(spec, seed)
+    reference = _ring_with_history(spec, window, history, seed)
+    native = copy.deepcopy(reference)
+    g = torch.Generator().manual_seed(seed + 3)
+    rows = torch.tensor([2, 0]) if some_rows else None
+    b = 3 if rows is None else 2
+    x, positions = torch.randn(b, C, generator=g), torch.randint(0, 20, (b,), generator=g)  # rewinds, gaps, steps
+    reference.selection.rows = rows
+    q, k, v = _project(spec, w, x, positions)
+    keys, values, visible = reference.update(k[:, :, None], v[:, :, None], positions[:, None])  # (b, H_kv, S, D)
+    context = [_attend(spec, w, q[r], keys[r][:, visible[r, 0, 0]], values[r][:, visible[r, 0, 0]]) for r in range(b)]
+    expected = _finish(spec, w, x, torch.stack(context))
+    got = native_step(spec, w, x, native.k_cache, native.v_cache, native.lengths, positions, rows, native.key_positions)
+    torch.testing.assert_close(got, expected, atol=1e-4 * (1 + expected.abs().max().item()), rtol=1e-4)
+    assert torch.equal(native.key_positions, reference.key_positions)
+    assert torch.equal(native.lengths, reference.lengths)
+    torch.testing.assert_close(native.k_cache, reference.k_cache, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(native.v_cache, reference.v_cache, atol=1e-5, rtol=1e-5)
+
+
+@needs_kernels
+@settings(max_examples=5, deadline=None)
+@given(spec=layer_specs(), window=st.integers(1, 6),
+       history=st.lists(st.tuples(st.integers(0, 14), st.integers(1, 9)), min_size=1, max_size=3),
+       seed=st.integers(0, 2**16))
+def test_each_row_of_a_ring_step_is_computed_as_that_row_alone(spec: LayerSpec, window: int, history,
+                                                                seed: int) -> None:
+    """Batch invariance through a ring, bit for bit, in every variant: three rows in one call
+    against each row alone (its cache row given by `rows`), rings and outputs alike."""
+    spec = dataclasses.replace(spec, attention=dataclasses.replace(spec.attention, window=window))
+    w = _layer(spec, seed)
+    start = _ring_with_history(spec, window, history, seed)
+    g = torch.Generator().manual_seed(seed + 4)
+    x, positions = torch.randn(3, C, generator=g), torch.randint(0, 20, (3,), generator=g)
+    for variant in variants():
+        with use_variant(variant):
+            together_ring = copy.deepcopy(start)
+            together = native_step(spec, w, x, together_ring.k_cache, together_ring.v_cache, together_ring.lengths,
+                                   positions, None, together_ring.key_positions)
+            alone_ring = copy.deepcopy(start)
+            alone = torch.cat([native_step(spec, w, x[i:i + 1].contiguous(), alone_ring.k_cache, alone_ring.v_cache,
+                                           alone_ring.lengths, positions[i:i + 1].contiguous(), torch.tensor([i]),
+                                           alone_ring.key_positions) for i in range(3)])
+            assert torch.equal(together, alone), variant
+            for name in ("k_cache", "v_cache", "key_positions", "lengths"):
+                assert torch.equal(getattr(together_ring, name), getattr(alone_ring, name)), (variant, name)
+
+
+@needs_kernels
+def test_a_ring_of_other_sizes_or_past_its_positions_is_refused_in_one_line() -> None:
+    spec = LayerSpec(attention=AttentionSpec(4, 2, 8, window=4), mlp=MlpSpec(F_SIZE), rope=RopeSpec(10000.0, 8))
+    w = _layer(spec, 0)
+    x = torch.randn(1, C)
+    short = _ring_with_history(spec, 4, [(0, 2)], 0)  # a full window: any position
+    native_step(spec, w, x[:1].expand(3, C).contiguous(), short.k_cache, short.v_cache, short.lengths,
+                torch.tensor([100, 7, 3]), None, short.key_positions)
+    assert short.key_positions[0].tolist() == [100, 1, -1, -1, -1]  # 100 at slot 100 mod 4; 1 kept, unseen
+    shortened = WindowKVCache(CacheSpec(batch_size=1, num_kv_heads=2, capacity=3, head_dim=8, value_dim=8,
+                                        dtype=torch.float32, device=torch.device("cpu")), window=4)  # 3 slots < W
+    with pytest.raises(RuntimeError, match="a position lies outside the KV cache"):
+        native_step(spec, w, x, shortened.k_cache, shortened.v_cache, shortened.lengths, torch.tensor([3]), None,
+                    shortened.key_positions)
+    with pytest.raises(RuntimeError, match="key_positions must be contiguous int64"):
+        native_step(spec, w, x, shortened.k_cache, shortened.v_cache, shortened.lengths, torch.tensor([1]), None,
+                    shortened.key_positions[:, :2].contiguous())
+
+
 def test_descriptions_the_native_layer_lacks_are_declined_by_name() -> None:
     base = LayerSpec(attention=AttentionSpec(4, 2, 8), mlp=MlpSpec(F_SIZE), rope=RopeSpec(10000.0, 8))
     assert declined(base) is None
     over_all = dataclasses.replace(base, attention=dataclasses.replace(base.attention, qk_norm=NormSpec(), qk_norm_over="all"))
-    assert "over all heads" in declined(over_all)
-    with pytest.raises(ValueError, match="cannot run a rms q/k norm over all heads"):
-        pack(over_all)
+    assert declined(over_all) is None  # OLMo 2's q/k norm over all heads runs natively
+    layer_qk = dataclasses.replace(base, attention=dataclasses.replace(base.attention, qk_norm=NormSpec("layer")))
+    assert "layer q/k norm" in declined(layer_qk)
+    with pytest.raises(ValueError, match="cannot run a layer q/k norm"):
+        pack(layer_qk)
+    longrope = dataclasses.replace(base, rope=RopeSpec(10000.0, 8, scaling=(("rope_type", "longrope"),)))
+    assert "'longrope'" in declined(longrope)
+    linear = dataclasses.replace(base, rope=RopeSpec(10000.0, 8, scaling=(("factor", 8.0), ("rope_type", "linear"))))
+    assert declined(linear) is None  # Gemma 3's global layers
+    torch.testing.assert_close(rope_frequencies(linear.rope), rope_frequencies(base.rope) / 8.0, rtol=0, atol=0)
     yarn = dataclasses.replace(base, rope=RopeSpec(10000.0, 8, scaling=(("factor", 4.0), ("rope_type", "yarn"))))
     assert "'yarn'" in declined(yarn)
 

@@ -49,16 +49,28 @@ def key_mask(mask: Tensor | None) -> Tensor | None:
 
 @dataclass(frozen=True)
 class LayerParts:
-    """One decoder layer told in family-neutral terms, for a kernel that runs its whole
-    decode step (`qkv.runtime.native_layers`): x + attention(norm(x)), then + down(act(up(norm(x))))."""
+    """One decoder layer's tensors told in family-neutral terms, for a kernel that runs its
+    whole decode step (`qkv.runtime.native_layers`):
+    x + post_norm(attention(norm(x))), then + post_norm(down(act(up(norm(x))))).
+
+    A model that describes its layers (`layer_specs()`, qkv.models.layer_spec) gives here the
+    tensors its descriptions name: the post-norms' weights, the q/k norms' stored weights (any
+    weight offset is the description's), and each layer's RoPE frequencies (None: NoPE), so
+    the kernel rotates by the very numbers the modules do. `activation` and `eps` tell a
+    layer to a runtime that reads no description (GPT-2's, today)."""
 
     attn_norm: tuple[Tensor, ...]  # (weight,): RMSNorm; (weight, bias): LayerNorm
     attention: GroupedQueryAttention
     mlp_norm: tuple[Tensor, ...]
-    up: nn.Module  # a SwiGLU's stacked gate_up_proj, or GPT-2's first feed-forward layer
+    up: nn.Module  # a gated MLP's stacked gate_up_proj, or GPT-2's first feed-forward layer
     down: nn.Module
-    activation: Literal["silu_gated", "gelu_tanh"]
+    activation: Literal["silu_gated", "gelu_tanh_gated", "gelu_gated", "gelu_tanh"]
     eps: float  # the norms' (q/k norms included)
+    attn_post_norm: tuple[Tensor, ...] | None = None
+    mlp_post_norm: tuple[Tensor, ...] | None = None
+    q_norm: Tensor | None = None  # (D,) per-head q/k norm weights, as stored
+    k_norm: Tensor | None = None
+    inv_freq: Tensor | None = None  # (R/2,) the layer's RoPE frequencies (None: no RoPE, or unknown)
 
 
 class CausalDecoder(nn.Module, metaclass=ABCMeta):

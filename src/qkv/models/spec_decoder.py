@@ -184,26 +184,31 @@ class SpecDecoder(CausalDecoder):
     def attention_layers(self) -> Iterator[GroupedQueryAttention]:
         return (layer.self_attn for layer in self.model.layers)
 
+    def layer_specs(self) -> tuple[LayerSpec, ...]:
+        """Each layer's description, for a runtime that executes descriptions (qkv.runtime)."""
+        return tuple(layer.spec for layer in self.model.layers)
+
     def layer_parts(self) -> list[LayerParts] | None:
-        """The layers as qkv's whole-layer kernel runs them (pre-RMSNorm, SwiGLU, the whole
-        head rotated by one RoPE, no window, soft-cap, post-norm or score scale), or None."""
-        if self.rotary_embedding() is None or self.spec.embedding_scale is not None:
-            return None
+        """Each layer's tensors as its description names them (`layer_specs()`), for qkv's
+        whole-layer kernel, or None before `fuse_projections` (the kernel reads q, k, v and
+        gate, up stacked). Which descriptions the kernel runs is the runtime's to say."""
+        rotaries = self.model.rotaries()
         parts = []
-        for layer in self.model.layers:
-            s = layer.spec
-            norms = [n for n in (s.attn_norm, s.mlp_norm, s.attention.qk_norm) if n is not None]
-            plain = (s.attn_norm is not None and s.mlp_norm is not None and s.attn_post_norm is None
-                     and s.mlp_post_norm is None and all(n.weight_offset == 0 for n in norms)
-                     and len({n.eps for n in norms}) == 1 and s.attention.qk_norm_over == "head"
-                     and s.attention.scale is None and s.attention.softcap is None and s.attention.window is None
-                     and s.mlp.activation == "silu" and not s.mlp.bias)
-            if not plain or layer.mlp.gate_up_proj is None:  # the fused kernel reads gate and up stacked
+        for layer, rope in zip(self.model.layers, self.model.rope_index):
+            s, attention, mlp = layer.spec, layer.self_attn, layer.mlp
+            if mlp.gate_up_proj is None or attention.qkv_proj is None:
                 return None
+            norms = {role: (getattr(layer, name).weight,) for role, name in layer.norm_names.items()}
+            q_norm, k_norm = (getattr(attention.q_norm, "weight", None), getattr(attention.k_norm, "weight", None))
+            first_norm = next((n for n in (s.attn_norm, s.mlp_norm, s.attn_post_norm, s.mlp_post_norm) if n), None)
             parts.append(LayerParts(
-                attn_norm=(layer.input_layernorm.weight,), attention=layer.self_attn,
-                mlp_norm=(layer.post_attention_layernorm.weight,), up=layer.mlp.gate_up_proj,
-                down=layer.mlp.down_proj, activation="silu_gated", eps=s.attn_norm.eps,  # type: ignore[union-attr]
+                attn_norm=norms.get("attn_norm", ()), attention=attention, mlp_norm=norms.get("mlp_norm", ()),
+                up=mlp.gate_up_proj, down=mlp.down_proj, activation=f"{s.mlp.activation}_gated",  # type: ignore[arg-type]
+                eps=first_norm.eps if first_norm is not None else 1e-6,
+                attn_post_norm=norms.get("attn_post_norm"), mlp_post_norm=norms.get("mlp_post_norm"),
+                q_norm=q_norm if s.attention.qk_norm is not None else None,
+                k_norm=k_norm if s.attention.qk_norm is not None else None,
+                inv_freq=None if rope is None else rotaries[rope].inv_freq,
             ))
         return parts
 

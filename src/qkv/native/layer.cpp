@@ -6,14 +6,15 @@
 // as the ops, with the norms, RoPE, the cache write and the activation in between.
 //
 //   qkv::decoder_layer(x (B, C), spec (FIELDS,) f64, vectors, qkv, o, up, down, k_cache!, v_cache!,
-//                      lengths!, positions (B,), rows (B,)?) -> (B, C)
+//                      lengths!, positions (B,), rows (B,)?, key_positions! (rows, W + 1)?) -> (B, C)
 //
 // `spec` is the layer's description (qkv.models.layer_spec.LayerSpec, packed by
 // qkv.runtime.native_layer_spec in the order of `Field` below):
 //     x = x + post_norm_a(o(attention(rope(q, k), v)))   with q, k, v = qkv(norm_a(x))
 //     x = x + post_norm_m(down(act(gate) * up | act(up)))  with [gate | up] = up(norm_m(x))
 // Each norm is absent, RMSNorm, LayerNorm, or LayerNorm with a bias (a weight offset such as
-// Gemma's 1 + w is folded into the weight before the call); q/k norms are per head; RoPE turns
+// Gemma's 1 + w is folded into the weight before the call); q/k norms are per head, or over
+// all heads at once (OLMo 2: every query channel, then every key channel); RoPE turns
 // the first rotary_dim channels of each head (rotate-half pairs i, i + rotary_dim / 2) or none
 // (NoPE); scores are scale * q.k, soft-capped where softcap > 0, over the last `window` keys
 // where window > 0, with a learned sink logit per head joining the softmax where sinks is
@@ -21,7 +22,11 @@
 // post_norm_a, norm_m, post_norm_m, then the q and k norms' weights, then RoPE's inverse
 // frequencies (rotary_dim / 2), then the sinks (H). The linear layers are lists [w, (scales | d, m)?, bias?]
 // (kernels.h's Linear). The new keys and values are written at `positions` of cache row
-// rows[r] (or r); lengths[row] becomes at least position + 1.
+// rows[r] (or r); lengths[row] becomes at least position + 1. With `key_positions` (rows,
+// W + 1) int64 the caches are a sliding-window ring (qkv.attention.window_cache, W slots and
+// a scratch slot): what a row held at its position and beyond is forgotten (a rewind),
+// position p is written at slot p mod W, lengths[row] becomes p + 1, and the query sees the
+// slots whose key position kp satisfies p - window < kp <= p.
 //
 // Every row is computed by the same operations whatever B is (batch invariance).
 //
@@ -31,15 +36,17 @@
 
 #include <math.h>
 
+#include <memory>
+
 namespace qkv {
 namespace {
 
-constexpr int64_t LAYOUT = 2;  // the version of the field order below
+constexpr int64_t LAYOUT = 3;  // the version of the field order below
 enum Field : int64_t {
     VERSION, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM,
     ATTN_NORM, ATTN_NORM_EPS, ATTN_POST_NORM, ATTN_POST_NORM_EPS,
     MLP_NORM, MLP_NORM_EPS, MLP_POST_NORM, MLP_POST_NORM_EPS,
-    QK_NORM, QK_NORM_EPS, ROTARY_DIM, ACTIVATION, GATED, SCALE, SOFTCAP, WINDOW, SINKS,
+    QK_NORM, QK_NORM_EPS, ROTARY_DIM, ACTIVATION, GATED, SCALE, SOFTCAP, WINDOW, SINKS, QK_NORM_OVER_ALL,
     FIELDS
 };
 enum NormKind : int64_t { NO_NORM = 0, RMS = 1, LAYER = 2, LAYER_WITH_BIAS = 3 };
@@ -55,7 +62,7 @@ struct Norm {
 // The layer description as the C++ reads it (what `spec` holds, checked).
 struct LayerDesc {
     int64_t heads = 0, kv_heads = 0, head_dim = 0, rotary_dim = 0, activation = SILU, window = 0;
-    bool gated = true;
+    bool gated = true, qk_over_all = false;  // q/k norms over each head, or over all heads at once
     float scale = 1.f, softcap = 0.f;
     Norm attn_norm, attn_post_norm, mlp_norm, mlp_post_norm, q_norm, k_norm;
     const float *inv_freq = nullptr, *sinks = nullptr;  // sinks: one learned logit per query head
@@ -115,10 +122,11 @@ LayerDesc describe(const Tensor &spec_tensor, const std::vector<Tensor> &vectors
     L.mlp_norm = norm_at(spec, MLP_NORM, vectors, next, C);
     L.mlp_post_norm = norm_at(spec, MLP_POST_NORM, vectors, next, C);
     const int64_t qk = static_cast<int64_t>(spec[QK_NORM]);
-    check(qk == NO_NORM || qk == RMS, "qkv::decoder_layer: q/k norms are RMS norms per head, or none");
-    if (qk == RMS) {
-        L.q_norm = norm_at(spec, QK_NORM, vectors, next, L.head_dim);
-        L.k_norm = norm_at(spec, QK_NORM, vectors, next, L.head_dim);
+    check(qk == NO_NORM || qk == RMS, "qkv::decoder_layer: q/k norms are RMS norms, or none");
+    L.qk_over_all = spec[QK_NORM_OVER_ALL] != 0.0;
+    if (qk == RMS) {  // per head: (D) weights; over all heads (OLMo 2): (H * D) and (H_kv * D)
+        L.q_norm = norm_at(spec, QK_NORM, vectors, next, L.qk_over_all ? L.heads * L.head_dim : L.head_dim);
+        L.k_norm = norm_at(spec, QK_NORM, vectors, next, L.qk_over_all ? L.kv_heads * L.head_dim : L.head_dim);
     }
     if (L.rotary_dim > 0)
         L.inv_freq = vector_at(vectors, next, L.rotary_dim / 2, "qkv::decoder_layer: inv_freq must be float32 (rotary_dim/2,)");
@@ -211,7 +219,8 @@ void activate(int64_t kind, bool gated, const float *g, float *out, int64_t F) {
 
 Tensor decoder_layer(Tensor x, Tensor spec, std::vector<Tensor> vectors, std::vector<Tensor> qkv,
                      std::vector<Tensor> o, std::vector<Tensor> up, std::vector<Tensor> down, Tensor k_cache,
-                     Tensor v_cache, Tensor lengths, Tensor positions, std::optional<Tensor> rows) {
+                     Tensor v_cache, Tensor lengths, Tensor positions, std::optional<Tensor> rows,
+                     std::optional<Tensor> key_positions) {
     using torch::headeronly::ScalarType;
     check(x.dim() == 2 && x.scalar_type() == ScalarType::Float && x.is_contiguous(),
           "qkv::decoder_layer takes x (B, C) contiguous float32");
@@ -249,8 +258,21 @@ Tensor decoder_layer(Tensor x, Tensor spec, std::vector<Tensor> vectors, std::ve
     check(Lqkv.N == P && Lo.N == C && Ldown.N == C && (!L.gated || Lup.N % 2 == 0),
           "qkv::decoder_layer: the layers' sizes disagree with C, the heads and the head size");
     const int64_t *pos = static_cast<const int64_t *>(positions.data_ptr());
-    for (int64_t r = 0; r < M; r++)
-        check(pos[r] >= 0 && pos[r] < S, "qkv::decoder_layer: a position lies outside the KV cache");
+    // A ring (a sliding-window cache): W = S - 1 slots and a scratch slot; key_positions (rows, S)
+    // says which position each slot holds (-1: none). Position p lives at slot p mod W.
+    int64_t *ring = nullptr;
+    const int64_t W = S - 1;
+    if (key_positions.has_value()) {
+        check(key_positions->dim() == 2 && key_positions->size(0) == slots && key_positions->size(1) == S &&
+                  key_positions->scalar_type() == ScalarType::Long && key_positions->is_contiguous() && W >= 1 &&
+                  L.window > 0 && W <= L.window,
+              "qkv::decoder_layer: a ring's key_positions must be contiguous int64 (cache rows, W + 1), W at most "
+              "the layer's window");
+        ring = static_cast<int64_t *>(key_positions->data_ptr());
+    }
+    for (int64_t r = 0; r < M; r++)  // a ring shorter than the window holds only positions below W
+        check(pos[r] >= 0 && (ring ? (W == L.window || pos[r] < W) : pos[r] < S),
+              "qkv::decoder_layer: a position lies outside the KV cache");
 
     Tensor out = torch::stable::new_empty(x, {M, C});
     float *y = static_cast<float *>(out.data_ptr());
@@ -274,28 +296,50 @@ Tensor decoder_layer(Tensor x, Tensor spec, std::vector<Tensor> vectors, std::ve
             cos_[i] = cosf(angle);
             sin_[i] = sinf(angle);
         }
+        if (L.qk_over_all && L.q_norm.kind != NO_NORM) {  // every query head at once, then every key head
+            normalize(L.q_norm, row, row);
+            normalize(L.k_norm, keys, keys);
+        }
         for (int64_t hd = 0; hd < H + Hkv; hd++) {  // query heads, then key heads
             float *vec = hd < H ? row + hd * D : keys + (hd - H) * D;
             const Norm &qk = hd < H ? L.q_norm : L.k_norm;
-            if (qk.kind != NO_NORM) normalize(qk, vec, vec);
+            if (qk.kind != NO_NORM && !L.qk_over_all) normalize(qk, vec, vec);
             if (half > 0) rotate(vec, cos_.data(), sin_.data(), half);
         }
         const int64_t c = row_of ? row_of[r] : r;
+        int64_t at = pos[r];
+        if (ring) {  // as WindowKVCache.update: forget what position p and beyond held, then write p
+            int64_t *kp = ring + c * S;
+            for (int64_t s = 0; s < W; s++) kp[s] = kp[s] >= pos[r] ? -1 : kp[s];
+            at = pos[r] % W;
+            kp[at] = pos[r];
+            kp[W] = -1;
+        }
         for (int64_t g = 0; g < Hkv; g++) {
-            const int64_t slot = ((c * Hkv + g) * S + pos[r]) * D;
+            const int64_t slot = ((c * Hkv + g) * S + at) * D;
             std::copy(keys + g * D, keys + (g + 1) * D, kc + slot);
             std::copy(values + g * D, values + (g + 1) * D, vc + slot);
         }
-        held[c] = std::max(held[c], pos[r] + 1);
+        held[c] = ring ? pos[r] + 1 : std::max(held[c], pos[r] + 1);
+    }
+    // a ring's query at p sees the slots holding positions p - window < kp <= p
+    std::unique_ptr<bool[]> visible(ring ? new bool[static_cast<size_t>(M * S)] : nullptr);
+    for (int64_t r = 0; ring && r < M; r++) {
+        const int64_t *kp = ring + (row_of ? row_of[r] : r) * S;
+        for (int64_t s = 0; s < S; s++)
+            visible[r * S + s] = s < W && kp[s] >= 0 && kp[s] <= pos[r] && kp[s] > pos[r] - L.window;
     }
     const int64_t group = H / Hkv;
     torch::stable::parallel_for(0, M * H, 1, [&](int64_t i0, int64_t i1) {
         std::vector<float> w(static_cast<size_t>(S));
         for (int64_t i = i0; i < i1; i++) {
             const int64_t r = i / H, hq = i % H, kv = (row_of ? row_of[r] : r) * Hkv + hq / group;
-            // the keys this query may see: the slots up to its own position (the last `window`)
-            const int64_t end = pos[r] + 1, begin = L.window > 0 ? std::max<int64_t>(0, end - L.window) : 0;
-            attend_one(proj.data() + r * P + hq * D, kc + kv * S * D, vc + kv * S * D, nullptr,
+            // the keys this query may see: the slots up to its own position (the last `window`),
+            // or a ring's visible slots
+            const int64_t end = ring ? W : pos[r] + 1,
+                          begin = !ring && L.window > 0 ? std::max<int64_t>(0, end - L.window) : 0;
+            attend_one(proj.data() + r * P + hq * D, kc + kv * S * D, vc + kv * S * D,
+                       ring ? visible.get() + r * S : nullptr,
                        context.data() + r * Q + hq * D, begin, end, D, D, L.scale, L.softcap,
                        L.sinks ? L.sinks + hq : nullptr, w.data());
         }
@@ -321,7 +365,7 @@ Tensor decoder_layer(Tensor x, Tensor spec, std::vector<Tensor> vectors, std::ve
 STABLE_TORCH_LIBRARY_FRAGMENT(qkv, m) {
     m.def("decoder_layer(Tensor x, Tensor spec, Tensor[] vectors, Tensor[] qkv, Tensor[] o, Tensor[] up, "
           "Tensor[] down, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor(c!) lengths, Tensor positions, "
-          "Tensor? rows) -> Tensor");
+          "Tensor? rows, Tensor(d!)? key_positions=None) -> Tensor");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(qkv, CPU, m) {

@@ -2,7 +2,7 @@
 
 `qkv::decoder_layer` (native/layer.cpp) runs whatever one `LayerSpec` describes within what
 it implements: pre- and post-norms (RMS, Layer, Layer with bias, any weight offset folded
-into the weight here), per-head q/k RMS norms, RoPE on all or the first `rotary_dim`
+into the weight here), q/k RMS norms per head or over all heads (OLMo 2), RoPE on all or the first `rotary_dim`
 channels of a head or none (NoPE), a score scale, a soft-cap, a sliding window, learned
 attention sinks (one logit per head), and a gated (SwiGLU, GeGLU) or plain feed-forward with silu, tanh-GELU or erf-GELU. A description with a
 part it does not implement is declined by `declined(spec)`, naming the part, and the layer
@@ -23,11 +23,12 @@ from torch import Tensor
 from qkv.attention.rope import Llama3RopeScaling, inverse_frequencies
 from qkv.models.layer_spec import LayerSpec, NormSpec, RopeSpec
 
-LAYOUT = 2  # layer.cpp's LAYOUT: the version of FIELDS' order
+LAYOUT = 3  # layer.cpp's LAYOUT: the version of FIELDS' order
 FIELDS = ("version", "num_heads", "num_kv_heads", "head_dim",
           "attn_norm", "attn_norm_eps", "attn_post_norm", "attn_post_norm_eps",
           "mlp_norm", "mlp_norm_eps", "mlp_post_norm", "mlp_post_norm_eps",
-          "qk_norm", "qk_norm_eps", "rotary_dim", "activation", "gated", "scale", "softcap", "window", "sinks")
+          "qk_norm", "qk_norm_eps", "rotary_dim", "activation", "gated", "scale", "softcap", "window", "sinks",
+          "qk_norm_over_all")
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1, "gelu": 2}  # layer.cpp's ActivationKind
 LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
@@ -41,19 +42,28 @@ def _norm_code(norm: NormSpec | None) -> int:
 
 def _llama3(rope: RopeSpec) -> Llama3RopeScaling | None:
     scaling = rope.scaling_dict or {}
-    return Llama3RopeScaling(**{key: scaling[key] for key in LLAMA3_KEYS}) if scaling else None  # type: ignore[arg-type]
+    if _scaling_kind(rope) != "llama3":
+        return None
+    return Llama3RopeScaling(**{key: scaling[key] for key in LLAMA3_KEYS})  # type: ignore[arg-type]
 
 
 def declined(spec: LayerSpec) -> str | None:
     """Why the native layer cannot run `spec` (the first part it lacks), or None."""
     att = spec.attention
-    if att.qk_norm is not None and (att.qk_norm.kind != "rms" or att.qk_norm_over != "head"):
-        return f"a {att.qk_norm.kind} q/k norm over {att.qk_norm_over} heads (the native layer has per-head RMS)"
+    if att.qk_norm is not None and att.qk_norm.kind != "rms":
+        return f"a {att.qk_norm.kind} q/k norm (the native layer has RMS q/k norms)"
     if spec.rope is not None and spec.rope.scaling:
-        kind = (spec.rope.scaling_dict or {}).get("rope_type", (spec.rope.scaling_dict or {}).get("type"))
-        if kind != "llama3" or any(key not in (spec.rope.scaling_dict or {}) for key in LLAMA3_KEYS):
-            return f"RoPE scaling {kind!r} (the native layer has llama3's, or none)"
+        scaling = spec.rope.scaling_dict or {}
+        kind = _scaling_kind(spec.rope)
+        if not (kind == "default" or (kind == "llama3" and all(key in scaling for key in LLAMA3_KEYS))
+                or (kind == "linear" and "factor" in scaling)):
+            return f"RoPE scaling {kind!r} (the native layer has llama3's, linear, or none)"
     return None
+
+
+def _scaling_kind(rope: RopeSpec) -> object:
+    scaling = rope.scaling_dict or {}
+    return scaling.get("rope_type", scaling.get("type"))
 
 
 def pack(spec: LayerSpec) -> Tensor:
@@ -75,14 +85,19 @@ def pack(spec: LayerSpec) -> Tensor:
         "rotary_dim": spec.rope.rotary_dim if spec.rope else 0,
         "activation": ACTIVATIONS[mlp.activation], "gated": int(mlp.gated), "scale": att.score_scale,
         "softcap": att.softcap or 0.0, "window": att.window or 0, "sinks": int(att.sinks),
+        "qk_norm_over_all": int(att.qk_norm_over == "all"),
     }
     return torch.tensor([float(values[name]) for name in FIELDS], dtype=torch.float64)
 
 
 def rope_frequencies(rope: RopeSpec) -> Tensor:
     """(R/2,) float32 rotation speeds of the rotated channels: base ** (-2i / R), llama3-scaled
-    where the description says so (qkv.attention.rope, what the modules compute)."""
-    return inverse_frequencies(rope.rotary_dim, rope.base, _llama3(rope)).float().contiguous()
+    or divided by a linear factor where the description says so (qkv.attention.rope and
+    rope_scaling, what the modules compute)."""
+    frequencies = inverse_frequencies(rope.rotary_dim, rope.base, _llama3(rope)).float()
+    if _scaling_kind(rope) == "linear":
+        frequencies = frequencies / float((rope.scaling_dict or {})["factor"])  # type: ignore[arg-type]
+    return frequencies.contiguous()
 
 
 def _norm_tensors(norm: NormSpec | None, tensors: tuple[Tensor, ...] | None, where: str) -> list[Tensor]:

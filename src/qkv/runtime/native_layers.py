@@ -10,23 +10,27 @@ for the same step as 30 calls of `qkv::decoder_layer`, which runs a layer's norm
 products, RoPE, cache write, attention, activation and shortcuts in C++ (native/layer.cpp).
 
 The C++ reads each layer's description (`qkv.models.layer_spec.LayerSpec`, packed by
-`qkv.runtime.native_layer_spec`): a model that gives `layer_specs()` hands its own; for today's
-Llama/Qwen and GPT-2 layers the description is read here from the layer's modules
-(`spec_of`). A layer is declined by what its description says (`declined`), not by a list of
-codes kept beside the C++.
+`qkv.runtime.native_layer_spec`): a model that gives `layer_specs()` hands its own (every
+SpecDecoder family: Llama, Qwen, Gemma 2/3, Phi-3, Mistral, SmolLM3, OLMo 2) with the tensors
+they name (`layer_parts()`: post-norms, q/k norms, each layer's RoPE frequencies); for GPT-2's
+layers the description is read here from the layer's modules (`spec_of`). A layer is declined
+by what its description says (`declined`: LongRoPE, say), not by a list of codes kept beside
+the C++.
 
     model.fused_layers = FusedLayers.for_model(model)   # qkv.perf.prepare_for_decoding does this
     # then: model.setup_cache(...) binds the caches; model.forward() takes decode steps here
 
 Which calls it takes: one new token per row, float32, no gradients, no extra mask, and
-caches whose kind gives `fused_buffers()` (StaticKVCache; other kinds and prompts run the
-layers as modules). A session that records the modules with hooks (a trace, `qkv.trace`)
-asks the runtime for the module step (`step="modules"`), so its hooks see every step.
+caches whose kind gives `fused_buffers()` (StaticKVCache, SlotKVCache) or is a sliding-window
+ring (`WindowKVCache.fused_ring()`: the kernel writes slot p mod W and keeps the ring's key
+positions, as the ring's own `update` does); other kinds and prompts run the layers as
+modules. A session that records the modules with hooks (a trace, `qkv.trace`) asks the
+runtime for the module step (`step="modules"`), so its hooks see every step.
 
 The math is the layers': the same weights through the same kernels (`qkv::int4_linear`'s
 activation rounding included) in the same order, so its logits match the module path to
-float rounding (tests/perf/test_fused_layers.py; with int4, to the rounding of an
-activation that lands on a step boundary).
+float rounding (tests/runtime/test_native_layers.py and test_native_families.py; with int4,
+to the rounding of an activation that lands on a step boundary).
 
 Shape legend: B batch (rows), C hidden size, H query heads, D head size.
 """
@@ -40,6 +44,7 @@ import torch
 from torch import Tensor, nn
 
 from qkv.attention.kv_cache import StaticKVCache
+from qkv.attention.window_cache import WindowKVCache
 from qkv.models.layer_spec import AttentionSpec, LayerSpec, MlpSpec, NormSpec, RopeSpec
 from qkv.native import native_kernels
 from qkv.perf.block_linear import BlockLinear, StackedBlockLinear
@@ -116,26 +121,43 @@ def spec_of(parts: LayerParts, rotary: RotaryEmbedding | None) -> LayerSpec | No
         rope=rope, attn_norm=norm, mlp_norm=norm)
 
 
-def _layer_arguments(parts: LayerParts, spec: LayerSpec | None, buffers: tuple[Tensor, Tensor, Tensor]) -> tuple[Any, ...] | None:
-    """The op's arguments before `positions` (qkv::decoder_layer's), or None when the layer
-    cannot run natively: no description, one it declines, or tensors it does not read."""
+def _cache_buffers(cache: KVCache) -> tuple[Tensor, ...] | None:
+    """What the kernel writes and reads of one layer's cache: (keys, values, lengths) of a cache
+    that stores position p at slot p (`fused_buffers`), (keys, values, lengths, key_positions)
+    of a sliding-window ring (`WindowKVCache.fused_ring`), or None for other kinds."""
+    if isinstance(cache, WindowKVCache):
+        return cache.fused_ring()
+    return cache.fused_buffers()
+
+
+def _layer_arguments(parts: LayerParts, spec: LayerSpec | None,
+                     buffers: tuple[Tensor, ...]) -> tuple[tuple[Any, ...], Tensor | None] | None:
+    """The op's arguments before `positions` (qkv::decoder_layer's) and a ring's key_positions
+    (None: a cache of slot p), or None when the layer cannot run natively: no description, one
+    it declines, or tensors it does not read."""
     if spec is None or declined(spec) is not None:
         return None
     att = parts.attention
     linears = [linear_tensors(m) if m is not None else None for m in (att.qkv_proj, att.o_proj, parts.up, parts.down)]
-    norms = [*parts.attn_norm, *parts.mlp_norm]
+    norms = [*parts.attn_norm, *parts.mlp_norm, *(parts.attn_post_norm or ()), *(parts.mlp_post_norm or ())]
     if (any(x is None for x in linears) or att.ring is not None
             or any(t.dtype != torch.float32 or not t.is_contiguous() for t in norms)):
         return None
-    k_cache, v_cache, lengths = buffers
+    k_cache, v_cache, lengths = buffers[:3]
     if k_cache.dtype != torch.float32 or k_cache.shape[-1] != v_cache.shape[-1]:
         return None
+    if len(buffers) == 4 and spec.attention.window is None:  # a ring for a layer that sees every key
+        return None
+    q_norm = parts.q_norm if parts.q_norm is not None else _norm_weight(att.q_norm)
+    k_norm = parts.k_norm if parts.k_norm is not None else _norm_weight(att.k_norm)
     try:
         vectors = layer_vectors(spec, attn_norm=tuple(parts.attn_norm), mlp_norm=tuple(parts.mlp_norm),
-                                q_norm=_norm_weight(att.q_norm), k_norm=_norm_weight(att.k_norm))
+                                attn_post_norm=parts.attn_post_norm, mlp_post_norm=parts.mlp_post_norm,
+                                q_norm=q_norm, k_norm=k_norm, inv_freq=parts.inv_freq)
     except ValueError:  # the description and the modules disagree: run the modules
         return None
-    return (pack(spec), vectors, *linears, k_cache, v_cache, lengths)
+    ring = buffers[3] if len(buffers) == 4 else None
+    return (pack(spec), vectors, *linears, k_cache, v_cache, lengths), ring
 
 
 class FusedLayers:
@@ -149,7 +171,7 @@ class FusedLayers:
     """
 
     def __init__(self, on_unfused: Callable[[], object] | None = None) -> None:
-        self._layers: list[tuple[Any, ...]] | None = None
+        self._layers: list[tuple[tuple[Any, ...], Tensor | None]] | None = None
         self._cache: KVCache | None = None  # the first layer's, asked which rows a call carries
         self._on_unfused = on_unfused
         self.fallback: object = None  # what on_unfused returned, once called
@@ -184,19 +206,22 @@ class FusedLayers:
 
     def bind(self, model: CausalDecoder, caches: list[KVCache]) -> None:
         parts = model.layer_parts()
-        rotary = model.rotary_embedding()
         given = getattr(model, "layer_specs", None)  # a model that describes its own layers
-        specs = list(given()) if callable(given) else [spec_of(part, rotary) for part in parts or []]
-        layers: list[Any] | None = []
+        if callable(given):
+            specs = list(given())
+        else:  # GPT-2's decoder: its layers' descriptions are read from their modules
+            rotary = model.rotary_embedding()
+            specs = [spec_of(part, rotary) for part in parts or []]
+        layers: list[tuple[tuple[Any, ...], Tensor | None]] | None = []
         for index, part in enumerate(parts or []):
             cache = caches[index] if index < len(caches) else None
-            buffers = cache.fused_buffers() if cache is not None else None
+            buffers = _cache_buffers(cache) if cache is not None else None
             spec = specs[index] if index < len(specs) else None
             arguments = None if buffers is None else _layer_arguments(part, spec, buffers)
-            if arguments is None:
+            if arguments is None or layers is None:
                 layers = None
                 break
-            layers.append(arguments)  # type: ignore[union-attr]
+            layers.append(arguments)
         self._layers = layers if parts and layers else None
         self._cache = caches[0] if self._layers is not None else None
 
@@ -214,6 +239,6 @@ class FusedLayers:
         where = positions.reshape(-1).to(torch.int64).expand(b).contiguous()  # (B,)
         rows = self._cache.fused_rows()  # (B,) cache rows, or None: row r is cache row r
         layer = torch.ops.qkv.decoder_layer.default
-        for arguments in self._layers:
-            hidden = layer(hidden, *arguments, where, rows)
+        for arguments, ring in self._layers:
+            hidden = layer(hidden, *arguments, where, rows, ring)
         return hidden.reshape(b, 1, c)  # (B, 1, C)
