@@ -159,3 +159,18 @@ def test_a_gpt2_file_in_blocks_runs_at_int8_by_default_and_refuses_blocks_by_nam
     assert load_prepared_model(path, precision="auto", compile=False)[1].precision == "int8"
     with pytest.raises(QkvError, match="gpt2.gguf is not one: choose auto, int8 or int4"):
         load_prepared_model(path, precision="blocks", compile=False)
+
+
+@needs_block_products
+def test_the_memory_check_counts_the_blocks_as_stored(tmp_path: Path) -> None:
+    """A file kept in its blocks needs about its own size, not its float32 values: a limit
+    between the two lets "auto" (blocks) load it and refuses int8, which reads float32 first."""
+    from qkv.models.gguf import open_gguf_file
+
+    path = write_block_gguf(tmp_path / "mix.gguf", embedding=Q.Q8_0)
+    file = open_gguf_file(path)
+    assert file.stored_bytes < file.read_bytes / 2
+    limit = 2 * file.stored_bytes + (1 << 20)  # the blocks and the modules' overhead fit; float32 does not
+    assert load_prepared_model(path, precision="auto", compile=False, max_memory=limit)[1].precision == "blocks"
+    with pytest.raises(QkvError, match="memory"):
+        load_prepared_model(path, precision="int8", compile=False, max_memory=limit)

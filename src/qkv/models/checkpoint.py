@@ -130,12 +130,14 @@ class ModelPlan:
 
 def plan_model(
     config: dict[str, Any], shapes: Shapes, *, dtype: torch.dtype = torch.float32, source: str,
-    read_bytes: int = 0, max_memory: int | None = None,
+    read_bytes: int = 0, max_memory: int | None = None, weight_bytes: int | None = None,
 ) -> ModelPlan:
     """Validate config.json, estimate memory, and check every tensor's name and shape.
 
     `shapes` are the checkpoint's tensor shapes under Hugging Face names, as the file's
-    header states them; `read_bytes` is what reading the tensors will hold in memory.
+    header states them; `read_bytes` is what reading the tensors will hold in memory;
+    `weight_bytes`, where given, what the model's weights take as loaded (a GGUF file's
+    blocks kept as stored) instead of every parameter in `dtype` and a prepared copy.
     Nothing the size of the model is allocated: names and shapes come from the config.
     """
     family = family_of(config, source)
@@ -151,7 +153,8 @@ def plan_model(
         maps, {rename(k): v for k, v in shapes.items()}, skip=skip, tied_duplicates=tied, source=source
     )
     parameters = sum(math.prod(m.shape) for m in maps)
-    needed = parameters * (4 + torch.finfo(dtype).bits // 8) + read_bytes + len(maps) * MODULE_OVERHEAD
+    weights = parameters * (4 + torch.finfo(dtype).bits // 8) if weight_bytes is None else weight_bytes
+    needed = weights + read_bytes + len(maps) * MODULE_OVERHEAD
     require_memory(needed, max_memory=max_memory, what=f"{source} ({parameters:,} parameters)")
     return ModelPlan(family, spec, config, config_value(config, "vocab_size"), parameters, dtype, source)
 

@@ -311,6 +311,16 @@ class GGUFFile:
         return read_stored_state(self.reader, self.config, self.path, dtype, keep=keep)
 
     @property
+    def stored_bytes(self) -> int:
+        """Memory the tensors take read as `read_stored(embedding=True)` keeps them: the block
+        matrices' bytes as stored, every other tensor as float32."""
+        total = 0
+        for t in self.reader.tensors:
+            blocks = t.tensor_type in gguf_blocks.BLOCK_FORMATS and len(t.shape) == 2
+            total += int(t.n_bytes) if blocks else 4 * int(np.prod(t.shape))
+        return total
+
+    @property
     def stored_in_blocks(self) -> bool:
         """Whether every matrix of the repeated layers is stored in a GGUF block type (a Q4_K_M,
         Q5_0, Q8_0... file), which qkv's block products multiply as stored (qkv.perf.block_linear)."""

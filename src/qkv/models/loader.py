@@ -116,10 +116,12 @@ class OpenedModel:
 
 def open_model(
     path_or_name: str | os.PathLike[str], dtype: torch.dtype = torch.float32, *,
-    max_memory: int | None = None, chat: bool = False,
+    max_memory: int | None = None, chat: bool = False, keep_blocks: bool = False,
 ) -> OpenedModel:
     """Every check of `load` that needs no weights: the metadata, the config, the memory
-    estimate, every tensor's name and shape, the tokenizer."""
+    estimate, every tensor's name and shape, the tokenizer. keep_blocks: the caller keeps a
+    GGUF file's block matrices as stored (qkv.runtime.stored_blocks), so the estimate is the
+    file's bytes, not its float32 values."""
     name = named_model(path_or_name)
     source: Any
     if name is not None:
@@ -142,9 +144,10 @@ def open_model(
             f"{where} has no chat template (GGUF tokenizer.chat_template, tokenizer_config.json "
             "'chat_template' or chat_template.jinja); chat needs an instruction model, e.g. --model smollm2"
         )
+    stored = keep_blocks and isinstance(source, gguf.GGUFFile) and source.stored_in_blocks
     plan = checkpoint.plan_model(
-        source.config, source.shapes, dtype=dtype, source=where, read_bytes=source.read_bytes,
-        max_memory=max_memory,
+        source.config, source.shapes, dtype=dtype, source=where, read_bytes=0 if stored else source.read_bytes,
+        max_memory=max_memory, weight_bytes=source.stored_bytes if stored else None,
     )
     plan.check_vocabulary(source.tokenizer, f"{where}: the tokenizer")
     return OpenedModel(source, plan, template)

@@ -211,7 +211,8 @@ def load_prepared_model(
     from qkv.models.loader import open_model
 
     check_precision(precision)
-    opened = open_model(source, load_dtype(precision), max_memory=max_memory, chat=chat)
+    keep_blocks = precision == BLOCKS or (precision == AUTO and block_products_run())  # sized as stored
+    opened = open_model(source, load_dtype(precision), max_memory=max_memory, chat=chat, keep_blocks=keep_blocks)
     if precision == AUTO and getattr(opened.source, "prefers_float32", False):
         precision = "float32"  # the book's model.pth: its own float32 greedy text is the reference
     in_blocks = getattr(opened.source, "stored_in_blocks", False)
@@ -226,6 +227,7 @@ def load_prepared_model(
             raise QkvError(f"--dtype blocks needs a GGUF file whose layer matrices qkv's models hold as stored "
                            f"blocks (Q4_K, Q8_0...); {opened.source.path} is not one: choose {AUTO}, int8 or int4")
         precision = "int8"  # a model whose layers are not the file's matrices one for one (GPT-2's Conv1D)
+        opened = open_model(source, load_dtype(precision), max_memory=max_memory, chat=chat)  # sized as float32
     if precision == "int4":  # a file of Q4_0/Q4_1 layers: its blocks as stored, no cache needed (stored_four_bits)
         stored = load_stored_four_bits(opened, lambda model: _shape_layers(model, precision, empty=True))
         if stored is not None:
