@@ -22,6 +22,16 @@ namespace block_kernels {
 
 void decode_block(int64_t type, const uint8_t *b, float *out);  // the generic decoder (block_products.cpp)
 
+// Q4_K / Q5_K: 8 six-bit scales and minimums from 12 bytes (gguf's get_scale_min).
+inline void scale_min_k4(const uint8_t *s, uint8_t *sc, uint8_t *mn) {
+    for (int j = 0; j < 4; j++) {
+        sc[j] = s[j] & 63;
+        mn[j] = s[4 + j] & 63;
+        sc[4 + j] = (s[8 + j] & 0x0F) | ((s[j] >> 2) & 0x30);
+        mn[4 + j] = (s[8 + j] >> 4) | ((s[4 + j] >> 2) & 0x30);
+    }
+}
+
 // Bytes of one row of K weights in `type`, or 0 when the type is not one these kernels read or K
 // is not whole blocks of it.
 int64_t row_bytes_of(int64_t type, int64_t K);

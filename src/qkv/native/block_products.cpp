@@ -109,16 +109,6 @@ float half(const uint8_t *p) {
 
 constexpr int8_t IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
-// Q4_K / Q5_K: 8 six-bit scales and minimums from 12 bytes (gguf's get_scale_min).
-inline void scale_min_k4(const uint8_t *s, uint8_t *sc, uint8_t *mn) {
-    for (int j = 0; j < 4; j++) {
-        sc[j] = s[j] & 63;
-        mn[j] = s[4 + j] & 63;
-        sc[4 + j] = (s[8 + j] & 0x0F) | ((s[j] >> 2) & 0x30);
-        mn[4 + j] = (s[8 + j] >> 4) | ((s[4 + j] >> 2) & 0x30);
-    }
-}
-
 // One block's weights as float32, in the gguf library's operation order (qkv.models.gguf_kquants
 // lists the layouts): out[0 .. W).
 void decode_block(int64_t type, const uint8_t *b, float *out) {

@@ -246,18 +246,9 @@ bool q8_products_run(const Linear &L) {
 
 void apply_blocks_q8(const Linear &L, const float *x, float *y, int64_t M, bool simd) {
     const q8::Rounded rounded = q8::round_x(x, M, L.K, simd);
-    const int64_t N = L.N, threads = std::max<int64_t>(1, torch::stable::get_num_threads());
-    const int64_t chunk = std::max<int64_t>({1, N / (4 * threads), (int64_t{1} << 16) / L.K});
-    torch::stable::parallel_for(0, N, chunk, [&](int64_t n0, int64_t n1) {
-        int64_t first = 0;  // the stacked output where part p begins
-        for (int64_t p = 0; p < L.part_count; p++) {
-            const BlockPart &part = L.parts[p];
-            const int64_t a = std::max(n0, first), b = std::min(n1, first + part.rows);
-            if (a < b)
-                q8::q8_rows(part.type, part.blocks, part.row_bytes, rounded, M, L.K, N, a - first, b - first,
-                        L.bias ? L.bias + first : nullptr, simd, y + first);
-            first += part.rows;
-        }
+    for_each_part(L, [&](const BlockPart &part, int64_t n0, int64_t n1, int64_t first) {
+        q8::q8_rows(part.type, part.blocks, part.row_bytes, rounded, M, L.K, L.N, n0, n1,
+                    L.bias ? L.bias + first : nullptr, simd, y + first);
     });
 }
 
@@ -265,19 +256,16 @@ namespace {
 
 using torch::headeronly::ScalarType;
 
-// The op, for tests and the self-test: isa 1 generic, 3 AVX-512 (VNNI), 0 the best of those.
-Tensor block_linear_q8(Tensor x, Tensor blocks, int64_t block_type, std::optional<Tensor> bias, int64_t isa) {
+// One matrix of blocks as a BLOCKS Linear for x (M, K), checked; `op` names the op in errors.
+Linear one_matrix(const Tensor &x, const Tensor &blocks, int64_t block_type, const std::optional<Tensor> &bias,
+                  const std::string &op) {
     check(x.dim() == 2 && x.scalar_type() == ScalarType::Float && x.is_contiguous(),
-          "qkv::block_linear_q8: x must be a contiguous float32 matrix (M, K)");
-    const int64_t M = x.size(0), K = x.size(1);
-    const bool simd = isa == 0 ? best_variant() >= AVX512 : isa == 3;
-    check(isa == 0 || isa == 1 || (isa == 3 && best_variant() >= AVX512),
-          "qkv::block_linear_q8: isa must be 0 (best), 1 (generic) or 3 (AVX-512 VNNI, where the CPU has it)");
-    const int64_t row_bytes = block_kernels::row_bytes_of(block_type, K);
-    check(row_bytes > 0 && K % 32 == 0, "qkv::block_linear_q8: K must be whole blocks of a block type this kernel reads");
+          (op + ": x must be a contiguous float32 matrix (M, K)").c_str());
+    const int64_t K = x.size(1), row_bytes = block_kernels::row_bytes_of(block_type, K);
+    check(row_bytes > 0 && K % 32 == 0, (op + ": K must be whole blocks of a block type this kernel reads").c_str());
     check(blocks.dim() == 2 && blocks.scalar_type() == ScalarType::Byte && blocks.is_contiguous() &&
               blocks.size(1) == row_bytes,
-          "qkv::block_linear_q8: blocks must be contiguous uint8 (N, K / W * Z) for x's K");
+          (op + ": blocks must be contiguous uint8 (N, K / W * Z) for x's K").c_str());
     Linear L{Linear::BLOCKS};
     L.K = K;
     L.N = blocks.size(0);
@@ -285,11 +273,20 @@ Tensor block_linear_q8(Tensor x, Tensor blocks, int64_t block_type, std::optiona
     L.parts[0] = BlockPart{block_type, L.N, row_bytes, static_cast<const uint8_t *>(blocks.data_ptr())};
     if (bias.has_value()) {
         check(bias->dim() == 1 && bias->size(0) == L.N && bias->is_contiguous() && bias->scalar_type() == ScalarType::Float,
-              "qkv::block_linear_q8: bias must be a contiguous float32 vector (N,)");
+              (op + ": bias must be a contiguous float32 vector (N,)").c_str());
         L.bias = static_cast<const float *>(bias->data_ptr());
     }
-    Tensor out = torch::stable::new_empty(x, {M, L.N});
-    apply_blocks_q8(L, static_cast<const float *>(x.data_ptr()), static_cast<float *>(out.data_ptr()), M, simd);
+    return L;
+}
+
+// The op, for tests and the self-test: isa 1 generic, 3 AVX-512 (VNNI), 0 the best of those.
+Tensor block_linear_q8(Tensor x, Tensor blocks, int64_t block_type, std::optional<Tensor> bias, int64_t isa) {
+    check(isa == 0 || isa == 1 || (isa == 3 && best_variant() >= AVX512),
+          "qkv::block_linear_q8: isa must be 0 (best), 1 (generic) or 3 (AVX-512 VNNI, where the CPU has it)");
+    const Linear L = one_matrix(x, blocks, block_type, bias, "qkv::block_linear_q8");
+    Tensor out = torch::stable::new_empty(x, {x.size(0), L.N});
+    const bool simd = isa == 0 ? best_variant() >= AVX512 : isa == 3;
+    apply_blocks_q8(L, static_cast<const float *>(x.data_ptr()), static_cast<float *>(out.data_ptr()), x.size(0), simd);
     return out;
 }
 
@@ -297,24 +294,9 @@ Tensor block_linear_q8(Tensor x, Tensor blocks, int64_t block_type, std::optiona
 // Linear): the rounded-activation product where the active variant is AVX-512 VNNI, else the
 // float product. The modules call this, so a layer gives the same numbers either way.
 Tensor block_layer_linear(Tensor x, Tensor blocks, int64_t block_type, std::optional<Tensor> bias) {
-    check(x.dim() == 2 && x.scalar_type() == ScalarType::Float && x.is_contiguous(),
-          "qkv::block_layer_linear: x must be a contiguous float32 matrix (M, K)");
-    const int64_t M = x.size(0), K = x.size(1), row_bytes = block_kernels::row_bytes_of(block_type, K);
-    check(row_bytes > 0 && blocks.dim() == 2 && blocks.scalar_type() == ScalarType::Byte && blocks.is_contiguous() &&
-              blocks.size(1) == row_bytes,
-          "qkv::block_layer_linear: blocks must be contiguous uint8 (N, K / W * Z) of a block type for x's K");
-    Linear L{Linear::BLOCKS};
-    L.K = K;
-    L.N = blocks.size(0);
-    L.part_count = 1;
-    L.parts[0] = BlockPart{block_type, L.N, row_bytes, static_cast<const uint8_t *>(blocks.data_ptr())};
-    if (bias.has_value()) {
-        check(bias->dim() == 1 && bias->size(0) == L.N && bias->is_contiguous() && bias->scalar_type() == ScalarType::Float,
-              "qkv::block_layer_linear: bias must be a contiguous float32 vector (N,)");
-        L.bias = static_cast<const float *>(bias->data_ptr());
-    }
-    Tensor out = torch::stable::new_empty(x, {M, L.N});
-    apply(L, static_cast<const float *>(x.data_ptr()), static_cast<float *>(out.data_ptr()), M);
+    const Linear L = one_matrix(x, blocks, block_type, bias, "qkv::block_layer_linear");
+    Tensor out = torch::stable::new_empty(x, {x.size(0), L.N});
+    apply(L, static_cast<const float *>(x.data_ptr()), static_cast<float *>(out.data_ptr()), x.size(0));
     return out;
 }
 

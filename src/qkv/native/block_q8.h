@@ -3,6 +3,7 @@
 // block_q8.cpp's comment says what the products compute.
 #pragma once
 #include "kernels.h"
+#include "block_kernels.h"
 
 #include <cstring>
 
@@ -27,15 +28,7 @@ inline int64_t weights_of(int64_t type) {
     return type >= Q2_K && type <= Q6_K ? 256 : 32;
 }
 
-// Q4_K / Q5_K: 8 six-bit scales and minimums from 12 bytes (gguf's get_scale_min).
-inline void scale_min_k4(const uint8_t *s, uint8_t *sc, uint8_t *mn) {
-    for (int j = 0; j < 4; j++) {
-        sc[j] = s[j] & 63;
-        mn[j] = s[4 + j] & 63;
-        sc[4 + j] = (s[8 + j] & 0x0F) | ((s[j] >> 2) & 0x30);
-        mn[4 + j] = (s[8 + j] >> 4) | ((s[4 + j] >> 2) & 0x30);
-    }
-}
+using block_kernels::scale_min_k4;
 
 // x's rounding, once a call: codes (M, K), the step per 16 inputs (M, S) and the codes' sums (M, S).
 struct Rounded {

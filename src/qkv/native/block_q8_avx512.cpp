@@ -71,6 +71,20 @@ QKV_AVX512 __m128i codes32_avx512(const uint8_t *blk, __m128i &hi) {  // a 32-we
     return lo;
 }
 
+// Two 32-weight blocks' 64 codes in weight order (Q8_0: stored + 128).
+template <int64_t T>
+QKV_AVX512 inline __m512i pair_codes(const uint8_t *b0, const uint8_t *b1) {
+    if constexpr (T == Q8_0) {
+        const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(b0 + 2));
+        const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(b1 + 2));
+        return _mm512_xor_si512(_mm512_inserti64x4(_mm512_zextsi256_si512(lo), hi, 1), _mm512_set1_epi8(-128));
+    } else {
+        __m128i h0, h1;
+        const __m128i l0 = codes32_avx512<T>(b0, h0), l1 = codes32_avx512<T>(b1, h1);
+        return _mm512_inserti64x4(_mm512_zextsi256_si512(_mm256_set_m128i(h0, l0)), _mm256_set_m128i(h1, l1), 1);
+    }
+}
+
 // NR rows of blocks (row, row + row_bytes, ...) against R rows of x (m0 .. m0 + R - 1): out[q R + r].
 // The codes of a row of blocks are made once for its R rows of x, and each output runs the same
 // operations whatever NR and R are (batch invariance); NR > 1 interleaves independent rows for
@@ -118,16 +132,7 @@ QKV_AVX512 void fused32(const uint8_t *row, int64_t row_bytes, int64_t bytes, co
             const __m512i lanes = _mm512_add_epi32(pair_lanes, _mm512_set1_epi32(2 * p));
             for (int q = 0; q < NR; q++) {
                 const uint8_t *b0 = row + q * row_bytes + (g + 2 * p) * bytes, *b1 = b0 + bytes;
-                __m512i w;
-                if constexpr (T == Q8_0) {
-                    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(b0 + 2));
-                    const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(b1 + 2));
-                    w = _mm512_xor_si512(_mm512_inserti64x4(_mm512_zextsi256_si512(lo), hi, 1), _mm512_set1_epi8(-128));
-                } else {
-                    __m128i h0, h1;
-                    const __m128i l0 = codes32_avx512<T>(b0, h0), l1 = codes32_avx512<T>(b1, h1);
-                    w = _mm512_inserti64x4(_mm512_zextsi256_si512(_mm256_set_m128i(h0, l0)), _mm256_set_m128i(h1, l1), 1);
-                }
+                const __m512i w = pair_codes<T>(b0, b1);
                 for (int r = 0; r < R; r++) {
                     const __m512i dots = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w,
                                                              _mm512_loadu_si512(xq[r] + 32 * (g + 2 * p)));
@@ -141,16 +146,7 @@ QKV_AVX512 void fused32(const uint8_t *row, int64_t row_bytes, int64_t bytes, co
         const __mmask64 take = pair ? ~0ull : 0xFFFFFFFFull;
         for (int q = 0; q < NR; q++) {
             const uint8_t *b0 = row + q * row_bytes + g * bytes, *b1 = pair ? b0 + bytes : b0;
-            __m512i w;
-            if constexpr (T == Q8_0) {
-                const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(b0 + 2));
-                const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(b1 + 2));
-                w = _mm512_xor_si512(_mm512_inserti64x4(_mm512_zextsi256_si512(lo), hi, 1), _mm512_set1_epi8(-128));
-            } else {
-                __m128i h0, h1;
-                const __m128i l0 = codes32_avx512<T>(b0, h0), l1 = codes32_avx512<T>(b1, h1);
-                w = _mm512_inserti64x4(_mm512_zextsi256_si512(_mm256_set_m128i(h0, l0)), _mm256_set_m128i(h1, l1), 1);
-            }
+            const __m512i w = pair_codes<T>(b0, b1);
             const float d0 = half_avx(b0), d1 = pair ? half_avx(b1) : 0.f;
             float m0v, m1v;
             if constexpr (minimum) {

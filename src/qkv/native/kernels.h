@@ -123,6 +123,24 @@ struct Linear {
     int64_t part_count = 0;
 };
 
+// A BLOCKS Linear's outputs split over PyTorch's threads (about four tasks a thread, at least
+// 64 Ki weights a task), each task's range cut at the stacked matrices' boundaries:
+// rows(part, n0, n1, first) computes outputs first + [n0, n1) from rows [n0, n1) of `part`.
+template <class Rows>
+void for_each_part(const Linear &L, Rows &&rows) {
+    const int64_t threads = std::max<int64_t>(1, torch::stable::get_num_threads());
+    const int64_t chunk = std::max<int64_t>({1, L.N / (4 * threads), (int64_t{1} << 16) / L.K});
+    torch::stable::parallel_for(0, L.N, chunk, [&](int64_t n0, int64_t n1) {
+        int64_t first = 0;  // the stacked output where part p begins
+        for (int64_t p = 0; p < L.part_count; p++) {
+            const BlockPart &part = L.parts[p];
+            const int64_t a = std::max(n0, first), b = std::min(n1, first + part.rows);
+            if (a < b) rows(part, a - first, b - first, first);
+            first += part.rows;
+        }
+    });
+}
+
 // block_q8.cpp: a BLOCKS Linear's products on activations rounded per 32 (integer dot products,
 // AVX-512 VNNI); q8_products_run says whether they run for L in the active variant.
 bool q8_products_run(const Linear &L);

@@ -141,19 +141,10 @@ void generic_int4_rows(const int8_t *xq, const float *xd, const float *xsum, con
 // A GGUF file's own blocks: each stacked matrix through block_kernels::block_rows into its
 // columns of y, outputs split over the threads (each output computed alike whatever M is).
 static void apply_blocks(const Linear &L, const float *x, float *y, int64_t M) {
-    const int64_t N = L.N, K = L.K, isa = block_kernels::isa_of_variant(active_variant());
-    const int64_t threads = std::max<int64_t>(1, torch::stable::get_num_threads());
-    const int64_t chunk = std::max<int64_t>({1, N / (4 * threads), (int64_t{1} << 16) / K});
-    torch::stable::parallel_for(0, N, chunk, [&](int64_t n0, int64_t n1) {
-        int64_t first = 0;  // the stacked output where part p begins
-        for (int64_t p = 0; p < L.part_count; p++) {
-            const BlockPart &part = L.parts[p];
-            const int64_t a = std::max(n0, first), b = std::min(n1, first + part.rows);
-            if (a < b)
-                block_kernels::block_rows(part.type, part.blocks, part.row_bytes, x, M, K, N, a - first, b - first,
-                                          L.bias ? L.bias + first : nullptr, isa, y + first);
-            first += part.rows;
-        }
+    const int64_t isa = block_kernels::isa_of_variant(active_variant());
+    for_each_part(L, [&](const BlockPart &part, int64_t n0, int64_t n1, int64_t first) {
+        block_kernels::block_rows(part.type, part.blocks, part.row_bytes, x, M, L.K, L.N, n0, n1,
+                                  L.bias ? L.bias + first : nullptr, isa, y + first);
     });
 }
 
