@@ -80,6 +80,8 @@ class Choice:
             self.finish = {"length": "length", "error": "error"}.get(event.reason, "stop")
             self.error = event.message
             self._add(self.stream.flush())
+            if self.stream.stopped and self.finish == "length":  # the held-back text completed a stop string
+                self.finish = "stop"
             end = len(self.prefix) + len(self.stream.text)
             self.entries += [e for e in self._pending if not self.stream.stopped or e.start < end]
             self._pending = []

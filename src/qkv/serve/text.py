@@ -29,20 +29,25 @@ class TextStream:
         text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
         if text.endswith("\ufffd"):
             return ""
-        self.text = text
-        for s in self.stop:
-            at = text.find(s, max(0, self.sent - len(s)))
-            if at != -1:
-                self.text = text[:at]
-                self.stopped = True
+        self._cut(text)
         end = len(self.text) if self.stopped else max(self.sent, len(self.text) - self._hold)
         return self._take(end)
 
     def flush(self) -> str:
-        """The rest, at the end of the answer (an unfinished character included, as U+FFFD)."""
+        """The rest, at the end of the answer (an unfinished character included, as U+FFFD),
+        cut at a stop string that the held-back text completes."""
         if not self.stopped and self.ids:
-            self.text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+            self._cut(self.tokenizer.decode(self.ids, skip_special_tokens=True))
         return self._take(len(self.text))
+
+    def _cut(self, text: str) -> None:
+        """`text` as the text so far, cut before the first stop string found since the last send."""
+        self.text = text
+        for s in self.stop:
+            at = self.text.find(s, max(0, self.sent - len(s)))
+            if at != -1:
+                self.text = self.text[:at]
+                self.stopped = True
 
     def _take(self, end: int) -> str:
         piece = self.text[self.sent:end]
