@@ -188,15 +188,14 @@ float dot_generic(const uint8_t *codes, const float *a, const float *b, const in
 void q8_rows(int64_t type, const uint8_t *blocks, int64_t row_bytes, const Rounded &x, int64_t M, int64_t K,
              int64_t ldy, int64_t n0, int64_t n1, const float *bias, bool simd, float *y) {
     const int64_t W = weights_of(type), per = W / 16, S = K / 16, bytes = row_bytes / (K / W);
-    std::vector<uint8_t> codes(static_cast<size_t>(K));
-    std::vector<float> a(static_cast<size_t>(S)), b(static_cast<size_t>(S)), scale(static_cast<size_t>(S + 4)),
-        offset(static_cast<size_t>(S));
 #if QKV_X86
     if (simd && fused_for(type, 1) != nullptr) {  // the common types: codes in registers (file comment)
+        static_assert(TILE == 4, "by_rows lists the kernels for 1..TILE rows");
+        const Fused by_rows[TILE + 1] = {nullptr, fused_for(type, 1), fused_for(type, 2), fused_for(type, 3),
+                                         fused_for(type, 4)};
         float out[WEIGHT_ROWS * TILE];
         int64_t n = n0;
-        const Fused many = fused_for(type, 1, true);
-        if (M == 1 && many != fused_for(type, 1))  // a decode step: WEIGHT_ROWS rows of blocks at a time
+        if (const Fused many = M == 1 ? interleaved_for(type) : nullptr)  // a decode step: WEIGHT_ROWS rows at a time
             for (; n + WEIGHT_ROWS <= n1; n += WEIGHT_ROWS) {
                 many(blocks + n * row_bytes, row_bytes, bytes, x, 0, K, out);
                 for (int q = 0; q < WEIGHT_ROWS; q++) y[n + q] = bias ? out[q] + bias[n + q] : out[q];
@@ -204,12 +203,15 @@ void q8_rows(int64_t type, const uint8_t *blocks, int64_t row_bytes, const Round
         for (; n < n1; n++)
             for (int64_t m = 0; m < M; m += TILE) {
                 const int rows = static_cast<int>(std::min<int64_t>(TILE, M - m));
-                fused_for(type, rows)(blocks + n * row_bytes, row_bytes, bytes, x, m, K, out);
+                by_rows[rows](blocks + n * row_bytes, row_bytes, bytes, x, m, K, out);
                 for (int r = 0; r < rows; r++) y[(m + r) * ldy + n] = bias ? out[r] + bias[n] : out[r];
             }
         return;
     }
 #endif
+    std::vector<uint8_t> codes(static_cast<size_t>(K));
+    std::vector<float> a(static_cast<size_t>(S)), b(static_cast<size_t>(S)), scale(static_cast<size_t>(S + 4)),
+        offset(static_cast<size_t>(S));
     for (int64_t n = n0; n < n1; n++) {
         const uint8_t *row = blocks + n * row_bytes;
         for (int64_t i = 0; i < K / W; i++) block_affine(type, row + i * bytes, a.data() + i * per, b.data() + i * per);

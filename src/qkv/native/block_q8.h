@@ -47,7 +47,8 @@ constexpr int WEIGHT_ROWS = 4;  // rows of blocks interleaved for one row of x (
 // per 16), and the kernels that make the common types' codes in registers (nullptr for the others).
 float dot_avx512(const uint8_t *codes, const float *scale, const float *offset, const int8_t *xq, const float *sum,
                  int64_t K);
-Fused fused_for(int64_t type, int rows, bool weight_rows = false);
+Fused fused_for(int64_t type, int rows);  // rows (1..TILE) rows of x against one row of blocks
+Fused interleaved_for(int64_t type);      // WEIGHT_ROWS rows of blocks against one row of x, or nullptr
 #endif
 
 }  // namespace q8

@@ -255,33 +255,39 @@ QKV_AVX512 void fused256(const uint8_t *row, int64_t row_bytes, int64_t bytes, c
         for (int r = 0; r < R; r++) out[q * R + r] = _mm512_reduce_add_ps(acc[q][r]) + hsum(off[q][r]);
 }
 
-template <int64_t T, int NR>
+template <int64_t T>
 Fused fused_rows(int rows) {
     constexpr bool big = T == Q4_K || T == Q5_K || T == Q6_K;
     switch (rows) {
-        case 1: return big ? fused256<T, NR, 1> : fused32<T, NR, 1>;
+        case 1: return big ? fused256<T, 1, 1> : fused32<T, 1, 1>;
         case 2: return big ? fused256<T, 1, 2> : fused32<T, 1, 2>;
         case 3: return big ? fused256<T, 1, 3> : fused32<T, 1, 3>;
         default: return big ? fused256<T, 1, 4> : fused32<T, 1, 4>;
     }
 }
 
-// The kernel for `rows` rows of x (1..TILE) and `weight_rows` rows of blocks (1, or
-// WEIGHT_ROWS with one row of x); nullptr for a type without one.
-Fused fused_for(int64_t type, int rows, bool weight_rows) {
+Fused fused_for(int64_t type, int rows) {
+    switch (type) {
+        case Q4_0: return fused_rows<Q4_0>(rows);
+        case Q4_1: return fused_rows<Q4_1>(rows);
+        case Q5_0: return fused_rows<Q5_0>(rows);
+        case Q5_1: return fused_rows<Q5_1>(rows);
+        case Q8_0: return fused_rows<Q8_0>(rows);
+        case IQ4_NL: return fused_rows<IQ4_NL>(rows);
+        case Q4_K: return fused_rows<Q4_K>(rows);
+        case Q5_K: return fused_rows<Q5_K>(rows);
+        case Q6_K: return fused_rows<Q6_K>(rows);
+        default: return nullptr;
+    }
+}
+
+Fused interleaved_for(int64_t type) {
     // measured: interleaving rows of K-quant super-blocks gains (Q6_K 1.05x); rows of 32-blocks,
     // whose scales are gathered, lose on a streamed matrix (a 262,144-row Q8_0 head: 2.4x slower)
-    const bool many = weight_rows && rows == 1 && (type == Q4_K || type == Q5_K || type == Q6_K);
     switch (type) {
-        case Q4_0: return many ? fused_rows<Q4_0, WEIGHT_ROWS>(1) : fused_rows<Q4_0, 1>(rows);
-        case Q4_1: return many ? fused_rows<Q4_1, WEIGHT_ROWS>(1) : fused_rows<Q4_1, 1>(rows);
-        case Q5_0: return many ? fused_rows<Q5_0, WEIGHT_ROWS>(1) : fused_rows<Q5_0, 1>(rows);
-        case Q5_1: return many ? fused_rows<Q5_1, WEIGHT_ROWS>(1) : fused_rows<Q5_1, 1>(rows);
-        case Q8_0: return many ? fused_rows<Q8_0, WEIGHT_ROWS>(1) : fused_rows<Q8_0, 1>(rows);
-        case IQ4_NL: return many ? fused_rows<IQ4_NL, WEIGHT_ROWS>(1) : fused_rows<IQ4_NL, 1>(rows);
-        case Q4_K: return many ? fused_rows<Q4_K, WEIGHT_ROWS>(1) : fused_rows<Q4_K, 1>(rows);
-        case Q5_K: return many ? fused_rows<Q5_K, WEIGHT_ROWS>(1) : fused_rows<Q5_K, 1>(rows);
-        case Q6_K: return many ? fused_rows<Q6_K, WEIGHT_ROWS>(1) : fused_rows<Q6_K, 1>(rows);
+        case Q4_K: return fused256<Q4_K, WEIGHT_ROWS, 1>;
+        case Q5_K: return fused256<Q5_K, WEIGHT_ROWS, 1>;
+        case Q6_K: return fused256<Q6_K, WEIGHT_ROWS, 1>;
         default: return nullptr;
     }
 }
