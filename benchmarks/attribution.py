@@ -23,9 +23,9 @@ import time
 import torch
 
 import qkv
-from qkv.trace.attribution import attribute_recorded, record_forward
-from qkv.trace.patching import patch_sweep
-from qkv.trace.sink import explain_sinks
+from qkv.trace.explain.attribution import attribute_recorded, record_forward
+from qkv.trace.explain.patching import patch_sweep
+from qkv.trace.explain.sink import explain_sinks
 
 SINK_TEXT = (
     "I had always thought Jack Gisburn rather a cheap genius--though a good fellow enough--so it "

@@ -1,4 +1,4 @@
-"""qkv's products from GGUF blocks (qkv.perf.block_linear.BlockLinear, native) against F.linear on
+"""qkv's products from GGUF blocks (qkv.runtime.linear.block.BlockLinear, native) against F.linear on
 the dequantized float32 weights, on the matrices of real files, and a whole greedy decode of
 SmolLM2 requantized to Q4_K_M against llama.cpp's llama-bench on the same file.
 
@@ -33,10 +33,10 @@ import torch
 import torch.nn.functional as F
 from gguf.constants import GGMLQuantizationType as Q
 
-from qkv.models import gguf_blocks
-from qkv.models.gguf_header import read_header
-from qkv.models.gguf_stored import StoredBlocks
-from qkv.perf.block_linear import BlockLinear
+from qkv.models.gguf import dequantize as gguf_blocks
+from qkv.models.gguf.header import read_header
+from qkv.models.gguf.stored import StoredBlocks
+from qkv.runtime.linear.block import BlockLinear
 
 PEERS = Path("/work/peers")
 SMOLLM2_Q4_K_M = PEERS / "smollm2-q4_k_m.gguf"
@@ -117,7 +117,7 @@ def products() -> list[dict]:
 def model_pass(path: Path, threads: int, rounds: int = 15) -> dict:
     """Seconds for one row of x through every matrix of the file once (a decode step's products),
     blocks against dequantized float32; median of `rounds`, the two alternating."""
-    from qkv.models.gguf import open_gguf_file
+    from qkv.models.gguf.checkpoint import open_gguf_file
 
     stored = list(open_gguf_file(path).read_stored().blocks.values())
     layers = [BlockLinear(s, native=True) for s in stored]
@@ -170,7 +170,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    from qkv.native.block_ops import available_isas
+    from qkv.runtime.native.block_ops import available_isas
 
     print(f"native block products: {available_isas()[-1]} variant", flush=True)
     results: dict = {"products": products()}

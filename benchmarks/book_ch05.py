@@ -34,7 +34,7 @@ def run_book(book_code: str, data: str, epochs: int, threads: int) -> dict:
     from tiktoken.load import load_tiktoken_bpe
     from tiktoken_ext.openai_public import r50k_pat_str
 
-    from qkv.models.gpt2_tokenizer import ranks_path
+    from qkv.models.hf.gpt2_tokenizer import ranks_path
 
     torch.set_num_threads(threads)
     encoding = tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=load_tiktoken_bpe(str(ranks_path())),

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from qkv.attention.kv_cache import StaticKVCache
+from qkv.attention.caches.kv_cache import StaticKVCache
 from qkv.generation.cache_kinds import cached_perplexity
 from qkv.runtime.prepare import load_for_generation
 

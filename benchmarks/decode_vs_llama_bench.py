@@ -24,10 +24,10 @@ import time
 
 import torch
 
-from qkv.attention.kv_cache import SlotKVCache
+from qkv.attention.caches.kv_cache import SlotKVCache
 from qkv.generation import continue_from, warm_up
 from qkv.models.loader import named_model, smollm2_path
-from qkv.precision import CHOICES, DEFAULT_PRECISION
+from qkv.names import CHOICES, DEFAULT_PRECISION
 from qkv.runtime import DecodeSession, load_for_generation
 
 TOKENS = 128

@@ -12,7 +12,7 @@ weights as a first-ever run does). Phases, in order:
   its `run` imports (torch, the loader, generation) imported;
 - header: the GGUF header, config, tensor shapes and tokenizer (`open_gguf_file`);
 - cached: reading the prepared weights kept by an earlier run (`read_prepared`,
-  qkv.perf.prepared_cache; 0 on a run that prepares from the file);
+  qkv.runtime.prepared_cache; 0 on a run that prepares from the file);
 - weights: dequantizing every tensor (`read_tensors`; 0 when the prepared weights were kept);
 - build: the model made and the weights put in (`ModelPlan.build`, or its skeleton);
 - prepare: fuse and quantize, or make the same layers empty for the kept weights (`_shape_layers`);
@@ -50,7 +50,7 @@ import torch, qkv.generation, qkv.models.loader, qkv.runtime.prepare, qkv.cli.pe
 marks["import"] = time.time() - T0
 from qkv.models import gguf, checkpoint
 from qkv.runtime import prepare
-from qkv.perf import compile as compiling
+from qkv.runtime.linear import compile as compiling
 from qkv import generation
 import qkv.cli.speed
 

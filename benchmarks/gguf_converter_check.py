@@ -1,4 +1,4 @@
-"""Check tests/models/gguf_convert.py and qkv's GGUF reader against llama.cpp's own converter.
+"""Check tests/models/gguf/gguf_convert.py and qkv's GGUF reader against llama.cpp's own converter.
 
 The tests write GGUF files with the `gguf` package following llama.cpp's
 `convert_hf_to_gguf.py`, because CI has no llama.cpp checkout. This script is the by-hand
@@ -30,10 +30,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
-from qkv.models.gguf import read_gguf  # noqa: E402
+from qkv.models.gguf.checkpoint import read_gguf  # noqa: E402
 from tests.models.conftest import make_tokenizer  # noqa: E402
-from tests.models.gguf_convert import write_gguf  # noqa: E402
-from tests.models.test_gguf_arch import KINDS, _source  # noqa: E402
+from tests.models.gguf.gguf_convert import write_gguf  # noqa: E402
+from tests.models.gguf.test_arch import KINDS, _source  # noqa: E402
 
 # Runs the converter with its vocabulary step replaced by the GPT-2 BPE one (see above).
 DRIVER = """

@@ -6,7 +6,7 @@
    default precision ("auto"), to show what quantizing costs (no target).
 2. perplexity: llama.cpp's `llama-perplexity -f DATA -c N -b N -t THREADS` on the same file
    against qkv's perplexity over the same chunks, scored the same way
-   (`qkv.chunked_perplexity`, `qkv perplexity --scheme llama-cpp`): per --dtype, both
+   (`qkv.eval.chunked_perplexity`, `qkv perplexity --scheme llama-cpp`): per --dtype, both
    numbers, their ratio (target within 0.5%) and the tokens scored. llama.cpp multiplies a
    quantized file's matrices by 8-bit copies of the activations and keeps a float16 KV cache,
    so the script also runs llama-perplexity on llama.cpp's own F32 conversion of the file
@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from qkv.precision import CHOICES
+from qkv.names import CHOICES
 
 ROOT = Path(__file__).resolve().parents[1]
 VERDICT = ROOT.parent / "shared" / "data" / "the-verdict.txt"
@@ -81,7 +81,7 @@ def transformers_model(path: Path, **settings: Any) -> Any:
 def unread_settings(path: Path, hf_config: Any) -> dict[str, tuple[Any, Any]]:
     """Settings of a gemma3 file that transformers' GGUF loading does not read: name ->
     (transformers' value, the file's)."""
-    from qkv.models.gguf import open_gguf_file
+    from qkv.models.gguf.checkpoint import open_gguf_file
 
     ours = open_gguf_file(path).config
     if ours.get("model_type") != "gemma3_text":
@@ -197,7 +197,7 @@ def llama_perplexity(tool: Path, path: Path, data: Path, n_ctx: int, threads: in
 def float32_copy(llama_bin: Path, path: Path, folder: Path, threads: int) -> Path | None:
     """llama.cpp's own F32 conversion of the file (`llama-quantize --allow-requantize --pure IN
     OUT F32`), checked to hold qkv's dequantized tensors bit for bit; None without llama-quantize."""
-    from qkv.models.gguf import open_gguf_file
+    from qkv.models.gguf.checkpoint import open_gguf_file
 
     tool = llama_bin / "llama-quantize"
     if not tool.is_file():
@@ -216,7 +216,7 @@ def float32_copy(llama_bin: Path, path: Path, folder: Path, threads: int) -> Pat
 
 def perplexity_part(path: Path, data: Path, contexts: list[int], dtypes: list[str], threads: int,
                     llama_bin: Path, llama_args: list[str], exact_copy: bool) -> dict[str, Any]:
-    from qkv.chunked_perplexity import added_bos, chunked_perplexity, llama_cpp_text
+    from qkv.eval.chunked_perplexity import added_bos, chunked_perplexity, llama_cpp_text
     from qkv.runtime.prepare import load_for_generation
 
     print(f"== perplexity on {data.name}: qkv's chunks against llama-perplexity, {path.name}", flush=True)
@@ -304,7 +304,7 @@ def main() -> None:
         results["perplexity"] = perplexity_part(path, args.data, args.context, args.dtype, args.threads, args.llama_bin,
                                                 shlex.split(args.llama_args), not args.no_f32_copy)
     if args.json is not None:
-        from qkv.atomic import atomic_write_text
+        from qkv.util.atomic import atomic_write_text
 
         atomic_write_text(args.json, json.dumps(results, indent=1) + "\n")
 

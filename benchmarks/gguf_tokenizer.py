@@ -70,8 +70,8 @@ def sentencepiece_gguf(folder: Path, text: str, vocab_size: int) -> Path:
 def measure(path: Path, text: str, repeats: int) -> dict[str, Any]:
     import transformers
 
-    from qkv.models.gguf import open_gguf
-    from qkv.models.gguf_tokenizer import read_gguf_tokenizer
+    from qkv.models.gguf.checkpoint import open_gguf
+    from qkv.models.gguf.tokenizer import read_gguf_tokenizer
 
     ours = read_gguf_tokenizer(open_gguf(path), path)
     qkv_read = median_seconds(lambda: read_gguf_tokenizer(open_gguf(path), path), repeats)

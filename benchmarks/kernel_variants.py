@@ -19,8 +19,8 @@ from contextlib import nullcontext
 
 import torch
 
-from qkv.native import native_kernels
-from qkv.native.ops import int4_linear, int8_linear
+from qkv.runtime.native import native_kernels
+from qkv.runtime.native.ops import int4_linear, int8_linear
 
 LAYERS = 30
 SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))  # (N, K) per layer
@@ -28,7 +28,7 @@ SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))  # (N, K) per layer
 
 def _variants() -> list[str]:
     try:
-        from qkv.native.ops import variants
+        from qkv.runtime.native.ops import variants
 
         return variants()
     except (ImportError, AttributeError, RuntimeError):
@@ -38,7 +38,7 @@ def _variants() -> list[str]:
 def _within(variant: str):
     if variant == "default":
         return nullcontext()
-    from qkv.native.ops import use_variant
+    from qkv.runtime.native.ops import use_variant
 
     return use_variant(variant)
 

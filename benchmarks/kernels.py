@@ -1,4 +1,4 @@
-"""qkv's decode kernels (qkv.native) against PyTorch's for the same products, one row of
+"""qkv's decode kernels (qkv.runtime.native) against PyTorch's for the same products, one row of
 activations (a decode step), weights out of cache: each call reads another copy of the
 weight, enough copies to exceed the last-level cache. Contenders alternate round by round;
 medians of --rounds; GB/s counts the weight bytes each contender reads.
@@ -22,8 +22,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from qkv.native import native_kernels
-from qkv.native.ops import f32_linear, int4_linear, int8_linear
+from qkv.runtime.native import native_kernels
+from qkv.runtime.native.ops import f32_linear, int4_linear, int8_linear
 
 SMOLLM2 = {"qkv": (960, 576, 30), "o": (576, 576, 30), "gate_up": (3072, 576, 30), "down": (576, 1536, 30),
            "head": (49152, 576, 1)}

@@ -5,7 +5,7 @@ a quick way to compare options that `qkv bench --only kv-cache` does not sweep.
     e.g. benchmarks/kv_cache.py ../shared/data/the-verdict.txt 1024 full int2 int2:rope=before
          benchmarks/kv_cache.py long 8192 int4 int4:rope=before
 
-TEXT is a file or `long` (qkv.long_text); its first TOKENS tokens are fed 32 at a time
+TEXT is a file or `long` (qkv.util.long_text); its first TOKENS tokens are fed 32 at a time
 (qkv.generation.cache_kinds.cached_perplexity). Not a test: numbers go to RESULTS.md.
 """
 
@@ -17,9 +17,9 @@ import time
 import torch
 
 from qkv.generation.cache_kinds import cache_kind, cached_perplexity
-from qkv.long_text import long_text
+from qkv.util.long_text import long_text
 from qkv.runtime.prepare import load_for_generation
-from qkv.text_file import read_text_file
+from qkv.util.text_file import read_text_file
 
 TEXT_OPTIONS = ("key_axis", "rope")  # the options that are words; the others are integers
 

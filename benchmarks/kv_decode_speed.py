@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/kv_decode_speed.py [CONTEXT=4000] [STEPS=8] [ROUNDS=5] [THREADS=1]
 
 The models are prepared as `qkv bench --only kv-cache`'s decode-speed part prepares them
-(qkv.bench.kv_cache._speed: `qkv generate`'s default precision, compiled, one DecodeSession
+(qkv.bench.sections.kv_cache._speed: `qkv generate`'s default precision, compiled, one DecodeSession
 per cache kind, each prefilled with the first CONTEXT tokens of the long text); rounds of
 STEPS greedy steps alternate between them after one warm-up round. Prints the median
 tokens/s by the wall clock and per CPU-second of this process (the steadier measure on a
@@ -23,10 +23,10 @@ from torch.profiler import ProfilerActivity, profile
 
 from qkv.runtime import DecodeSession
 from qkv.generation.cache_kinds import cache_kind
-from qkv.long_text import long_text
-from qkv.native import native_kernels
+from qkv.util.long_text import long_text
+from qkv.runtime.native import native_kernels
 from qkv.runtime.prepare import load_for_generation
-from qkv.precision import DEFAULT_PRECISION
+from qkv.names import DEFAULT_PRECISION
 
 
 def main(argv: list[str]) -> None:

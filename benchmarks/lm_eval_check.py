@@ -105,7 +105,7 @@ def main() -> None:
     parser.add_argument("--hf-limit", type=int, help="items the hf backend scores (default: all)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    from qkv.threads import apply_threads
+    from qkv.util.threads import apply_threads
 
     apply_threads(args.threads)  # this process scores directly after the server has stopped
     port = free_port()

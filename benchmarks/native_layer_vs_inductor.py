@@ -23,10 +23,10 @@ import time
 
 import torch
 
-from qkv.attention.kv_cache import SlotKVCache
+from qkv.attention.caches.kv_cache import SlotKVCache
 from qkv.generation import continue_from, warm_up
-from qkv.perf.compile import compile_decoder
-from qkv.precision import CHOICES
+from qkv.runtime.compile import compile_decoder
+from qkv.names import CHOICES
 from qkv.runtime import DecodeSession, load_for_generation
 
 

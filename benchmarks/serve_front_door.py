@@ -77,7 +77,7 @@ def one_run(url: str, model: str) -> tuple[float, float, float]:
 
 def parse_cost() -> tuple[float, float]:
     sys.path.insert(0, str(ROOT / "src"))
-    from qkv.serve.json_body import parse_json
+    from qkv.serve.api.json_body import parse_json
 
     raw = json.dumps({"model": "m", "prompt": PROMPT, "max_tokens": 4}).encode()
     loads, ours = [], []

@@ -22,8 +22,8 @@ import jsonschema
 
 from qkv.generation.constraints import Grammars, json_schema_grammar
 from qkv.generation.sampling import Sampling
-from qkv.serve.engine import Finished
-from qkv.serve.server import load_served
+from qkv.serve.engine.batching import Finished
+from qkv.serve.http.server import load_served
 
 PERSON = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 40}, "age": {"type": "integer", "minimum": 0, "maximum": 120},

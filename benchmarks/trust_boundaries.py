@@ -6,7 +6,7 @@ tokenizer guard. Medians of repeated runs, each pair measured in the same run.
 - content_digest (full SHA-256) of SmolLM2's GGUF and of a 1 GB file, against the path +
   size + mtime key it replaces, and against the preparation time a cache hit saves;
 - one chat-template render (SmolLM2's template, a 3-message conversation) in-process and in
-  qkv.template_process's child, and the child's start;
+  qkv.chat.template_process's child, and the child's start;
 - encoding a 100 KB and a 1 MB text with and without the tokenizer guard (SmolLM2's
   tokenizer: no normalizer, the fast path; a Llama-2-style normalizer: the measured path).
 """
@@ -32,7 +32,7 @@ def median_seconds(run: Callable[[], object], repeats: int) -> float:
 
 
 def hashing(big_gb: float) -> None:
-    from qkv.cache_integrity import content_digest
+    from qkv.util.cache_integrity import content_digest
     from qkv.models.loader import smollm2_path
 
     gguf = smollm2_path()
@@ -56,11 +56,11 @@ def hashing(big_gb: float) -> None:
 
 
 def templates() -> None:
-    from qkv.chat import ChatTemplate
-    from qkv.models.gguf import open_gguf_file
+    from qkv.chat.conversation import ChatTemplate
+    from qkv.models.gguf.checkpoint import open_gguf_file
     from qkv.models.loader import smollm2_path
-    from qkv.sandbox import chat_environment, render
-    from qkv.template_process import TemplateProcess
+    from qkv.chat.sandbox import chat_environment, render
+    from qkv.chat.template_process import TemplateProcess
 
     source = open_gguf_file(smollm2_path()).chat_template
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is a key?"},
@@ -82,9 +82,9 @@ def templates() -> None:
 def tokenizers() -> None:
     from tokenizers import normalizers
 
-    from qkv.models.gguf import open_gguf_file
+    from qkv.models.gguf.checkpoint import open_gguf_file
     from qkv.models.loader import smollm2_path
-    from qkv.models.tokenizer_guard import guard
+    from qkv.models.hf.tokenizer_guard import guard
 
     guarded = open_gguf_file(smollm2_path()).tokenizer
     plain = guarded.inner

@@ -15,9 +15,9 @@ import torch
 from hypothesis import settings
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from qkv.models.checkpoint import save_pretrained
+from qkv.models.hf.checkpoint import save_pretrained
 from qkv.models.llama import LlamaForCausalLM
-from qkv.models.llama_config import LlamaConfig
+from qkv.models.configs.llama import LlamaConfig
 
 # In CI the property tests draw the same examples on every run, so a red build can be
 # reproduced and a green one is not luck; locally they keep exploring new examples.
@@ -36,7 +36,7 @@ def smollm2_file() -> Path:
 @pytest.fixture(scope="session")
 def smollm2_checkpoint(smollm2_file: Path):
     """qkv's reading of the GGUF file: config, fp32 tensors (HF names), tokenizer, template."""
-    from qkv.models.gguf import read_gguf
+    from qkv.models.gguf.checkpoint import read_gguf
 
     return read_gguf(smollm2_file, torch.float32)
 
@@ -45,7 +45,7 @@ def smollm2_checkpoint(smollm2_file: Path):
 def smollm2_model(smollm2_checkpoint):
     """(qkv model fp32, tokenizers.Tokenizer), built as the loader builds it, from the tensors
     already read (the loader itself is tested on a tiny file, saving a second read here)."""
-    from qkv.models.checkpoint import build_from_hf
+    from qkv.models.hf.checkpoint import build_from_hf
 
     ck = smollm2_checkpoint
     model = build_from_hf(ck.config, ck.state_dict, torch.float32, source=str(ck.path))

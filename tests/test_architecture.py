@@ -76,8 +76,8 @@ ABOVE = {
     "qkv.attention": ("models", "runtime", "perf", "native", "generation", "trace", "training", "serve", "bench",
                       "cli", "chat"),
     "qkv.models": ("runtime", "perf", "native", "generation", "trace", "training", "serve", "bench", "cli", "chat"),
-    "qkv.native": ("runtime", "perf", "generation", "trace", "training", "serve", "bench", "cli", "chat"),
-    "qkv.perf": ("runtime", "generation", "trace", "training", "serve", "bench", "cli", "chat"),
+    "qkv.runtime.native": ("runtime", "perf", "generation", "trace", "training", "serve", "bench", "cli", "chat"),
+    "qkv.runtime.linear": ("runtime", "generation", "trace", "training", "serve", "bench", "cli", "chat"),
     "qkv.runtime": ("generation", "trace", "training", "serve", "bench", "cli", "chat"),
     "qkv.generation": ("trace", "training", "serve", "bench", "cli", "chat"),
 }

@@ -13,14 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import qkv
-from qkv.attention.kv_cache import KVCache
+from qkv.attention.caches.kv_cache import KVCache
 from qkv.attention.rope import Llama3RopeScaling
 from qkv.errors import QkvError
 from qkv.generation import sample, stream
 from qkv.models.decoder import CausalDecoder
 from qkv.models.gpt2 import GPTConfig, GPTModel
 from qkv.models.llama import LlamaForCausalLM
-from qkv.models.qwen import Qwen3Config
+from qkv.models.configs.qwen import Qwen3Config
 
 VOCAB = 97
 

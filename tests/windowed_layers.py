@@ -19,8 +19,8 @@ import torch
 from torch import Tensor
 
 from qkv.attention import GroupedQueryAttention
-from qkv.attention.kv_cache import KVCache
-from qkv.attention.window_cache import sliding_window_mask
+from qkv.attention.caches.kv_cache import KVCache
+from qkv.attention.caches.window_cache import sliding_window_mask
 
 
 class LocalAttention(GroupedQueryAttention):

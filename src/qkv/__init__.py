@@ -11,7 +11,7 @@ from qkv.errors import QkvError
 # Heavier entry points, imported on first use so `import qkv` stays cheap.
 _LAZY = {
     "load_pretrained": "qkv.models.loader",
-    "save_pretrained": "qkv.models.checkpoint",
+    "save_pretrained": "qkv.models.hf.checkpoint",
     "trace": "qkv.trace",
     "generate": "qkv.generation",
     "load_for_generation": "qkv.runtime.prepare",

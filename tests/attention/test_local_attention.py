@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from qkv.attention.grouped_query import GroupedQueryAttention
-from qkv.attention.kv_cache import SlotKVCache, StaticKVCache
-from qkv.attention.quantized_cache import QuantizedKVCache
+from qkv.attention.caches.kv_cache import SlotKVCache, StaticKVCache
+from qkv.attention.caches.quantized_cache import QuantizedKVCache
 from qkv.attention.rmsnorm import RMSNorm
 from qkv.attention.rope import RotaryEmbedding
 
@@ -139,7 +139,7 @@ def test_bad_options_are_refused_by_name() -> None:
 def test_a_window_cache_applies_the_window_once() -> None:
     """With a cache that keeps only the window (its slots are a ring, not positions), the
     layer leaves the window to the cache's mask: steps equal the whole sequence."""
-    from qkv.attention import window_cache
+    from qkv.attention.caches import window_cache
 
     module, x = layer(window=W), inputs()
     with torch.no_grad():

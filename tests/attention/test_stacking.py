@@ -11,7 +11,7 @@ from torch import nn
 from qkv.attention.grouped_query import GroupedQueryAttention
 from qkv.attention.stacking import fuse_projections, stack_linears
 from qkv.models.llama import LlamaForCausalLM
-from qkv.models.llama_config import LlamaConfig
+from qkv.models.configs.llama import LlamaConfig
 from qkv.runtime.prepare import prepare_for_decoding
 
 

@@ -7,7 +7,8 @@ import sys
 import pytest
 import torch
 
-from qkv.bench import common, smollm2
+from qkv.bench import common
+from qkv.bench.sections import smollm2
 
 
 def test_optional_returns_a_message_for_a_missing_module() -> None:

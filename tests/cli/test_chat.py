@@ -14,7 +14,7 @@ import gguf
 import numpy as np
 import pytest
 
-from qkv.chat import ChatModel, ChatSession, ChatTemplate, Sampling
+from qkv.chat.conversation import ChatModel, ChatSession, ChatTemplate, Sampling
 from qkv.cli.main import main
 from qkv.runtime.prepare import prepare_for_decoding
 

@@ -7,12 +7,12 @@ import math
 import pytest
 import torch
 
-from qkv.attention.kv_cache import StaticKVCache
+from qkv.attention.caches.kv_cache import StaticKVCache
 from qkv.errors import QkvError
 from qkv.generation import generate
 from qkv.generation.cache_kinds import cache_kind, cached_perplexity
 from qkv.models.llama import LlamaForCausalLM
-from qkv.models.llama_config import LlamaConfig
+from qkv.models.configs.llama import LlamaConfig
 
 
 def tiny_llama() -> LlamaForCausalLM:

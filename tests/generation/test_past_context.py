@@ -9,13 +9,13 @@ import pytest
 import torch
 
 import qkv
-from qkv.attention.sink_cache import SinkKVCache
+from qkv.attention.caches.sink_cache import SinkKVCache
 from qkv.book import GPTModel as BookGPT
 from qkv.book import from_qkv, generate_text_simple
 from qkv.generation.past_context import SINKS, plan_past_context
 from qkv.models.gpt2 import GPTConfig, GPTModel
 from qkv.models.llama import LlamaForCausalLM
-from qkv.models.llama_config import LlamaConfig
+from qkv.models.configs.llama import LlamaConfig
 
 VOCAB = 97
 CONTEXT = 24

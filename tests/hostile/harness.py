@@ -84,7 +84,7 @@ def main() -> None:
         cases = json.load(handle)
     import torch  # noqa: F401  (imported once, shared by every forked case)
 
-    import qkv.chat  # noqa: F401
+    import qkv.chat.conversation  # noqa: F401
     import qkv.cli.main  # noqa: F401
     import qkv.models.loader  # noqa: F401
     import qkv.training.loop  # noqa: F401

@@ -28,10 +28,10 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import qkv
-from qkv.models.gguf import permute_rows
+from qkv.models.gguf.checkpoint import permute_rows
 from qkv.models.gpt2 import GPTConfig, GPTModel
 from qkv.models.llama import LlamaForCausalLM
-from qkv.models.llama_config import LlamaConfig
+from qkv.models.configs.llama import LlamaConfig
 
 # One worker builds and runs every case (the module's fixture would run once per xdist worker).
 pytestmark = pytest.mark.xdist_group("hostile-files")

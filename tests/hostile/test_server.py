@@ -19,7 +19,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from qkv.serve.metrics import MODEL_ROUTE, OTHER, ROUTES
+from qkv.serve.http.metrics import MODEL_ROUTE, OTHER, ROUTES
 from tests.serve_process import serve_process
 
 pytestmark = pytest.mark.xdist_group("hostile-server")

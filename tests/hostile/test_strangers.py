@@ -166,8 +166,8 @@ def _rewrite_entry(entry: Path, change: Callable[[dict], None], *, recompute: bo
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from qkv.cache_integrity import tensors_digest
-    from qkv.perf.prepared_cache import DIGEST_KEY
+    from qkv.util.cache_integrity import tensors_digest
+    from qkv.runtime.prepared_cache import DIGEST_KEY
 
     with safe_open(str(entry), "pt") as handle:
         metadata = handle.metadata() or {}
@@ -217,7 +217,7 @@ def killed_writers(case: Path, entry: Path, state: dict) -> None:
 
 
 def foreign_library(case: Path, entry: Path, state: dict) -> None:
-    from qkv.cache_integrity import file_sha256
+    from qkv.util.cache_integrity import file_sha256
 
     library = next((case / "cache" / "native").glob("*.so"))
     source = case / "empty.cpp"
@@ -290,7 +290,7 @@ def _run_harness(root: Path, cases: list[dict], tag: str) -> dict:
 
 
 def _library() -> Path | None:
-    from qkv.native import native_kernels
+    from qkv.runtime.native import native_kernels
 
     status = native_kernels()
     return status.path if status.available else None

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from qkv.models.context_parallel import ContextParallel, sharded_forward
 from qkv.models.gpt2 import GPTConfig, GPTModel
 from qkv.models.llama import LlamaForCausalLM
-from qkv.models.llama_config import LlamaConfig
+from qkv.models.configs.llama import LlamaConfig
 
 
 def tiny_models() -> dict[str, torch.nn.Module]:
@@ -53,7 +53,7 @@ def tiny(out_dir: Path, rank: int) -> None:
 
 def smollm2(out_dir: Path, rank: int, text: str, context: int, stride: int) -> None:
     from qkv.models.loader import load_pretrained
-    from qkv.perplexity import perplexity
+    from qkv.eval.perplexity import perplexity
 
     torch.set_num_threads(1)
     model, tokenizer = load_pretrained("smollm2")

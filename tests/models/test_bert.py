@@ -13,7 +13,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from qkv.errors import QkvError
 from qkv.models.bert import encode, load_bert, sentence_embeddings
-from qkv.models.minilm import load_minilm, minilm_path
+from qkv.models.hf.minilm import load_minilm, minilm_path
 from qkv.trace import trace
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may be fetched

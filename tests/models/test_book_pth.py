@@ -14,7 +14,7 @@ from qkv.book import GPTModel, generate_text_simple
 from qkv.cli.main import main
 from qkv.errors import QkvError
 from qkv.models.book_pth import open_book_file
-from qkv.models.gpt2_tokenizer import gpt2_tokenizer
+from qkv.models.hf.gpt2_tokenizer import gpt2_tokenizer
 from qkv.models.loader import load_pretrained
 
 PROMPT = "Every effort moves you"

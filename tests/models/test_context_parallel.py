@@ -18,7 +18,7 @@ import torch
 
 from qkv.attention.ring import Ring, ShardLayout
 from qkv.models.context_parallel import attach_ring
-from qkv.perplexity import perplexity
+from qkv.eval.perplexity import perplexity
 
 WORKER = Path(__file__).with_name("context_parallel_worker.py")
 VERDICT = Path(__file__).resolve().parents[3] / "shared" / "data" / "the-verdict.txt"

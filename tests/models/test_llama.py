@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import qkv
-from qkv.attention.kv_cache import StaticKVCache
+from qkv.attention.caches.kv_cache import StaticKVCache
 from qkv.models.llama import LlamaForCausalLM
-from qkv.models.llama_config import PRESETS, LlamaConfig, rope_settings
-from qkv.models.qwen import Qwen2Config, Qwen3Config
+from qkv.models.configs.llama import PRESETS, LlamaConfig, rope_settings
+from qkv.models.configs.qwen import Qwen2Config, Qwen3Config
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from qkv.errors import QkvError
-from qkv.models import hf_keys
+from qkv.models.key_maps import hf as hf_keys
 from qkv.models.gpt2 import GPTConfig, GPTModel
 from qkv.models.llama import LlamaForCausalLM
-from qkv.models.llama_config import LlamaConfig
-from qkv.models.qwen import Qwen2Config, Qwen3Config
-from qkv.models.untrusted import inside, parse_size, require_memory
+from qkv.models.configs.llama import LlamaConfig
+from qkv.models.configs.qwen import Qwen2Config, Qwen3Config
+from qkv.models.hf.untrusted import inside, parse_size, require_memory
 
 SMALL = dict(vocab_size=11, hidden_size=8, intermediate_size=12, num_hidden_layers=2, num_attention_heads=2)
 
@@ -71,7 +71,7 @@ def test_sizes_and_memory_refusal() -> None:
 
 def test_the_address_space_limit_counts_as_available_memory() -> None:
     code = (
-        "import os, resource; from qkv.models.untrusted import available_memory;"
+        "import os, resource; from qkv.models.hf.untrusted import available_memory;"
         "vm = int(open('/proc/self/statm').read().split()[0]) * os.sysconf('SC_PAGE_SIZE');"
         "resource.setrlimit(resource.RLIMIT_AS, (vm + 2**28, resource.RLIM_INFINITY));"
         "print(available_memory())"

@@ -13,15 +13,15 @@ import threading
 import pytest
 import torch
 
-from qkv.attention.kv_cache import SlotKVCache
+from qkv.attention.caches.kv_cache import SlotKVCache
 from qkv.generation import generate
 from qkv.generation.sampling import Sampling
 from qkv.models.llama import LlamaForCausalLM
-from qkv.models.llama_config import LlamaConfig
-from qkv.native import native_kernels
+from qkv.models.configs.llama import LlamaConfig
+from qkv.runtime.native import native_kernels
 from qkv.runtime import DecodeSession, prepare_for_decoding, reusable_prefix
 from qkv.runtime.session import PREFILL_ALIGN, aligned_parts
-from qkv.serve.engine import Engine, Finished
+from qkv.serve.engine.batching import Engine, Finished
 
 PRECISIONS = ["float32", "int8", "int4"]
 needs_kernels = pytest.mark.skipif(not native_kernels().available, reason="qkv's kernels do not build here")

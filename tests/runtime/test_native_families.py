@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import torch
 
-from qkv.attention.kv_cache import SlotKVCache
-from qkv.attention.window_cache import WindowKVCache
-from qkv.models.registry import FAMILIES
-from qkv.native import native_kernels
+from qkv.attention.caches.kv_cache import SlotKVCache
+from qkv.attention.caches.window_cache import WindowKVCache
+from qkv.models.configs.registry import FAMILIES
+from qkv.runtime.native import native_kernels
 from qkv.runtime import DecodeSession, prepare_for_decoding, setup_of
 
 pytestmark = pytest.mark.skipif(not native_kernels().available,

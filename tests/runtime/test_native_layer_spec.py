@@ -16,11 +16,11 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qkv.attention.kv_cache import CacheSpec
-from qkv.attention.window_cache import WindowKVCache
-from qkv.models.layer_spec import AttentionSpec, LayerSpec, MlpSpec, NormSpec, RopeSpec
-from qkv.native import native_kernels
-from qkv.native.ops import use_variant, variants
+from qkv.attention.caches.kv_cache import CacheSpec
+from qkv.attention.caches.window_cache import WindowKVCache
+from qkv.models.configs.layer_spec import AttentionSpec, LayerSpec, MlpSpec, NormSpec, RopeSpec
+from qkv.runtime.native import native_kernels
+from qkv.runtime.native.ops import use_variant, variants
 from qkv.runtime.native_layer_spec import FIELDS, declined, layer_vectors, pack, rope_frequencies
 
 needs_kernels = pytest.mark.skipif(not native_kernels().available,

@@ -17,11 +17,11 @@ from qkv.generation import generate
 from qkv.runtime import DecodeSession
 from qkv.generation.cache_kinds import cache_kind
 from qkv.models.gpt2 import GPTModel
-from qkv.models.gpt2_config import GPTConfig
+from qkv.models.configs.gpt2 import GPTConfig
 from qkv.models.llama import LlamaForCausalLM
-from qkv.models.llama_config import LlamaConfig
-from qkv.models.qwen import Qwen2Config, Qwen3Config
-from qkv.native import native_kernels
+from qkv.models.configs.llama import LlamaConfig
+from qkv.models.configs.qwen import Qwen2Config, Qwen3Config
+from qkv.runtime.native import native_kernels
 from qkv.runtime.native_layers import FusedLayers
 from qkv.runtime import prepare, setup_of
 from qkv.runtime.prepare import prepare_for_decoding
@@ -215,7 +215,7 @@ FALLBACK = """
 import json, torch
 from qkv.generation import generate
 from qkv.models.llama import LlamaForCausalLM
-from qkv.models.llama_config import LlamaConfig
+from qkv.models.configs.llama import LlamaConfig
 from qkv.runtime.prepare import prepare_for_decoding
 cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
@@ -246,7 +246,7 @@ def test_without_a_compiler_for_the_kernels_decoding_falls_back_to_the_modules(t
 def test_slot_rows_decode_through_the_fused_calls_as_through_the_modules() -> None:
     """A server's continuous batch (SlotKVCache): prompts in some slots, then steps on some
     rows only; the fused calls write and read the slots they are given, as the modules do."""
-    from qkv.attention.kv_cache import SlotKVCache
+    from qkv.attention.caches.kv_cache import SlotKVCache
 
     fused, modules = _pair("qwen2", "int8")
     prompts = {1: torch.tensor([3, 14, 15, 92]), 3: torch.tensor([65, 35]), 0: torch.tensor([8, 9, 7])}
@@ -320,7 +320,7 @@ def test_a_model_whose_own_description_the_kernel_lacks_runs_its_modules() -> No
     with a q/k norm over all heads (OLMo 2's) is declined there, so nothing is fused."""
     import dataclasses
 
-    from qkv.models.layer_spec import NormSpec
+    from qkv.models.configs.layer_spec import NormSpec
     from qkv.runtime.native_layers import spec_of
 
     model = _model("llama", 4, 2, 16, seed=3)
@@ -339,7 +339,7 @@ def test_a_rows_decode_logits_do_not_depend_on_the_rows_beside_it(precision: str
     """Batch invariance of a whole fused decode step: prompts prefilled one slot at a time,
     then one step for three rows at once against each row's step alone: the same logits, bit
     for bit (the kernels compute a row with the same operations whatever the batch)."""
-    from qkv.attention.kv_cache import SlotKVCache
+    from qkv.attention.caches.kv_cache import SlotKVCache
 
     fused, _ = _pair("llama", precision)
     prompts = {0: torch.tensor([3, 14, 15, 92]), 1: torch.tensor([65, 35]), 2: torch.tensor([8, 9, 7, 9, 3])}

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from qkv.attention.kv_cache import SlotKVCache
+from qkv.attention.caches.kv_cache import SlotKVCache
 from qkv.generation import generate
 from qkv.runtime.session import DecodeSession
 from qkv.models.llama import LlamaForCausalLM
-from qkv.models.llama_config import LlamaConfig
+from qkv.models.configs.llama import LlamaConfig
 
 
 def tiny_llama() -> LlamaForCausalLM:
@@ -49,7 +49,7 @@ def test_decoding_some_rows_matches_each_sequence_alone_and_leaves_the_others_un
 
 
 def test_rows_read_only_the_positions_they_reach() -> None:
-    from qkv.attention.kv_cache import CacheSpec
+    from qkv.attention.caches.kv_cache import CacheSpec
 
     spec = CacheSpec(batch_size=3, num_kv_heads=2, capacity=256, head_dim=4, value_dim=4,
                      dtype=torch.float32, device=torch.device("cpu"))

@@ -1,7 +1,7 @@
 """The "blocks" precision: a GGUF file's layers kept in the block types it stores.
 
 The reference is the same file dequantized (the float32 path, bit-identical to the gguf
-library's dequantizer: tests/models/test_gguf_blocks.py), with each linear layer's input
+library's dequantizer: tests/models/gguf/test_dequantize.py), with each linear layer's input
 rounded as the block layers round it where they do (AVX-512 VNNI); qkv's whole-layer kernel
 multiplies the same blocks with the same products as the block layers it stands in for.
 """
@@ -14,13 +14,13 @@ import pytest
 import torch
 from gguf.constants import GGMLQuantizationType as Q
 
-from qkv.attention.kv_cache import SlotKVCache
+from qkv.attention.caches.kv_cache import SlotKVCache
 from qkv.errors import QkvError
-from qkv.native.block_ops import layers_round_activations, rounded_activations
-from qkv.perf.block_linear import BlockEmbedding, BlockLinear, StackedBlockLinear, native_reason
+from qkv.runtime.native.block_ops import layers_round_activations, rounded_activations
+from qkv.runtime.linear.block import BlockEmbedding, BlockLinear, StackedBlockLinear, native_reason
 from qkv.runtime import DecodeSession, prepare_for_decoding
 from qkv.runtime.prepare import load_prepared_model
-from tests.models.block_files import write_block_gguf
+from tests.models.gguf.block_files import write_block_gguf
 
 needs_block_products = pytest.mark.skipif(native_reason() is not None, reason="qkv's block products do not build here")
 PROMPT = torch.tensor([[0, 1, 2, 2, 1, 0, 1]])
@@ -28,7 +28,7 @@ PROMPT = torch.tensor([[0, 1, 2, 2, 1, 0, 1]])
 
 def _as_block_layers_compute(reference: torch.nn.Module) -> torch.nn.Module:
     """The float32 reading with every linear layer's input rounded as qkv's block layers round
-    it where they do (AVX-512 VNNI: qkv.native.block_ops.rounded_activations), so that it
+    it where they do (AVX-512 VNNI: qkv.runtime.native.block_ops.rounded_activations), so that it
     computes the blocks' math: dequantized weights times the layers' activations."""
     if layers_round_activations():
         for module in reference.modules():
@@ -111,7 +111,7 @@ def test_rows_decoded_together_through_blocks_equal_each_row_alone_bit_for_bit(t
 
 def test_blocks_is_refused_by_name_where_there_are_no_blocks(tmp_path: Path) -> None:
     from qkv.models.llama import LlamaForCausalLM
-    from qkv.models.llama_config import LlamaConfig
+    from qkv.models.configs.llama import LlamaConfig
 
     model = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32))
@@ -133,8 +133,8 @@ GGUF_KINDS = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", 
 def test_every_architecture_in_q8_0_decodes_from_its_blocks_as_dequantized(kind: str, tmp_path: Path) -> None:
     """Each GGUF architecture qkv reads, its matrices quantized to Q8_0 as llama-quantize would:
     "auto" keeps the blocks, and a prefill plus decode steps give the float32 reading's logits."""
-    from tests.models.gguf_convert import write_gguf
-    from tests.models.test_gguf_arch import _source
+    from tests.models.gguf.gguf_convert import write_gguf
+    from tests.models.gguf.test_arch import _source
     from tests.models.conftest import make_tokenizer
 
     path = write_gguf(tmp_path / f"{kind}.gguf", _source(kind), make_tokenizer(), block_type=Q.Q8_0)
@@ -152,8 +152,8 @@ def test_a_gpt2_file_in_blocks_runs_at_int8_by_default_and_refuses_blocks_by_nam
     """qkv's GPT-2 holds the book's split W_query/W_key/W_value, not the file's stacked Conv1D
     matrices one for one: "auto" prepares it at int8, and "blocks" says why it cannot."""
     from tests.models.conftest import make_tokenizer
-    from tests.models.gguf_convert import write_gguf
-    from tests.models.test_gguf_arch import _source
+    from tests.models.gguf.gguf_convert import write_gguf
+    from tests.models.gguf.test_arch import _source
 
     path = write_gguf(tmp_path / "gpt2.gguf", _source("gpt2"), make_tokenizer(), block_type=Q.Q8_0)
     assert load_prepared_model(path, precision="auto", compile=False)[1].precision == "int8"
@@ -165,7 +165,7 @@ def test_a_gpt2_file_in_blocks_runs_at_int8_by_default_and_refuses_blocks_by_nam
 def test_the_memory_check_counts_the_blocks_as_stored(tmp_path: Path) -> None:
     """A file kept in its blocks needs about its own size, not its float32 values: a limit
     between the two lets "auto" (blocks) load it and refuses int8, which reads float32 first."""
-    from qkv.models.gguf import open_gguf_file
+    from qkv.models.gguf.checkpoint import open_gguf_file
 
     path = write_block_gguf(tmp_path / "mix.gguf", embedding=Q.Q8_0)
     file = open_gguf_file(path)

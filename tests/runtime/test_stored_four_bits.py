@@ -9,11 +9,11 @@ from pathlib import Path
 import torch
 from gguf.constants import GGMLQuantizationType as Q
 
-from qkv.models.gguf import open_gguf_file
-from qkv.perf.quantize import Int4Linear, Int8Linear
+from qkv.models.gguf.checkpoint import open_gguf_file
+from qkv.runtime.linear.quantized import Int4Linear, Int8Linear
 from qkv.runtime.prepare import load_prepared_model
 from qkv.attention.stacking import STACKED
-from tests.models.block_files import write_block_gguf
+from tests.models.gguf.block_files import write_block_gguf
 
 FOUR_BIT_LAYERS = {"attn_q": Q.Q4_0, "attn_k": Q.Q4_1, "attn_v": Q.Q4_0, "attn_output": Q.Q4_1,
                    "ffn_gate": Q.Q4_0, "ffn_up": Q.Q4_1, "ffn_down": Q.Q4_0}

@@ -38,9 +38,9 @@ class Running:
 def start_server(tiny_folder: Path):
     import uvicorn
 
-    from qkv.serve.app import build_app
-    from qkv.serve.schemas import Limits
-    from qkv.serve.server import load_served
+    from qkv.serve.http.app import build_app
+    from qkv.serve.api.schemas import Limits
+    from qkv.serve.http.server import load_served
 
     started: list[tuple[uvicorn.Server, threading.Thread]] = []
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from qkv.chat import load_chat_model
+from qkv.chat.conversation import load_chat_model
 
 from tests.serve_process import serve_process
 

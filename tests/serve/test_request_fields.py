@@ -100,9 +100,9 @@ def test_tool_messages_reach_the_template(server) -> None:
                     {"id": "c1", "type": "function", "function": {"name": "mul", "arguments": '{"a": 6, "b": 7}'}}]},
                 {"role": "tool", "tool_call_id": "c1", "content": "42"}]
     answer = _ok(server, "/v1/chat/completions", {"messages": messages, "max_tokens": 2})
-    from qkv.serve.tools import render_messages, template_format
+    from qkv.serve.api.tools import render_messages, template_format
 
-    template = server.served.template  # it knows no tool format: calls are written as JSON (qkv.serve.tools)
+    template = server.served.template  # it knows no tool format: calls are written as JSON (qkv.serve.api.tools)
     shown, _ = render_messages(messages, None, template_format(template.source))
     rendered = template.render(shown)
     assert '{"name": "mul", "arguments": {"a": 6, "b": 7}}' in rendered
@@ -177,7 +177,7 @@ def test_chat_logprobs_streamed_equal_whole(server) -> None:
             if line.startswith("data: {"):
                 choice = json.loads(line[6:])["choices"][0]
                 streamed += (choice["logprobs"] or {}).get("content") or []
-    # The second request reuses the first one's prompt keys and values (qkv.serve.prefix_cache):
+    # The second request reuses the first one's prompt keys and values (qkv.serve.engine.prefix_cache):
     # its first logits come from a one-token prefill over them, the same math in another order,
     # so the logprobs agree to float32 rounding and the tokens exactly.
     assert [e["token"] for e in streamed] == [e["token"] for e in whole] and len(whole) >= 1
@@ -253,7 +253,7 @@ def test_a_list_of_prompts_equals_each_alone(server) -> None:
 def test_an_abandoned_whole_request_frees_its_slot(start_server) -> None:
     """A client that gives up on a non-streamed answer: the server notices while it waits,
     cancels the job, and the slot is free long before max_tokens would have been reached."""
-    from qkv.serve.schemas import Limits
+    from qkv.serve.api.schemas import Limits
 
     slow = start_server(max_batch=2, api_key=None, limits=Limits(max_tokens=200))
     stop = threading.Event()
@@ -297,10 +297,10 @@ def test_tokenizer_endpoints_are_the_servers_tokenizer(server) -> None:
 
 def test_a_prompt_the_tokenizer_bounds_refuse_is_a_400(server) -> None:
     """A prompt that the tokenizer's normalizer would grow past the encode bound
-    (qkv.models.tokenizer_guard) is the client's 400, and the server goes on answering."""
+    (qkv.models.hf.tokenizer_guard) is the client's 400, and the server goes on answering."""
     from tokenizers import Tokenizer, normalizers
 
-    from qkv.models.tokenizer_guard import guard
+    from qkv.models.hf.tokenizer_guard import guard
 
     original = server.served.tokenizer
     growing = Tokenizer.from_str(original.inner.to_str())

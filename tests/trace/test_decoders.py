@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import qkv
-from qkv.attention.kv_cache import KVCache
-from qkv.trace.analysis import key_norms, kv_groups, rope_relative, sink_share
-from qkv.trace.generation import trace_generation
+from qkv.attention.caches.kv_cache import KVCache
+from qkv.trace.explain.analysis import key_norms, kv_groups, rope_relative, sink_share
+from qkv.trace.record.generation import trace_generation
 
 T = 10
 

@@ -12,15 +12,15 @@ import torch
 from rich.console import Console
 
 from qkv.models.llama import LlamaForCausalLM
-from qkv.models.llama_config import LlamaConfig
+from qkv.models.configs.llama import LlamaConfig
 from qkv.trace import trace
-from qkv.trace.export import layer_summary, query_row
-from qkv.trace.html import build_page
-from qkv.trace.keys import by_attention, key_anatomy, summary_rows
-from qkv.trace.keys_figures import keys_page
-from qkv.trace.keys_terminal import render_keys
-from qkv.trace.png import layer_figures, score_bars
-from qkv.trace.terminal import render_layer
+from qkv.trace.record.export import layer_summary, query_row
+from qkv.trace.render.html import build_page
+from qkv.trace.explain.keys import by_attention, key_anatomy, summary_rows
+from qkv.trace.render.keys_figures import keys_page
+from qkv.trace.render.keys_terminal import render_keys
+from qkv.trace.render.png import layer_figures, score_bars
+from qkv.trace.render.terminal import render_layer
 from tests.windowed_layers import make_local
 
 WINDOW, T = 3, 9

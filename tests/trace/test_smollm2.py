@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import qkv
-from qkv.trace.analysis import analyse
+from qkv.trace.explain.analysis import analyse
 
 pytestmark = [pytest.mark.xdist_group("smollm2"), pytest.mark.slow]
 

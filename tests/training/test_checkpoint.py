@@ -10,7 +10,7 @@ import torch
 
 from qkv.errors import QkvError
 from qkv.models.gpt2 import GPTConfig, GPTModel
-from qkv.atomic import atomic_write_with
+from qkv.util.atomic import atomic_write_with
 from qkv.training.checkpoint import TrainingState, load_checkpoint, restore_modules, save_checkpoint
 from qkv.training.loop import _adamw
 from qkv.training.schedule import warmup_cosine

@@ -31,8 +31,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from qkv.attention.kernels import BACKENDS, Backend, attention
-from qkv.attention.kv_cache import CacheSpec, KVCache, StaticKVCache
+from qkv.attention.kernels import ATTENTION_KERNELS, AttentionKernel, attention
+from qkv.attention.caches.kv_cache import CacheSpec, KVCache, StaticKVCache
 from qkv.attention.masks import window_mask
 from qkv.attention.ring import Ring
 from qkv.attention.rmsnorm import RMSNorm
@@ -57,7 +57,7 @@ class GroupedQueryAttention(nn.Module):
         qk_norm_offset: float = 0.0,
         norm_eps: float = 1e-6,
         dropout: float = 0.0,
-        backend: Backend = "fused",
+        backend: AttentionKernel = "fused",
         scale: float | None = None,
         window: int | None = None,
         softcap: float | None = None,
@@ -76,8 +76,8 @@ class GroupedQueryAttention(nn.Module):
             raise ValueError(
                 f"num_heads ({num_heads}) must be a positive multiple of num_kv_heads ({num_kv_heads})"
             )
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown attention backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+        if backend not in ATTENTION_KERNELS:
+            raise ValueError(f"unknown attention backend {backend!r}; choose one of {', '.join(ATTENTION_KERNELS)}")
         if rotary_dim is not None and not (2 <= rotary_dim <= head_dim and rotary_dim % 2 == 0):
             raise ValueError(f"rotary_dim must be even, at least 2 and at most head_dim ({head_dim}), got {rotary_dim}")
         rotary_dim = head_dim if rotary_dim is None else rotary_dim  # the whole head, when RoPE is used
@@ -94,7 +94,7 @@ class GroupedQueryAttention(nn.Module):
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.dropout = dropout
-        self.backend: Backend = backend
+        self.backend: AttentionKernel = backend
         self.scale = scale  # None: 1/sqrt(D)
         self.window = window  # None: a global layer (explain reads it)
         self.softcap = softcap
@@ -118,7 +118,7 @@ class GroupedQueryAttention(nn.Module):
 
     def fuse_projections(self) -> None:
         """Replace q_proj, k_proj and v_proj by one `qkv_proj` holding their rows (same
-        numbers, one matrix product). For inference: done by qkv.perf.prepare_for_decoding."""
+        numbers, one matrix product). For inference: done by qkv.runtime.linear.prepare_for_decoding."""
         if self.qkv_proj is None:
             self.qkv_proj = stack_linears([self.q_proj, self.k_proj, self.v_proj])
             del self.q_proj, self.k_proj, self.v_proj
@@ -151,7 +151,7 @@ class GroupedQueryAttention(nn.Module):
         layer_index: int = 0,
         rotary: RotaryEmbedding | None = None,
     ) -> CacheSpec:
-        """What a KV cache for this layer holds (any kind is built from it: qkv.attention.kv_cache);
+        """What a KV cache for this layer holds (any kind is built from it: qkv.attention.caches.kv_cache);
         `rotary` is the model's RoPE, for kinds that rotate keys as they read them."""
         return CacheSpec(batch_size, self.num_kv_heads, capacity, self.head_dim, self.head_dim,
                          dtype, torch.device(device), layer_index, rotary)

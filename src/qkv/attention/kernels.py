@@ -26,7 +26,7 @@ from torch import Tensor
 
 from qkv.attention.masks import causal_mask
 from qkv.attention.registry import attention_function, register_attention
-from qkv.kernel_names import BACKENDS, Backend  # noqa: F401  (re-exported: the names configs check)
+from qkv.names import ATTENTION_KERNELS, AttentionKernel  # noqa: F401  (re-exported: the names configs check)
 
 
 _SDPA_HAS_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")

@@ -14,7 +14,7 @@ Built in (qkv.attention.kernels):
 - "reductions": always the reductions;
 - "quantized_decode" (registered by the runtime with qkv's kernels): one query over a
   quantized KV cache's packed codes, which the cache calls with its own buffers
-  (qkv.attention.quantized_cache; without it the cache dequantizes and runs the reductions).
+  (qkv.attention.caches.quantized_cache; without it the cache dequantizes and runs the reductions).
 
 Every function takes (..., H, T, D) queries, (..., H_kv, S, D) keys and values and keyword
 arguments mask, is_causal, scale, dropout_p, and returns the (..., H, T, D_v) context.

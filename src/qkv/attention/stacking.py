@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from qkv.empty_init import parameters_on_meta
+from qkv.util.empty_init import parameters_on_meta
 
 # The stacked layers `fuse_projections` makes and the checkpoint layers whose rows they hold, in order.
 STACKED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}

@@ -35,18 +35,18 @@ from collections.abc import Callable
 from typing import Any
 
 SECTIONS: dict[str, str] = {
-    "decode": "qkv.bench.decode:decode_section",
-    "roofline": "qkv.bench.roofline:roofline_section",
-    "prefill": "qkv.bench.prefill:prefill_section",
-    "cache": "qkv.bench.cache:cache_section",
-    "kv_bytes": "qkv.bench.cache:kv_bytes_section",
-    "attention": "qkv.bench.attention:attention_section",
-    "plot": "qkv.bench.plot:plot_section",
-    "smollm2": "qkv.bench.smollm2:smollm2_section",
-    "quality": "qkv.bench.quality:quality_section",
-    "startup": "qkv.bench.startup:startup_section",
-    "kv-cache": "qkv.bench.kv_cache:kv_cache_section",
-    "kv-window": "qkv.bench.window_memory:window_memory_section",
+    "decode": "qkv.bench.sections.decode:decode_section",
+    "roofline": "qkv.bench.sections.roofline:roofline_section",
+    "prefill": "qkv.bench.sections.prefill:prefill_section",
+    "cache": "qkv.bench.sections.cache:cache_section",
+    "kv_bytes": "qkv.bench.sections.cache:kv_bytes_section",
+    "attention": "qkv.bench.sections.attention:attention_section",
+    "plot": "qkv.bench.sections.plot:plot_section",
+    "smollm2": "qkv.bench.sections.smollm2:smollm2_section",
+    "quality": "qkv.bench.sections.quality:quality_section",
+    "startup": "qkv.bench.sections.startup:startup_section",
+    "kv-cache": "qkv.bench.sections.kv_cache:kv_cache_section",
+    "kv-window": "qkv.bench.sections.window_memory:window_memory_section",
 }
 DEFAULT: tuple[str, ...] = ("decode", "roofline", "prefill", "cache", "kv_bytes", "attention", "plot")
 

@@ -102,14 +102,14 @@ def run(args: argparse.Namespace) -> int:
     plot_path = _check_output(args.plot, "plot")
     data = None
     if args.data is not None:
-        from qkv.text_file import read_text_file
+        from qkv.util.text_file import read_text_file
 
         read_text_file(args.data, when_empty="is empty; give --data a text to score")  # fail before measuring
         data = Path(args.data)
 
     import torch
 
-    from qkv.atomic import atomic_write_text
+    from qkv.util.atomic import atomic_write_text
     from qkv.bench.common import FULL, QUICK, Options, machine
     from qkv.bench.runner import run_sections
 

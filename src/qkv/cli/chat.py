@@ -19,7 +19,7 @@ from qkv.cli.speed import add_speed_arguments, announce_speed, load_for_speed
 from qkv.cli.generate import _utf8_writer, text_chunks
 from qkv.cli.numbers import add_max_memory_argument, integer, probability, seed, temperature
 from qkv.errors import QkvError
-from qkv.threads import add_threads_argument, apply_threads
+from qkv.util.threads import add_threads_argument, apply_threads
 
 COMMANDS = "/reset starts over, /exit (or Ctrl-D) ends"
 
@@ -78,9 +78,9 @@ def _messages(interactive: bool):
 
 
 def run(args: argparse.Namespace) -> int:
-    from qkv.chat import ChatSession, Sampling, chat_model_from
+    from qkv.chat.conversation import ChatSession, Sampling, chat_model_from
 
-    from qkv.attention.kv_cache import StaticKVCache
+    from qkv.attention.caches.kv_cache import StaticKVCache
     from qkv.cli.perplexity import kv_cache_kind
     from qkv.generation.cache_kinds import check_kind
 

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 from qkv.cli.speed import add_speed_arguments, announce_speed, load_for_speed
 from qkv.cli.numbers import add_max_memory_argument, integer, probability, seed, temperature
 from qkv.errors import QkvError
-from qkv.terminal_text import escape_controls
-from qkv.threads import add_threads_argument, apply_threads
+from qkv.util.terminal_text import escape_controls
+from qkv.util.threads import add_threads_argument, apply_threads
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -88,7 +88,7 @@ def text_chunks(tokenizer: "Tokenizer", prompt_ids: list[int], new_ids: Iterable
 
 def _utf8_writer() -> Callable[[str], None]:
     """Write and flush model text to stdout as UTF-8, whatever the terminal's locale says,
-    with control characters escaped (qkv.terminal_text)."""
+    with control characters escaped (qkv.util.terminal_text)."""
     binary = getattr(sys.stdout, "buffer", None)
 
     def emit(text: str) -> None:
@@ -107,7 +107,7 @@ def _utf8_writer() -> Callable[[str], None]:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from qkv.attention.kv_cache import StaticKVCache
+    from qkv.attention.caches.kv_cache import StaticKVCache
     from qkv.cli.perplexity import kv_cache_kind
     from qkv.generation.cache_kinds import check_kind
     from qkv.generation import check_request, stream
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         schema = read_schema(args.json_schema)
     loaded, setup = load_for_speed(args, chat=args.chat)
     if args.chat:
-        from qkv.chat import chat_model_from
+        from qkv.chat.conversation import chat_model_from
 
         chat = chat_model_from(loaded)
         model, tokenizer, stop_ids = chat.model, chat.tokenizer, tuple(sorted(chat.stop_ids))

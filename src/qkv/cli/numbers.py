@@ -3,7 +3,7 @@
 Each function returns an argparse `type=` that turns the text into a number or raises
 `argparse.ArgumentTypeError`; argparse then prints one line naming the option
 ("argument --seed: must be a whole number from 0 to ..., got '1e23'") and exits with 2.
-`--max-memory` sizes are read by the same rules as qkv.models.untrusted.parse_size.
+`--max-memory` sizes are read by the same rules as qkv.models.hf.untrusted.parse_size.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import argparse
 import math
 from collections.abc import Callable
 
-from qkv.models.untrusted import parse_size
+from qkv.models.hf.untrusted import parse_size
 
 SEED_MAX = 2**63 - 1
 # Temperatures below this overflow float32 logits (logits / T); use 0 for greedy.

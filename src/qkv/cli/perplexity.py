@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING
 
 from qkv.cli.numbers import add_max_memory_argument, integer
 from qkv.errors import QkvError
-from qkv.precision import BLOCKS, PRECISIONS
-from qkv.text_file import read_text_file
-from qkv.threads import add_threads_argument, apply_threads
+from qkv.names import BLOCKS, PRECISIONS
+from qkv.util.text_file import read_text_file
+from qkv.util.threads import add_threads_argument, apply_threads
 
 if TYPE_CHECKING:
-    from qkv.attention.kv_cache import CacheKind
+    from qkv.attention.caches.kv_cache import CacheKind
     from qkv.models.context_parallel import ContextParallel
 
 # The default window: the model's context, but no longer than this many tokens.
@@ -126,8 +126,8 @@ def _score(args: argparse.Namespace, cp: ContextParallel | None) -> int:
     import torch
 
     from qkv.runtime.prepare import load_for_generation
-    from qkv.perplexity import perplexity, windows
-    from qkv.progress import progress_bar
+    from qkv.eval.perplexity import perplexity, windows
+    from qkv.util.progress import progress_bar
 
     threads = apply_threads(args.threads)
     kind = kv_cache_kind(args)  # bad cache options are reported before loading
@@ -167,7 +167,7 @@ def _score_cached(args: argparse.Namespace, kind: CacheKind, text: str, threads:
 
     from qkv.generation.cache_kinds import cached_perplexity, check_kind
     from qkv.runtime.prepare import load_for_generation
-    from qkv.progress import progress_bar
+    from qkv.util.progress import progress_bar
 
     if args.chunk < 1:
         raise QkvError(f"--chunk must be at least 1, got {args.chunk}")
@@ -192,12 +192,12 @@ def _score_cached(args: argparse.Namespace, kind: CacheKind, text: str, threads:
 
 def _score_llama_cpp(args: argparse.Namespace, kind: CacheKind | None, cp: ContextParallel | None,
                      threads: int) -> int:
-    """--scheme llama-cpp: llama-perplexity's chunks (qkv.chunked_perplexity)."""
+    """--scheme llama-cpp: llama-perplexity's chunks (qkv.eval.chunked_perplexity)."""
     import torch
 
-    from qkv.chunked_perplexity import (added_bos, check_chunk_length, chunk_count, chunked_perplexity,
+    from qkv.eval.chunked_perplexity import (added_bos, check_chunk_length, chunk_count, chunked_perplexity,
                                         llama_cpp_text, scored_per_chunk)
-    from qkv.progress import progress_bar
+    from qkv.util.progress import progress_bar
     from qkv.runtime.prepare import load_for_generation
 
     for given, option in ((args.stride, "--stride"), (kind, "--kv-cache"), (cp, "--context-parallel")):

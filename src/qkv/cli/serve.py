@@ -7,7 +7,7 @@ import argparse
 
 from qkv.cli.serve_flags import add_front_door_arguments, check_serve_flags
 from qkv.cli.speed import add_precision_argument
-from qkv.threads import FollowIdleCores, add_threads_argument, apply_threads
+from qkv.util.threads import FollowIdleCores, add_threads_argument, apply_threads
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -46,10 +46,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     apply_threads(args.threads)
     door = check_serve_flags(args)  # every flag in range before anything loads or binds
-    from qkv.serve.app import build_app
-    from qkv.serve.connections import bind_socket
-    from qkv.serve.schemas import Limits
-    from qkv.serve.server import load_served, serve
+    from qkv.serve.http.app import build_app
+    from qkv.serve.http.connections import bind_socket
+    from qkv.serve.api.schemas import Limits
+    from qkv.serve.http.server import load_served, serve
 
     sock = bind_socket(args.host, args.port)  # a port in use: one line, before any "listening on"
     try:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from qkv.errors import QkvError
 
 if TYPE_CHECKING:
-    from qkv.serve.front_door import Door
+    from qkv.serve.http.front_door import Door
 
 _HOST_NAME = re.compile(r"^(?=.{1,253}$)[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$")
 _ORIGIN = re.compile(r"^https?://[^/?#\s@]+$")
@@ -81,7 +81,7 @@ def cors_origin(origin: str) -> str:
 
 def check_serve_flags(args: argparse.Namespace) -> Door:
     """Every `qkv serve` flag in range; the front door's settings."""
-    from qkv.serve.front_door import Door
+    from qkv.serve.http.front_door import Door
 
     if not 0 < args.port < 65536:
         raise QkvError(f"--port must be between 1 and 65535, got {args.port}")

@@ -7,10 +7,10 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from qkv.precision import CHOICES, DEFAULT_PRECISION
+from qkv.names import CHOICES, DEFAULT_PRECISION
 
 if TYPE_CHECKING:
-    from qkv.attention.kv_cache import CacheKind
+    from qkv.attention.caches.kv_cache import CacheKind
     from qkv.models.decoder import CausalDecoder
     from qkv.models.loader import LoadedModel
     from qkv.runtime.prepare import DecodeSetup
@@ -45,7 +45,7 @@ def add_speed_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_for_speed(args: argparse.Namespace, *, chat: bool = False) -> tuple[LoadedModel, DecodeSetup]:
     """Load `--model` prepared as asked (`--dtype`, `--no-compile`): from the prepared-weights
-    cache when it holds it (qkv.perf.prepared_cache). Nothing is compiled yet."""
+    cache when it holds it (qkv.runtime.prepared_cache). Nothing is compiled yet."""
     from qkv.runtime.prepare import load_prepared_model
 
     return load_prepared_model(args.model, precision=args.dtype, compile=not args.no_compile,
@@ -57,14 +57,14 @@ def announce_speed(model: CausalDecoder, setup: DecodeSetup, kind: CacheKind | N
     first token, saying once on stderr what was built and how decoding runs (with the time
     it took, apart from tokens/s)."""
     from qkv.generation import warm_up
-    from qkv.perf.compile import CompileReport
+    from qkv.runtime.compile import CompileReport
 
     kernels = setup.kernels
     if kernels is not None and kernels.built_seconds is not None:
         print(f"built qkv's kernels for this CPU in {kernels.built_seconds:.1f} s (once per machine: "
               f"{kernels.path})", file=sys.stderr, flush=True)
     elif (kernels is not None and not kernels.available and "QKV_NATIVE" not in (kernels.reason or "")
-          and setup.precision not in ("int8", "int4")):  # quantized layers say so themselves (qkv.perf.quantize)
+          and setup.precision not in ("int8", "int4")):  # quantized layers say so themselves (qkv.runtime.linear.quantized)
         print(f"using PyTorch's {setup.precision} kernels: {kernels.reason}", file=sys.stderr, flush=True)
     if setup.compile is not None and not setup.compile.compiled:
         print(f"decoding eagerly: {setup.compile.reason} (--no-compile hides this line)",

@@ -17,7 +17,7 @@ from qkv.training.presets import PRESETS
 from qkv.training.settings import TrainSettings
 from qkv.training.presets import DEFAULT_PRESET
 from qkv.training.settings import DTYPES
-from qkv.threads import add_threads_argument, apply_threads
+from qkv.util.threads import add_threads_argument, apply_threads
 
 # Options that map one-to-one onto TrainSettings fields (None = not given).
 _OVERRIDES = (
@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _plot(settings: TrainSettings, result: Any, path: str) -> None:
     if PRESETS[settings.preset].loop == "book":
-        from qkv.training.book_figure import plot_book_losses
+        from qkv.training.book.figure import plot_book_losses
 
         epochs = settings.epochs if settings.max_steps is None else float(result.records[-1].get("epoch", 1))
         plot_book_losses(result.records, epochs, path)

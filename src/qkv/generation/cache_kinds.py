@@ -21,9 +21,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from qkv.attention.kv_cache import CacheKind, CacheSpec, StaticKVCache
-from qkv.attention.quantized_cache import QuantizedKVCache
-from qkv.attention.sink_cache import SinkKVCache
+from qkv.attention.caches.kv_cache import CacheKind, CacheSpec, StaticKVCache
+from qkv.attention.caches.quantized_cache import QuantizedKVCache
+from qkv.attention.caches.sink_cache import SinkKVCache
 from qkv.errors import QkvError
 from qkv.models.decoder import CausalDecoder
 from qkv.runtime.session import DecodeSession

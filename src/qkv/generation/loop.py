@@ -31,7 +31,7 @@ from torch import Tensor
 
 from qkv.errors import QkvError
 from qkv.generation.constraints import Constraint
-from qkv.attention.kv_cache import CacheKind, SlotKVCache, StaticKVCache
+from qkv.attention.caches.kv_cache import CacheKind, SlotKVCache, StaticKVCache
 from qkv.generation.decode_loop import DecodeLoop, RowRequest
 from qkv.generation.past_context import ContextPlan, plan_past_context
 from qkv.generation.sampling import Sampling

@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-from qkv.attention.kv_cache import CacheKind, StaticKVCache
-from qkv.attention.sink_cache import SinkKVCache
+from qkv.attention.caches.kv_cache import CacheKind, StaticKVCache
+from qkv.attention.caches.sink_cache import SinkKVCache
 from qkv.models.decoder import CausalDecoder
 
 SINKS = 4  # StreamingLLM's sink tokens

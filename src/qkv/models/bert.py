@@ -25,7 +25,7 @@ from tokenizers import Tokenizer
 from torch import Tensor, nn
 
 from qkv.attention.grouped_query import GroupedQueryAttention
-from qkv.kernel_names import BACKENDS, Backend
+from qkv.names import ATTENTION_KERNELS, AttentionKernel
 from qkv.attention.masks import padding_mask
 from qkv.errors import QkvError
 
@@ -40,7 +40,7 @@ class BertConfig:
     max_position_embeddings: int = 512
     type_vocab_size: int = 2
     layer_norm_eps: float = 1e-12
-    attention_backend: Backend = "fused"
+    attention_backend: AttentionKernel = "fused"
 
     def __post_init__(self) -> None:
         sizes = {f.name: getattr(self, f.name) for f in fields(self) if f.type == "int"}
@@ -52,9 +52,9 @@ class BertConfig:
                 f"BertConfig hidden_size ({self.hidden_size}) must be divisible by "
                 f"num_attention_heads ({self.num_attention_heads})"
             )
-        if self.attention_backend not in BACKENDS:
+        if self.attention_backend not in ATTENTION_KERNELS:
             raise ValueError(
-                f"BertConfig attention_backend must be one of {BACKENDS}, got {self.attention_backend!r}"
+                f"BertConfig attention_backend must be one of {ATTENTION_KERNELS}, got {self.attention_backend!r}"
             )
 
     @property
@@ -182,7 +182,7 @@ def _qkv_name(hf_name: str) -> str:
     return name
 
 
-def load_bert(path: str | Path, *, backend: Backend = "fused") -> BertModel:
+def load_bert(path: str | Path, *, backend: AttentionKernel = "fused") -> BertModel:
     """A BertModel from a folder with config.json and model.safetensors, in eval mode."""
     folder = Path(path)
     config_file, weights_file = folder / "config.json", folder / "model.safetensors"

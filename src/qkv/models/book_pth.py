@@ -9,9 +9,9 @@ memory-mapped (`mmap=True`), so a large file costs no memory until the loader co
 weights it checked, and an optimizer state in the file is never read. Every key is
 accounted for against the book's GPTModel (unknown or missing: one line naming it).
 
-The model's shape comes from the tensors (qkv.models.book_keys.infer_config: heads of 64
+The model's shape comes from the tensors (qkv.models.key_maps.book.infer_config: heads of 64
 features, as every GPT-2 size in the book); the tokenizer is GPT-2's, as the book's
-tiktoken `gpt2` encoding (qkv.models.gpt2_tokenizer). The book's generate_text_simple
+tiktoken `gpt2` encoding (qkv.models.hf.gpt2_tokenizer). The book's generate_text_simple
 never stops at <|endoftext|>, so neither does a model loaded from its file.
 
 Shape legend: C embedding, V vocabulary, P context length.
@@ -30,10 +30,11 @@ from tokenizers import Tokenizer
 from torch import Tensor
 
 from qkv.errors import QkvError
-from qkv.models import book_keys, hf_keys
-from qkv.models.gpt2_config import GPTConfig
-from qkv.models.gpt2_tokenizer import gpt2_tokenizer
-from qkv.models.untrusted import format_size
+from qkv.models.key_maps import book as book_keys
+from qkv.models.key_maps import hf as hf_keys
+from qkv.models.configs.gpt2 import GPTConfig
+from qkv.models.hf.gpt2_tokenizer import gpt2_tokenizer
+from qkv.models.hf.untrusted import format_size
 
 SUFFIXES = (".pth", ".pt")
 MAX_FILE_BYTES = 64 * 2**30  # GPT-2 XL with its AdamW state is about 19 GB

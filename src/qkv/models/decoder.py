@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from torch import Tensor, nn
 
-from qkv.attention.kv_cache import CacheKind, CacheSpec, KVCache
+from qkv.attention.caches.kv_cache import CacheKind, CacheSpec, KVCache
 from qkv.attention.rope import RotaryEmbedding
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ class LayerParts:
     whole decode step (`qkv.runtime.native_layers`):
     x + post_norm(attention(norm(x))), then + post_norm(down(act(up(norm(x))))).
 
-    A model that describes its layers (`layer_specs()`, qkv.models.layer_spec) gives here the
+    A model that describes its layers (`layer_specs()`, qkv.models.configs.layer_spec) gives here the
     tensors its descriptions name: the post-norms' weights, the q/k norms' stored weights (any
     weight offset is the description's), and each layer's RoPE frequencies (None: NoPE), so
     the kernel rotates by the very numbers the modules do. `activation` and `eps` tell a
@@ -83,7 +83,7 @@ class CausalDecoder(nn.Module, metaclass=ABCMeta):
 
     eos_token_ids: tuple[int, ...] = ()
     # True when the loader read the layer weights from 4-bit blocks (a Q4_0/Q4_1 GGUF file):
-    # the default decode precision is then int4 (qkv.precision).
+    # the default decode precision is then int4 (qkv.names).
     stored_in_four_bits: bool = False
 
     @abstractmethod

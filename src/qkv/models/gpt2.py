@@ -6,7 +6,7 @@ drop_rate, qkv_bias), so a reader of the book recognises every part. The attenti
 is the shared `GroupedQueryAttention` with as many key/value heads as query heads (the
 book's multi-head attention): its projections are q_proj, k_proj, v_proj and o_proj, the
 book's W_query, W_key, W_value and out_proj (GPT-2's fused c_attn is split at load time,
-qkv.models.hf_keys). Unlike the book's MultiHeadAttention it keeps no (context_length x
+qkv.models.key_maps.hf). Unlike the book's MultiHeadAttention it keeps no (context_length x
 context_length) mask buffer: causality is passed to the kernel, and a KV cache can be
 attached for generation.
 
@@ -22,9 +22,9 @@ import torch
 from torch import Tensor, nn
 
 from qkv.attention.grouped_query import GroupedQueryAttention
-from qkv.attention.kv_cache import KVCache
+from qkv.attention.caches.kv_cache import KVCache
 from qkv.models.decoder import CausalDecoder, LayerParts
-from qkv.models.gpt2_config import GPT_CONFIG_124M, GPTConfig  # noqa: F401  (re-exported; torch-free home)
+from qkv.models.configs.gpt2 import GPT_CONFIG_124M, GPTConfig  # noqa: F401  (re-exported; torch-free home)
 
 
 class LayerNorm(nn.Module):

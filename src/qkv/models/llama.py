@@ -4,8 +4,8 @@ One block: RMSNorm -> grouped-query attention with RoPE -> shortcut, RMSNorm -> 
 feed-forward -> shortcut. The families differ only in attention options (q/k/v bias for
 Qwen2, per-head q/k RMSNorm and a head size that is not hidden/heads for Qwen3), so all
 three are the generic decoder (qkv.models.spec_decoder) built from the layer description
-their config reads as (`qkv.models.families.llama_decoder_spec`); each family keeps its own
-config class (qkv.models.llama_config / qkv.models.qwen), which `cfg` holds.
+their config reads as (`qkv.models.configs.families.llama_decoder_spec`); each family keeps its own
+config class (qkv.models.configs.llama / qkv.models.configs.qwen), which `cfg` holds.
 
 Modules are named like the Hugging Face checkpoints (model.embed_tokens,
 model.layers.N.self_attn.q_proj, input_layernorm, post_attention_layernorm,
@@ -16,8 +16,8 @@ Shape legend: B batch, T new tokens, V vocabulary.
 
 from __future__ import annotations
 
-from qkv.models.families import llama_decoder_spec
-from qkv.models.llama_config import LlamaConfig
+from qkv.models.configs.families import llama_decoder_spec
+from qkv.models.configs.llama import LlamaConfig
 from qkv.models.spec_decoder import SpecDecoder
 
 

@@ -28,9 +28,11 @@ import torch
 from tokenizers import Tokenizer
 
 from qkv.errors import QkvError
-from qkv.models import book_pth, checkpoint, gguf
-from qkv.models.checkpoint import ChatTemplateSource
-from qkv.models.packaged import packaged_file
+from qkv.models import book_pth
+from qkv.models.hf import checkpoint
+from qkv.models.gguf import checkpoint as gguf
+from qkv.models.hf.checkpoint import ChatTemplateSource
+from qkv.models.hf.packaged import packaged_file
 from qkv.models.decoder import CausalDecoder
 
 SMOLLM2_NAME = "smollm2"
@@ -103,7 +105,7 @@ class OpenedModel:
 
     def skeleton(self) -> LoadedModel:
         """The model with its parameters on the meta device (no weights read), for a caller
-        that assigns weights of its own (qkv.perf.prepared_cache)."""
+        that assigns weights of its own (qkv.runtime.prepared_cache)."""
         return self._finish(self.plan.skeleton())
 
     def _finish(self, model: CausalDecoder) -> LoadedModel:

@@ -1,6 +1,6 @@
 """The one decoder every Hugging Face family runs on, built from its `DecoderSpec`.
 
-Each layer is the skeleton of qkv.models.layer_spec,
+Each layer is the skeleton of qkv.models.configs.layer_spec,
 
     x = x + post_norm_a(attention(norm_a(x)))
     x = x + post_norm_m(mlp(norm_m(x)))
@@ -36,11 +36,11 @@ from qkv.attention.rmsnorm import RMSNorm
 from qkv.attention.rope import RotaryEmbedding
 from qkv.attention.rope_scaling import scaled_rotary
 from qkv.attention.stacking import stack_linears
-from qkv.attention.kv_cache import KVCache
-from qkv.kernel_names import Backend
+from qkv.attention.caches.kv_cache import KVCache
+from qkv.names import AttentionKernel
 from qkv.models.decoder import CausalDecoder, LayerParts
-from qkv.models.decoder_spec import DecoderSpec
-from qkv.models.layer_spec import LayerSpec, MlpSpec, NormSpec, RopeSpec
+from qkv.models.configs.decoder_spec import DecoderSpec
+from qkv.models.configs.layer_spec import LayerSpec, MlpSpec, NormSpec, RopeSpec
 
 ACTIVATIONS = {
     "silu": F.silu,
@@ -99,7 +99,7 @@ class GatedMLP(nn.Module):
 class SpecDecoderLayer(nn.Module):
     """One layer as its LayerSpec describes it (module docstring)."""
 
-    def __init__(self, hidden_size: int, spec: LayerSpec, *, backend: Backend = "fused", dropout: float = 0.0) -> None:
+    def __init__(self, hidden_size: int, spec: LayerSpec, *, backend: AttentionKernel = "fused", dropout: float = 0.0) -> None:
         super().__init__()
         self.spec = spec
         a = spec.attention
@@ -134,7 +134,7 @@ class SpecBackbone(nn.Module):
     """Embeddings, the layers, the final norm, and one RoPE module per distinct RopeSpec
     (`rotary_emb` is the first: the only one of most families)."""
 
-    def __init__(self, spec: DecoderSpec, *, backend: Backend = "fused", dropout: float = 0.0) -> None:
+    def __init__(self, spec: DecoderSpec, *, backend: AttentionKernel = "fused", dropout: float = 0.0) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
         self.layers = nn.ModuleList(
@@ -159,7 +159,7 @@ class SpecDecoder(CausalDecoder):
     See qkv.models.decoder for positions, masks and the cache. `spec` (also `cfg`, which
     a family's own config class may replace) is the DecoderSpec the model was built from."""
 
-    def __init__(self, spec: DecoderSpec, *, backend: Backend = "fused", dropout: float = 0.0) -> None:
+    def __init__(self, spec: DecoderSpec, *, backend: AttentionKernel = "fused", dropout: float = 0.0) -> None:
         super().__init__()
         self.spec = spec
         self.cfg: object = spec

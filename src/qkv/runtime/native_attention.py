@@ -21,9 +21,9 @@ from torch import Tensor
 
 from qkv.attention.kernels import reduction_attention
 from qkv.attention.registry import register_attention
-from qkv.native import native_kernels
-from qkv.native.ops import decode_attention
-from qkv.native.quantized_ops import quantized_decode_attention
+from qkv.runtime.native import native_kernels
+from qkv.runtime.native.ops import decode_attention
+from qkv.runtime.native.quantized_ops import quantized_decode_attention
 
 
 def _fits(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> bool:

@@ -1,6 +1,6 @@
-"""A layer description (`qkv.models.layer_spec.LayerSpec`) as qkv's native layer reads it.
+"""A layer description (`qkv.models.configs.layer_spec.LayerSpec`) as qkv's native layer reads it.
 
-`qkv::decoder_layer` (native/layer.cpp) runs whatever one `LayerSpec` describes within what
+`qkv::decoder_layer` (runtime/native/csrc/layer.cpp) runs whatever one `LayerSpec` describes within what
 it implements: pre- and post-norms (RMS, Layer, Layer with bias, any weight offset folded
 into the weight here), q/k RMS norms per head or over all heads (OLMo 2), RoPE on all or the first `rotary_dim`
 channels of a head or none (NoPE), a score scale, a soft-cap, a sliding window, learned
@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from qkv.attention.rope import Llama3RopeScaling, inverse_frequencies
-from qkv.models.layer_spec import LayerSpec, NormSpec, RopeSpec
+from qkv.models.configs.layer_spec import LayerSpec, NormSpec, RopeSpec
 
 LAYOUT = 3  # layer.cpp's LAYOUT: the version of FIELDS' order
 FIELDS = ("version", "num_heads", "num_kv_heads", "head_dim",

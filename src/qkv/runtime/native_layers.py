@@ -7,9 +7,9 @@ against one pass over the weights that qkv's kernels make in 6-8 ms. Compiling e
 with Inductor fuses the small operations but leaves its own Python around every region
 (Dynamo's guards, the wrappers): 14 ms a step of overhead, measured, against about 1 ms
 for the same step as 30 calls of `qkv::decoder_layer`, which runs a layer's norms,
-products, RoPE, cache write, attention, activation and shortcuts in C++ (native/layer.cpp).
+products, RoPE, cache write, attention, activation and shortcuts in C++ (runtime/native/csrc/layer.cpp).
 
-The C++ reads each layer's description (`qkv.models.layer_spec.LayerSpec`, packed by
+The C++ reads each layer's description (`qkv.models.configs.layer_spec.LayerSpec`, packed by
 `qkv.runtime.native_layer_spec`): a model that gives `layer_specs()` hands its own (every
 SpecDecoder family: Llama, Qwen, Gemma 2/3, Phi-3, Mistral, SmolLM3, OLMo 2) with the tensors
 they name (`layer_parts()`: post-norms, q/k norms, each layer's RoPE frequencies); for GPT-2's
@@ -17,7 +17,7 @@ layers the description is read here from the layer's modules (`spec_of`). A laye
 by what its description says (`declined`: LongRoPE, say), not by a list of codes kept beside
 the C++.
 
-    model.fused_layers = FusedLayers.for_model(model)   # qkv.perf.prepare_for_decoding does this
+    model.fused_layers = FusedLayers.for_model(model)   # qkv.runtime.linear.prepare_for_decoding does this
     # then: model.setup_cache(...) binds the caches; model.forward() takes decode steps here
 
 Which calls it takes: one new token per row, float32, no gradients, no extra mask, and
@@ -43,25 +43,25 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from qkv.attention.kv_cache import StaticKVCache
-from qkv.attention.window_cache import WindowKVCache
-from qkv.models.layer_spec import AttentionSpec, LayerSpec, MlpSpec, NormSpec, RopeSpec
-from qkv.native import native_kernels
-from qkv.perf.block_linear import BlockLinear, StackedBlockLinear
-from qkv.perf.float_linear import NativeFloatLinear
+from qkv.attention.caches.kv_cache import StaticKVCache
+from qkv.attention.caches.window_cache import WindowKVCache
+from qkv.models.configs.layer_spec import AttentionSpec, LayerSpec, MlpSpec, NormSpec, RopeSpec
+from qkv.runtime.native import native_kernels
+from qkv.runtime.linear.block import BlockLinear, StackedBlockLinear
+from qkv.runtime.linear.float import NativeFloatLinear
 from qkv.runtime.native_layer_spec import declined, layer_vectors, pack
-from qkv.perf.quantize import Int4Linear, Int8Linear
+from qkv.runtime.linear.quantized import Int4Linear, Int8Linear
 
-MAX_STACKED_BLOCKS = 4  # native/kernels.h's MAX_PARTS: matrices of different block types in one product
+MAX_STACKED_BLOCKS = 4  # runtime/native/csrc/kernels.h's MAX_PARTS: matrices of different block types in one product
 
 if TYPE_CHECKING:
-    from qkv.attention.kv_cache import KVCache
+    from qkv.attention.caches.kv_cache import KVCache
     from qkv.attention.rope import RotaryEmbedding
     from qkv.models.decoder import CausalDecoder, LayerParts
 
 
 def linear_tensors(layer: nn.Module) -> list[Tensor] | None:
-    """A linear layer as the kernel reads it (native/kernels.h's `Linear`), or None when it is
+    """A linear layer as the kernel reads it (runtime/native/csrc/kernels.h's `Linear`), or None when it is
     not one qkv's kernels run: float32 [w, bias?], int8 [w, scales, bias?], 4-bit blocks
     [q, d_bits, m_bits, bias?], a GGUF file's blocks [blocks, type, (blocks, type)..., bias?]."""
     if isinstance(layer, BlockLinear) and layer.native:

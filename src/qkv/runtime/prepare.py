@@ -7,14 +7,14 @@
 Precisions (the weights, and the activations they run with):
 - "float32": the exact path, the checkpoint's numbers;
 - "bfloat16": weights and activations in bfloat16;
-- "int8": weight-only int8, one scale per output row (`qkv.perf.quantize`);
+- "int8": weight-only int8, one scale per output row (`qkv.runtime.linear.quantized`);
 - "int4": weight-only 4-bit blocks of 32 inputs (GGUF's Q4_1 layout);
 - "blocks": a GGUF file's layers in the block types it stores (Q4_K, Q6_K, Q5_0, Q8_0...),
   multiplied as stored (`qkv.runtime.stored_blocks`); only from the file itself.
-The quantized ones run float32 activations on qkv's own kernels (`qkv.native`, built for
+The quantized ones run float32 activations on qkv's own kernels (`qkv.runtime.native`, built for
 the machine on first use), or the same math in PyTorch where qkv's cannot be built.
 
-DEFAULT_PRECISION (qkv.precision) is "auto": int4 for a checkpoint stored in 4-bit blocks,
+DEFAULT_PRECISION (qkv.names) is "auto": int4 for a checkpoint stored in 4-bit blocks,
 "blocks" for a GGUF file in other block types (where qkv's block products run), else int8,
 the fastest whose perplexity on the-verdict stays within 1% of bfloat16's
 (benchmarks/RESULTS.md).
@@ -22,15 +22,15 @@ the fastest whose perplexity on the-verdict stays within 1% of bfloat16's
 Every precision first stacks the projections that read the same input (query, key and
 value; a SwiGLU's gate and up) into one layer each (`qkv.attention.stacking`): the same numbers in
 fewer matrix products. With "float32", decode-sized products then run on qkv's float32
-kernel (`qkv.perf.float_linear`); where it cannot be built, layers with at least as many
-outputs as inputs are stored input-major (`qkv.perf.transposed`), which PyTorch reads
+kernel (`qkv.runtime.linear.float`); where it cannot be built, layers with at least as many
+outputs as inputs are stored input-major (`qkv.runtime.linear.transposed`), which PyTorch reads
 faster at batch 1.
 
 compile=True compiles the decode step. Where qkv's kernels run every layer of a float32 or
 quantized model, each layer's decode step is one call of qkv's compiled C++
 (`qkv.runtime.native_layers`: about 1 ms of overhead a step, against 14 ms for Inductor's
 regions), and Inductor compiles the layers only if a session uses a cache kind those
-calls cannot write (`qkv.perf.compile`, then). Elsewhere each repeated layer is compiled
+calls cannot write (`qkv.runtime.compile`, then). Elsewhere each repeated layer is compiled
 once with Inductor; where compiling is not possible the model stays eager and the report
 says why. compile=False runs the layers as PyTorch modules (the reference path).
 `qkv.generation.warm_up` runs the compilation before a timed or interactive generation, so
@@ -38,10 +38,10 @@ the first token a user waits for, or a tokens/s figure, does not include it.
 
 The runtime remembers how it prepared each model (`setup_of`), and each decode session
 (`qkv.runtime.DecodeSession`) binds the native layers to its own caches; the model holds
-no fast path. Either way the large weights end on 2 MB pages (`qkv.perf.huge_pages`). Loading through
+no fast path. Either way the large weights end on 2 MB pages (`qkv.runtime.huge_pages`). Loading through
 `load_for_generation` (or `load_prepared_model`, what the CLI uses) keeps a model prepared
 at int8 or int4 on disk, and the next load assigns it instead of preparing again
-(`qkv.perf.prepared_cache`).
+(`qkv.runtime.prepared_cache`).
 """
 
 from __future__ import annotations
@@ -56,18 +56,18 @@ import torch
 from qkv.errors import QkvError
 from qkv.attention.stacking import fuse_projections
 from qkv.models.decoder import CausalDecoder
-from qkv.native import NativeStatus, native_kernels
+from qkv.runtime.native import NativeStatus, native_kernels
 from qkv.runtime.native_attention import register_native_attention
 from qkv.runtime.native_layers import FusedLayers
 from qkv.runtime.stored_blocks import load_stored_blocks
 from qkv.runtime.stored_four_bits import load_stored_four_bits
-from qkv.perf.compile import Backend, CompileReport, compile_decoder
-from qkv.perf.huge_pages import place_on_huge_pages
-from qkv.perf.prepared_cache import check_entry, keep_prepared, prepared_path, read_prepared, reject
-from qkv.perf.quantize import activation_dtype, quantize
-from qkv.perf.float_linear import use_native_float
-from qkv.perf.transposed import store_input_major
-from qkv.precision import AUTO, BLOCKS, CHOICES, DEFAULT_PRECISION, QUANTIZED, resolve_precision
+from qkv.runtime.compile import CompilerBackend, CompileReport, compile_decoder
+from qkv.runtime.huge_pages import place_on_huge_pages
+from qkv.runtime.prepared_cache import check_entry, keep_prepared, prepared_path, read_prepared, reject
+from qkv.runtime.linear.quantized import activation_dtype, quantize
+from qkv.runtime.linear.float import use_native_float
+from qkv.runtime.linear.transposed import store_input_major
+from qkv.names import AUTO, BLOCKS, CHOICES, DEFAULT_PRECISION, QUANTIZED, resolve_precision
 
 if TYPE_CHECKING:
     from qkv.models.loader import LoadedModel
@@ -77,7 +77,7 @@ if TYPE_CHECKING:
 def block_products_run() -> bool:
     """Whether qkv's native block products run here (else "auto" does not pick "blocks": the
     torch reference would hold float32 weights beside the blocks)."""
-    from qkv.perf.block_linear import native_reason
+    from qkv.runtime.linear.block import native_reason
 
     return native_reason() is None
 
@@ -101,7 +101,7 @@ class DecodeSetup:
     compile: CompileReport | None  # Inductor's, None when it was not asked for (or not yet)
     kernels: NativeStatus | None = None  # for quantized precisions: qkv's kernels or why not
     fused: FusedLayers | None = None  # decode steps as qkv's whole-layer calls (qkv.runtime.native_layers)
-    from_cache: bool = False  # the prepared weights came from qkv.perf.prepared_cache
+    from_cache: bool = False  # the prepared weights came from qkv.runtime.prepared_cache
 
     @property
     def compiled(self) -> bool:
@@ -120,11 +120,11 @@ def prepare_for_decoding(
     *,
     precision: str = DEFAULT_PRECISION,
     compile: bool = True,
-    backend: Backend = "inductor",
+    backend: CompilerBackend = "inductor",
     inductor: bool = True,
 ) -> DecodeSetup:
     """Bring `model` to `precision` and compile it, in place (see the module docstring).
-    "auto" is int4 for a model loaded from 4-bit blocks, else int8 (qkv.precision).
+    "auto" is int4 for a model loaded from 4-bit blocks, else int8 (qkv.names).
     inductor=False: qkv's native layers where they run, never Inductor's graphs (a server,
     whose batch sizes vary, would compile one graph per size)."""
     check_precision(precision)
@@ -138,26 +138,26 @@ def prepare_for_decoding(
 
 def _shape_layers(model: CausalDecoder, precision: str, *, empty: bool = False) -> None:
     """The prepared layers at `precision` (a resolved one); empty=True makes them without
-    computing their weights, for a state assigned next (qkv.perf.prepared_cache)."""
+    computing their weights, for a state assigned next (qkv.runtime.prepared_cache)."""
     model.eval()
     fuse_projections(model)  # q/k/v and gate/up: one product each (qkv.attention.stacking)
     if precision in QUANTIZED:
         quantize(model, precision, empty=empty)  # from the weights as loaded (float32 for these precisions)
     elif precision == "float32" and native_kernels().available:
         model.float()
-        use_native_float(model)  # qkv's kernel for decode-sized products (qkv.perf.float_linear)
+        use_native_float(model)  # qkv's kernel for decode-sized products (qkv.runtime.linear.float)
     elif precision == "float32":
-        store_input_major(model)  # wide layers read faster as x @ W at batch 1 (qkv.perf.transposed)
+        store_input_major(model)  # wide layers read faster as x @ W at batch 1 (qkv.runtime.linear.transposed)
     if precision in QUANTIZED:
         model.to(activation_dtype())  # float32: qkv's kernels, or their math in PyTorch
     else:
         model.to(torch.float32 if precision == "float32" else torch.bfloat16)
 
 
-def _finish(model: CausalDecoder, precision: str, *, compile: bool, backend: Backend,
+def _finish(model: CausalDecoder, precision: str, *, compile: bool, backend: CompilerBackend,
             from_cache: bool = False, inductor: bool = True) -> DecodeSetup:
     """Weights on 2 MB pages, then the fused layers or Inductor's regions."""
-    place_on_huge_pages(model)  # a decode step streams every weight: 2 MB pages read faster (qkv.perf.huge_pages)
+    place_on_huge_pages(model)  # a decode step streams every weight: 2 MB pages read faster (qkv.runtime.huge_pages)
     # Inductor waits for a session whose cache kind the fused layers cannot write.
     on_unfused = (lambda: compile_decoder(model, backend=backend)) if inductor else None
     fused = FusedLayers.for_model(model, on_unfused=on_unfused) if compile else None
@@ -192,7 +192,7 @@ def load_for_generation(
     decoding: (model, tokenizer, setup). `precision="float32", compile=False` gives the
     model exactly as `qkv.load_pretrained` does. A model prepared at a quantized precision
     is kept on disk and the next load assigns it instead of preparing again
-    (qkv.perf.prepared_cache; setup.from_cache says which happened)."""
+    (qkv.runtime.prepared_cache; setup.from_cache says which happened)."""
     loaded, setup = load_prepared_model(source, precision=precision, compile=compile, max_memory=max_memory)
     return loaded.model, loaded.tokenizer, setup
 
@@ -204,7 +204,7 @@ def load_prepared_model(
     compile: bool = True,
     max_memory: int | None = None,
     chat: bool = False,
-    backend: Backend = "inductor",
+    backend: CompilerBackend = "inductor",
 ) -> tuple[LoadedModel, DecodeSetup]:
     """`load_for_generation` with what the loader gives besides the model (the chat
     template, the path): what `qkv generate` and `qkv chat` load through."""

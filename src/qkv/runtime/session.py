@@ -41,8 +41,8 @@ from types import TracebackType
 import torch
 from torch import Tensor
 
-from qkv.attention.kv_cache import CacheKind, CacheSpec, KVCache, SlotKVCache, SlotSelection, StaticKVCache
-from qkv.attention.window_cache import cache_kind_for
+from qkv.attention.caches.kv_cache import CacheKind, CacheSpec, KVCache, SlotKVCache, SlotSelection, StaticKVCache
+from qkv.attention.caches.window_cache import cache_kind_for
 from qkv.errors import QkvError
 from qkv.models.decoder import CausalDecoder
 from qkv.runtime.native_layers import FusedLayers
@@ -121,7 +121,7 @@ class DecodeSession:
     """Owns `model`'s caches for the duration of a `with` block (see the module docstring).
 
     capacity: positions each row can hold (default: the model's context length, rounded
-    as `cache_capacity` rounds); kind: the cache kind (qkv.attention.kv_cache).
+    as `cache_capacity` rounds); kind: the cache kind (qkv.attention.caches.kv_cache).
     """
 
     def __init__(
@@ -315,7 +315,7 @@ class DecodeSession:
         """`prefill_row`, returning the logits at every prompt position, (T, V): row t
         scores the token after ids[t] (a server scoring a prompt's own tokens needs them).
         The ids go at positions [start, start + T): start > 0 keeps the row's first `start`
-        positions (a prompt prefix the row holds already, qkv.serve.prefix_cache)."""
+        positions (a prompt prefix the row holds already, qkv.serve.engine.prefix_cache)."""
         self._check_open()
         if not 0 <= row < self.batch_size or ids.dim() != 1 or ids.shape[0] < 1 or start < 0:
             raise QkvError(f"prefill_row takes a row in 0..{self.batch_size - 1}, ids (T,) and start >= 0, got row "
@@ -335,7 +335,7 @@ class DecodeSession:
     def copy_row(self, source: int, target: int, length: int) -> None:
         """Row `target` starts with the first `length` positions row `source` holds (one
         prompt prefilled once for several answers to it; a prefix a released row still holds,
-        as qkv.serve.prefix_cache knows); needs kind=SlotKVCache."""
+        as qkv.serve.engine.prefix_cache knows); needs kind=SlotKVCache."""
         self._check_open()
         if source == target or not (0 <= source < self.batch_size and 0 <= target < self.batch_size):
             raise QkvError(f"copy_row takes two different rows in 0..{self.batch_size - 1}, got {source}, {target}")

@@ -3,11 +3,11 @@
 A Q4_K_M file (what most GGUF users download) mixes Q4_K, Q6_K, Q5_0 and Q8_0 matrices.
 Dequantizing them to float32 and quantizing again to int8 spends 8 bits a weight on numbers
 that the file holds in 4.5-6.6, and runs on weights that are no longer the file's. Here each
-projection becomes a `BlockLinear` over the file's own bytes (qkv.perf.block_linear): every
+projection becomes a `BlockLinear` over the file's own bytes (qkv.runtime.linear.block): every
 product is the dequantized product up to float32 summation order, and a decode step streams
 the file's bytes, not more. Stacked layers (q/k/v, gate/up: qkv.attention.stacking) hold
 their parts' blocks, one block type each where they differ (`StackedBlockLinear`); qkv's
-whole-layer kernel multiplies them as one product (native/kernels.h's BLOCKS Linear). The
+whole-layer kernel multiplies them as one product (runtime/native/csrc/kernels.h's BLOCKS Linear). The
 embedding table stays in blocks too (`BlockEmbedding`: a lookup decodes only its rows), and a
 tied output head reads the same blocks.
 
@@ -24,11 +24,11 @@ import torch
 from torch import Tensor, nn
 
 from qkv.attention.stacking import fuse_projections, stacked_from
-from qkv.perf.block_linear import BlockEmbedding, stacked_block_linear
+from qkv.runtime.linear.block import BlockEmbedding, stacked_block_linear
 from qkv.runtime.stored_four_bits import fill_from_state, stacked_values, stored_parts
 
 if TYPE_CHECKING:
-    from qkv.models.gguf_stored import StoredBlocks
+    from qkv.models.gguf.stored import StoredBlocks
     from qkv.models.loader import LoadedModel, OpenedModel
 
 EMBEDDING = "model.embed_tokens.weight"

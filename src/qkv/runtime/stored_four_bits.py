@@ -25,11 +25,11 @@ import torch
 from torch import Tensor, nn
 
 from qkv.attention.stacking import stacked_from
-from qkv.models.gguf_blocks import Q
-from qkv.perf.quantize import Int4Linear, Int8Linear, quantize_blocks, quantize_rows
+from qkv.models.gguf.dequantize import Q
+from qkv.runtime.linear.quantized import Int4Linear, Int8Linear, quantize_blocks, quantize_rows
 
 if TYPE_CHECKING:
-    from qkv.models.gguf_stored import StoredBlocks
+    from qkv.models.gguf.stored import StoredBlocks
     from qkv.models.loader import LoadedModel, OpenedModel
 
 FOUR_BITS = (Q.Q4_0, Q.Q4_1)

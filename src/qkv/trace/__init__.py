@@ -3,13 +3,13 @@ they reproduce the module's output, and render them (terminal, PNG, HTML).
 
 `qkv.trace(model, inputs, layer=, head=, query=)` is the entry point. This package is
 itself callable with the same arguments, because `qkv.trace` names both the package and
-the function (`import qkv.trace.html` binds the package to `qkv.trace`).
+the function (`import qkv.trace.render.html` binds the package to `qkv.trace`).
 """
 
 import sys
 import types
 
-from qkv.trace.recorder import LayerTrace, Trace, TraceMismatchError, attention_modules, trace
+from qkv.trace.record.recorder import LayerTrace, Trace, TraceMismatchError, attention_modules, trace
 
 
 class _CallablePackage(types.ModuleType):

@@ -22,7 +22,7 @@ from safetensors.torch import save as safetensors_bytes
 from torch import Tensor, nn
 
 from qkv.errors import QkvError
-from qkv.atomic import atomic_write_bytes
+from qkv.util.atomic import atomic_write_bytes
 
 CHECKPOINT_NAME = "checkpoint.safetensors"
 FORMAT = "qkv-training-checkpoint/1"

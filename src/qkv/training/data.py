@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from qkv.errors import QkvError
-from qkv.text_file import read_text_file
+from qkv.util.text_file import read_text_file
 
 TRAIN_RATIO = 0.90  # the book's split
 

@@ -1,7 +1,7 @@
 """The output folder as a model folder: config.json, model.safetensors, tokenizer.json.
 
 The trained model is written in Hugging Face's GPT-2 layout by
-qkv.models.checkpoint.save_pretrained (each file replaced atomically), so
+qkv.models.hf.checkpoint.save_pretrained (each file replaced atomically), so
 `qkv generate --model DIR`, `qkv explain --model DIR` and transformers load it as it is.
 """
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from qkv.models.checkpoint import TOKENIZER, save_pretrained
+from qkv.models.hf.checkpoint import TOKENIZER, save_pretrained
 from qkv.models.gpt2 import GPTModel
-from qkv.atomic import atomic_write_with
+from qkv.util.atomic import atomic_write_with
 from qkv.training.tokenizer import END_OF_TEXT
 
 TOKENIZER_NAME = TOKENIZER

@@ -34,9 +34,9 @@ from torch.nn.parallel import DistributedDataParallel
 from qkv.errors import QkvError
 from qkv.models.context_parallel import ContextParallel, join_context_parallel, sharded_forward
 from qkv.models.gpt2 import GPTConfig, GPTModel
-from qkv.models.gpt2_tokenizer import gpt2_tokenizer
-from qkv.progress import progress_bar
-from qkv.terminal_text import escape_controls
+from qkv.models.hf.gpt2_tokenizer import gpt2_tokenizer
+from qkv.util.progress import progress_bar
+from qkv.util.terminal_text import escape_controls
 from qkv.training.checkpoint import (
     TrainingState,
     checkpoint_path,
@@ -106,7 +106,7 @@ def train(
             folder.claim(resume=resume, overwrite=overwrite, settings=settings.to_dict())
         try:
             if PRESETS[settings.preset].loop == "book":
-                from qkv.training.book_run import BookRun  # the book's train_model_simple
+                from qkv.training.book.run import BookRun  # the book's train_model_simple
 
                 run = BookRun(settings, ctx, resume=resume, progress=progress)
             else:

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from qkv.atomic import atomic_write_bytes, atomic_write_with
+from qkv.util.atomic import atomic_write_bytes, atomic_write_with
 
 METRICS_NAME = "metrics.jsonl"
 PLOT_NAME = "loss.png"

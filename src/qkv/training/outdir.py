@@ -14,7 +14,7 @@ settings) or a training checkpoint. `OutputFolder.claim` decides what a new run 
 The claim is a lock: `.qkv-run.lock`, locked with flock(2) for the whole run and holding
 the owner's pid. A second run gets one line naming that pid; the lock of a process that
 died is released by the kernel, so its file is simply taken over. Temporary files left by
-writes that were killed (qkv.atomic) are removed when the folder is claimed.
+writes that were killed (qkv.util.atomic) are removed when the folder is claimed.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from qkv.atomic import atomic_write_text, remove_temporaries
+from qkv.util.atomic import atomic_write_text, remove_temporaries
 from qkv.errors import QkvError
-from qkv.models.checkpoint import FOLDER_FILES
-from qkv.models.untrusted import read_json_object
+from qkv.models.hf.checkpoint import FOLDER_FILES
+from qkv.models.hf.untrusted import read_json_object
 from qkv.training.checkpoint import CHECKPOINT_NAME
 
 RUN_NAME = ".qkv-run.json"

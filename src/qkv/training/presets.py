@@ -1,7 +1,7 @@
 """Named training presets: a model shape plus the training settings that suit it.
 
 `tiny` trains on "The Verdict" in well under two minutes on two CPU cores; `small` is a
-few times larger. `book` is the book's chapter-5 run itself (qkv.training.book_run: the
+few times larger. `book` is the book's chapter-5 run itself (qkv.training.book.run: the
 book's GPTModel with GPT_CONFIG_124M at context 256, GPT-2's tokenizer, the book's loader
 order, AdamW lr 4e-4 and weight decay 0.1 on every parameter, a constant rate, no
 clipping, an evaluation every 5 steps on 5 batches, ten epochs). `book-124m` is the same
@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from qkv.models.gpt2_config import GPT_CONFIG_124M, GPTConfig
+from qkv.models.configs.gpt2 import GPT_CONFIG_124M, GPTConfig
 
 
 @dataclass(frozen=True)

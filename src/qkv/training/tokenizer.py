@@ -12,12 +12,12 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from qkv.errors import QkvError
-from qkv.models.tokenizer_guard import BoundedTokenizer, guard
+from qkv.models.hf.tokenizer_guard import BoundedTokenizer, guard
 
 MAX_TOKENIZER_BYTES = 512 * 2**20  # as for a model folder's tokenizer.json
 
 END_OF_TEXT = "<|endoftext|>"
-# what train_bpe builds, as tokenizer.json spells it (for qkv.models.tokenizer_guard)
+# what train_bpe builds, as tokenizer.json spells it (for qkv.models.hf.tokenizer_guard)
 TRAINED_PIPELINE = {"normalizer": None, "pre_tokenizer": {"type": "ByteLevel"}, "decoder": {"type": "ByteLevel"}}
 
 
@@ -65,7 +65,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
 def encode(tokenizer: Tokenizer | BoundedTokenizer, text: str, chunk_chars: int = 1 << 20) -> list[int]:
     """Token ids of `text`; large texts are encoded in line-aligned pieces, in parallel. A
     given tokenizer (BoundedTokenizer) may grow each piece only as far as
-    qkv.models.tokenizer_guard.limit_for allows."""
+    qkv.models.hf.tokenizer_guard.limit_for allows."""
     if not isinstance(tokenizer, BoundedTokenizer):  # one qkv trained (train_bpe's pipeline)
         tokenizer = guard(tokenizer, "the trained tokenizer", pipeline=TRAINED_PIPELINE)
     if len(text) <= chunk_chars:

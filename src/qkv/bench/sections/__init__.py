@@ -1,0 +1,1 @@
+"""The sections of `qkv bench`, one module each, registered in qkv.bench."""

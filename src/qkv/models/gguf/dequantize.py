@@ -1,0 +1,155 @@
+"""GGUF tensors dequantized with torch operations on their raw block bytes.
+
+Why not `gguf.quants.dequantize` for every tensor: it walks the tensor in numpy, a group of
+rows at a time, and took about 1.2 s of SmolLM2-135M's (Q4_1) start-up on a 2-core CPU.
+The formats that matter for small llama.cpp files are simple: a block of 32 weights is a
+float16 scale (and, for the "_1" types, a float16 minimum) followed by packed integers. Here
+each format is a handful of whole-tensor torch operations. The arithmetic is the gguf
+library's, operation for operation in float32 (`d * q`, then `+ m`; no fused multiply-add),
+so the values are bit-identical to its output (tests/models/gguf/test_dequantize.py checks it
+on the SmolLM2 file and on random blocks of every type here).
+
+The K-quants (Q2_K .. Q6_K) and IQ4_NL are decoded the same way in `qkv.models.gguf.kquants`.
+Types without a torch path (the other IQ types, ...) still go through the gguf library, one
+tensor at a time, in `qkv.models.gguf.checkpoint.dequantize`: TYPES lists the ones decoded here.
+
+Block layouts (little-endian; B blocks of 32 weights, one row of bytes each; the K-quants'
+layouts are in gguf_kquants):
+
+    F32 / F16 / BF16   plain values
+    Q8_0  (34 bytes)   d: f16, q: 32 x int8                          x = d * q
+    Q4_0  (18 bytes)   d: f16, 16 bytes of nibbles                   x = d * (q - 8)
+    Q4_1  (20 bytes)   d: f16, m: f16, 16 bytes of nibbles           x = d * q + m
+    Q5_0  (22 bytes)   d: f16, qh: u32 (fifth bits), 16 nibble bytes x = d * (q - 16)
+    Q5_1  (24 bytes)   d: f16, m: f16, qh: u32, 16 nibble bytes      x = d * q + m
+
+A nibble byte j holds weight j in its low four bits and weight j + 16 in its high four; bit
+i of qh is the fifth (high) bit of weight i.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from gguf.constants import GGMLQuantizationType as Q
+from torch import Tensor
+
+from qkv.models.gguf import kquants as kq
+
+BLOCK = 32  # weights per block, in every format below
+
+
+def _f16(blocks: Tensor, start: int) -> Tensor:
+    """The float16 at byte `start` of every block, as float32: (B, 20-ish bytes) -> (B, 1)."""
+    return blocks[:, start : start + 2].contiguous().view(torch.float16).float()
+
+
+def _nibbles(packed: Tensor, high: Tensor | None = None) -> Tensor:
+    """(B, 16) bytes -> (B, 32) float32 values 0..15 (0..31 with `high`, (B, 32) fifth bits).
+
+    Low nibbles are weights 0-15, high ones 16-31. The halves are written straight into
+    the float32 result: a fresh (B, 32) integer tensor would cost as much again in page
+    faults as the conversion itself (measured: 0.28 s per 128M weights, for each one).
+    """
+    out = torch.empty(packed.shape[0], BLOCK, dtype=torch.float32)  # (B, 32)
+    half = BLOCK // 2
+    if high is None:
+        out[:, :half] = packed & 0x0F
+        out[:, half:] = packed >> 4
+    else:
+        out[:, :half] = (packed & 0x0F) | high[:, :half]
+        out[:, half:] = (packed >> 4) | high[:, half:]
+    return out
+
+
+def _fifth_bits(blocks: Tensor, start: int) -> Tensor:
+    """The u32 at byte `start` of every block, bit i -> 16 for weight i: (B, n) -> (B, 32) uint8."""
+    # a copy, not .contiguous(): one block's slice is contiguous already, at an offset of 2 bytes
+    qh = blocks[:, start : start + 4].clone(memory_format=torch.contiguous_format).view(torch.int32)  # (B, 1); sign is masked off below
+    shifts = torch.arange(BLOCK, dtype=torch.int32)
+    return (((qh >> shifts) & 1) << 4).to(torch.uint8)  # (B, 32)
+
+
+# gguf subtracts the offset in int8 and then converts to float32; on 0..31 integers the
+# float32 subtraction used here is exact, so the values are the same.
+
+
+def _q8_0(blocks: Tensor) -> Tensor:
+    d = _f16(blocks, 0)
+    q = torch.empty(blocks.shape[0], BLOCK, dtype=torch.float32)
+    q.copy_(blocks[:, 2:].contiguous().view(torch.int8))  # (B, 32) int8 -> float32
+    return q.mul_(d)  # x * d: one rounding, as gguf's
+
+
+def _q4_0(blocks: Tensor) -> Tensor:
+    d = _f16(blocks, 0)
+    return _nibbles(blocks[:, 2:]).sub_(8).mul_(d)
+
+
+def _q4_1(blocks: Tensor) -> Tensor:
+    d, m = _f16(blocks, 0), _f16(blocks, 2)
+    return _nibbles(blocks[:, 4:]).mul_(d).add_(m)  # (d * q) + m: the same two roundings as gguf's
+
+
+def _q5_0(blocks: Tensor) -> Tensor:
+    d = _f16(blocks, 0)
+    return _nibbles(blocks[:, 6:], _fifth_bits(blocks, 2)).sub_(16).mul_(d)
+
+
+def _q5_1(blocks: Tensor) -> Tensor:
+    d, m = _f16(blocks, 0), _f16(blocks, 2)
+    return _nibbles(blocks[:, 8:], _fifth_bits(blocks, 4)).mul_(d).add_(m)
+
+
+@dataclass(frozen=True)
+class BlockFormat:
+    """How one GGUF block type is stored and decoded."""
+
+    weights: int  # weights per block
+    size: int  # bytes per block
+    decode: Callable[[Tensor], Tensor]  # (B, size) uint8 -> (B, weights) float32
+    halves: tuple[int, ...]  # byte offsets of the block's float16 scales (and minimums)
+
+
+BLOCK_FORMATS: dict[Q, BlockFormat] = {
+    Q.Q8_0: BlockFormat(BLOCK, 34, _q8_0, (0,)),
+    Q.Q4_0: BlockFormat(BLOCK, 18, _q4_0, (0,)),
+    Q.Q4_1: BlockFormat(BLOCK, 20, _q4_1, (0, 2)),
+    Q.Q5_0: BlockFormat(BLOCK, 22, _q5_0, (0,)),
+    Q.Q5_1: BlockFormat(BLOCK, 24, _q5_1, (0, 2)),
+    Q.Q2_K: BlockFormat(kq.QK_K, 84, kq.q2_k, (80, 82)),
+    Q.Q3_K: BlockFormat(kq.QK_K, 110, kq.q3_k, (108,)),
+    Q.Q4_K: BlockFormat(kq.QK_K, 144, kq.q4_k, (0, 2)),
+    Q.Q5_K: BlockFormat(kq.QK_K, 176, kq.q5_k, (0, 2)),
+    Q.Q6_K: BlockFormat(kq.QK_K, 210, kq.q6_k, (208,)),
+    Q.IQ4_NL: BlockFormat(BLOCK, 18, kq.iq4_nl, (0,)),
+}
+PLAIN = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}
+
+
+TYPES = frozenset(PLAIN) | frozenset(BLOCK_FORMATS)
+
+
+def dequantize_blocks(parts: list[np.ndarray], tensor_type: Q) -> Tensor:
+    """The weights of `parts` (raw bytes of whole blocks, any shape, all of `tensor_type`),
+    one after the other, as one flat float32 tensor.
+
+    Tensors of one type are decoded together so that each step is one large operation
+    rather than one per tensor: on a loaded 2-core machine every multi-threaded torch
+    operation waited milliseconds for its second thread, and SmolLM2 has 210 Q4_1 tensors.
+    The bytes are copied once, into memory PyTorch owns (the file's map is read-only).
+    A type not in TYPES -> KeyError; a byte count that is not whole blocks -> ValueError.
+    """
+    raw = torch.from_numpy(np.concatenate([part.reshape(-1).view(np.uint8) for part in parts]))  # (bytes,)
+    if tensor_type in PLAIN:
+        dtype = PLAIN[tensor_type]
+        if raw.numel() % dtype.itemsize:
+            raise ValueError(f"{raw.numel()} bytes are not whole {tensor_type.name} values")
+        return raw.view(dtype).float()
+    block = BLOCK_FORMATS[tensor_type]
+    if raw.numel() % block.size:
+        raise ValueError(f"{raw.numel()} bytes are not whole {tensor_type.name} blocks of {block.size} bytes")
+    return block.decode(raw.view(-1, block.size)).reshape(-1)  # (B, bytes) -> (B, weights) -> (B * weights,)

@@ -1,0 +1,150 @@
+"""A linear layer that keeps a GGUF matrix as the file stores it and multiplies from the blocks.
+
+    layer = block_linear_from_stored(stored)          # stored: qkv.models.gguf.stored.StoredBlocks
+    y = layer(x)                                      # x (..., K) -> (..., N)
+
+Holding the file's blocks (4.5 bits a weight for Q4_K, 6.6 for Q6_K) instead of float32
+weights keeps memory and the bytes a decode step streams at the file's size, and runs on
+exactly the weights llama.cpp runs on: no float32 round trip, no re-quantization (a Q4_0
+block is multiplied as Q4_0, not re-fit). The product is what qkv's whole-layer kernel runs
+for the layer (`qkv::block_layer_linear`, qkv.runtime.native.block_ops): on AVX-512 VNNI the
+activations are rounded per 32 inputs as llama.cpp and qkv's int4 layers round them and the
+weights' codes meet them in integer dot products (runtime/native/csrc/block_q8.cpp: the dequantized
+weights times the rounded activations, up to float32 summation order); elsewhere the
+activations stay float32 (`qkv::block_linear`: the dequantized product). Either way each row
+is computed in one fixed order whatever the batch, so a row's numbers do not depend on the
+other rows. Where the native kernels are not available (no
+compiler, another CPU, QKV_NATIVE=0, a failed self-test) the layer runs the torch reference,
+`F.linear` on the dequantized weights (made once, on first use, and kept): the same weights
+and the same product up to summation order, more slowly, and said once on stderr.
+
+Shape legend: N outputs (rows of the matrix), K inputs.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from qkv.models.gguf.stored import StoredBlocks
+
+_said: set[str] = set()
+
+
+def native_reason() -> str | None:
+    """None when the native block products run here, else why not (in a few words)."""
+    from qkv.runtime.native.block_ops import block_products_status
+
+    return block_products_status()
+
+
+class BlockLinear(nn.Module):
+    """y = x @ w^T + bias with w (N, K) kept as GGUF blocks (`blocks` (N, bytes a row) uint8)."""
+
+    def __init__(self, stored: StoredBlocks, bias: Tensor | None = None, *, native: bool | None = None) -> None:
+        """`native`: None runs the native product where it is available, False the torch
+        reference always; True requires the native product (RuntimeError naming why not)."""
+        super().__init__()
+        self.block_type = stored.block_type
+        self.out_features, self.in_features = stored.shape
+        self.register_buffer("blocks", stored.blocks)
+        # the block type as qkv's whole-layer kernel reads it (runtime/native/csrc/kernels.h's Linear: [blocks, type])
+        self.register_buffer("type_code", torch.tensor([int(stored.block_type)], dtype=torch.int64), persistent=False)
+        if bias is not None and tuple(bias.shape) != (self.out_features,):
+            raise ValueError(f"bias of shape {tuple(bias.shape)} for a layer of {self.out_features} outputs")
+        self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
+        reason = native_reason() if native is not False else "the torch reference was asked for"
+        if native and reason is not None:
+            raise RuntimeError(f"the native block product is not available: {reason}")
+        self.native = reason is None
+        if not self.native and native is None and reason not in _said:
+            _said.add(reason)
+            print(f"qkv: GGUF block layers run PyTorch's reference product ({reason})", file=sys.stderr)
+        self._weight: Tensor | None = None  # the reference path's dequantized weights
+
+    @property
+    def stored(self) -> StoredBlocks:
+        return StoredBlocks(self.blocks, self.block_type, (self.out_features, self.in_features))
+
+    def dequantized_weight(self) -> Tensor:
+        """The (N, K) float32 weights, bit-identical to the gguf library's (kept once made)."""
+        if self._weight is None:
+            self._weight = self.stored.dequantize()
+        return self._weight
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"input of {x.shape[-1]} features for a layer of {self.in_features}")
+        if not self.native:
+            return F.linear(x.float(), self.dequantized_weight(), self.bias).to(x.dtype)
+        from qkv.runtime.native.block_ops import block_layer_linear
+
+        rows = x.reshape(-1, self.in_features).float().contiguous()  # (..., K) -> (M, K)
+        y = block_layer_linear(rows, self.blocks, self.block_type, self.bias)  # (M, N)
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        path = "native" if self.native else "torch reference"
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.block_type.name}, {path}"
+
+
+class StackedBlockLinear(nn.Module):
+    """Several stored matrices of different block types (a Q4_K_M file's q, k and v are Q5_0,
+    Q5_0 and Q8_0) as one layer: their outputs one after the other, as the stacked matrix's,
+    plus the stacked bias. qkv's whole-layer kernel runs the parts as one product (kernels.h's
+    BLOCKS Linear)."""
+
+    def __init__(self, parts: Sequence[StoredBlocks], bias: Tensor | None = None) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(BlockLinear(p) for p in parts)
+        self.in_features, self.out_features = parts[0].shape[1], sum(p.shape[0] for p in parts)
+        if bias is not None and tuple(bias.shape) != (self.out_features,):
+            raise ValueError(f"bias of shape {tuple(bias.shape)} for a layer of {self.out_features} outputs")
+        self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
+
+    @property
+    def native(self) -> bool:
+        return all(part.native for part in self.parts)  # type: ignore[union-attr]
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = torch.cat([part(x) for part in self.parts], dim=-1)  # (..., N_0 + N_1 + ...)
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+
+class BlockEmbedding(nn.Module):
+    """An embedding table kept as GGUF blocks (Gemma 3's 262,144 x 640 table is 178 MB as Q8_0
+    and 671 MB as float32): a lookup decodes only the rows it gathers, with the gguf library's
+    float32 values (qkv.models.gguf.dequantize), so it equals nn.Embedding over the dequantized table.
+
+    ids (...) -> (..., C)."""
+
+    def __init__(self, stored: StoredBlocks) -> None:
+        super().__init__()
+        self.block_type = stored.block_type
+        self.num_embeddings, self.embedding_dim = stored.shape
+        self.register_buffer("blocks", stored.blocks)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        from qkv.models.gguf.dequantize import BLOCK_FORMATS
+
+        form = BLOCK_FORMATS[self.block_type]
+        rows = self.blocks.index_select(0, ids.reshape(-1))  # (n, bytes a row)
+        values = form.decode(rows.view(-1, form.size))  # (n * K / W, W)
+        return values.reshape(*ids.shape, self.embedding_dim)  # (..., C)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, {self.block_type.name}"
+
+
+def stacked_block_linear(parts: Sequence[StoredBlocks], bias: Tensor | None = None) -> nn.Module:
+    """One layer for matrices stacked by rows (fused q/k/v, gate/up): their rows of blocks
+    concatenated when they share a block type, else a StackedBlockLinear; columns must agree."""
+    if any(p.shape[1] != parts[0].shape[1] for p in parts):
+        raise ValueError(f"stacked matrices need one column count, got {[p.shape for p in parts]}")
+    if all(p.block_type == parts[0].block_type for p in parts):
+        return BlockLinear(StoredBlocks.concat_rows(parts), bias)
+    return StackedBlockLinear(parts, bias)

@@ -1,0 +1,386 @@
+"""Continuous batching: one thread decodes every running request together.
+
+    engine = Engine(model, max_batch=8, capacity=2048)
+    engine.start()
+    job = engine.submit(prompt_ids, max_tokens=64, sampling=Sampling(), stop_ids={eos}, emit=fn)
+    ...                      # emit(Token) per new token, then emit(Finished(reason))
+    engine.submit_jobs([Job(...), Job(...)])   # several at once (all queued, or none)
+    job.cancel()             # a closed connection: the slot is freed at the next step
+    engine.stop()
+
+The engine owns one `DecodeSession` of kind `SlotKVCache`: batch row r is slot r. A new
+request is prefilled into a free row (`prefill_row`) between two steps, as many as fit in
+PREFILL_BUDGET new tokens (requests arriving together start together); then the occupied
+rows (only those) decode one token per step, each at its own position, and a request
+leaves as soon as it stops, reaches max_tokens or is cancelled. Requests beyond the free
+slots wait in a bounded queue; `submit` refuses one more (EngineFull).
+
+A freed row keeps its keys and values: a new request takes the free row that shares the
+longest prefix with its prompt and prefills only the rest (qkv.serve.engine.prefix_cache; not for
+a job that scores its prompt, which needs the logits at every prompt position), keeping the
+whole prefill parts of the prefix (`qkv.runtime.reusable_prefix`), so the rest computes
+what a whole prefill would: an answer does not depend on what ran before it. A job may
+carry a `Constraint` (qkv.generation.constraints): its row's logits are masked by the
+grammar before sampling, each chosen token advances it, and the job ends when it is
+complete.
+
+Jobs that share a `SharedPrompt` (n answers to one prompt) prefill it once: a later one
+copies the prompt's positions from a row that holds them (`DecodeSession.copy_row`) and
+draws from the same last logits. With `logprobs`, each Token carries the model's own
+log-softmax (before bias, penalties and temperature) of the chosen token and the k most
+likely; with `score_prompt`, the job first receives `PromptScores` for the prompt's own
+tokens (the first has none). max_tokens 0 scores the prompt and generates nothing.
+
+Shape legend: B slots (max_batch), T prompt tokens, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from qkv.attention.caches.kv_cache import SlotKVCache
+from qkv.errors import QkvError
+from qkv.generation.constraints import Constraint
+from qkv.generation.decode_loop import Alternatives, Choice, DecodeLoop, RowRequest, scored
+from qkv.generation.sampling import Sampling
+from qkv.runtime.session import DecodeSession, reusable_prefix
+from qkv.models.decoder import CausalDecoder
+from qkv.serve.engine.prefix_cache import RowPrefixes
+from qkv.util.threads import FollowIdleCores
+
+
+PREFILL_BUDGET = 256  # new prompt tokens prefilled between two decode steps (beyond the first request)
+
+
+class EngineFull(QkvError):
+    """Every slot is busy and the waiting queue is full."""
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The last event of a job: why it ended ('stop', 'length', 'cancelled', 'error')."""
+
+    reason: str
+    message: str = ""
+
+
+
+
+@dataclass(frozen=True)
+class Token:
+    """A new token. With logprobs asked: the model's log-softmax of it and the `top` most
+    likely tokens, before bias, penalties and temperature. `stop`: an end token, which ends
+    the answer and is no part of its text."""
+
+    id: int
+    logprob: float | None = None
+    top: Alternatives = ()
+    stop: bool = False
+
+
+@dataclass(frozen=True)
+class PromptScores:
+    """The prompt's own tokens scored: logprobs[t] of token t given the tokens before it,
+    and the top alternatives there; None and () for the first token, which has no context."""
+
+    logprobs: list[float | None]
+    top: list[Alternatives]
+
+
+Event = Token | PromptScores | Finished
+
+
+@dataclass
+class SharedPrompt:
+    """What jobs answering one prompt share: its last logits (V,) once prefilled, its scores,
+    and the rows that hold its positions now."""
+
+    logits: torch.Tensor | None = None
+    scores: PromptScores | None = None
+    rows: set[int] = field(default_factory=set)
+
+
+@dataclass
+class Job:
+    prompt: list[int]
+    max_tokens: int
+    sampling: Sampling
+    stop_ids: frozenset[int]
+    emit: Callable[[Event], None]
+    logprobs: int | None = None  # alternatives per token to score (0: the chosen one only)
+    score_prompt: bool = False
+    share: SharedPrompt | None = None
+    submitted: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    produced: int = 0
+    cancelled: bool = False
+    row: int = -1
+    last: int = 0
+    generator: torch.Generator | None = None
+    constraint: Constraint | None = None  # a grammar the reply must follow (response_format, tools)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+@dataclass
+class EngineStats:
+    """Counters the metrics page reads (written by the engine thread only)."""
+
+    slots: int = 0
+    occupied: int = 0
+    waiting: int = 0
+    steps: int = 0
+    prompt_tokens: int = 0
+    prompt_tokens_reused: int = 0  # of prompt_tokens: taken from a slot's cache, not prefilled
+    completion_tokens: int = 0
+    ttft: list[float] = field(default_factory=list)  # seconds, one per request (drained by metrics)
+    tokens_per_second: float = 0.0
+
+
+class Engine:
+    def __init__(self, model: CausalDecoder, *, max_batch: int = 8, capacity: int | None = None,
+                 max_waiting: int | None = None, threads: FollowIdleCores | None = None,
+                 prefix_reuse: bool = True) -> None:
+        if max_batch < 1:
+            raise QkvError(f"--max-batch must be at least 1, got {max_batch}")
+        self.model = model
+        self.max_batch = max_batch
+        capacity = model.context_length if capacity is None else min(capacity, model.context_length)
+        self.session = DecodeSession(model, batch_size=max_batch, capacity=capacity, kind=SlotKVCache)
+        self.loop = DecodeLoop(self.session)  # the one decode loop: rows join and leave between steps
+        self.capacity = self.session.capacity
+        self.max_waiting = max_batch * 4 if max_waiting is None else max_waiting
+        self.stats = EngineStats(slots=max_batch)
+        self._waiting: collections.deque[Job] = collections.deque()
+        self._calls: collections.deque[tuple[Callable[[], object], concurrent.futures.Future[object]]] = (
+            collections.deque())
+        self._rows: list[Job | None] = [None] * max_batch
+        self.prefixes = RowPrefixes(max_batch, enabled=prefix_reuse)
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._running = False
+        self._threads = threads  # set torch's threads to the idle cores between steps, when given
+
+    # -- outside the engine thread -------------------------------------------------------
+    def start(self) -> None:
+        self.session.__enter__()
+        self._running = True
+        self._thread = threading.Thread(target=self._run, name="qkv-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._wake:
+            self._running = False
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self.session.close()
+
+    def submit(self, prompt: list[int], *, max_tokens: int, sampling: Sampling,
+               stop_ids: frozenset[int], emit: Callable[[Event], None], **options: object) -> Job:
+        job = Job(prompt, max_tokens, sampling, stop_ids, emit, **options)  # type: ignore[arg-type]
+        self.submit_jobs([job])
+        return job
+
+    def submit_jobs(self, jobs: list[Job]) -> None:
+        """Queue every job, or none (EngineFull when the queue is full already)."""
+        for job in jobs:
+            if not job.prompt:
+                raise QkvError("the prompt is empty")
+            if len(job.prompt) + job.max_tokens > self.capacity:
+                raise QkvError(f"{len(job.prompt)} prompt tokens + {job.max_tokens} new tokens exceed the server's "
+                               f"context ({self.capacity} tokens)")
+        with self._wake:
+            free = sum(job is None for job in self._rows)  # a free slot takes the next waiting job
+            if len(self._waiting) >= self.max_waiting + free:
+                raise EngineFull(f"the server is busy ({self.max_batch} running, {len(self._waiting)} waiting); "
+                                 "retry shortly")
+            self._waiting.extend(jobs)
+            self.stats.waiting = len(self._waiting)
+            self._wake.notify()
+
+    def call(self, fn: Callable[[], object]) -> concurrent.futures.Future[object]:
+        """Run `fn()` on the engine thread between two steps (so that it may run the model in a
+        session of its own, e.g. to trace it, never beside a step); returns its future."""
+        future: concurrent.futures.Future[object] = concurrent.futures.Future()
+        with self._wake:
+            self._calls.append((fn, future))
+            self._wake.notify()
+        return future
+
+    def _run_calls(self) -> None:
+        while True:
+            with self._wake:
+                if not self._calls:
+                    return
+                fn, future = self._calls.popleft()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = fn()
+            except BaseException as error:  # noqa: BLE001 - handed to the caller
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+
+    # -- the engine thread ---------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while self._running and not self._waiting and not self._calls and not any(self._rows):
+                    self._wake.wait()
+                if not self._running:
+                    break
+            if self._threads is not None:
+                self._threads.poll()
+            self._run_calls()
+            try:
+                self._step()
+            except Exception as error:  # noqa: BLE001 - every job learns of it, the server lives on
+                self.prefixes.forget()  # a step that failed may have written some rows halfway
+                for row, job in enumerate(self._rows):
+                    if job is not None:
+                        self._finish(row, Finished("error", f"{type(error).__name__}: {error}"))
+        for row, job in enumerate(self._rows):
+            if job is not None:
+                self._finish(row, Finished("cancelled", "the server is shutting down"))
+        for job in self._waiting:
+            job.emit(Finished("cancelled", "the server is shutting down"))
+        for _, future in self._calls:
+            future.cancel()
+
+    def _step(self) -> None:
+        # Drop cancelled requests (a closed connection frees its slot here, before any work).
+        for row, job in enumerate(self._rows):
+            if job is not None and job.cancelled:
+                self._finish(row, Finished("cancelled"))
+        self._admit_waiting()
+        self.stats.occupied = len(self.loop.running)
+        if not self.loop.running:
+            return
+        start = time.perf_counter()
+        choices = self.loop.step()  # each running row's next token, then one decode call for those going on
+        for choice in choices:  # (decoded tokens are no reusable prefix: qkv.runtime.reusable_prefix)
+            job = self._rows[choice.row]
+            assert job is not None
+            self._deliver(job, choice)
+        elapsed = time.perf_counter() - start
+        self.stats.steps += 1
+        self.stats.tokens_per_second = len(choices) / elapsed if elapsed > 0 else 0.0
+
+    def _admit_waiting(self) -> None:
+        """Waiting jobs take free rows: prefills while they fit in PREFILL_BUDGET new tokens
+        (at least one), so a long prompt never stalls the others for more than one prefill,
+        and any number of copies of a prompt some row holds."""
+        budget = PREFILL_BUDGET
+        while True:
+            with self._wake:
+                free = [row for row, job in enumerate(self._rows) if job is None]
+                job = self._waiting[0] if self._waiting and free else None
+                share = job.share if job is not None else None
+                source = min(share.rows) if share is not None and share.rows else None
+                if job is None or not job.cancelled and source is None and budget <= 0:
+                    self.stats.waiting = len(self._waiting)
+                    return
+                self._waiting.popleft()
+                self.stats.waiting = len(self._waiting)
+            if job.cancelled:
+                job.emit(Finished("cancelled"))
+            elif source is not None:
+                self._admit_copy(self.prefixes.pick(free, job.prompt)[0], job, source)
+            else:
+                row, donor, kept = self.prefixes.pick(free, job.prompt)
+                # Only whole prefill parts are kept: the rest computes what a whole prefill would.
+                kept = reusable_prefix(len(job.prompt), kept) if self.session.keeps_every_position else 0
+                if job.score_prompt or kept == 0:  # every prompt position's logits are needed: prefill it whole
+                    donor, kept = row, 0
+                self._admit(row, job, donor, kept)
+                budget -= len(job.prompt) - kept
+
+    def _start(self, row: int, job: Job) -> None:
+        job.row = row
+        job.generator = None if job.sampling.greedy else job.sampling.generator(self.session.device)
+        self._rows[row] = job
+
+    def _admit(self, row: int, job: Job, donor: int, kept: int) -> None:
+        """Prefill `job` into `row`, its first `kept` positions taken from row `donor`."""
+        self._start(row, job)
+        self.stats.prompt_tokens += len(job.prompt)
+        self.stats.prompt_tokens_reused += kept
+        self.prefixes.forget(row)  # until the prefill has written it
+        if donor != row and kept:
+            try:
+                self.session.copy_row(donor, row, kept)
+            except NotImplementedError:  # a sliding-window ring that has dropped those keys: prefill it all
+                kept = 0
+        ids = torch.tensor(job.prompt, dtype=torch.long)  # (T,)
+        logits = self.session.prefill_row_all(row, ids[kept:], start=kept)  # (T - kept, V)
+        self.prefixes.hold(row, job.prompt)
+        scores = None
+        if job.score_prompt:  # kept == 0 here
+            k = job.logprobs or 0
+            picked, top = scored(torch.log_softmax(logits[:-1].float(), dim=-1), ids[1:].to(logits.device), k)
+            scores = PromptScores([None, *picked], [(), *top])
+        if job.share is not None:
+            job.share.logits, job.share.scores = logits[-1].clone(), scores
+            job.share.rows.add(row)
+        self._begin(row, job, logits[-1:], scores)
+
+    def _admit_copy(self, row: int, job: Job, source: int) -> None:
+        """A job whose prompt row `source` holds: copy its positions instead of prefilling."""
+        share = job.share
+        assert share is not None and share.logits is not None
+        try:
+            self.session.copy_row(source, row, len(job.prompt))
+        except NotImplementedError:  # a sliding-window ring that cannot give those positions: prefill
+            self._admit(row, job, row, 0)
+            return
+        self._start(row, job)
+        self.prefixes.forget(row)
+        self.prefixes.hold(row, job.prompt)
+        share.rows.add(row)
+        self._begin(row, job, share.logits[None], share.scores)
+
+    def _begin(self, row: int, job: Job, logits: torch.Tensor, scores: PromptScores | None) -> None:
+        if job.score_prompt and scores is not None:
+            job.emit(scores)
+        if job.max_tokens == 0:
+            self._finish(row, Finished("length"))
+            return
+        self.loop.start(row, logits, RowRequest(job.sampling, job.stop_ids, job.max_tokens, job.generator,
+                                                job.constraint, job.logprobs))
+
+    def _deliver(self, job: Job, choice: Choice) -> None:
+        """Hand row `choice.row`'s new token to its job; a row that ended leaves the loop."""
+        if choice.end == "error":
+            self._finish(choice.row, Finished("error", choice.message))
+            return
+        if job.first_token_at is None:
+            job.first_token_at = time.perf_counter()
+            self.stats.ttft.append(job.first_token_at - job.submitted)
+        if not choice.stop_token:
+            job.last = choice.token
+            job.produced += 1
+            self.stats.completion_tokens += 1
+        job.emit(Token(choice.token, choice.logprob, choice.top, stop=choice.stop_token))
+        if choice.end is not None:
+            self._finish(choice.row, Finished(choice.end))
+
+    def _finish(self, row: int, event: Finished) -> None:
+        job = self._rows[row]
+        self._rows[row] = None
+        self.loop.finish(row)
+        self.session.release_row(row)
+        if job is not None and job.share is not None:
+            job.share.rows.discard(row)
+        self.stats.occupied = sum(job is not None for job in self._rows)
+        if job is not None:
+            job.emit(event)

@@ -1,0 +1,116 @@
+"""Building qkv's kernels: once per machine into the cache folder (a second process loads what
+the first built), one clear reason where they cannot be built, and a compiler failure that
+leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qkv.runtime.native import build
+
+STATUS = ("import json; from qkv.runtime.native import native_kernels; s = native_kernels(); "
+          "print(json.dumps({'available': s.available, 'reason': s.reason, 'built': s.built_seconds, "
+          "'path': str(s.path)}))")
+
+
+def _run(script: str, env: dict[str, str]) -> dict:
+    """The JSON line `script` prints last, run in a fresh Python with `env` added."""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **env})
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _status(env: dict[str, str]) -> dict:
+    return _run(STATUS, env)
+
+
+@pytest.mark.skipif(build.unavailable_reason() is not None, reason="this machine cannot build qkv's kernels")
+def test_built_once_then_loaded_from_the_cache_folder(tmp_path: Path) -> None:
+    first = _status({"QKV_CACHE_DIR": str(tmp_path)})
+    second = _status({"QKV_CACHE_DIR": str(tmp_path)})
+    assert first["available"] and second["available"]
+    assert first["built"] is not None and second["built"] is None  # the second process only loads
+    assert first["path"] == second["path"] and Path(first["path"]).parent == tmp_path / "native"
+    name = Path(first["path"]).name
+    assert sorted(p.name for p in (tmp_path / "native").iterdir()) == [name, name + ".sha256"]  # no temporaries
+
+
+def test_turned_off_by_the_environment_with_the_reason(tmp_path: Path) -> None:
+    status = _status({"QKV_NATIVE": "0", "QKV_CACHE_DIR": str(tmp_path)})
+    assert status == {"available": False, "reason": "turned off with QKV_NATIVE=0", "built": None, "path": "None"}
+    assert not (tmp_path / "native").exists()
+
+
+def test_a_failing_compiler_gives_one_line_and_leaves_nothing(tmp_path: Path, monkeypatch) -> None:
+    script = tmp_path / "broken-cxx"
+    script.write_text("#!/bin/sh\necho 'kernels.cpp:1: error: this compiler is broken' >&2\nexit 1\n")
+    script.chmod(0o755)
+    target = tmp_path / "cache" / "native" / "qkv_kernels_x.so"
+    with pytest.raises(RuntimeError, match="^the C\\+\\+ compiler failed: kernels.cpp:1: error: this compiler is broken$"):
+        build._build(str(script), target, build.FLAGS)
+    assert list((tmp_path / "cache" / "native").iterdir()) == []
+
+
+def test_the_cache_key_follows_the_compiler(tmp_path: Path) -> None:
+    other = tmp_path / "cxx"
+    other.write_text("#!/bin/sh\necho 'another compiler 1.0'\n")
+    other.chmod(0o755)
+    compiler = build.cxx_compiler() or "c++"
+    assert build._key(compiler, build.FLAGS) == build._key(compiler, build.FLAGS)
+    assert build._key(compiler, build.FLAGS) != build._key(str(other), build.FLAGS)
+
+
+def test_cache_folder_follows_the_environment(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("QKV_CACHE_DIR", str(tmp_path / "q"))
+    assert build.cache_folder() == tmp_path / "q"
+    monkeypatch.delenv("QKV_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
+    assert build.cache_folder() == tmp_path / "x" / "qkv"
+
+
+def test_the_sources_are_each_under_500_lines_and_all_in_the_build() -> None:
+    """kernels.cpp's split: every source and header short, and every .cpp beside them built."""
+    folder = Path(build.__file__).parent
+    on_disk = {p.name for p in folder.glob("*.cpp")}
+    assert on_disk == set(build.SOURCES)
+    for name in build.SOURCES + build.HEADERS:
+        assert len((folder / name).read_text(encoding="utf-8").splitlines()) <= 500, name
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(build.unavailable_reason() is not None, reason="this machine cannot build qkv's kernels")
+def test_the_sources_build_without_a_warning(tmp_path: Path) -> None:
+    """-Wall -Wextra are on; a warning would be in the compiler's output."""
+    include, lib = build._torch_dirs()
+    compiler = build.cxx_compiler()
+    assert compiler is not None
+    folder = Path(build.__file__).parent
+    command = [compiler, *build.flags(), "-isystem", str(include), *(str(folder / n) for n in build.SOURCES),
+               "-o", str(tmp_path / "k.so"), f"-L{lib}", "-ltorch_cpu", "-lc10"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "warning" not in done.stderr, done.stderr[-2000:]
+
+
+@pytest.mark.skipif(build.unavailable_reason() is not None, reason="this machine cannot build qkv's kernels")
+def test_the_variant_is_named_after_what_the_cpu_runs() -> None:
+    """The library is the same on every machine; the status names the variant cpuid picked:
+    AVX-512 VNNI exactly where /proc/cpuinfo lists it, else AVX2 where it lists AVX2 + FMA + F16C."""
+    result = _run("import json; from qkv.runtime.native import native_kernels; from qkv.runtime.native.ops import variants; "
+                  "s = native_kernels(); print(json.dumps({'isa': s.isa, 'variants': variants()}))",
+                  {})  # the library this session built
+    flags = set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    avx2 = {"avx2", "fma", "f16c"} <= flags
+    vnni = avx2 and {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags
+    expected = ["generic", "avx2", "avx512"][: 1 + avx2 + vnni]
+    assert result == {"isa": build.VARIANT_NAMES[expected[-1]], "variants": expected}

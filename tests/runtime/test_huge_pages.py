@@ -1,0 +1,79 @@
+"""place_on_huge_pages: large tensors move into one mapping advised for 2 MB pages, the
+same objects (tied weights still tied), the same numbers, small tensors left alone."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from qkv.models.gpt2 import GPTModel
+from qkv.models.configs.gpt2 import GPTConfig
+from qkv.runtime.huge_pages import SMALLEST, huge_ones, huge_pages_supported, place_on_huge_pages
+
+pytestmark = pytest.mark.skipif(not huge_pages_supported(), reason="this Python has no mmap.madvise(MADV_HUGEPAGE)")
+
+
+def _advised_ranges() -> list[tuple[int, int]]:
+    """Address ranges of this process's mappings flagged "hg" (MADV_HUGEPAGE) in smaps."""
+    ranges, current = [], None
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                start, end = (int(part, 16) for part in head.split("-"))
+                current = (start, end)
+            elif head == "VmFlags:" and "hg" in line.split()[1:] and current is not None:
+                ranges.append(current)
+    return ranges
+
+
+def test_large_tensors_move_to_advised_memory_and_keep_their_numbers() -> None:
+    torch.manual_seed(0)
+    model = GPTModel(GPTConfig(vocab_size=4096, context_length=32, emb_dim=128, n_heads=4, n_layers=2,
+                               drop_rate=0.0)).eval()
+    model.tie_weights()
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        before = model(ids)
+    head = model.out_head.weight
+    small = model.final_norm.scale
+    small_pointer = small.data_ptr()
+    moved = place_on_huge_pages(model)
+    assert moved >= head.numel() * 4 >= SMALLEST
+    assert model.out_head.weight is head and model.tok_emb.weight is head  # same objects, still tied
+    assert small.data_ptr() == small_pointer  # below SMALLEST: left where it was
+    with torch.no_grad():
+        assert torch.equal(model(ids), before)
+    if sys.platform.startswith("linux"):
+        assert any(start <= head.data_ptr() < end for start, end in _advised_ranges())
+        assert head.data_ptr() % 64 == 0
+
+
+def test_an_embedding_table_read_a_row_at_a_time_stays() -> None:
+    torch.manual_seed(0)
+    model = GPTModel(GPTConfig(vocab_size=4096, context_length=32, emb_dim=128, n_heads=4, n_layers=1,
+                               drop_rate=0.0)).eval()  # untied: the head has its own weight
+    table = model.tok_emb.weight.data_ptr()
+    place_on_huge_pages(model)
+    assert model.tok_emb.weight.data_ptr() == table
+    if sys.platform.startswith("linux"):
+        assert any(start <= model.out_head.weight.data_ptr() < end for start, end in _advised_ranges())
+
+
+def test_views_of_one_storage_stay_views_of_one_storage() -> None:
+    flat = torch.arange(2 * SMALLEST // 4, dtype=torch.float32)
+    module = torch.nn.Module()
+    module.register_buffer("first", flat[: SMALLEST // 4])
+    module.register_buffer("second", flat[SMALLEST // 4:])
+    place_on_huge_pages(module)
+    assert module.first.untyped_storage().data_ptr() == module.second.untyped_storage().data_ptr()
+    assert torch.equal(torch.cat([module.first, module.second]), torch.arange(2 * SMALLEST // 4, dtype=torch.float32))
+
+
+def test_huge_ones_are_ones_on_advised_memory() -> None:
+    probe = huge_ones(SMALLEST)  # 4 MB of float32
+    assert probe.shape == (SMALLEST,) and probe.dtype == torch.float32 and bool((probe == 1).all())
+    if sys.platform.startswith("linux"):
+        assert any(start <= probe.data_ptr() < end for start, end in _advised_ranges())

@@ -1,0 +1,36 @@
+"""qkv.serve.api.answer: a choice's finish_reason when its text met a stop string.
+
+The engine knows no stop strings (the answer cuts the text), so it may report a job that
+reached max_tokens ("length") after the text already stopped; the choice still finished by its
+stop string. Real tokenizer (byte-level BPE), real request parsing."""
+
+from __future__ import annotations
+
+from qkv.serve.api.answer import Choice
+from qkv.serve.engine.batching import Finished, Token
+from qkv.serve.api.schemas import Limits, parse
+from qkv.serve.api.tokens import TokenTexts
+from tests.models.conftest import make_tokenizer
+
+
+def _choice(stop: str) -> tuple[Choice, list[int]]:
+    tokenizer = make_tokenizer()
+    request = parse({"model": "tiny", "prompt": "Your", "max_tokens": 12, "stop": stop}, chat=False, limits=Limits())
+    ids = tokenizer.encode(" journey starts with one step.").ids
+    return Choice(request, False, TokenTexts(tokenizer), [0], "Your"), ids
+
+
+def test_a_stop_string_met_before_the_length_is_the_finish_reason() -> None:
+    choice, ids = _choice("with")
+    for token in ids:
+        choice.take(Token(token))
+    choice.take(Finished("length"))  # the engine ran on to max_tokens: the stop string came first
+    assert choice.text == " journey starts " and choice.finish == "stop"
+
+
+def test_without_a_stop_string_the_length_stays_the_reason() -> None:
+    choice, ids = _choice("never in the text")
+    for token in ids:
+        choice.take(Token(token))
+    choice.take(Finished("length"))
+    assert choice.text == " journey starts with one step." and choice.finish == "length"

@@ -1,0 +1,105 @@
+"""Continuous batching against the reference: each request alone through qkv.generate."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from qkv.generation import generate
+from qkv.generation.sampling import Sampling
+from qkv.models.loader import load_pretrained
+from qkv.serve.engine.batching import Engine, EngineFull, Finished
+
+PROMPTS = ["The cat", "Attention is all you need, they", "Keys", "The mat. The cat sat on",
+           "queries and values", "A"]
+
+
+def _alone(model, ids: list[int], n: int, eos: tuple[int, ...]) -> list[int]:
+    out = generate(model, torch.tensor([ids]), n, eos_token_id=eos or None)[0, len(ids):].tolist()
+    return out[: out.index(eos[0])] if eos and eos[0] in out else out
+
+
+def test_staggered_requests_match_each_prompt_alone(tiny_folder: Path) -> None:
+    model, tokenizer = load_pretrained(tiny_folder)
+    eos = model.eos_token_ids
+    prompts = [tokenizer.encode(p).ids for p in PROMPTS]
+    lengths = [9, 3, 12, 6, 10, 7]  # different lengths: requests leave (and others join) at every step
+    expected = [_alone(model, ids, n, eos) for ids, n in zip(prompts, lengths)]
+
+    engine = Engine(model, max_batch=3, capacity=64)  # fewer slots than requests: some wait
+    got: list[list[int]] = [[] for _ in prompts]
+    ends: list[Finished | None] = [None] * len(prompts)
+    done = threading.Event()
+
+    def emitter(i: int):
+        def emit(item):
+            if isinstance(item, Finished):
+                ends[i] = item
+                if all(e is not None for e in ends):
+                    done.set()
+            elif not item.stop:  # an end token ends the answer and is not one of its tokens
+                got[i].append(item.id)
+        return emit
+
+    engine.start()
+    try:
+        for i, (ids, n) in enumerate(zip(prompts, lengths)):
+            engine.submit(ids, max_tokens=n, sampling=Sampling(), stop_ids=frozenset(eos), emit=emitter(i))
+        assert done.wait(60)
+    finally:
+        engine.stop()
+    assert got == expected
+    assert engine.stats.occupied == 0 and engine.stats.waiting == 0
+    assert all(e is not None and e.reason in ("length", "stop") for e in ends)
+
+
+def test_a_full_queue_refuses_and_a_cancelled_job_frees_its_slot(tiny_folder: Path) -> None:
+    model, tokenizer = load_pretrained(tiny_folder)
+    engine = Engine(model, max_batch=1, capacity=64, max_waiting=0)
+    ids = tokenizer.encode("The cat").ids
+    finished = threading.Event()
+
+    def emit(item):
+        if isinstance(item, Finished):
+            finished.set()
+
+    first = engine.submit(ids, max_tokens=40, sampling=Sampling(), stop_ids=frozenset(), emit=emit)
+    with pytest.raises(EngineFull, match="busy"):
+        engine.submit(ids, max_tokens=4, sampling=Sampling(), stop_ids=frozenset(), emit=emit)
+    first.cancel()
+    engine.start()
+    try:
+        assert finished.wait(30)
+    finally:
+        engine.stop()
+    assert engine.stats.occupied == 0
+
+
+def test_the_engine_follows_the_idle_cores_between_steps(tiny_folder: Path, monkeypatch) -> None:
+    """A server started on a busy machine does not stay on one thread: the engine asks
+    FollowIdleCores between steps (the load average is given: a test cannot set the machine's)."""
+    import os
+
+    from qkv.util.threads import FollowIdleCores, usable_cores
+
+    model, tokenizer = load_pretrained(tiny_folder)
+    before = torch.get_num_threads()
+    load = [float(usable_cores())]
+    monkeypatch.setattr(os, "getloadavg", lambda: (load[0],) * 3)
+    torch.set_num_threads(1)
+    engine = Engine(model, max_batch=1, capacity=64, threads=FollowIdleCores(every=0.0))
+    finished = threading.Event()
+    engine.start()
+    try:
+        load[0] = 0.0  # the machine has gone quiet
+        engine.submit(tokenizer.encode("The cat").ids, max_tokens=3, sampling=Sampling(), stop_ids=frozenset(),
+                      emit=lambda item: finished.set() if isinstance(item, Finished) else None)
+        assert finished.wait(30)
+        # torch's count is the engine thread's, which runs the model
+        assert engine.call(torch.get_num_threads).result(30) == usable_cores()
+    finally:
+        engine.stop()
+        torch.set_num_threads(before)
