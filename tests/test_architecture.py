@@ -1,9 +1,12 @@
-"""The shape of the code, checked: one-way imports, no cycles, small files, one decode loop.
+"""The shape of the code, checked: one-way imports, no cycles, no borrowed private names, the
+folder rules, small files, one decode loop (docs/architecture.md).
 
-The arrows point one way (README, "How the code is laid out"): cli -> serve / bench / trace /
-training -> generation -> runtime -> perf / native -> models -> attention. These tests read
-the sources with `ast` (nothing is imported), so a new arrow the wrong way fails here with
-the file and the import that adds it.
+The layers, from the top: cli -> serve / bench / trace / training -> chat / eval ->
+generation -> runtime -> book -> models -> attention -> util, with the package's vocabulary
+(`qkv.errors`, `qkv.names`) under all of them. These tests read the sources with `ast`
+(nothing is imported) and count every import, at module level and inside functions: a lazy
+import keeps start-up cheap, but it must point down like any other, so it never closes a
+cycle. A new arrow the wrong way fails here with the file and the import that adds it.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = SRC / "qkv"
+TESTS = Path(__file__).resolve().parent
 
 
 def _modules() -> dict[str, Path]:
@@ -24,41 +28,53 @@ def _modules() -> dict[str, Path]:
     return found
 
 
-def _imports(path: Path, *, module_level: bool) -> set[str]:
-    """Absolute qkv imports of a file: at module level only (what runs on import), or all."""
-    tree = ast.parse(path.read_text())
-    nodes = tree.body if module_level else list(ast.walk(tree))
-    names: set[str] = set()
-    for node in nodes:
+MODULES = _modules()
+
+
+def _imports(path: Path) -> list[tuple[str, list[str]]]:
+    """Every absolute qkv import of a file, anywhere in it: (module it names, names it takes).
+    `from qkv.models import loader` names the module qkv.models.loader."""
+    found: list[tuple[str, list[str]]] = []
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return {name for name in names if name == "qkv" or name.startswith("qkv.")}
+            found.extend((alias.name, []) for alias in node.names if alias.name.split(".")[0] == "qkv")
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module.split(".")[0] == "qkv":
+            names = [alias.name for alias in node.names]
+            modules = [f"{node.module}.{n}" for n in names if f"{node.module}.{n}" in MODULES]
+            found.extend((m, []) for m in modules)
+            rest = [n for n in names if f"{node.module}.{n}" not in MODULES]
+            if rest:
+                found.append((node.module, rest))
+    return found
 
 
-def test_no_import_cycles() -> None:
-    modules = _modules()
-    graph = {m: {t for t in _imports(p, module_level=True) if t in modules and t != m} for m, p in modules.items()}
+def _graph() -> dict[str, set[str]]:
+    return {m: {t for t, _ in _imports(p) if t in MODULES and t != m} for m, p in MODULES.items()}
+
+
+def test_no_import_cycles_counting_every_import() -> None:
+    graph = _graph()
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
+    on_stack: set[str] = set()
     cycles: list[list[str]] = []
 
     def visit(v: str) -> None:  # Tarjan's strongly connected components
         index[v] = low[v] = len(index)
         stack.append(v)
+        on_stack.add(v)
         for w in graph[v]:
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
-            elif w in stack:
+            elif w in on_stack:
                 low[v] = min(low[v], index[w])
         if low[v] == index[v]:
             component = []
             while True:
                 w = stack.pop()
+                on_stack.discard(w)
                 component.append(w)
                 if w == v:
                     break
@@ -71,27 +87,84 @@ def test_no_import_cycles() -> None:
     assert cycles == []
 
 
-# Each package may import only from the packages below it (and top-level helpers).
-ABOVE = {
-    "qkv.attention": ("models", "runtime", "perf", "native", "generation", "trace", "training", "serve", "bench",
-                      "cli", "chat"),
-    "qkv.models": ("runtime", "perf", "native", "generation", "trace", "training", "serve", "bench", "cli", "chat"),
-    "qkv.runtime.native": ("runtime", "perf", "generation", "trace", "training", "serve", "bench", "cli", "chat"),
-    "qkv.runtime.linear": ("runtime", "generation", "trace", "training", "serve", "bench", "cli", "chat"),
-    "qkv.runtime": ("generation", "trace", "training", "serve", "bench", "cli", "chat"),
-    "qkv.generation": ("trace", "training", "serve", "bench", "cli", "chat"),
+def test_no_module_takes_another_modules_private_names() -> None:
+    taken = [f"{path.relative_to(SRC)} takes {module}.{name}"
+             for importer, path in MODULES.items() for module, names in _imports(path) if module != importer
+             for name in names if name.startswith("_") and not name.startswith("__")]
+    assert taken == []
+
+
+# Each layer may import only from the layers below it (and the vocabulary: qkv.errors, qkv.names).
+LAYERS = ["util", "attention", "models", "book", "runtime", "generation", ("chat", "eval"),
+          ("trace", "training", "bench", "serve"), "cli"]
+# Inside a layer, the same rule between its folders (lowest first).
+INNER_LAYERS = {
+    "qkv.trace": ["record", "explain", "render"],
+    "qkv.serve": ["errors", "engine", "api", "explorer", "http"],
+    "qkv.models": [("configs",), ("decoder", "spec_decoder", "gpt2", "llama", "bert"), "key_maps", "registry", "hf",
+                   "gguf", ("book_pth", "context_parallel"), "loader"],
+    "qkv.bench": ["measure", "gpt2_checkpoint", "common", "sections", "runner"],
+    "qkv.training": [("book",), ("loop",)],
 }
 
 
-def test_imports_point_one_way() -> None:
+def _rank(layers: list, name: str) -> int | None:
+    for rank, layer in enumerate(layers):
+        if name in ((layer,) if isinstance(layer, str) else layer):
+            return rank
+    return None
+
+
+def _wrong_way(layers: list, prefix: str) -> list[str]:
     wrong = []
-    for module, path in _modules().items():
-        for package, above in ABOVE.items():
-            if module == package or module.startswith(package + "."):
-                for name in _imports(path, module_level=False):
-                    if any(name == f"qkv.{a}" or name.startswith(f"qkv.{a}.") for a in above):
-                        wrong.append(f"{path.relative_to(SRC)} imports {name}")
-    assert wrong == []
+    for module, path in MODULES.items():
+        if not module.startswith(prefix + "."):
+            continue
+        own = _rank(layers, module[len(prefix) + 1:].split(".")[0])
+        for target, _ in _imports(path):
+            if not target.startswith(prefix + "."):
+                continue
+            theirs = _rank(layers, target[len(prefix) + 1:].split(".")[0])
+            if own is not None and theirs is not None and theirs > own:
+                wrong.append(f"{path.relative_to(SRC)} imports {target}")
+    return wrong
+
+
+def test_imports_point_one_way_between_layers() -> None:
+    assert _wrong_way(LAYERS, "qkv") == []
+
+
+def test_imports_point_one_way_inside_layers() -> None:
+    assert [line for prefix, layers in INNER_LAYERS.items() for line in _wrong_way(layers, prefix)] == []
+
+
+def test_every_folder_has_a_layer() -> None:
+    folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert sorted(f for f in folders if _rank(LAYERS, f) is None) == []
+
+
+def test_the_package_root_holds_only_its_vocabulary() -> None:
+    assert sorted(p.name for p in PACKAGE.glob("*.py")) == ["__init__.py", "__main__.py", "errors.py", "names.py"]
+
+
+def test_no_folder_is_a_pile() -> None:
+    """A folder of more than 15 files is split into sub-folders that say what they hold."""
+    piles = {}
+    for root in (PACKAGE, TESTS):
+        for folder in [root, *(p for p in root.rglob("*") if p.is_dir() and p.name != "__pycache__")]:
+            files = [p for p in folder.iterdir() if p.is_file() and p.suffix in (".py", ".cpp", ".h")]
+            if len(files) > 15:
+                piles[str(folder.relative_to(root.parent))] = len(files)
+    assert piles == {}
+
+
+def test_tests_mirror_the_package() -> None:
+    """Every test folder is a folder of src/qkv (or one of the suites that span it)."""
+    spanning = {"examples", "hostile", "training/book_reference"}
+    stray = [str(p.relative_to(TESTS)) for p in TESTS.rglob("*") if p.is_dir() and p.name != "__pycache__"
+             and not (PACKAGE / p.relative_to(TESTS)).is_dir()
+             and not any(str(p.relative_to(TESTS)).startswith(s) for s in spanning)]
+    assert stray == []
 
 
 def test_no_source_file_is_over_500_lines() -> None:

@@ -7,6 +7,9 @@ included), C embedding, H query heads, H_kv key/value heads, D head size, V voca
 from typing import Any
 
 from qkv.errors import QkvError
+from qkv.util import moved
+
+moved.install()  # the old import paths of 0.1 still work for one release, with a warning
 
 # Heavier entry points, imported on first use so `import qkv` stays cheap.
 _LAZY = {

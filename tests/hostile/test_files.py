@@ -28,7 +28,7 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import qkv
-from qkv.models.gguf.checkpoint import permute_rows
+from qkv.models.gguf.layout import permute_rows
 from qkv.models.gpt2 import GPTConfig, GPTModel
 from qkv.models.llama import LlamaForCausalLM
 from qkv.models.configs.llama import LlamaConfig

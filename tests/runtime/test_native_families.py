@@ -17,7 +17,7 @@ import torch
 
 from qkv.attention.caches.kv_cache import SlotKVCache
 from qkv.attention.caches.window_cache import WindowKVCache
-from qkv.models.configs.registry import FAMILIES
+from qkv.models.registry import FAMILIES
 from qkv.runtime.native import native_kernels
 from qkv.runtime import DecodeSession, prepare_for_decoding, setup_of
 

@@ -7,7 +7,7 @@ import pytest
 from qkv.errors import QkvError
 from qkv.models.gpt2 import GPT_CONFIG_124M
 from qkv.training import TrainSettings
-from qkv.training.loop import model_config
+from qkv.training.settings import model_config
 
 
 def test_presets_build_the_models_they_name() -> None:

@@ -3,6 +3,9 @@
 
     context = attention_function("fused")(q, k, v, mask=mask, is_causal=True, scale=None, dropout_p=0.0)
 
+The registry imports nothing of qkv: the built-in functions register themselves when
+qkv.attention.kernels is imported (every caller of `attention_function` is in that module).
+
 Built in (qkv.attention.kernels):
 - "explicit": the book's data flow step by step (scores, scale, mask, softmax, weights @ V);
 - "fused": PyTorch's scaled_dot_product_attention; a single query without dropout (a decode
@@ -40,8 +43,6 @@ def register_attention(name: str, function: AttentionFunction) -> None:
 
 def attention_function(name: str) -> AttentionFunction:
     """The attention function registered as `name`; a name nobody registered is refused."""
-    if not ATTENTION_FUNCTIONS:
-        import qkv.attention.kernels  # noqa: F401  (registers the built-in functions)
     try:
         return ATTENTION_FUNCTIONS[name]
     except KeyError:

@@ -97,7 +97,7 @@ class Context:
     def gpt2_checkpoint(self) -> Path:
         """The random GPT-2-shaped checkpoint at the run's sizes (built on first use)."""
         if "gpt2" not in self.shared:
-            from qkv.bench.sections.gpt2 import make_gpt2_checkpoint
+            from qkv.bench.gpt2_checkpoint import make_gpt2_checkpoint
 
             s = self.sizes
             self.progress("building the random GPT-2 checkpoint")

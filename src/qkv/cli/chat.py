@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from qkv.cli.speed import add_speed_arguments, announce_speed, load_for_speed
-from qkv.cli.generate import _utf8_writer, text_chunks
+from qkv.cli.generate import utf8_writer, text_chunks
 from qkv.cli.numbers import add_max_memory_argument, integer, probability, seed, temperature
 from qkv.errors import QkvError
 from qkv.util.threads import add_threads_argument, apply_threads
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
                           notice=lambda line: print(f"qkv chat: {line}", file=sys.stderr),
                           kind=kind or StaticKVCache)
     sampling = Sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
-    emit = _utf8_writer()
+    emit = utf8_writer()
     if interactive:
         print(f"qkv chat with {args.model}, {threads} thread{'s' if threads != 1 else ''} ({COMMANDS})",
               file=sys.stderr)

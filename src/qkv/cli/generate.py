@@ -86,7 +86,7 @@ def text_chunks(tokenizer: "Tokenizer", prompt_ids: list[int], new_ids: Iterable
         yield tokenizer.decode(ids[prefix:], skip_special_tokens=True)[len(before):]
 
 
-def _utf8_writer() -> Callable[[str], None]:
+def utf8_writer() -> Callable[[str], None]:
     """Write and flush model text to stdout as UTF-8, whatever the terminal's locale says,
     with control characters escaped (qkv.util.terminal_text)."""
     binary = getattr(sys.stdout, "buffer", None)
@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
         eos_token_id=stop_ids or None, kv_cache=kind or StaticKVCache,
         on_past_context=lambda note: print(note, file=sys.stderr, flush=True), constraint=constraint,
     )
-    emit = _utf8_writer()
+    emit = utf8_writer()
     if not args.chat:
         emit(args.prompt)
     count = 0

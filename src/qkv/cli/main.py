@@ -16,17 +16,8 @@ from typing import NoReturn
 
 import qkv
 from qkv.errors import QkvError
+from qkv.names import SUBCOMMANDS
 
-# Subcommand modules under qkv.cli, in the order `qkv --help` lists them, with their summaries.
-SUBCOMMANDS: dict[str, str] = {
-    "explain": "step through attention for one query, with real numbers",
-    "train": "train the book's GPT on a text file (resumable, torchrun-ready)",
-    "generate": "continue a prompt with a decoder (GPT-2, Llama, Qwen, a folder qkv train wrote)",
-    "chat": "talk with an instruction model (default: SmolLM2-135M-Instruct, offline)",
-    "perplexity": "perplexity of a decoder on a text file (sliding window, or llama-perplexity's chunks)",
-    "bench": "measure decode, prefill, cache and attention speed against transformers",
-    "serve": "serve a decoder over an OpenAI-compatible HTTP API, with the live attention explorer",
-}
 
 
 class OneLineErrorParser(argparse.ArgumentParser):

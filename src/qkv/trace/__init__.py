@@ -10,6 +10,7 @@ import sys
 import types
 
 from qkv.trace.record.recorder import LayerTrace, Trace, TraceMismatchError, attention_modules, trace
+from qkv.trace.render import attribution_view, notebook  # noqa: F401  (register the Jupyter views: qkv.trace.record.views)
 
 
 class _CallablePackage(types.ModuleType):

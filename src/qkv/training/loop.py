@@ -20,7 +20,6 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from qkv.errors import QkvError
 from qkv.models.context_parallel import ContextParallel, join_context_parallel, sharded_forward
-from qkv.models.gpt2 import GPTConfig, GPTModel
+from qkv.models.gpt2 import GPTModel
 from qkv.models.hf.gpt2_tokenizer import gpt2_tokenizer
 from qkv.util.progress import progress_bar
 from qkv.util.terminal_text import escape_controls
@@ -61,7 +60,9 @@ from qkv.training.outdir import OutputFolder
 from qkv.training.presets import PRESETS
 from qkv.training.sample import greedy_continuation
 from qkv.training.schedule import warmup_cosine
-from qkv.training.settings import TrainSettings
+from qkv.training.book.run import BookRun  # the book's train_model_simple
+from qkv.training.result import TrainResult
+from qkv.training.settings import TrainSettings, model_config
 from qkv.training.tokenizer import END_OF_TEXT, encode, load_tokenizer, train_bpe
 
 # Settings a resumed run may change: they do not alter the trajectory of the weights.
@@ -69,15 +70,6 @@ RESUMABLE_CHANGES = frozenset(
     {"data", "out", "epochs", "max_steps", "eval_every", "save_every", "eval_windows",
      "sample_prompt", "sample_tokens", "tokenizer"}
 )
-
-
-@dataclass
-class TrainResult:
-    out: Path
-    step: int
-    tokens_seen: int
-    records: list[dict[str, Any]]
-    seconds: float
 
 
 def train(
@@ -100,13 +92,12 @@ def train(
     folder = OutputFolder(settings.out)
     created = missing_folders(folder.path.absolute())
     was_empty = is_empty_folder(folder.path)
-    run: Any = None  # _Run or book_run.BookRun
+    run: Any = None  # _Run or BookRun
     try:
         if ctx.is_main:  # only rank 0 writes
             folder.claim(resume=resume, overwrite=overwrite, settings=settings.to_dict())
         try:
             if PRESETS[settings.preset].loop == "book":
-                from qkv.training.book.run import BookRun  # the book's train_model_simple
 
                 run = BookRun(settings, ctx, resume=resume, progress=progress)
             else:
@@ -433,20 +424,6 @@ class _Run:
 def _length(settings: TrainSettings) -> str:
     """The run's length as the user set it: "--epochs 16" or "--max-steps 300"."""
     return f"--max-steps {settings.max_steps}" if settings.max_steps else f"--epochs {settings.epochs}"
-
-
-def model_config(settings: TrainSettings, tokenizer_vocab: int) -> GPTConfig:
-    """The preset's model with the run's window length, dropout and any width, depth or
-    heads given, and a vocabulary that is the preset's or, if larger, the tokenizer's."""
-    preset = PRESETS[settings.preset].model
-    shape = {k: getattr(settings, k) for k in ("emb_dim", "n_layers", "n_heads") if getattr(settings, k) is not None}
-    try:
-        return replace(
-            preset, vocab_size=max(settings.vocab_size, tokenizer_vocab),
-            context_length=settings.context_length, drop_rate=settings.dropout, **shape,
-        )
-    except ValueError as error:
-        raise QkvError(f"--emb-dim, --n-layers, --n-heads: {error}") from None
 
 
 def _adamw(model: nn.Module, settings: TrainSettings) -> torch.optim.AdamW:

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal
 
 from qkv.errors import QkvError
+from qkv.models.configs.gpt2 import GPTConfig
 from qkv.training.presets import PRESETS
 
 DType = Literal["float32", "bfloat16"]
@@ -155,3 +156,17 @@ _KINDS: dict[str, Any] = {"int": int, "float": float, "str": str, "bool": bool, 
 
 def _kind(name: str) -> Any:
     return _KINDS.get(name, _UNKNOWN)
+
+
+def model_config(settings: TrainSettings, tokenizer_vocab: int) -> GPTConfig:
+    """The preset's model with the run's window length, dropout and any width, depth or
+    heads given, and a vocabulary that is the preset's or, if larger, the tokenizer's."""
+    preset = PRESETS[settings.preset].model
+    shape = {k: getattr(settings, k) for k in ("emb_dim", "n_layers", "n_heads") if getattr(settings, k) is not None}
+    try:
+        return replace(
+            preset, vocab_size=max(settings.vocab_size, tokenizer_vocab),
+            context_length=settings.context_length, drop_rate=settings.dropout, **shape,
+        )
+    except ValueError as error:
+        raise QkvError(f"--emb-dim, --n-layers, --n-heads: {error}") from None

@@ -352,7 +352,8 @@ def test_real_gemma3_270m_q4_k_m_reads_as_its_published_config_and_transformers_
     import gguf as gguf_lib
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, get_gguf_hf_weights_map
 
-    from qkv.models.gguf.checkpoint import open_gguf, read_config, read_state_dict
+    from qkv.models.gguf.checkpoint import open_gguf, read_config
+    from qkv.models.gguf.tensors import read_state_dict
 
     path = _gemma3_270m()
     reader = open_gguf(path)

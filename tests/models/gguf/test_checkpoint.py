@@ -18,7 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qkv.errors import QkvError
-from qkv.models.gguf.checkpoint import permute_rows, read_gguf, resolve_gguf, unpermute_rows
+from qkv.models.gguf.checkpoint import read_gguf, resolve_gguf
+from qkv.models.gguf.layout import permute_rows, unpermute_rows
 from qkv.models.loader import SMOLLM2_FILE, is_gguf, named_model, smollm2_path
 
 smollm2 = pytest.mark.xdist_group("smollm2")

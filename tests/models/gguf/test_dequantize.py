@@ -14,7 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qkv.models.gguf import dequantize as gguf_blocks
-from qkv.models.gguf.checkpoint import hf_name, open_gguf_file, read_state_dict, unpermute_rows
+from qkv.models.gguf.checkpoint import open_gguf_file
+from qkv.models.gguf.layout import unpermute_rows
+from qkv.models.gguf.tensors import hf_name, read_state_dict
 from qkv.models.gguf.header import read_header
 
 smollm2 = pytest.mark.xdist_group("smollm2")

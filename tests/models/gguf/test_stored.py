@@ -11,7 +11,8 @@ from gguf.constants import GGMLQuantizationType as Q
 
 from qkv.errors import QkvError
 from qkv.models.gguf import dequantize as gguf_blocks
-from qkv.models.gguf.checkpoint import open_gguf_file, read_state_dict
+from qkv.models.gguf.checkpoint import open_gguf_file
+from qkv.models.gguf.tensors import read_state_dict
 from qkv.models.gguf.stored import StoredBlocks, is_projection, read_stored_state
 from tests.models.gguf.block_files import write_block_gguf
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from qkv.trace.explain.attribution import TOLERANCE, attribute_recorded, record_forward
-from qkv.trace.explain.patching import _feature_mask, patch, projections, replace_at
+from qkv.trace.explain.patching import feature_mask, patch, projections, replace_at
 from qkv.trace.explain.sink import explain_sinks
 
 pytestmark = [pytest.mark.xdist_group("smollm2"), pytest.mark.slow]
@@ -54,5 +54,5 @@ def test_smollm2_sink_and_a_key_patch(smollm2_model):
     attention = list(model.attention_layers())[5]
     own = projections(model, ids, 5)
     same = patch(model, ids, layer=5, observe=(5, 0, ids.shape[1] - 1),
-                 edit=replace_at(torch.tensor([3]), own[3:4], _feature_mask(attention, None)))
+                 edit=replace_at(torch.tensor([3]), own[3:4], feature_mask(attention, None)))
     assert same.kl == 0.0 and torch.equal(same.weights_before, same.weights_after)

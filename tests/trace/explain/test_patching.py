@@ -11,7 +11,7 @@ import torch
 import qkv
 from qkv.errors import QkvError
 from qkv.trace.explain.attribution import attribute
-from qkv.trace.explain.patching import (_feature_mask, editing_projection, patch, patch_sweep, projections,
+from qkv.trace.explain.patching import (feature_mask, editing_projection, patch, patch_sweep, projections,
                                 remove_share, replace_at, source_share)
 from qkv.trace.record.recorder import trace
 
@@ -49,7 +49,7 @@ def test_patching_a_key_or_value_with_its_own_changes_nothing_bit_for_bit(tiny_d
     for layer in (0, 1):
         attention = list(model.attention_layers())[layer]
         own = projections(model, ids, layer, kind)  # (T, F)
-        edit = replace_at(torch.tensor([4]), own[4:5], _feature_mask(attention, None))
+        edit = replace_at(torch.tensor([4]), own[4:5], feature_mask(attention, None))
         with torch.no_grad(), editing_projection(attention, kind, edit):
             patched = model(ids)
         assert torch.equal(patched, plain)
@@ -85,7 +85,7 @@ def test_a_donor_key_gives_transformers_logits_under_the_same_patch(tiny_decoder
     layer, position = 1, 3
     donor = projections(model, donor_ids, layer, "key")[position]  # (F,)
     attention = list(model.attention_layers())[layer]
-    edit = replace_at(torch.tensor([position]), donor[None], _feature_mask(attention, None))
+    edit = replace_at(torch.tensor([position]), donor[None], feature_mask(attention, None))
     with torch.no_grad(), editing_projection(attention, "key", edit):
         patched = model(ids)
     handle = _hf_key_hook(reference, family, layer, position, donor)
@@ -107,7 +107,7 @@ def test_removing_a_source_from_the_keys_moves_each_score_by_its_attributed_term
     before = attribute(model, ids, layer=layer, head=head, query=query)
     attention = list(model.attention_layers())[layer]
     share = source_share(model, ids, layer, source)  # (T, F)
-    with editing_projection(attention, "key", remove_share(share, _feature_mask(attention, None))):
+    with editing_projection(attention, "key", remove_share(share, feature_mask(attention, None))):
         after = trace(model, ids, layer=layer, head=head, query=query).layers[0].scores[0, 0, 0]  # (S,)
     if source == "L0.attn":
         removed = sum(before.pairs[:, :, before.key_sources.index(f"L0.H{h}")].sum(1) for h in range(4))
@@ -124,7 +124,7 @@ def test_a_sweep_is_the_single_patches_and_a_same_prompt_donor_changes_nothing(t
     attention = list(model.attention_layers())[1]
     for position in (3, 5):
         single = patch(model, ids, layer=1, observe=(1, 0, T - 1), edit=replace_at(
-            torch.tensor([position]), donor[position:position + 1], _feature_mask(attention, None)))
+            torch.tensor([position]), donor[position:position + 1], feature_mask(attention, None)))
         assert sweep.rows[1].kl[position] == pytest.approx(single.kl, rel=1e-3, abs=1e-7)
     assert max(sweep.rows[1].kl[:3]) < 1e-9  # before the changed token the donor's keys are the text's
     assert sweep.rows[1].kl[3] > 1e-6
@@ -141,4 +141,4 @@ def test_bad_patches_are_named(tiny_decoder, ids):
     with pytest.raises(QkvError, match="not a source of layer 1"):
         source_share(model, ids, 1, "L1.mlp")
     with pytest.raises(QkvError, match="key/value head 5"):
-        _feature_mask(list(model.attention_layers())[0], [5])
+        feature_mask(list(model.attention_layers())[0], [5])

@@ -12,7 +12,7 @@ import torch
 from qkv.attention import GroupedQueryAttention
 from qkv.attention.caches.kv_cache import StaticKVCache
 from qkv.bench.common import Context, Section
-from qkv.bench.sections.gpt2 import load_qkv, make_gpt2_checkpoint, qkv_generate
+from qkv.bench.gpt2_checkpoint import load_qkv, make_gpt2_checkpoint, qkv_generate
 from qkv.bench.measure.timing import alternate, ratio
 
 

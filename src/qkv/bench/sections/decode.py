@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from qkv.bench.common import Context, Section
-from qkv.bench.sections.gpt2 import hf_generate, load_hf, load_qkv, qkv_generate
+from qkv.bench.gpt2_checkpoint import hf_generate, load_hf, load_qkv, qkv_generate
 from qkv.runtime import DecodeSession
 from qkv.generation import warm_up
 from qkv.models.decoder import CausalDecoder

@@ -13,7 +13,7 @@ import torch
 
 from qkv.util.atomic import atomic_write_with
 from qkv.bench.common import Context, Section
-from qkv.bench.sections.gpt2 import load_qkv
+from qkv.bench.gpt2_checkpoint import load_qkv
 from qkv.generation.decode_loop import DecodeLoop, RowRequest
 from qkv.runtime import DecodeSession
 from qkv.bench.measure.timing import Measurement, alternate

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from qkv.bench.common import Context, Section
-from qkv.bench.sections.gpt2 import load_hf, load_qkv
+from qkv.bench.gpt2_checkpoint import load_hf, load_qkv
 from qkv.bench.measure.timing import alternate, ratio
 
 

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from qkv.bench.common import Context, Section, optional
-from qkv.bench.sections.gpt2 import hf_generate
+from qkv.bench.gpt2_checkpoint import hf_generate
 from qkv.generation import generate, warm_up
 from qkv.models.loader import smollm2_path
 from qkv.runtime.prepare import load_for_generation

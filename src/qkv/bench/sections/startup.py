@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from qkv.bench.common import Context, Section
-from qkv.cli.main import SUBCOMMANDS
+from qkv.names import SUBCOMMANDS
 from qkv.errors import QkvError
 from qkv.bench.measure.timing import Measurement
 

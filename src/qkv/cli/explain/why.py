@@ -213,12 +213,12 @@ def _why(args, loaded, ids, tokens, layer, head, donor_ids, out):
 def _patch(args, loaded, ids, tokens, layer, head, query, key, donor_ids):
     import torch
 
-    from qkv.trace.explain.patching import _feature_mask, patch, projections, remove_share, replace_at, source_share
+    from qkv.trace.explain.patching import feature_mask, patch, projections, remove_share, replace_at, source_share
 
     model = loaded.model
     attention = list(model.attention_layers())[layer]
     kv_head = head // (attention.num_heads // attention.num_kv_heads)
-    features = _feature_mask(attention, [kv_head])
+    features = feature_mask(attention, [kv_head])
     kind = "value" if args.patch_value else "key"
     if donor_ids is not None:
         if key >= donor_ids.shape[1]:

@@ -30,7 +30,8 @@ from torch import Tensor
 from qkv.errors import QkvError
 from qkv.models.gguf import dequantize as gguf_blocks
 from qkv.models.gguf import arch as gguf_arch
-from qkv.models.gguf.checkpoint import _gguf_shape, _rope_heads, _rows_in_hf_order, read_state_dict
+from qkv.models.gguf.layout import gguf_shape, rope_heads, rows_in_hf_order
+from qkv.models.gguf.tensors import read_state_dict
 
 _PROJECTIONS = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight",
                 "gate_proj.weight", "up_proj.weight", "down_proj.weight",
@@ -121,9 +122,9 @@ def read_stored_state(
         target = "lm_head.weight" if tied_head else name
         if name is None or not keep(target):
             continue
-        shape = _gguf_shape(tensor)
-        raw = np.ascontiguousarray(_rows_in_hf_order(np.asarray(tensor.data).view(np.uint8).reshape(shape[0], -1),
-                                                     _rope_heads(name, config, arch)))
+        shape = gguf_shape(tensor)
+        raw = np.ascontiguousarray(rows_in_hf_order(np.asarray(tensor.data).view(np.uint8).reshape(shape[0], -1),
+                                                     rope_heads(name, config, arch)))
         try:
             stored[target] = StoredBlocks(torch.from_numpy(raw.copy()), tensor.tensor_type, shape)  # owned, writable
         except ValueError as error:

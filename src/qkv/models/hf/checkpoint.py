@@ -39,7 +39,7 @@ from qkv.util.empty_init import meta_names, parameters_on_meta
 from qkv.models.gpt2 import GPTConfig, GPTModel
 from qkv.models.llama import LlamaForCausalLM
 from qkv.models.configs.llama import LlamaConfig
-from qkv.models.configs.registry import FAMILIES, Family, family_of
+from qkv.models.registry import FAMILIES, Family, family_of
 from qkv.models.hf.tokenizer_guard import guard
 from qkv.models.hf.untrusted import format_size, inside, read_json_object, require_memory
 

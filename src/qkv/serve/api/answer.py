@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qkv.serve.engine.batching import Alternatives, Finished, PromptScores, Token
-from qkv.serve.http.errors import ApiError
+from qkv.serve.errors import ApiError
 from qkv.serve.api.schemas import CompletionRequest
 from qkv.serve.api.structured import Plan
 from qkv.serve.engine.text import TextStream

@@ -16,6 +16,8 @@ import json
 import math
 from typing import Any
 
+from starlette.requests import ClientDisconnect, Request
+
 from qkv.serve.api.schemas import ApiError
 
 MAX_DEPTH = 64  # arrays and objects inside each other; OpenAI bodies need fewer than 10
@@ -118,3 +120,21 @@ def parse_json(raw: bytes) -> Any:
     if isinstance(value, (str, dict, list)):
         _check_tree(value)
     return value
+
+
+async def read_json_body(request: Request, max_bytes: int) -> Any:
+    """The request's body read under `max_bytes` (declared or streamed) and parsed by `parse_json`;
+    too large -> 413, a client that left mid-body -> 408."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise ApiError(413, f"the request body is over {max_bytes} bytes")
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_bytes:
+                raise ApiError(413, f"the request body is over {max_bytes} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:  # the client left, or its body missed the read deadline
+        raise ApiError(408, "the connection closed before the whole request body arrived") from None
+    return parse_json(b"".join(chunks))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from qkv.serve.http.errors import ApiError
+from qkv.serve.errors import ApiError
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 _KEYS = {

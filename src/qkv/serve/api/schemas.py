@@ -4,7 +4,7 @@ Every field of OpenAI's chat and completions requests is either honoured (the `_
 tables) or refused with a 400 that names it (`param`); so is any field OpenAI does not
 define. A field sent as null counts as not sent (OpenAI's optional fields are nullable),
 and a refused field may carry its default value (`store: false`, `modalities: ["text"]`).
-Problems are `ApiError`s (qkv.serve.http.errors): 422 for a value of the wrong type, 400 for
+Problems are `ApiError`s (qkv.serve.errors): 422 for a value of the wrong type, 400 for
 a value out of range or a field qkv does not do.
 """
 
@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from qkv.serve.http.errors import ERROR_TYPES, ApiError
+from qkv.serve.errors import ERROR_TYPES, ApiError
 
 if TYPE_CHECKING:
     from qkv.serve.api.tools import Tool

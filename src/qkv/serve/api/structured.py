@@ -26,7 +26,7 @@ from typing import Any
 from qkv.errors import QkvError
 from qkv.generation.constraints import Constraint, Grammars, json_schema_grammar, lark_grammar
 from qkv.serve.api import tools as tool_calls
-from qkv.serve.http.errors import ApiError
+from qkv.serve.errors import ApiError
 
 
 def _response_format(value: Any) -> dict[str, Any] | None:

@@ -14,7 +14,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from qkv.serve.http.errors import ApiError
+from qkv.serve.errors import ApiError
 from qkv.serve.engine.prompt_worker import gil_free_encoder
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qkv.generation.constraints import with_layout
-from qkv.serve.http.errors import ApiError
+from qkv.serve.errors import ApiError
 
 HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 FENCED = re.compile(r"\s*```(?:json)?\s*(.*?)\s*```\s*", re.DOTALL)  # a call a model put in a code block

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from qkv.serve.api.schemas import ApiError
+from qkv.serve.errors import ApiError
 
 Result = TypeVar("Result")
 

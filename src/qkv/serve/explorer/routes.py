@@ -16,7 +16,7 @@ between decode steps, so tracing never races the batch.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from starlette.requests import Request
@@ -24,12 +24,12 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 
 from qkv.errors import QkvError
 from qkv.serve.engine.prompt_worker import gil_free_encoder
+from qkv.serve.api.json_body import read_json_body
 from qkv.serve.api.schemas import ApiError
+from qkv.serve.explorer.host import ExplorerHost
 from qkv.serve.explorer.page import PAGE
 from qkv.serve.engine.text import display_tokens
 
-if TYPE_CHECKING:
-    from qkv.serve.http.app import Api
 
 MAX_TRACE_TOKENS = 1024
 MAX_GENERATE = 16
@@ -43,7 +43,7 @@ def _int(body: dict[str, Any], name: str, default: int | None) -> int | None:
 
 
 class Explorer:
-    def __init__(self, api: Api) -> None:
+    def __init__(self, api: ExplorerHost) -> None:
         self.api = api
         self.html = PAGE
 
@@ -53,10 +53,8 @@ class Explorer:
                                                 "script-src 'unsafe-inline'; connect-src 'self'"})
 
     async def trace(self, request: Request) -> Response:
-        from qkv.serve.http.app import _json_body
-
         self.api.check_key(request)
-        body = await _json_body(request, self.api.limits)
+        body = await read_json_body(request, self.api.limits.max_body_bytes)
         if not isinstance(body, dict) or not isinstance(body.get("text"), str) or not body["text"].strip():
             raise ApiError(422, "'text' must be a non-empty string", param="text")
         layer = _int(body, "layer", 0)

@@ -13,18 +13,18 @@ with textContent), so the page itself is left as it is.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from qkv.errors import QkvError
+from qkv.serve.api.json_body import read_json_body
 from qkv.serve.api.schemas import ApiError
+from qkv.serve.explorer.host import ExplorerHost
 from qkv.serve.engine.text import display_tokens
 
-if TYPE_CHECKING:
-    from qkv.serve.http.app import Api
 
 MAX_WHY_TOKENS = 512
 MAX_TOP = 50
@@ -38,14 +38,12 @@ def _int(body: dict[str, Any], name: str, default: int | None) -> int:
 
 
 class ExplorerWhy:
-    def __init__(self, api: Api) -> None:
+    def __init__(self, api: ExplorerHost) -> None:
         self.api = api
 
     async def why(self, request: Request) -> Response:
-        from qkv.serve.http.app import _json_body
-
         self.api.check_key(request)
-        body = await _json_body(request, self.api.limits)
+        body = await read_json_body(request, self.api.limits.max_body_bytes)
         if not isinstance(body, dict) or not isinstance(body.get("text"), str) or not body["text"].strip():
             raise ApiError(422, "'text' must be a non-empty string", param="text")
         layer, head = _int(body, "layer", 0), _int(body, "head", 0)

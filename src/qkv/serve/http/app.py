@@ -14,22 +14,24 @@ import asyncio
 import functools
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from qkv.chat.conversation import ChatTemplate
 from qkv.errors import QkvError
 from qkv.generation.sampling import Sampling
 from qkv.models.hf.tokenizer_guard import TokenizerPanicError
 from qkv.serve.api.answer import Answer, Choice
-from qkv.serve.engine.batching import Engine, EngineFull, Event, Finished, Job, SharedPrompt
+from qkv.serve.engine.batching import EngineFull, Event, Finished, Job, SharedPrompt
+from qkv.serve.explorer.routes import Explorer
+from qkv.serve.explorer.why import ExplorerWhy, with_why
 from qkv.serve.http.front_door import Door, front_door
-from qkv.serve.api.json_body import parse_json
+from qkv.serve.api.json_body import read_json_body
+from qkv.serve.engine.served import Served
 from qkv.serve.http.metrics import Metrics
 from qkv.serve.engine.prompt_worker import PromptWorker, gil_free_encoder
 from qkv.serve.api.schemas import ApiError, CompletionRequest, Limits, parse
@@ -39,37 +41,8 @@ from qkv.serve.api.tokens import TokenTexts
 DISCONNECT_POLL_S = 0.25  # how often a waiting non-streamed request checks that its client is there
 
 
-@dataclass
-class Served:
-    """What the server serves: one model, its tokenizer, chat template and end tokens."""
-
-    name: str
-    model: Any  # CausalDecoder
-    tokenizer: Any  # tokenizers.Tokenizer
-    template: ChatTemplate | None
-    stop_ids: frozenset[int]
-    engine: Engine
-    created: int = field(default_factory=lambda: int(time.time()))
-
-
 def _error(error: ApiError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
-
-
-async def _json_body(request: Request, limits: Limits) -> Any:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
-        raise ApiError(413, f"the request body is over {limits.max_body_bytes} bytes")
-    chunks, size = [], 0
-    try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limits.max_body_bytes:
-                raise ApiError(413, f"the request body is over {limits.max_body_bytes} bytes")
-            chunks.append(chunk)
-    except ClientDisconnect:  # the client left, or its body missed the read deadline
-        raise ApiError(408, "the connection closed before the whole request body arrived") from None
-    return parse_json(b"".join(chunks))
 
 
 class Api:
@@ -186,7 +159,7 @@ class Api:
     async def read_body(self, request: Request) -> Any:
         """The JSON body of an authorised request, bounded in size."""
         self.check_key(request)
-        return await _json_body(request, self.limits)
+        return await read_json_body(request, self.limits.max_body_bytes)
 
     async def _complete(self, request: Request, *, chat: bool) -> Response:
         req = parse(await self.read_body(request), chat=chat, limits=self.limits, vocab_size=self.vocab_size)
@@ -268,8 +241,6 @@ async def _stream(answer: Answer, jobs: list[Job], queue: asyncio.Queue[tuple[in
 
 def build_app(served: Served, *, limits: Limits = Limits(), api_key: str | None = None,
               metrics: Metrics | None = None, start_engine: bool = True, door: Door = Door()) -> Any:
-    from qkv.serve.explorer.routes import Explorer
-    from qkv.serve.explorer.why import ExplorerWhy, with_why
     from qkv.serve.api.tokenize import TokenizerRoutes
 
     metrics = metrics or Metrics()

@@ -12,7 +12,7 @@ import socket
 from pathlib import Path
 
 from qkv.errors import QkvError
-from qkv.serve.http.app import Served
+from qkv.serve.engine.served import Served
 from qkv.serve.http.connections import bind_socket, run_uvicorn
 from qkv.serve.engine.batching import Engine
 from qkv.serve.http.front_door import Door

@@ -47,6 +47,7 @@ from torch import Tensor, nn
 
 from qkv.attention.rope import rotate_half
 from qkv.errors import QkvError
+from qkv.trace.record.views import html_view
 from qkv.trace.record.recorder import LayerTrace, TraceMismatchError, recording
 from qkv.trace.record.residual import (ResidualLayout, SourceRecord, norm_kind, recording_sources,
                                 residual_layout)
@@ -196,9 +197,8 @@ class ScoreAttribution:
         return out
 
     def _repr_html_(self) -> str:
-        from qkv.trace.render.attribution_view import attribution_html
-
-        return attribution_html(self)
+        """Jupyter's view: the split as tables and bars (qkv.trace.render.attribution_view)."""
+        return html_view(self)
 
 
 def _coarse_map(names: list[str]) -> tuple[list[str], Tensor]:
@@ -217,13 +217,13 @@ def _coarse_map(names: list[str]) -> tuple[list[str], Tensor]:
 
 
 @dataclass
-class _Side:
+class SideShares:
     names: list[str]
     rotated: Tensor  # (P, n, D) float64, what meets the other side
     unrotated: Tensor  # (P, n, D) before RoPE
 
 
-def _norm_scales(record: ForwardRecord, layer: int, positions: Tensor) -> tuple[Tensor, Tensor, Tensor | None, bool]:
+def norm_scales(record: ForwardRecord, layer: int, positions: Tensor) -> tuple[Tensor, Tensor, Tensor | None, bool]:
     """(a (P, 1), w (C,), shift (C,) or None, centred): the attention norm at these tokens,
     its scale a_p from the real residual that entered it."""
     norm = record.layout.blocks[layer].attn_norm
@@ -235,13 +235,13 @@ def _norm_scales(record: ForwardRecord, layer: int, positions: Tensor) -> tuple[
     return a, norm.scale.detach().double(), norm.shift.detach().double(), True
 
 
-def _side(record: ForwardRecord, layer: int, matrix: Tensor, bias: Tensor | None, bias_name: str,
-          positions: Tensor, qk_norm: tuple[nn.Module, Tensor] | None) -> _Side:
+def side_shares(record: ForwardRecord, layer: int, matrix: Tensor, bias: Tensor | None, bias_name: str,
+          positions: Tensor, qk_norm: tuple[nn.Module, Tensor] | None) -> SideShares:
     """Every source's share of the queries (or keys) of one head at `positions`.
 
     matrix (C, D): the head's columns of W_q (or W_k) in x @ W form; bias (D,) its bias.
     """
-    a, w, shift, centred = _norm_scales(record, layer, positions)
+    a, w, shift, centred = norm_scales(record, layer, positions)
     m = w[:, None] * matrix.double()  # (C, D): the norm's weight folded into the projection
     if centred:
         m = m - m.mean(0, keepdim=True)  # centring a source then projecting = projecting with centred rows
@@ -283,13 +283,13 @@ def _side(record: ForwardRecord, layer: int, matrix: Tensor, bias: Tensor | None
         unrotated = unrotated * (scale.unsqueeze(-1) * module.weight.detach().double())
     trace = record.traces[layer]
     if trace.cos is None:
-        return _Side(names, unrotated, unrotated)
+        return SideShares(names, unrotated, unrotated)
     cos = trace.cos[positions].double().unsqueeze(1)  # (P, 1, D)
     sin = trace.sin[positions].double().unsqueeze(1)
-    return _Side(names, unrotated * cos + rotate_half(unrotated) * sin, unrotated)
+    return SideShares(names, unrotated * cos + rotate_half(unrotated) * sin, unrotated)
 
 
-def _check(what: str, split: Tensor, real: Tensor, scale: Tensor, where: str) -> None:
+def check_split(what: str, split: Tensor, real: Tensor, scale: Tensor, where: str) -> None:
     """split (float64) must equal real (float32) within TOLERANCE · max(1, scale)."""
     error = (split - real.double()).abs()
     bound = TOLERANCE * torch.as_tensor(scale, dtype=torch.float64).clamp_min(1.0)
@@ -322,7 +322,7 @@ def attribute_recorded(record: ForwardRecord, *, layer: int, head: int, query: i
     if late:
         raise QkvError(f"key position {late[0] + 1} comes after the query ({query + 1}): the causal mask hides it")
     kv_head = head // (h_all // attention.num_kv_heads)
-    (w_q, b_q), (w_k, b_k) = _head_projections(attention, head, kv_head)
+    (w_q, b_q), (w_k, b_k) = head_projections(attention, head, kv_head)
     qpos, kpos = torch.tensor([query]), torch.tensor(keys)
     src = record.sources
     q_norm = (attention.q_norm, src.q_norm_in[layer][qpos, head]) if layer in src.q_norm_in else None
@@ -331,8 +331,8 @@ def attribute_recorded(record: ForwardRecord, *, layer: int, head: int, query: i
     if len(keys) * sources * sources * 8 > MAX_PAIR_BYTES:  # (S, nq, nk) float64
         raise QkvError(f"attributing {len(keys)} keys at layer {layer} needs more than "
                        f"{MAX_PAIR_BYTES // 2**20} MiB; choose fewer keys")
-    q_side = _side(record, layer, w_q, b_q, "q bias", qpos, q_norm)
-    k_side = _side(record, layer, w_k, b_k, "k bias", kpos, k_norm)
+    q_side = side_shares(record, layer, w_q, b_q, "q bias", qpos, q_norm)
+    k_side = side_shares(record, layer, w_k, b_k, "k bias", kpos, k_norm)
     q_vec = q_side.rotated[0]  # (nq, D)
     pairs = torch.einsum("qd,skd->sqk", q_vec, k_side.rotated)  # (S, nq, nk)
 
@@ -341,10 +341,10 @@ def attribute_recorded(record: ForwardRecord, *, layer: int, head: int, query: i
     where = f"layer {layer} head {head} query {query + 1}"
     q_real, k_real = trace.q[0, head, slot].double(), trace.keys[0, head, kpos].double()  # (D,), (S, D)
     size = q_real.norm() * k_real.norm(dim=-1)  # (S,) |q||k|: the size float32 rounding scales with
-    _check("the reconstructed query", q_vec.sum(0), trace.q[0, head, slot], q_real.abs().max(), where)
-    _check("the reconstructed keys", k_side.rotated.sum(1), trace.keys[0, head, kpos],
+    check_split("the reconstructed query", q_vec.sum(0), trace.q[0, head, slot], q_real.abs().max(), where)
+    check_split("the reconstructed keys", k_side.rotated.sum(1), trace.keys[0, head, kpos],
            k_real.abs().amax(-1, keepdim=True), where)
-    _check("the source pairs", pairs.sum((1, 2)), real, size, where)
+    check_split("the source pairs", pairs.sum((1, 2)), real, size, where)
 
     group = attention.query_heads_of(kv_head)
     result = ScoreAttribution(
@@ -364,7 +364,7 @@ def attribute_recorded(record: ForwardRecord, *, layer: int, head: int, query: i
         inv_freq = _inverse_frequencies(record.model, half)
         result.wavelengths = 2 * math.pi / inv_freq
         result.angles = (query - kpos.double()).unsqueeze(1) * inv_freq  # (S, D/2)
-        _check("the RoPE pairs", result.bands.sum(1), real, size, where)
+        check_split("the RoPE pairs", result.bands.sum(1), real, size, where)
     return result
 
 
@@ -376,12 +376,12 @@ def _inverse_frequencies(model: nn.Module, half: int) -> Tensor:
     return inv_freq
 
 
-def _head_projections(attention: nn.Module, head: int, kv_head: int) -> tuple[tuple[Tensor, Tensor | None], ...]:
+def head_projections(attention: nn.Module, head: int, kv_head: int) -> tuple[tuple[Tensor, Tensor | None], ...]:
     """((W_q (C, D), b_q), (W_k (C, D), b_k)) of one query head and its key head, as x @ W + b."""
-    from qkv.trace.record.adapters import _projection_parts
+    from qkv.trace.record.adapters import projection_parts
 
     d = attention.head_dim
-    (wq, bq), (wk, bk), _ = _projection_parts(attention)  # (C, H*D), (C, H_kv*D)
+    (wq, bq), (wk, bk), _ = projection_parts(attention)  # (C, H*D), (C, H_kv*D)
     q_cols, k_cols = slice(head * d, (head + 1) * d), slice(kv_head * d, (kv_head + 1) * d)
     return ((wq[:, q_cols], None if bq is None else bq[q_cols]),
             (wk[:, k_cols], None if bk is None else bk[k_cols]))

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from qkv.errors import QkvError
+from qkv.trace.explain.attribution import norm_scales, record_forward
 from qkv.trace.record.recorder import recording
 from qkv.trace.record.residual import linear_weight, residual_layout
 
@@ -109,7 +110,7 @@ def last_position_only(model: nn.Module) -> Iterator[None]:
         handle.remove()
 
 
-def _feature_mask(attention: nn.Module, kv_heads: Sequence[int] | None) -> Tensor:
+def feature_mask(attention: nn.Module, kv_heads: Sequence[int] | None) -> Tensor:
     """(F,) True on the features of the chosen key/value heads (all when None)."""
     d, h_kv = attention.head_dim, attention.num_kv_heads
     chosen = torch.zeros(h_kv, d, dtype=torch.bool)
@@ -136,15 +137,13 @@ def replace_at(position: Tensor, donor: Tensor, features: Tensor) -> Callable[[T
 def source_share(model: nn.Module, input_ids: Tensor, layer: int, source: str) -> Tensor:
     """(T, F) one source's share of `layer`'s projected keys at every position, with the
     attention norm's real per-token scale (what removing the source from the keys subtracts)."""
-    from qkv.trace.explain.attribution import _norm_scales, record_forward
-
     record = record_forward(model, input_ids, layers=[layer])
     layer = layer % len(record.layout.blocks)
     attention = record.layout.blocks[layer].attention
     w_k = linear_weight(attention.projection_layers()[1]) if isinstance(attention.projection_layers(), tuple) \
         else linear_weight(attention.qkv_proj)[_columns(attention, "key")]  # (F, C)
     positions = torch.arange(record.length)
-    a, w, shift, centred = _norm_scales(record, layer, positions)
+    a, w, shift, centred = norm_scales(record, layer, positions)
     if source == "norm shift" and shift is not None:
         return (shift @ w_k.double().T).expand(record.length, -1)
     if source == "k bias":
@@ -293,7 +292,7 @@ def patch_sweep(model: nn.Module, input_ids: Tensor, *, layers: Sequence[int], k
     rows = []
     for layer in layers:
         attention = _attention(model, layer)
-        features = _feature_mask(attention, kv_heads)
+        features = feature_mask(attention, kv_heads)
         donor = donors[layer] if donors is not None else owns[layer].mean(0, keepdim=True).expand(t, -1)
         kl, drop = [], []
         for start in range(0, t, chunk):

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from qkv.errors import QkvError
-from qkv.trace.explain.attribution import (_check, _head_projections, _side, record_forward)
+from qkv.trace.explain.attribution import (check_split, head_projections, side_shares, record_forward)
 from qkv.trace.explain.keys import key_anatomy
 
 
@@ -91,18 +91,18 @@ def explain_sinks(model: nn.Module, input_ids: Tensor, *, count: int = 5,
         trace = record.traces[layer]
         attention = record.layout.blocks[layer].attention
         kv_head = head // (attention.num_heads // attention.num_kv_heads)
-        (w_q, b_q), (w_k, b_k) = _head_projections(attention, head, kv_head)
+        (w_q, b_q), (w_k, b_k) = head_projections(attention, head, kv_head)
         queries = torch.arange(1, t)  # (P,) every query that sees more than the sink
         key = torch.tensor([0])
         src = record.sources
         q_norm = (attention.q_norm, src.q_norm_in[layer][queries, head]) if layer in src.q_norm_in else None
         k_norm = (attention.k_norm, src.k_norm_in[layer][key, kv_head]) if layer in src.k_norm_in else None
-        q_side = _side(record, layer, w_q, b_q, "q bias", queries, q_norm)  # (P, nq, D)
-        k_side = _side(record, layer, w_k, b_k, "k bias", key, k_norm)  # (1, nk, D)
+        q_side = side_shares(record, layer, w_q, b_q, "q bias", queries, q_norm)  # (P, nq, D)
+        k_side = side_shares(record, layer, w_k, b_k, "k bias", key, k_norm)  # (1, nk, D)
         per_query = torch.einsum("pqd,kd->pqk", q_side.rotated, k_side.rotated[0])  # (P, nq, nk)
         real = trace.scores[0, head, queries, 0]  # (P,)
         size = trace.q[0, head, queries].double().norm(dim=-1) * trace.keys[0, head, 0].double().norm()
-        _check("the sink's source pairs", per_query.sum((1, 2)), real, size, f"layer {layer} head {head}")
+        check_split("the sink's source pairs", per_query.sum((1, 2)), real, size, f"layer {layer} head {head}")
         weights = trace.weights[0, head, queries, 0]
         out.append(SinkAttribution(
             layer=layer, head=head, kv_head=kv_head,

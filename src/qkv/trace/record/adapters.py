@@ -61,7 +61,7 @@ def _linear_parts(layer: nn.Linear) -> tuple[Tensor, Tensor | None]:
     return weight.detach().T, bias
 
 
-def _projection_parts(module: GroupedQueryAttention) -> list[tuple[Tensor, Tensor | None]]:
+def projection_parts(module: GroupedQueryAttention) -> list[tuple[Tensor, Tensor | None]]:
     """(W, b) of the query, key and value projections as x @ W + b: from the three layers,
     or split from the fused one; a quantized layer shows the weights it stands for."""
     layers = module.projection_layers()
@@ -151,7 +151,7 @@ def _grouped_query(module: GroupedQueryAttention, args: tuple, kwargs: dict) -> 
     x = args[0].detach()
     cos, sin = kwargs.get("cos"), kwargs.get("sin")
     mask, is_causal = kwargs.get("mask"), kwargs.get("is_causal", True)
-    (wq, bq), (wk, bk), (wv, bv) = _projection_parts(module)
+    (wq, bq), (wk, bk), (wv, bv) = projection_parts(module)
     b, t, _ = x.shape
     q, k, v_new = module.heads(x)  # (B, H, T, D), (B, H_kv, T, D) x 2: q/k-normed, not rotated
     rope = cos is not None and sin is not None

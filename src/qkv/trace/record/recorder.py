@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from qkv.attention.kernels import fused_attention
 from qkv.attention.softcap import softcapped_attention
 from qkv.errors import QkvError
+from qkv.trace.record.views import html_view
 from qkv.trace.record.adapters import AttentionCall, adapter_for, dropout_p, explain_call, num_heads, supported_types
 
 Selection = int | Sequence[int] | None
@@ -133,9 +134,7 @@ class Trace:
 
     def _repr_html_(self) -> str:
         """Jupyter's view of a trace: weights tables and figures (qkv.trace.render.notebook)."""
-        from qkv.trace.render.notebook import trace_html
-
-        return trace_html(self)
+        return html_view(self)
 
     def layer(self, index: int) -> LayerTrace:
         for layer in self.layers:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from qkv.trace.explain.attribution import ScoreAttribution
 from qkv.trace.explain.patching import PatchOutcome, PatchSweep
 from qkv.trace.explain.sink import SinkAttribution
+from qkv.trace.record.views import register_html_view
 
 WIDTH = 80
 TOKEN = 12  # characters of a token's text shown in a row
@@ -190,3 +191,6 @@ def attribution_html(result: ScoreAttribution, key: int | None = None, top: int 
         f"<h4>By layer (heads summed)</h4><table>{matrix}</table>{bands}"
         f"<p>Query heads sharing kv head {result.kv_head}: {e(group)}.</p></section>"
     )
+
+
+register_html_view(ScoreAttribution, attribution_html)

@@ -17,6 +17,7 @@ import math
 
 from qkv.trace.record.export import token_at
 from qkv.trace.record.recorder import LayerTrace, Trace
+from qkv.trace.record.views import register_html_view
 
 MAX_LAYERS = 3  # layers shown by _repr_html_ (a whole model's trace would be a long page)
 MAX_KEYS = 64  # columns in one table
@@ -82,3 +83,6 @@ def trace_html(trace: Trace, *, layer: int | None = None, head: int | None = Non
 
 
 __all__ = ["trace_html", "weights_table"]
+
+
+register_html_view(Trace, trace_html)

@@ -46,11 +46,11 @@ from qkv.models.hf.gpt2_tokenizer import gpt2_tokenizer
 from qkv.training.data import TokenWindows, read_text, require_windows, split_text
 from qkv.training.distributed import DistContext
 from qkv.training.export import TOKENIZER_NAME, export_model_folder, write_tokenizer
-from qkv.training.loop import TrainResult, model_config
 from qkv.training.book.figure import plot_book_losses
 from qkv.training.metrics import METRICS_NAME, PLOT_NAME, MetricsLog
 from qkv.training.schedule import WarmupCosine
-from qkv.training.settings import TrainSettings
+from qkv.training.result import TrainResult
+from qkv.training.settings import TrainSettings, model_config
 from qkv.training.tokenizer import encode, load_tokenizer
 
 
