@@ -11,7 +11,7 @@ import torch
 from qkv.attention.caches.kv_cache import CacheSpec, StaticKVCache
 from qkv.models.gpt2 import GPTConfig, GPTModel
 from qkv.bench.measure import alternate, alternate_probed, kv_bytes_per_token, measure_read_bandwidth, ratio, roofline_tokens_per_s, token_bytes, weight_bytes_per_token
-from qkv.runtime.linear import quantized as quantize
+from qkv.runtime.linear import quantize
 
 CFG = GPTConfig(vocab_size=101, context_length=32, emb_dim=48, n_heads=4, n_layers=3, drop_rate=0.0, qkv_bias=True)
 

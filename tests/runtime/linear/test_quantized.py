@@ -19,7 +19,7 @@ from qkv.models.gpt2 import GPTConfig, GPTModel
 from qkv.runtime.native import native_kernels
 from qkv.runtime.native.ops import dequantize_blocks, round_activations, unpack_blocks
 from qkv.runtime.linear import Int4Linear, Int8Linear, quantize_blocks, quantize_rows
-from qkv.runtime.linear import quantized as quantize
+from qkv.runtime.linear import quantize
 
 from qkv.runtime.prepare import prepare_for_decoding
 from qkv.eval.perplexity import perplexity

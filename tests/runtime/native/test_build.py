@@ -77,7 +77,7 @@ def test_cache_folder_follows_the_environment(monkeypatch, tmp_path: Path) -> No
 
 def test_the_sources_are_each_under_500_lines_and_all_in_the_build() -> None:
     """kernels.cpp's split: every source and header short, and every .cpp beside them built."""
-    folder = Path(build.__file__).parent
+    folder = build.HERE
     on_disk = {p.name for p in folder.glob("*.cpp")}
     assert on_disk == set(build.SOURCES)
     for name in build.SOURCES + build.HEADERS:
@@ -91,7 +91,7 @@ def test_the_sources_build_without_a_warning(tmp_path: Path) -> None:
     include, lib = build._torch_dirs()
     compiler = build.cxx_compiler()
     assert compiler is not None
-    folder = Path(build.__file__).parent
+    folder = build.HERE
     command = [compiler, *build.flags(), "-isystem", str(include), *(str(folder / n) for n in build.SOURCES),
                "-o", str(tmp_path / "k.so"), f"-L{lib}", "-ltorch_cpu", "-lc10"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)

@@ -67,7 +67,7 @@ def test_a_library_that_fails_its_self_test_is_never_used(tmp_path: Path) -> Non
     import sys
 
     sources = tmp_path / "sources"
-    shutil.copytree(Path(build.__file__).parent, sources, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    shutil.copytree(build.HERE, sources, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
     products = sources / "products.cpp"
     right = "y[m * N + n] = total * scales[n] + (bias ? bias[n] : 0.f);"
     assert products.read_text().count(right) == 1
