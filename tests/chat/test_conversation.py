@@ -9,7 +9,7 @@ import torch
 
 from qkv.runtime import reusable_prefix
 
-from qkv.chat.conversation import ChatModel, ChatSession, ChatTemplate, Sampling
+from qkv.chat.conversation import ChatModel, ChatSession, ChatTemplate, ReplySettings
 from qkv.errors import QkvError
 from qkv.util.long_text import long_text
 
@@ -24,7 +24,7 @@ CONVERSATIONS = [
         {"role": "user", "content": "Times ten, naïvely: 😀"},
     ],
 ]
-GREEDY = Sampling(max_new_tokens=24, temperature=0.0)
+GREEDY = ReplySettings(max_new_tokens=24, temperature=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +104,7 @@ def test_cached_conversation_replies_like_transformers_on_the_whole_text(
 
 @smollm2
 def test_reset_forgets_the_conversation(session: ChatSession) -> None:
-    few = Sampling(max_new_tokens=6, temperature=0.0)
+    few = ReplySettings(max_new_tokens=6, temperature=0.0)
     first = session.reply("Name a colour.", few)
     session.reply("Another one?", few)
     session.reset()
@@ -115,7 +115,7 @@ def test_reset_forgets_the_conversation(session: ChatSession) -> None:
 
 @smollm2
 def test_rewritten_history_is_prefilled_again(session: ChatSession) -> None:
-    few = Sampling(max_new_tokens=4, temperature=0.0)
+    few = ReplySettings(max_new_tokens=4, temperature=0.0)
     session.reply("Say one word.", few)
     session.messages[-1]["content"] = "Edited reply."  # no longer what the cache holds
     session.reply("Thanks.", few)
@@ -127,7 +127,7 @@ def test_rewritten_history_is_prefilled_again(session: ChatSession) -> None:
 
 @smollm2
 def test_stopping_a_reply_early_keeps_it(session: ChatSession) -> None:
-    tokens = session.send("Count from one to ten.", Sampling(max_new_tokens=20, temperature=0.0))
+    tokens = session.send("Count from one to ten.", ReplySettings(max_new_tokens=20, temperature=0.0))
     kept = [next(tokens), next(tokens), next(tokens)]
     tokens.close()
     assert session.messages[-1]["content"] == session.chat.tokenizer.decode(kept, skip_special_tokens=False)
@@ -139,9 +139,9 @@ def test_a_conversation_longer_than_the_context_streams_through_a_sink_cache(cha
     session = ChatSession(chat, max_context=128, system="Be brief.", notice=notices.append)
     try:
         text = long_text()[:900] + "\nWhat is this about?"  # about 230 tokens
-        first = session.reply(text, Sampling(max_new_tokens=8, temperature=0.0))
+        first = session.reply(text, ReplySettings(max_new_tokens=8, temperature=0.0))
         assert session.streaming and len(notices) == 1 and "outgrew the 128-token context" in notices[0]
-        second = session.reply("Say it in one word.", Sampling(max_new_tokens=8, temperature=0.0))
+        second = session.reply("Say it in one word.", ReplySettings(max_new_tokens=8, temperature=0.0))
         assert first and second
         assert len(notices) == 1  # said once
         assert len(session.cached_ids) > 128  # the conversation went on past the context
@@ -160,21 +160,21 @@ def test_a_conversation_longer_than_the_context_streams_through_a_sink_cache(cha
 def test_a_model_without_rope_refuses_a_conversation_longer_than_the_context(tmp_path) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    from qkv.models.gpt2 import GPTModel
+    from qkv.models.gpt2 import GPT2Decoder
     from qkv.models.configs.gpt2 import GPTConfig
 
     vocab = {w: i for i, w in enumerate(["<eos>", "word", "user", "assistant", ":", "Be", "brief."])}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<eos>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     torch.manual_seed(0)
-    model = GPTModel(GPTConfig(vocab_size=len(vocab), context_length=64, emb_dim=16, n_heads=2, n_layers=1))
+    model = GPT2Decoder(GPTConfig(vocab_size=len(vocab), context_length=64, emb_dim=16, n_heads=2, n_layers=1))
     template = ChatTemplate("{% for m in messages %}{{ m.role }}: {{ m.content }} {% endfor %}"
                             "{% if add_generation_prompt %}assistant: {% endif %}")
     session = ChatSession(ChatModel(model.eval(), tokenizer, template, frozenset({0})), max_context=64,
                           system="Be brief.")
     try:
         with pytest.raises(QkvError, match="context holds 64.*/reset"):
-            session.send("word " * 80, Sampling(max_new_tokens=4))
+            session.send("word " * 80, ReplySettings(max_new_tokens=4))
         assert session.messages == [{"role": "system", "content": "Be brief."}]
         assert session.cached_ids == []
     finally:

@@ -14,7 +14,7 @@ import gguf
 import numpy as np
 import pytest
 
-from qkv.chat.conversation import ChatModel, ChatSession, ChatTemplate, Sampling
+from qkv.chat.conversation import ChatModel, ChatSession, ChatTemplate, ReplySettings
 from qkv.cli.main import main
 from qkv.runtime.prepare import prepare_for_decoding
 
@@ -57,7 +57,7 @@ def test_piped_conversation_matches_the_library(smollm2_model, smollm2_checkpoin
     chat = ChatModel(model, tokenizer, template, frozenset({tokenizer.token_to_id(ck.eos_token)}))
     session = ChatSession(chat, max_context=256)
     try:
-        greedy = Sampling(max_new_tokens=12, temperature=0.0)
+        greedy = ReplySettings(max_new_tokens=12, temperature=0.0)
         expected = [session.reply(q, greedy) for q in questions]
     finally:
         session.close()
@@ -79,7 +79,7 @@ def test_generate_defaults_to_smollm2_and_applies_the_chat_template(smollm2_mode
     chat = ChatModel(model, tokenizer, template, frozenset({tokenizer.token_to_id(ck.eos_token)}))
     session = ChatSession(chat, max_context=128)
     try:
-        expected = session.reply(question, Sampling(max_new_tokens=12, temperature=0.0))
+        expected = session.reply(question, ReplySettings(max_new_tokens=12, temperature=0.0))
     finally:
         session.close()
     assert out == expected + "\n"

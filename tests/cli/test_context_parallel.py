@@ -20,7 +20,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import qkv
 from qkv.cli.main import main
-from qkv.models.gpt2 import GPTConfig, GPTModel
+from qkv.models.gpt2 import GPTConfig, GPT2Decoder
 
 VERDICT = Path(__file__).resolve().parents[3] / "shared" / "data" / "the-verdict.txt"
 
@@ -49,7 +49,7 @@ def tiny_gpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tok.train_from_iterator([text], trainers.BpeTrainer(
         vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
     torch.manual_seed(0)
-    model = GPTModel(GPTConfig(vocab_size=tok.get_vocab_size(), context_length=128, emb_dim=32,
+    model = GPT2Decoder(GPTConfig(vocab_size=tok.get_vocab_size(), context_length=128, emb_dim=32,
                                n_heads=4, n_layers=2, drop_rate=0.0))
     folder = tmp_path_factory.mktemp("tiny-gpt")
     qkv.save_pretrained(model, tok, folder)

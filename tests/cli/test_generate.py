@@ -13,7 +13,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 import qkv
 from qkv.cli.generate import text_chunks
 from qkv.cli.main import main
-from qkv.models.gpt2 import GPTConfig, GPTModel
+from qkv.models.gpt2 import GPTConfig, GPT2Decoder
 
 VOCAB = 288
 PROMPT = "naïve café"
@@ -36,7 +36,7 @@ def byte_tokenizer() -> Tokenizer:
 def folder(tmp_path_factory) -> Path:
     """A book GPT with large random weights, saved the way training saves it."""
     torch.manual_seed(0)
-    model = GPTModel(GPTConfig(vocab_size=VOCAB, context_length=48, emb_dim=64, n_heads=4, n_layers=2))
+    model = GPT2Decoder(GPTConfig(vocab_size=VOCAB, context_length=48, emb_dim=64, n_heads=4, n_layers=2))
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(std=0.3)
@@ -78,12 +78,12 @@ def test_default_is_int8_compiled_and_float32_compiled_gives_the_eager_text(fold
     args = ["--model", str(folder), "--prompt", PROMPT, "--max-new-tokens", "12"]
     code, default, err = run(capsys, *args)
     assert code == 0 and default.startswith(PROMPT)
-    assert "one call of qkv's kernels per layer" in err and "(int8, fused layers, " in err and "KV cache, " in err
+    assert "one call of qkv's kernels per layer" in err and "(int8, layer step, " in err and "KV cache, " in err
     _, eager, err = run(capsys, *args, "--dtype", "float32", "--no-compile")
     assert "(float32, eager, " in err and "KV cache, " in err and "qkv's kernels per layer" not in err
     torch._dynamo.reset()
     code, compiled, err = run(capsys, *args, "--dtype", "float32")
-    assert code == 0 and compiled == eager and "(float32, fused layers, " in err
+    assert code == 0 and compiled == eager and "(float32, layer step, " in err
     code, _, err = run(capsys, *args, "--dtype", "bfloat16")
     assert code == 0 and "compiled the decode step in" in err and "(bfloat16, compiled, " in err
     code, four_bits, err = run(capsys, *args, "--dtype", "int4", "--no-compile")

@@ -13,7 +13,7 @@ from qkv.attention.caches.sink_cache import SinkKVCache
 from qkv.book import GPTModel as BookGPT
 from qkv.book import from_qkv, generate_text_simple
 from qkv.generation.past_context import SINKS, plan_past_context
-from qkv.models.gpt2 import GPTConfig, GPTModel
+from qkv.models.gpt2 import GPTConfig, GPT2Decoder
 from qkv.models.llama import LlamaForCausalLM
 from qkv.models.configs.llama import LlamaConfig
 
@@ -29,8 +29,8 @@ def spread(model, seed: int = 0):
     return model.eval()
 
 
-def gpt() -> GPTModel:
-    return spread(GPTModel(GPTConfig(vocab_size=VOCAB, context_length=CONTEXT, emb_dim=32, n_heads=4, n_layers=2, drop_rate=0.0)))
+def gpt() -> GPT2Decoder:
+    return spread(GPT2Decoder(GPTConfig(vocab_size=VOCAB, context_length=CONTEXT, emb_dim=32, n_heads=4, n_layers=2, drop_rate=0.0)))
 
 
 def llama() -> LlamaForCausalLM:

@@ -29,7 +29,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import qkv
 from qkv.models.gguf.layout import permute_rows
-from qkv.models.gpt2 import GPTConfig, GPTModel
+from qkv.models.gpt2 import GPTConfig, GPT2Decoder
 from qkv.models.llama import LlamaForCausalLM
 from qkv.models.configs.llama import LlamaConfig
 
@@ -55,7 +55,7 @@ def tokenizer(vocab: int = VOCAB) -> Tokenizer:
 
 def gpt_folder(path: Path, vocab: int = VOCAB) -> Path:
     torch.manual_seed(0)
-    model = GPTModel(GPTConfig(vocab_size=vocab, context_length=32, emb_dim=32, n_heads=4, n_layers=2))
+    model = GPT2Decoder(GPTConfig(vocab_size=vocab, context_length=32, emb_dim=32, n_heads=4, n_layers=2))
     qkv.save_pretrained(model.eval(), tokenizer(), path)
     return path
 

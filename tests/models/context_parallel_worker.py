@@ -18,14 +18,14 @@ import torch
 import torch.distributed as dist
 
 from qkv.models.context_parallel import ContextParallel, sharded_forward
-from qkv.models.gpt2 import GPTConfig, GPTModel
+from qkv.models.gpt2 import GPTConfig, GPT2Decoder
 from qkv.models.llama import LlamaForCausalLM
 from qkv.models.configs.llama import LlamaConfig
 
 
 def tiny_models() -> dict[str, torch.nn.Module]:
     torch.manual_seed(0)
-    gpt = GPTModel(GPTConfig(vocab_size=97, context_length=64, emb_dim=32, n_heads=4, n_layers=2, drop_rate=0.0))
+    gpt = GPT2Decoder(GPTConfig(vocab_size=97, context_length=64, emb_dim=32, n_heads=4, n_layers=2, drop_rate=0.0))
     torch.manual_seed(0)
     llama = LlamaForCausalLM(LlamaConfig(
         vocab_size=97, hidden_size=36, intermediate_size=48, num_hidden_layers=2,

@@ -11,7 +11,7 @@ import pytest
 
 from qkv.errors import QkvError
 from qkv.models.key_maps import hf as hf_keys
-from qkv.models.gpt2 import GPTConfig, GPTModel
+from qkv.models.gpt2 import GPTConfig, GPT2Decoder
 from qkv.models.llama import LlamaForCausalLM
 from qkv.models.configs.llama import LlamaConfig
 from qkv.models.configs.qwen import Qwen2Config, Qwen3Config
@@ -35,7 +35,7 @@ def test_llama_shapes_from_the_config_are_the_models_own(cfg: LlamaConfig) -> No
 @pytest.mark.parametrize("tied", [True, False])
 def test_gpt2_key_maps_from_the_config_cover_the_model(tied: bool) -> None:
     cfg = GPTConfig(vocab_size=11, context_length=5, emb_dim=8, n_heads=2, n_layers=2, qkv_bias=True)
-    model = GPTModel(cfg)
+    model = GPT2Decoder(cfg)
     if tied:
         model.tie_weights()
     hf = hf_keys.gpt2_to_hf(model)

@@ -8,7 +8,7 @@ import torch
 
 from qkv.generation import generate
 from qkv.runtime import DecodeSession
-from qkv.models.gpt2 import GPTConfig, GPTModel
+from qkv.models.gpt2 import GPTConfig, GPT2Decoder
 from qkv.models.llama import LlamaForCausalLM
 from qkv.models.configs.llama import LlamaConfig
 from qkv.runtime.compile import compile_decoder
@@ -21,7 +21,7 @@ def _pair(make=None) -> tuple[torch.nn.Module, torch.nn.Module]:
     torch.manual_seed(0)
     if make is None:
         cfg = GPTConfig(vocab_size=61, context_length=48, emb_dim=32, n_heads=4, n_layers=2, drop_rate=0.0)
-        make = lambda: GPTModel(cfg)  # noqa: E731
+        make = lambda: GPT2Decoder(cfg)  # noqa: E731
     a, b = make().eval(), make().eval()
     b.load_state_dict(a.state_dict())
     return a, b
@@ -82,14 +82,14 @@ def test_bad_input_still_raises_on_a_compiled_model() -> None:
 def test_inductor_compiled_tokens_equal_eager_tokens(precision: str) -> None:
     """The real compiler (Inductor, C++): the same greedy tokens as the same model eager,
     for a grouped-query Llama, in float32 and with int8 weights (the layers compiled as
-    modules, as for cache kinds qkv's fused layers do not take)."""
+    modules, as for cache kinds qkv's layer step do not take)."""
     cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     model, reference = _pair(lambda: LlamaForCausalLM(cfg))
     eager = prepare_for_decoding(reference, precision=precision, compile=False)
     prepare_for_decoding(model, precision=precision, compile=False)
     report = compile_decoder(model)
-    assert eager.compile is None and setup_of(model).fused is None
+    assert eager.compile is None and setup_of(model).layer_step is None
     if not report.compiled:
         pytest.fail(f"Inductor does not work on this machine: {report.reason}")
     prompt = torch.tensor([[3, 14, 15, 92, 65, 35]])
@@ -124,7 +124,7 @@ def test_inductor_fuses_the_quantized_cache_and_gives_the_eager_tokens() -> None
     """Inductor compiles the int4 cache's decode step (the cache's write in the graph, its
     attention one call of qkv's quantized kernel): the same greedy tokens as eager, past
     several quantized groups.
-    The model prepared with compile=True has qkv's fused layers, which hand this cache kind
+    The model prepared with compile=True has qkv's layer step, which hand this cache kind
     to Inductor's regions when the first session opens."""
     from qkv.generation.cache_kinds import cache_kind
 
@@ -138,7 +138,7 @@ def test_inductor_fuses_the_quantized_cache_and_gives_the_eager_tokens() -> None
     kind = cache_kind("int4", residual=8, group_size=8, sinks=2)
     prompt = torch.tensor([[3, 14, 15, 92, 65, 35]])
     assert torch.equal(generate(model, prompt, 48, kv_cache=kind), generate(reference, prompt, 48, kv_cache=kind))
-    assert setup.fused is not None and setup.fused.fallback.compiled
+    assert setup.layer_step is not None and setup.layer_step.fallback.compiled
 
 
 def test_a_working_inductor_is_probed_once_per_machine(tmp_path, monkeypatch) -> None:

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from qkv.models.gpt2 import GPTModel
+from qkv.models.gpt2 import GPT2Decoder
 from qkv.models.configs.gpt2 import GPTConfig
 from qkv.runtime.huge_pages import SMALLEST, huge_ones, huge_pages_supported, place_on_huge_pages
 
@@ -31,7 +31,7 @@ def _advised_ranges() -> list[tuple[int, int]]:
 
 def test_large_tensors_move_to_advised_memory_and_keep_their_numbers() -> None:
     torch.manual_seed(0)
-    model = GPTModel(GPTConfig(vocab_size=4096, context_length=32, emb_dim=128, n_heads=4, n_layers=2,
+    model = GPT2Decoder(GPTConfig(vocab_size=4096, context_length=32, emb_dim=128, n_heads=4, n_layers=2,
                                drop_rate=0.0)).eval()
     model.tie_weights()
     ids = torch.tensor([[1, 2, 3, 4]])
@@ -53,7 +53,7 @@ def test_large_tensors_move_to_advised_memory_and_keep_their_numbers() -> None:
 
 def test_an_embedding_table_read_a_row_at_a_time_stays() -> None:
     torch.manual_seed(0)
-    model = GPTModel(GPTConfig(vocab_size=4096, context_length=32, emb_dim=128, n_heads=4, n_layers=1,
+    model = GPT2Decoder(GPTConfig(vocab_size=4096, context_length=32, emb_dim=128, n_heads=4, n_layers=1,
                                drop_rate=0.0)).eval()  # untied: the head has its own weight
     table = model.tok_emb.weight.data_ptr()
     place_on_huge_pages(model)

@@ -1,4 +1,4 @@
-"""Every family's layers on qkv's native whole-layer kernel (`qkv.runtime.native_layers`), its
+"""Every family's layers on qkv's native whole-layer kernel (`qkv.runtime.layer_step`), its
 sliding-window layers on their rings, against the same model decoding through its PyTorch
 modules: Gemma 2 (soft-caps, score scale, post-norms, GeGLU, windows), Gemma 3 (local and
 global layers with their own RoPE bases, linear scaling on the global ones, q/k norms with
@@ -73,7 +73,7 @@ def _pair(name: str, precision: str) -> tuple[torch.nn.Module, torch.nn.Module]:
     modules = copy.deepcopy(native)
     setup = prepare_for_decoding(native, precision=precision, compile=True, inductor=False)
     prepare_for_decoding(modules, precision=precision, compile=False)
-    assert setup.fused is not None, f"{name}: the native layers declined this model"
+    assert setup.layer_step is not None, f"{name}: the native layers declined this model"
     return native, modules
 
 
@@ -107,7 +107,7 @@ def test_native_decode_gives_the_module_logits_past_the_window(name: str, precis
     lengths = [PROMPT, PROMPT - 1]  # ragged rows: each at its own position
     want = _decode(modules, "modules", prompts, lengths, tokens)
     have = _decode(native, "native", prompts, lengths, tokens)
-    assert setup_of(native).fused is not None and setup_of(modules).fused is None
+    assert setup_of(native).layer_step is not None and setup_of(modules).layer_step is None
     torch.testing.assert_close(have, want, rtol=0, atol=_tolerance(precision, want))
 
 
@@ -238,7 +238,7 @@ def test_the_real_gemma3_270m_decodes_natively_across_its_window_as_its_modules_
     from qkv.runtime import load_for_generation
 
     model, _, setup = load_for_generation(path, precision="int8")
-    assert setup.fused is not None
+    assert setup.layer_step is not None
     g = torch.Generator().manual_seed(0)
     prompt, tokens = torch.randint(0, 262144, (1, 505), generator=g), torch.randint(0, 262144, (1, 12), generator=g)
     runs = []

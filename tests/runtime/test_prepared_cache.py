@@ -59,12 +59,12 @@ def test_the_second_load_assigns_the_first_ones_weights(cache: Path, source: Pat
     first, _, setup = load_for_generation(source, precision=precision)
     assert not setup.from_cache and len(list(cache.glob("*.safetensors"))) == 1
     second, _, again = load_for_generation(source, precision=precision)
-    assert again.from_cache and again.precision == precision and again.fused is not None
+    assert again.from_cache and again.precision == precision and again.layer_step is not None
     assert torch.equal(_logits(first), _logits(second))
     reference, _, _ = load_for_generation(source, precision=precision, compile=False)  # also from the cache
     state, kept = first.state_dict(), second.state_dict()
     assert state.keys() == kept.keys() and all(torch.equal(state[k], kept[k]) for k in state)
-    assert setup_of(reference).fused is None
+    assert setup_of(reference).layer_step is None
 
 
 def _change_weights(source: Path, step: int) -> None:

@@ -40,7 +40,7 @@ def _as_block_layers_compute(reference: torch.nn.Module) -> torch.nn.Module:
 def _close(have: torch.Tensor, want: torch.Tensor) -> bool:
     # where activations are rounded, a float-rounding difference upstream (another summation order,
     # a compiled norm) can move one activation by a step, 1/127 of its block's largest: the int4
-    # tests' bound (tests/runtime/test_native_layers.py). Without rounding the two agree to 1e-4.
+    # tests' bound (tests/runtime/test_layer_step.py). Without rounding the two agree to 1e-4.
     scale = 2e-2 if layers_round_activations() else 1e-4
     return torch.allclose(have, want, rtol=0, atol=scale * (1 + float(want.abs().max())))
 
@@ -81,7 +81,7 @@ def test_auto_keeps_the_files_blocks_and_gives_the_dequantized_logits(tmp_path: 
 def test_the_native_layer_multiplies_the_blocks_as_the_block_layers_do(tmp_path: Path) -> None:
     path = write_block_gguf(tmp_path / "mix.gguf", embedding=Q.Q8_0)
     loaded, setup = load_prepared_model(path, precision="blocks", compile=True)
-    assert setup.fused is not None  # every layer (three block types stacked in q/k/v) runs as one native call
+    assert setup.layer_step is not None  # every layer (three block types stacked in q/k/v) runs as one native call
     with DecodeSession(loaded.model, batch_size=1, capacity=32, step="native") as session:
         assert session.runs_native
     native = _steps(loaded.model, step="native")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from qkv.errors import QkvError
-from qkv.models.gpt2 import GPTConfig, GPTModel
+from qkv.models.gpt2 import GPTConfig, GPT2Decoder
 from qkv.util.atomic import atomic_write_with
 from qkv.training.checkpoint import TrainingState, load_checkpoint, restore_modules, save_checkpoint
 from qkv.training.loop import _adamw
@@ -21,7 +21,7 @@ CFG = GPTConfig(vocab_size=50, context_length=8, emb_dim=16, n_heads=2, n_layers
 
 def parts(seed: int):
     torch.manual_seed(seed)
-    model = GPTModel(CFG)
+    model = GPT2Decoder(CFG)
     settings = TrainSettings(data="d", out="o", max_steps=10, epochs=None, weight_decay=0.1)
     optimizer = _adamw(model, settings)
     scheduler = warmup_cosine(optimizer, warmup_steps=2, total_steps=10, min_ratio=0.1)

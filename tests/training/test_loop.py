@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
 from qkv.models.loader import load_pretrained
-from qkv.models.gpt2 import GPTConfig, GPTModel
+from qkv.models.gpt2 import GPTConfig, GPT2Decoder
 from qkv.training import TrainSettings, train
 from qkv.training.checkpoint import load_checkpoint
 from qkv.training.tokenizer import train_bpe
@@ -34,9 +34,9 @@ def losses(out: Path) -> list[tuple[int, int, float, float]]:
     return [(r["step"], r["tokens_seen"], r["train_loss"], r["val_loss"]) for r in rows]
 
 
-def trained_model(out: Path) -> GPTModel:
+def trained_model(out: Path) -> GPT2Decoder:
     checkpoint = load_checkpoint(out / "checkpoint.safetensors")
-    model = GPTModel(GPTConfig(**checkpoint.state.model_config))
+    model = GPT2Decoder(GPTConfig(**checkpoint.state.model_config))
     model.load_state_dict(checkpoint.model)
     return model.eval()
 

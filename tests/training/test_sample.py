@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from qkv.models.gpt2 import GPTConfig, GPTModel
+from qkv.models.gpt2 import GPTConfig, GPT2Decoder
 from qkv.training.sample import greedy_continuation
 from qkv.training.tokenizer import train_bpe
 
@@ -13,7 +13,7 @@ from qkv.training.tokenizer import train_bpe
 def test_sample_is_the_argmax_loop_and_keeps_the_rng(verdict_text: str) -> None:
     tokenizer = train_bpe(verdict_text[:5000], 300)
     torch.manual_seed(0)
-    model = GPTModel(GPTConfig(vocab_size=300, context_length=24, emb_dim=32, n_heads=4, n_layers=2))
+    model = GPT2Decoder(GPTConfig(vocab_size=300, context_length=24, emb_dim=32, n_heads=4, n_layers=2))
     prompt = "Every effort moves you"
     ids = tokenizer.encode(prompt).ids
     tokens = torch.tensor([ids])

@@ -45,3 +45,15 @@ def test_an_old_submodule_of_an_old_package_imports_by_its_dotted_path() -> None
 def test_a_path_that_never_existed_is_still_an_import_error() -> None:
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("qkv.perf.no_such_module")
+
+
+def test_renamed_classes_of_modules_that_stayed_warn_and_give_the_new_class() -> None:
+    import qkv.chat
+    import qkv.models.gpt2
+    from qkv.chat.conversation import ReplySettings
+    from qkv.models.gpt2 import GPT2Decoder
+
+    with pytest.warns(DeprecationWarning, match="GPT2Decoder"):
+        assert qkv.models.gpt2.GPTModel is GPT2Decoder
+    with pytest.warns(DeprecationWarning, match="ReplySettings"):
+        assert qkv.chat.Sampling is ReplySettings

@@ -12,7 +12,7 @@ LayerNorm and GELU compute the book's formulas as written, not torch's fused ker
 so their floating-point results are the book's too.
 
 `to_qkv(model)` / `from_qkv(model)` convert to and from qkv's fast GPT
-(qkv.models.gpt2.GPTModel, whose attention is the shared GroupedQueryAttention with a KV
+(qkv.models.gpt2.GPT2Decoder, whose attention is the shared GroupedQueryAttention with a KV
 cache) without changing a number; `qkv.save_pretrained(to_qkv(model), gpt2_tokenizer(),
 folder)` writes a Hugging Face GPT-2 folder.
 
@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from qkv.book.attention import MultiHeadAttention
 from qkv.models.key_maps import book as book_keys
-from qkv.models.gpt2 import GPTModel as FastGPT
+from qkv.models.gpt2 import GPT2Decoder as FastGPT
 from qkv.models.configs.gpt2 import GPTConfig
 
 BOOK_KEYS = ("vocab_size", "context_length", "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias")

@@ -6,7 +6,7 @@ from typing import Any
 
 # `from qkv.chat import ChatSession` reads as it did when chat was one module; the conversation
 # module (and torch) are imported on first use, so the template child process stays light.
-_CONVERSATION = ("ChatModel", "ChatSession", "ChatTemplate", "Sampling", "chat_model_from", "load_chat_model", "streaming_kind")
+_CONVERSATION = ("ChatModel", "ChatSession", "ChatTemplate", "ReplySettings", "chat_model_from", "load_chat_model", "streaming_kind")
 
 
 def __getattr__(name: str) -> Any:
@@ -14,4 +14,12 @@ def __getattr__(name: str) -> Any:
         from qkv.chat import conversation
 
         return getattr(conversation, name)
+    if name == "Sampling":  # its name in 0.1, for one release
+        import warnings
+
+        from qkv.chat import conversation
+
+        warnings.warn("qkv.chat.Sampling is now qkv.chat.ReplySettings; the old name goes in the next release",
+                      DeprecationWarning, stacklevel=2)
+        return conversation.ReplySettings
     raise AttributeError(f"module 'qkv.chat' has no attribute {name!r}")

@@ -32,7 +32,7 @@ import torch
 from qkv.attention.caches.kv_cache import CacheKind, StaticKVCache
 from qkv.attention.caches.sink_cache import SinkKVCache
 from qkv.errors import QkvError
-from qkv.generation import Sampling as Choice, continue_from
+from qkv.generation import Sampling, continue_from
 from qkv.runtime import DecodeSession, cache_capacity, reusable_prefix
 from qkv.runtime.session import common_prefix
 from qkv.models.decoder import CausalDecoder
@@ -138,7 +138,7 @@ def chat_model_from(loaded: LoadedModel) -> ChatModel:
 
 
 @dataclass(frozen=True)
-class Sampling:
+class ReplySettings:
     max_new_tokens: int = 256
     temperature: float = 0.0
     top_k: int | None = None
@@ -172,7 +172,7 @@ class ChatSession:
         self.streaming = False
         self.system = system
         self.capacity = min(max_context or chat.model.context_length, chat.model.context_length)
-        self.generator = Choice(seed=seed).generator()
+        self.generator = Sampling(seed=seed).generator()
         self.session: DecodeSession | None = None
         self.messages: list[Message] = []
         self.cached_ids: list[int] = []  # tokens whose keys/values are in the cache, in order
@@ -248,12 +248,12 @@ class ChatSession:
                         f"{STREAM_SINKS} tokens and a window of the most recent ones (a sink cache); "
                         "older turns fall out of view, /reset starts over")
 
-    def send(self, text: str, sampling: Sampling = Sampling()) -> Iterator[int]:
+    def send(self, text: str, sampling: ReplySettings = ReplySettings()) -> Iterator[int]:
         """Add the user's message, prefill its new tokens now, and return an iterator over
         the reply's token ids (made as it is consumed)."""
         if sampling.max_new_tokens < 1:
             raise QkvError(f"max_new_tokens must be at least 1, got {sampling.max_new_tokens}")
-        choice = Choice(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
+        choice = Sampling(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
         messages = [*self.messages, {"role": "user", "content": text}]
         rendered = self.chat.template.render(messages, add_generation_prompt=True)
         new_ids = self._new_ids(rendered)
@@ -282,8 +282,8 @@ class ChatSession:
         self.last_prefill = len(new_ids)
         return self._reply(session, logits, sampling, choice)
 
-    def _reply(self, session: DecodeSession, logits: torch.Tensor, sampling: Sampling,
-               choice: Choice) -> Iterator[int]:
+    def _reply(self, session: DecodeSession, logits: torch.Tensor, sampling: ReplySettings,
+               choice: Sampling) -> Iterator[int]:
         reply: list[int] = []
         steps = continue_from(session, logits, sampling.max_new_tokens, sampling=choice,
                               stop=tuple(self.chat.stop_ids), generator=self.generator)
@@ -301,7 +301,7 @@ class ChatSession:
             content = self.chat.tokenizer.decode(reply, skip_special_tokens=False)
             self.messages.append({"role": "assistant", "content": content})
 
-    def reply(self, text: str, sampling: Sampling = Sampling()) -> str:
+    def reply(self, text: str, sampling: ReplySettings = ReplySettings()) -> str:
         """The whole reply to `text` as a string."""
         ids = list(self.send(text, sampling))
         return self.chat.tokenizer.decode(ids, skip_special_tokens=False)

@@ -78,7 +78,7 @@ def _messages(interactive: bool):
 
 
 def run(args: argparse.Namespace) -> int:
-    from qkv.chat.conversation import ChatSession, Sampling, chat_model_from
+    from qkv.chat.conversation import ChatSession, ReplySettings, chat_model_from
 
     from qkv.attention.caches.kv_cache import StaticKVCache
     from qkv.cli.perplexity import kv_cache_kind
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     session = ChatSession(chat, system=args.system, max_context=args.max_context, seed=args.seed,
                           notice=lambda line: print(f"qkv chat: {line}", file=sys.stderr),
                           kind=kind or StaticKVCache)
-    sampling = Sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
+    sampling = ReplySettings(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
     emit = utf8_writer()
     if interactive:
         print(f"qkv chat with {args.model}, {threads} thread{'s' if threads != 1 else ''} ({COMMANDS})",

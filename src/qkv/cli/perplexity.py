@@ -50,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         f"tokens, default {LLAMA_CPP_CONTEXT} or the model's context if shorter, BOS first "
                         "in each, the second half of each scored; no --stride), so the two numbers "
                         "compare (default: %(default)s)")
-    parser.add_argument("--dtype", choices=(*PRECISIONS, BLOCKS), default="float32",
+    parser.add_argument("--dtype", dest="precision", choices=(*PRECISIONS, BLOCKS), default="float32",
                         help="the weights to score, prepared as `qkv generate` prepares them: "
                         "float32 (exact), bfloat16, int8, int4 or blocks (a GGUF file's own block "
                         "types, as stored) (default: %(default)s); compare them to see what a "
@@ -141,7 +141,7 @@ def _score(args: argparse.Namespace, cp: ContextParallel | None) -> int:
     if args.context_length is not None:  # bad sizes are reported before loading
         early_stride = args.stride if args.stride is not None else max(1, args.context_length // 2)
         list(windows(2, args.context_length, early_stride))
-    model, tokenizer, _ = load_for_generation(args.model, precision=args.dtype, compile=False, max_memory=args.max_memory)
+    model, tokenizer, _ = load_for_generation(args.model, precision=args.precision, compile=False, max_memory=args.max_memory)
     context_length = args.context_length or min(model.context_length, DEFAULT_CONTEXT_CAP)
     stride = args.stride if args.stride is not None else max(1, context_length // 2)
     list(windows(2, context_length, stride))
@@ -157,7 +157,7 @@ def _score(args: argparse.Namespace, cp: ContextParallel | None) -> int:
     print(
         f"perplexity {result.perplexity:.3f} (mean NLL {result.nll:.4f} nats) on {result.tokens} tokens "
         f"of {args.data}, {result.windows} windows of {context_length} tokens, stride {stride}, "
-        f"{args.dtype}, {threads} thread{'s' if threads != 1 else ''}{parallel}"
+        f"{args.precision}, {threads} thread{'s' if threads != 1 else ''}{parallel}"
     )
     return 0
 
@@ -171,7 +171,7 @@ def _score_cached(args: argparse.Namespace, kind: CacheKind, text: str, threads:
 
     if args.chunk < 1:
         raise QkvError(f"--chunk must be at least 1, got {args.chunk}")
-    model, tokenizer, _ = load_for_generation(args.model, precision=args.dtype, compile=False, max_memory=args.max_memory)
+    model, tokenizer, _ = load_for_generation(args.model, precision=args.precision, compile=False, max_memory=args.max_memory)
     ids = torch.tensor(tokenizer.encode(text).ids)  # (N,)
     if ids.numel() < 2:
         raise QkvError(f"{args.data} has fewer than 2 tokens to score")
@@ -185,7 +185,7 @@ def _score_cached(args: argparse.Namespace, kind: CacheKind, text: str, threads:
     print(
         f"perplexity {result.perplexity:.3f} (mean NLL {result.nll:.4f} nats) on {result.tokens} tokens "
         f"of {args.data} through a {args.kv_cache} KV cache ({result.cache_nbytes / 2**20:.2f} MiB), "
-        f"chunks of {args.chunk}, {args.dtype}, {threads} thread{'s' if threads != 1 else ''}"
+        f"chunks of {args.chunk}, {args.precision}, {threads} thread{'s' if threads != 1 else ''}"
     )
     return 0
 
@@ -206,7 +206,7 @@ def _score_llama_cpp(args: argparse.Namespace, kind: CacheKind | None, cp: Conte
     if args.context_length is not None:
         check_chunk_length(args.context_length)  # bad sizes are reported before loading
     text = llama_cpp_text(_read_text(Path(args.data)))
-    model, tokenizer, _ = load_for_generation(args.model, precision=args.dtype, compile=False, max_memory=args.max_memory)
+    model, tokenizer, _ = load_for_generation(args.model, precision=args.precision, compile=False, max_memory=args.max_memory)
     context_length = args.context_length or min(LLAMA_CPP_CONTEXT, model.context_length)
     ids = torch.tensor(tokenizer.encode(text).ids)  # (N,)
     chunks = chunk_count(ids.numel(), context_length)
@@ -217,7 +217,7 @@ def _score_llama_cpp(args: argparse.Namespace, kind: CacheKind | None, cp: Conte
     print(
         f"perplexity {result.perplexity:.4f} (mean NLL {result.nll:.4f} nats) on {result.tokens} tokens "
         f"of {args.data} ({ids.numel()} in all), llama-perplexity's scheme: {result.windows} chunks of "
-        f"{context_length} tokens, the second half of each scored, {args.dtype}, "
+        f"{context_length} tokens, the second half of each scored, {args.precision}, "
         f"{threads} thread{'s' if threads != 1 else ''}"
     )
     return 0

@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         # Without --threads the count follows the idle cores for the server's whole life.
         follow = FollowIdleCores() if args.threads is None else None
-        served = load_served(args.model, precision=args.dtype, max_batch=args.max_batch, capacity=args.context,
+        served = load_served(args.model, precision=args.precision, max_batch=args.max_batch, capacity=args.context,
                              max_waiting=args.max_waiting, threads=follow, prefix_reuse=args.prefix_reuse)
         app = build_app(served, limits=Limits(max_tokens=args.max_tokens), api_key=args.api_key,
                         door=door)

@@ -18,9 +18,9 @@ if TYPE_CHECKING:
 
 def add_precision_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--dtype", choices=CHOICES, default=DEFAULT_PRECISION,
+        "--dtype", dest="precision", choices=CHOICES, default=DEFAULT_PRECISION,
         help="weights for decoding: float32 (exact: the checkpoint's numbers), bfloat16, int8 "
-        "(weight-only, one scale per row), int4 (weight-only, blocks of 32) or blocks (a GGUF "
+        "(weight-only, one scale per row), int4 (weight-only, groups of 32) or blocks (a GGUF "
         "file's own block types, Q4_K, Q6_K, Q5_0, Q8_0..., multiplied as stored). The default, "
         f"{DEFAULT_PRECISION}, is int4 for a checkpoint already stored in 4-bit blocks (a Q4_0/Q4_1 "
         "GGUF such as SmolLM2's), blocks for a GGUF file in other block types (a Q4_K_M file) and "
@@ -48,7 +48,7 @@ def load_for_speed(args: argparse.Namespace, *, chat: bool = False) -> tuple[Loa
     cache when it holds it (qkv.runtime.prepared_cache). Nothing is compiled yet."""
     from qkv.runtime.prepare import load_prepared_model
 
-    return load_prepared_model(args.model, precision=args.dtype, compile=not args.no_compile,
+    return load_prepared_model(args.model, precision=args.precision, compile=not args.no_compile,
                                max_memory=args.max_memory, chat=chat)
 
 
@@ -71,8 +71,8 @@ def announce_speed(model: CausalDecoder, setup: DecodeSetup, kind: CacheKind | N
               file=sys.stderr, flush=True)
     elif setup.compiled:
         seconds = warm_up(model) if kind is None else warm_up(model, kind=kind)
-        fallback = setup.fused.fallback if setup.fused is not None else None
-        if setup.fused is not None and fallback is None:
+        fallback = setup.layer_step.fallback if setup.layer_step is not None else None
+        if setup.layer_step is not None and fallback is None:
             print(f"decode steps run as one call of qkv's kernels per layer (ready in {seconds:.1f} s)",
                   file=sys.stderr, flush=True)
         elif isinstance(fallback, CompileReport) and not fallback.compiled:

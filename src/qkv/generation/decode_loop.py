@@ -65,7 +65,7 @@ class RowRequest:
 
 
 @dataclass(frozen=True)
-class Choice:
+class StepToken:
     """A row's token at one step. `end`: None while the row goes on, else why it ended
     ('stop': a stop token or a complete grammar; 'length': its budget; 'error': its
     grammar failed, `message` says how, and `token` is -1). `stop_token`: the token is one
@@ -97,7 +97,7 @@ class _Row:
     counts: Tensor | None = None  # (V,) generated tokens, for the penalties
 
 
-def choose_next(row: int, state: _Row) -> Choice:
+def choose_next(row: int, state: _Row) -> StepToken:
     """The one stop rule (module docstring): row `row`'s next token from its logits."""
     request, logits = state.request, state.logits
     assert logits is not None
@@ -110,22 +110,22 @@ def choose_next(row: int, state: _Row) -> Choice:
         if request.constraint is not None and token not in request.stop_ids:
             request.constraint.accept(token)
     except QkvError as error:  # this row's grammar failed: the other rows go on
-        return Choice(row, -1, end="error", message=str(error))
+        return StepToken(row, -1, end="error", message=str(error))
     logprob, top = None, ()
     if request.logprobs is not None:
         picked, alternatives = scored(torch.log_softmax(logits.float(), dim=-1),
                                       torch.tensor([token], device=logits.device), request.logprobs)
         logprob, top = picked[0], alternatives[0]
     if token in request.stop_ids:
-        return Choice(row, token, logprob, top, end="stop", stop_token=True)
+        return StepToken(row, token, logprob, top, end="stop", stop_token=True)
     state.produced += 1
     if state.counts is not None:
         state.counts[token] += 1
     if request.constraint is not None and request.constraint.finished:
-        return Choice(row, token, logprob, top, end="stop")  # the grammar is complete: nothing may follow
+        return StepToken(row, token, logprob, top, end="stop")  # the grammar is complete: nothing may follow
     if state.produced >= request.max_tokens:
-        return Choice(row, token, logprob, top, end="length")
-    return Choice(row, token, logprob, top)
+        return StepToken(row, token, logprob, top, end="length")
+    return StepToken(row, token, logprob, top)
 
 
 class DecodeLoop:
@@ -157,7 +157,7 @@ class DecodeLoop:
         if self._rows.pop(row, None) is not None and self.session.decodes_rows:
             self.session.release_row(row)
 
-    def step(self) -> list[Choice]:
+    def step(self) -> list[StepToken]:
         """Each running row's next token (`choose_next`), then one decode call for the rows
         that go on, which gives their next logits."""
         choices = [choose_next(row, self._rows[row]) for row in self.running]

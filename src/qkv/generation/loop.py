@@ -218,7 +218,7 @@ def _row_kind(model: CausalDecoder, kind: CacheKind) -> CacheKind:
     if kind is not StaticKVCache:
         return kind
     setup = setup_of(model)
-    compiled = setup is not None and setup.fused is None and setup.compile is not None and setup.compile.compiled
+    compiled = setup is not None and setup.layer_step is None and setup.compile is not None and setup.compile.compiled
     return StaticKVCache if compiled else SlotKVCache
 
 

@@ -50,7 +50,7 @@ def key_mask(mask: Tensor | None) -> Tensor | None:
 @dataclass(frozen=True)
 class LayerParts:
     """One decoder layer's tensors told in family-neutral terms, for a kernel that runs its
-    whole decode step (`qkv.runtime.native_layers`):
+    whole decode step (`qkv.runtime.layer_step`):
     x + post_norm(attention(norm(x))), then + post_norm(down(act(up(norm(x))))).
 
     A model that describes its layers (`layer_specs()`, qkv.models.configs.layer_spec) gives here the

@@ -77,7 +77,7 @@ class TransformerBlock(nn.Module):
         return x + self.drop_shortcut(self.ff(self.norm2(x)))
 
 
-class GPTModel(CausalDecoder):
+class GPT2Decoder(CausalDecoder):
     """Section 4.6: token + position embeddings, transformer blocks, final norm, output head.
 
     forward(input_ids (B, T), *, positions=None, mask=None, caches=None) -> logits (B, T, V).
@@ -137,3 +137,14 @@ class GPTModel(CausalDecoder):
         for index, block in enumerate(self.trf_blocks):
             x = block(x, mask=mask, positions=positions, cache=None if caches is None else caches[index])
         return self.head(x)  # (B, T, V)
+
+
+def __getattr__(name: str) -> type:
+    """`GPTModel`, this class's name in 0.1 (now the book's class alone is GPTModel), for one release."""
+    if name == "GPTModel":
+        import warnings
+
+        warnings.warn("qkv.models.gpt2.GPTModel is now GPT2Decoder (qkv.book.GPTModel is the book's class); "
+                      "the old name goes in the next release", DeprecationWarning, stacklevel=2)
+        return GPT2Decoder
+    raise AttributeError(f"module 'qkv.models.gpt2' has no attribute {name!r}")

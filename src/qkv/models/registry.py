@@ -18,7 +18,7 @@ from qkv.models.key_maps import hf as hf_keys
 from qkv.models.key_maps import spec as spec_keys
 from qkv.models.decoder import CausalDecoder
 from qkv.models.configs.decoder_spec import DecoderSpec
-from qkv.models.gpt2 import GPTConfig, GPTModel
+from qkv.models.gpt2 import GPTConfig, GPT2Decoder
 from qkv.models.llama import LlamaForCausalLM
 from qkv.models.configs.llama import LlamaConfig
 from qkv.models.configs.qwen import Qwen2Config, Qwen3Config
@@ -43,9 +43,9 @@ def _parse_gpt2(config: dict[str, Any]) -> tuple[GPTConfig, bool]:
     return GPTConfig.from_hf_config(config), tie
 
 
-def _build_gpt2(spec: tuple[GPTConfig, bool]) -> GPTModel:
+def _build_gpt2(spec: tuple[GPTConfig, bool]) -> GPT2Decoder:
     cfg, tie = spec
-    model = GPTModel(cfg)
+    model = GPT2Decoder(cfg)
     if tie:
         model.tie_weights()
     return model

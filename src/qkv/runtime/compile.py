@@ -126,7 +126,7 @@ def probe_once(backend: CompilerBackend) -> str | None:
     return reason
 
 
-def repeated_blocks(model: nn.Module) -> nn.ModuleList | None:
+def repeated_layers(model: nn.Module) -> nn.ModuleList | None:
     """The model's stack of identical layers: the longest ModuleList of one module type."""
     best: nn.ModuleList | None = None
     for module in model.modules():
@@ -139,7 +139,7 @@ def repeated_blocks(model: nn.Module) -> nn.ModuleList | None:
 def regions(model: nn.Module) -> list[nn.Module]:
     """What to compile: each repeated layer plus the leaf modules outside them that do
     the heavy work (the output head), which then share one compiled graph per kind."""
-    blocks = repeated_blocks(model)
+    blocks = repeated_layers(model)
     if blocks is None:
         return [model]
     inside = {id(m) for block in blocks for m in block.modules()}

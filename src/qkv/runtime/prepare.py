@@ -28,7 +28,7 @@ faster at batch 1.
 
 compile=True compiles the decode step. Where qkv's kernels run every layer of a float32 or
 quantized model, each layer's decode step is one call of qkv's compiled C++
-(`qkv.runtime.native_layers`: about 1 ms of overhead a step, against 14 ms for Inductor's
+(`qkv.runtime.layer_step`: about 1 ms of overhead a step, against 14 ms for Inductor's
 regions), and Inductor compiles the layers only if a session uses a cache kind those
 calls cannot write (`qkv.runtime.compile`, then). Elsewhere each repeated layer is compiled
 once with Inductor; where compiling is not possible the model stays eager and the report
@@ -58,7 +58,7 @@ from qkv.attention.stacking import fuse_projections
 from qkv.models.decoder import CausalDecoder
 from qkv.runtime.native import NativeStatus, native_kernels
 from qkv.runtime.native_attention import register_native_attention
-from qkv.runtime.native_layers import FusedLayers
+from qkv.runtime.layer_step import NativeLayerStep
 from qkv.runtime.stored_blocks import load_stored_blocks
 from qkv.runtime.stored_four_bits import load_stored_four_bits
 from qkv.runtime.compile import CompilerBackend, CompileReport, compile_decoder
@@ -100,15 +100,15 @@ class DecodeSetup:
     precision: str
     compile: CompileReport | None  # Inductor's, None when it was not asked for (or not yet)
     kernels: NativeStatus | None = None  # for quantized precisions: qkv's kernels or why not
-    fused: FusedLayers | None = None  # decode steps as qkv's whole-layer calls (qkv.runtime.native_layers)
+    layer_step: NativeLayerStep | None = None  # decode steps as qkv's whole-layer calls (qkv.runtime.layer_step)
     from_cache: bool = False  # the prepared weights came from qkv.runtime.prepared_cache
 
     @property
     def compiled(self) -> bool:
-        return self.fused is not None or (self.compile is not None and self.compile.compiled)
+        return self.layer_step is not None or (self.compile is not None and self.compile.compiled)
 
     def describe(self) -> str:
-        how = "fused layers" if self.fused is not None else "compiled" if self.compiled else "eager"
+        how = "layer step" if self.layer_step is not None else "compiled" if self.compiled else "eager"
         parts = [self.precision, how]
         if self.kernels is not None:
             parts.append(self.kernels.describe())
@@ -156,16 +156,16 @@ def _shape_layers(model: CausalDecoder, precision: str, *, empty: bool = False) 
 
 def _finish(model: CausalDecoder, precision: str, *, compile: bool, backend: CompilerBackend,
             from_cache: bool = False, inductor: bool = True) -> DecodeSetup:
-    """Weights on 2 MB pages, then the fused layers or Inductor's regions."""
+    """Weights on 2 MB pages, then the layer step or Inductor's regions."""
     place_on_huge_pages(model)  # a decode step streams every weight: 2 MB pages read faster (qkv.runtime.huge_pages)
-    # Inductor waits for a session whose cache kind the fused layers cannot write.
-    on_unfused = (lambda: compile_decoder(model, backend=backend)) if inductor else None
-    fused = FusedLayers.for_model(model, on_unfused=on_unfused) if compile else None
-    report = compile_decoder(model, backend=backend) if compile and inductor and fused is None else None
+    # Inductor waits for a session whose cache kind the layer step cannot write.
+    on_modules = (lambda: compile_decoder(model, backend=backend)) if inductor else None
+    layer_step = NativeLayerStep.for_model(model, on_modules=on_modules) if compile else None
+    report = compile_decoder(model, backend=backend) if compile and inductor and layer_step is None else None
     kernels = native_kernels() if precision in (*QUANTIZED, BLOCKS, "float32") else None
     if kernels is not None:
         register_native_attention()  # one-query attention on qkv's kernel (qkv.attention.registry)
-    setup = DecodeSetup(precision=precision, compile=report, kernels=kernels, fused=fused, from_cache=from_cache)
+    setup = DecodeSetup(precision=precision, compile=report, kernels=kernels, layer_step=layer_step, from_cache=from_cache)
     _PREPARED[model] = setup
     return setup
 

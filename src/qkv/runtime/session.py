@@ -10,7 +10,7 @@ model, which holds none itself, so any number of sessions run on one model witho
 touching each other (a server's slots and an explorer's trace side by side).
 
 How a decode step runs is chosen per session, once, when it is entered (`step`):
-"native" runs each layer as one call of qkv's C++ (`qkv.runtime.native_layers`), where the
+"native" runs each layer as one call of qkv's C++ (`qkv.runtime.layer_step`), where the
 model was prepared for it (`qkv.runtime.prepare_for_decoding`) and the cache kind lets it;
 "modules" runs the PyTorch modules (compiled where the preparation compiled them); "auto"
 (the default) takes native where it can. A trace, whose hooks must see every module, asks
@@ -45,7 +45,7 @@ from qkv.attention.caches.kv_cache import CacheKind, CacheSpec, KVCache, SlotKVC
 from qkv.attention.caches.window_cache import cache_kind_for
 from qkv.errors import QkvError
 from qkv.models.decoder import CausalDecoder
-from qkv.runtime.native_layers import FusedLayers
+from qkv.runtime.layer_step import NativeLayerStep
 from qkv.runtime.prepare import setup_of
 
 STEPS = ("auto", "native", "modules")
@@ -155,7 +155,7 @@ class DecodeSession:
         self._open = False
         self.caches: list[KVCache] = []
         self._selection = SlotSelection()  # the slot rows a call carries (every SlotKVCache of this session)
-        self._native: FusedLayers | None = None
+        self._native: NativeLayerStep | None = None
 
     # -- lifetime --------------------------------------------------------------------
     def __enter__(self) -> DecodeSession:
@@ -177,13 +177,13 @@ class DecodeSession:
             return SlotKVCache(spec, self._selection)
         return self.kind(spec)
 
-    def _native_layers(self) -> FusedLayers | None:
+    def _native_layers(self) -> NativeLayerStep | None:
         """The native layers bound to this session's caches, when its step may use them."""
         if self.step == "modules" or _hooked(self.model):
             return None
         setup = setup_of(self.model)
-        fused = None if setup is None else setup.fused
-        native = None if fused is None else fused.bound_to(self.model, self.caches)
+        layer_step = None if setup is None else setup.layer_step
+        native = None if layer_step is None else layer_step.bound_to(self.model, self.caches)
         if native is None and self.step == "native":
             print("qkv: native decode layers cannot run this session (model not prepared for them, or its "
                   "cache kind); decoding through the modules", file=sys.stderr)

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from qkv.attention.stacking import stacked_from
 from qkv.models.gguf.dequantize import Q
-from qkv.runtime.linear.quantized import Int4Linear, Int8Linear, quantize_blocks, quantize_rows
+from qkv.runtime.linear.quantized import Int4Linear, Int8Linear, quantize_groups, quantize_rows
 
 if TYPE_CHECKING:
     from qkv.models.gguf.stored import StoredBlocks
@@ -100,7 +100,7 @@ def _fill(model: nn.Module, state: dict[str, Tensor], blocks: dict[str, StoredBl
                 weight = stacked_values(name, state, blocks, tied)
                 if weight is None:
                     return False
-                module.set_blocks(*quantize_blocks(weight))
+                module.set_blocks(*quantize_groups(weight))
         elif isinstance(module, Int8Linear):
             weight = stacked_values(name, state, blocks, tied)
             if weight is None:

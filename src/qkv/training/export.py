@@ -12,7 +12,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from qkv.models.hf.checkpoint import TOKENIZER, save_pretrained
-from qkv.models.gpt2 import GPTModel
+from qkv.models.gpt2 import GPT2Decoder
 from qkv.util.atomic import atomic_write_with
 from qkv.training.tokenizer import END_OF_TEXT
 
@@ -23,7 +23,7 @@ def write_tokenizer(tokenizer: Tokenizer, path: str | Path) -> None:
     atomic_write_with(path, lambda tmp: tokenizer.save(tmp))
 
 
-def export_model_folder(model: GPTModel, tokenizer: Tokenizer, out: str | Path) -> None:
+def export_model_folder(model: GPT2Decoder, tokenizer: Tokenizer, out: str | Path) -> None:
     """Write the model folder into `out`; <|endoftext|> (when the tokenizer has it) ends generation."""
     eos = tokenizer.token_to_id(END_OF_TEXT)
     model.eos_token_ids = () if eos is None else (eos,)

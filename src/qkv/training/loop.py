@@ -32,7 +32,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from qkv.errors import QkvError
 from qkv.models.context_parallel import ContextParallel, join_context_parallel, sharded_forward
-from qkv.models.gpt2 import GPTModel
+from qkv.models.gpt2 import GPT2Decoder
 from qkv.models.hf.gpt2_tokenizer import gpt2_tokenizer
 from qkv.util.progress import progress_bar
 from qkv.util.terminal_text import escape_controls
@@ -168,7 +168,7 @@ class _Run:
 
         self.config = model_config(settings, self.tokenizer.get_vocab_size())
         torch.manual_seed(settings.seed)
-        self.model = GPTModel(self.config).to(ctx.device)
+        self.model = GPT2Decoder(self.config).to(ctx.device)
         self.optimizer = _adamw(self.model, settings)
         self.scheduler = warmup_cosine(
             self.optimizer, warmup_steps=settings.warmup_steps, total_steps=self.total_steps,

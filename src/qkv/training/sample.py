@@ -14,11 +14,11 @@ import torch
 from tokenizers import Tokenizer
 
 from qkv.generation import generate
-from qkv.models.gpt2 import GPTModel
+from qkv.models.gpt2 import GPT2Decoder
 
 
 def greedy_continuation(
-    model: GPTModel, tokenizer: Tokenizer, prompt: str, *, max_new_tokens: int,
+    model: GPT2Decoder, tokenizer: Tokenizer, prompt: str, *, max_new_tokens: int,
     device: torch.device, eos_token_id: int | None = None,
 ) -> str:
     """The prompt's continuation (new text only), as much as the context length allows."""

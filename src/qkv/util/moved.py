@@ -93,6 +93,8 @@ MOVED: dict[str, tuple[str, ...]] = {
     "qkv.perf.quantize": ("qkv.runtime.linear.quantized",),
     "qkv.perf.roofline": ("qkv.bench.measure.roofline",),
     "qkv.perf.timing": ("qkv.bench.measure.timing",),
+    "qkv.runtime.native_layer_spec": ("qkv.runtime.layer_step_spec",),
+    "qkv.runtime.native_layers": ("qkv.runtime.layer_step",),
     "qkv.perf.transposed": ("qkv.runtime.linear.transposed",),
     "qkv.perplexity": ("qkv.eval.perplexity",),
     "qkv.precision": ("qkv.names",),
@@ -150,6 +152,10 @@ MOVED: dict[str, tuple[str, ...]] = {
 # names that were renamed on the way (old module -> {old name: (new module, new name)})
 RENAMED: dict[str, dict[str, tuple[str, str]]] = {
     "qkv.kernel_names": {"Backend": ("qkv.names", "AttentionKernel"), "BACKENDS": ("qkv.names", "ATTENTION_KERNELS")},
+    "qkv.runtime.native_layers": {"FusedLayers": ("qkv.runtime.layer_step", "NativeLayerStep")},
+    "qkv.perf": {"quantize_blocks": ("qkv.runtime.linear.quantized", "quantize_groups")},
+    "qkv.perf.quantize": {"quantize_blocks": ("qkv.runtime.linear.quantized", "quantize_groups")},
+    "qkv.perf.compile": {"repeated_blocks": ("qkv.runtime.compile", "repeated_layers")},
 }
 _OLD_PACKAGES = frozenset(old for old in MOVED if any(other.startswith(old + ".") for other in MOVED))
 

@@ -168,11 +168,11 @@ def test_learned_positions_crop_past_the_context_whatever_cache_is_asked() -> No
     generation uses the asked-for cache while the tokens fit, then crops its window as the
     book's generate_text_simple does (qkv.generation.past_context), and says so."""
     from qkv.generation import generate
-    from qkv.models.gpt2 import GPTModel
+    from qkv.models.gpt2 import GPT2Decoder
     from qkv.models.configs.gpt2 import GPTConfig
 
     torch.manual_seed(0)
-    model = GPTModel(GPTConfig(vocab_size=97, context_length=64, emb_dim=32, n_heads=4, n_layers=1)).eval()
+    model = GPT2Decoder(GPTConfig(vocab_size=97, context_length=64, emb_dim=32, n_heads=4, n_layers=1)).eval()
     kind = SinkKVCache.kind(sinks=4, window=28)
     assert not model.streams_past_context(kind)
     prompt = torch.randint(0, 97, (1, 40))

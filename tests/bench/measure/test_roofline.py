@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from qkv.attention.caches.kv_cache import CacheSpec, StaticKVCache
-from qkv.models.gpt2 import GPTConfig, GPTModel
+from qkv.models.gpt2 import GPTConfig, GPT2Decoder
 from qkv.bench.measure import alternate, alternate_probed, kv_bytes_per_token, measure_read_bandwidth, ratio, roofline_tokens_per_s, token_bytes, weight_bytes_per_token
 from qkv.runtime.linear import quantize
 
@@ -25,7 +25,7 @@ def _linear_params(cfg: GPTConfig) -> int:
 
 
 def test_weight_bytes_untied_tied_and_int8() -> None:
-    model = GPTModel(CFG)
+    model = GPT2Decoder(CFG)
     one_row_each = 2 * CFG.emb_dim  # token and position embedding
     assert weight_bytes_per_token(model) == 4 * (_linear_params(CFG) + one_row_each)
     model.tie_weights()  # the head is the token table: counted once, as a matrix
@@ -44,7 +44,7 @@ def test_weight_bytes_untied_tied_and_int8() -> None:
 def test_int4_counts_packed_weights_and_group_scales() -> None:
     cfg = GPTConfig(vocab_size=101, context_length=32, emb_dim=64, n_heads=4, n_layers=3, drop_rate=0.0,
                     qkv_bias=True)  # widths the int4 kernels take (blocks of 32, outputs of 16)
-    model = GPTModel(cfg)
+    model = GPT2Decoder(cfg)
     quantize(model, "int4")
     c, v = cfg.emb_dim, cfg.vocab_size
     packed = cfg.n_layers * (3 * c * c + c * c + 4 * c * c + 4 * c * c) // 2  # two weights a byte
@@ -59,7 +59,7 @@ def test_int4_counts_packed_weights_and_group_scales() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kv_bytes_match_the_caches_own_size(dtype: torch.dtype) -> None:
-    model = GPTModel(CFG).to(dtype)
+    model = GPT2Decoder(CFG).to(dtype)
     positions = 20
     caches = [StaticKVCache(spec) for spec in model.cache_specs(1, positions)]
     cache_bytes = sum(cache.nbytes for cache in caches)

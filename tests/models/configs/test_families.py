@@ -178,7 +178,7 @@ def test_phi4_mini_rotates_three_quarters_of_each_head(saved) -> None:
     spec = families.phi3_spec(_config(saved, "phi4mini-longrope-partial"))
     rope = spec.layers[0].rope
     assert rope.rotary_dim == 12 and spec.layers[0].attention.head_dim == 16
-    assert dict(rope.scaling)["rope_type"] == "longrope" and spec.fused_qkv and spec.fused_gate_up
+    assert dict(rope.scaling)["rope_type"] == "longrope" and spec.stacked_qkv and spec.stacked_gate_up
 
 
 def test_olmo2_norms_come_after_each_block(saved) -> None:
@@ -245,7 +245,7 @@ def test_every_family_describes_its_layers_for_the_native_layer_kernel(saved) ->
     """layer_specs() and layer_parts() hand qkv's whole-layer kernel each layer's description
     and tensors; the runtime declines only what the kernel lacks (LongRoPE here)."""
     from qkv.attention.stacking import fuse_projections
-    from qkv.runtime.native_layer_spec import declined
+    from qkv.runtime.layer_step_spec import declined
 
     for name in CASES:
         folder, _ = saved(name)

@@ -13,7 +13,7 @@ import qkv
 from qkv.errors import QkvError
 from qkv.models.hf.checkpoint import build_from_hf, save_pretrained
 from qkv.models.loader import load_pretrained
-from qkv.models.gpt2 import GPTConfig, GPTModel
+from qkv.models.gpt2 import GPTConfig, GPT2Decoder
 from qkv.models.llama import LlamaForCausalLM
 
 
@@ -28,7 +28,7 @@ def ids(batch: int = 2, tokens: int = 17, seed: int = 1) -> torch.Tensor:
 def test_gpt2_logits_match_transformers(shared_checkpoint, tied: bool) -> None:
     folder, reference = shared_checkpoint("gpt2", tie_word_embeddings=tied)
     model, tokenizer = qkv.load_pretrained(folder)
-    assert isinstance(model, GPTModel) and model.weights_tied == tied
+    assert isinstance(model, GPT2Decoder) and model.weights_tied == tied
     assert tokenizer.decode(tokenizer.encode("Your journey").ids) == "Your journey"
     x = ids()
     with torch.no_grad():
@@ -49,7 +49,7 @@ def test_book_model_saves_a_folder_transformers_loads(tmp_path: Path, tokenizer,
     """The book's GPT (untied head, no q/k/v bias) as training leaves it."""
     torch.manual_seed(0)
     cfg = GPTConfig(vocab_size=VOCAB, context_length=32, emb_dim=64, n_heads=4, n_layers=2, qkv_bias=False)
-    model = GPTModel(cfg).eval()
+    model = GPT2Decoder(cfg).eval()
     for p in model.parameters():
         torch.nn.init.normal_(p, std=0.2)
     save_pretrained(model, tokenizer, tmp_path / "out")
@@ -180,7 +180,7 @@ def test_pickle_only_folder_is_refused(tiny_checkpoint) -> None:
 
 def test_save_keeps_old_files_when_it_fails(tmp_path: Path, tokenizer) -> None:
     """A failed save leaves the previous folder as it was (files are replaced atomically)."""
-    model = GPTModel(GPTConfig(vocab_size=VOCAB, context_length=16, emb_dim=32, n_heads=2, n_layers=1))
+    model = GPT2Decoder(GPTConfig(vocab_size=VOCAB, context_length=16, emb_dim=32, n_heads=2, n_layers=1))
     save_pretrained(model, tokenizer, tmp_path)
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from qkv.generation import generate
-from qkv.models.gpt2 import GPTConfig, GPTModel
+from qkv.models.gpt2 import GPTConfig, GPT2Decoder
 from qkv.runtime.native import native_kernels
 from qkv.runtime.linear.float import NativeFloatLinear
 from qkv.runtime.prepare import prepare_for_decoding
@@ -32,7 +32,7 @@ def test_native_float_layer_equals_the_linear_layer(bias: bool, rows: int) -> No
 def test_prepared_float32_model_keeps_its_logits_and_greedy_tokens() -> None:
     torch.manual_seed(0)
     cfg = GPTConfig(vocab_size=96, context_length=48, emb_dim=64, n_heads=4, n_layers=2, drop_rate=0.0)
-    model, reference = GPTModel(cfg).eval(), GPTModel(cfg).eval()
+    model, reference = GPT2Decoder(cfg).eval(), GPT2Decoder(cfg).eval()
     model.tie_weights()
     reference.tie_weights()
     reference.load_state_dict(model.state_dict())

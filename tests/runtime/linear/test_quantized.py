@@ -15,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from qkv.models.gpt2 import GPTConfig, GPTModel
+from qkv.models.gpt2 import GPTConfig, GPT2Decoder
 from qkv.runtime.native import native_kernels
 from qkv.runtime.native.ops import dequantize_blocks, round_activations, unpack_blocks
-from qkv.runtime.linear import Int4Linear, Int8Linear, quantize_blocks, quantize_rows
+from qkv.runtime.linear import Int4Linear, Int8Linear, quantize_groups, quantize_rows
 from qkv.runtime.linear import quantize
 
 from qkv.runtime.prepare import prepare_for_decoding
@@ -43,7 +43,7 @@ def test_int4_blocks_are_within_half_a_step(n, groups, seed, scale, constant_blo
     w = torch.randn(n, groups * 32, generator=torch.Generator().manual_seed(seed)) * scale
     if constant_block:
         w[0, :32] = w[0, 0]  # max == min: the block is m exactly
-    q, d, m = quantize_blocks(w)
+    q, d, m = quantize_groups(w)
     values = unpack_blocks(q)
     assert q.shape == (n, groups * 16) and int(values.max()) <= 15
     deq = dequantize_blocks(q, d, m)
@@ -154,7 +154,7 @@ def test_without_a_compiler_int4_gives_the_kernels_numbers_and_says_so_once(tmp_
 def test_quantize_replaces_every_linear_and_keeps_the_embedding(kind) -> None:
     torch.manual_seed(0)
     cfg = GPTConfig(vocab_size=96, context_length=32, emb_dim=64, n_heads=4, n_layers=2, drop_rate=0.0)
-    model = GPTModel(cfg).eval()
+    model = GPT2Decoder(cfg).eval()
     model.tie_weights()
     ids = torch.randint(0, 96, (2, 9))
     with torch.no_grad():

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from qkv.models.gpt2 import GPTConfig, GPTModel
+from qkv.models.gpt2 import GPTConfig, GPT2Decoder
 from qkv.runtime.linear.transposed import InputMajorLinear, store_input_major
 
 
@@ -23,7 +23,7 @@ def test_input_major_layer_equals_the_linear_layer(bias: bool, rows: int) -> Non
 
 def test_only_wide_layers_are_stored_input_major_and_the_model_is_unchanged() -> None:
     torch.manual_seed(0)
-    model = GPTModel(GPTConfig(vocab_size=96, context_length=32, emb_dim=64, n_heads=4, n_layers=2,
+    model = GPT2Decoder(GPTConfig(vocab_size=96, context_length=32, emb_dim=64, n_heads=4, n_layers=2,
                                drop_rate=0.0)).eval()
     ids = torch.randint(0, 96, (2, 9))
     with torch.no_grad():

@@ -98,9 +98,9 @@ def test_int4_kernel_is_close_to_the_float_product() -> None:
     """What the activation rounding costs: well under 1% of the output's scale."""
     torch.manual_seed(0)
     x, w = torch.randn(4, 576), torch.randn(96, 576) * 0.05
-    from qkv.runtime.linear.quantized import quantize_blocks
+    from qkv.runtime.linear.quantized import quantize_groups
 
-    q, d, m = quantize_blocks(w)
+    q, d, m = quantize_groups(w)
     exact = x @ dequantize_blocks(q, d, m).t()
     relative = (int4_linear(x, q, d, m) - exact).abs().max() / exact.abs().max()
     assert relative < 0.01

@@ -9,7 +9,7 @@ import torch
 from qkv.attention.caches.kv_cache import SlotKVCache
 from qkv.errors import QkvError
 from qkv.runtime.session import DecodeSession
-from qkv.models.gpt2 import GPTModel
+from qkv.models.gpt2 import GPT2Decoder
 from qkv.models.configs.gpt2 import GPTConfig
 from qkv.models.llama import LlamaForCausalLM
 from qkv.models.configs.llama import LlamaConfig
@@ -23,9 +23,9 @@ def _llama(dtype: torch.dtype) -> LlamaForCausalLM:
     return LlamaForCausalLM(config).to(dtype).eval()
 
 
-def _gpt() -> GPTModel:
+def _gpt() -> GPT2Decoder:
     torch.manual_seed(0)
-    return GPTModel(GPTConfig(vocab_size=64, context_length=300, emb_dim=32, n_heads=4, n_layers=2)).eval()
+    return GPT2Decoder(GPTConfig(vocab_size=64, context_length=300, emb_dim=32, n_heads=4, n_layers=2)).eval()
 
 
 def _allocated(model: torch.nn.Module, max_batch: int, capacity: int | None) -> int:

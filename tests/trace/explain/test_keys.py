@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from qkv.models.gpt2 import GPTConfig, GPTModel
+from qkv.models.gpt2 import GPTConfig, GPT2Decoder
 from qkv.models.llama import LlamaForCausalLM
 from qkv.models.configs.llama import LlamaConfig
 from qkv.trace.explain.keys import channel_stats, key_anatomy, summary_rows
@@ -42,7 +42,7 @@ def test_llama_anatomy_covers_every_layer_and_kv_head_with_rope() -> None:
 @torch.no_grad()
 def test_gpt2_has_no_rope_and_says_so() -> None:
     torch.manual_seed(0)
-    model = GPTModel(GPTConfig(vocab_size=50, context_length=32, emb_dim=32, n_heads=2, n_layers=1,
+    model = GPT2Decoder(GPTConfig(vocab_size=50, context_length=32, emb_dim=32, n_heads=2, n_layers=1,
                                drop_rate=0.0)).eval()
     anatomy = key_anatomy(model, torch.randint(0, 50, (1, 10)))
     assert not anatomy.rope and anatomy.wavelengths is None

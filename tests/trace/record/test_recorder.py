@@ -22,7 +22,7 @@ from qkv.book import (
     SelfAttention_v2,
 )
 from qkv.errors import QkvError
-from qkv.models.gpt2 import GPTConfig, GPTModel
+from qkv.models.gpt2 import GPTConfig, GPT2Decoder
 from qkv.trace import TraceMismatchError, trace
 
 BOOK_INPUTS = torch.tensor(
@@ -89,10 +89,10 @@ def test_a_module_that_computes_something_else_is_refused():
         trace(_Tampered(3, 4, 8, 0.0, num_heads=2), torch.rand(1, 4, 3))
 
 
-def _tiny_gpt() -> GPTModel:
+def _tiny_gpt() -> GPT2Decoder:
     torch.manual_seed(3)
     cfg = GPTConfig(vocab_size=60, context_length=80, emb_dim=16, n_heads=4, n_layers=2, drop_rate=0.1)
-    return GPTModel(cfg).eval()
+    return GPT2Decoder(cfg).eval()
 
 
 def test_kv_cache_decode_step_equals_the_uncached_last_row():

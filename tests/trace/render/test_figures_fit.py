@@ -12,7 +12,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.patches import Rectangle
 from matplotlib.text import Text
 
-from qkv.models.gpt2 import GPTConfig, GPTModel
+from qkv.models.gpt2 import GPTConfig, GPT2Decoder
 from qkv.models.llama import LlamaForCausalLM
 from qkv.models.configs.llama import LlamaConfig
 from qkv.trace import trace
@@ -126,7 +126,7 @@ def test_the_key_page_captions_say_what_each_figure_shows():
 
 def test_a_gpt2_layer_with_many_keys_still_fits():
     torch.manual_seed(1)
-    model = GPTModel(GPTConfig(vocab_size=30, context_length=64, emb_dim=16, n_heads=4, n_layers=1)).eval()
+    model = GPT2Decoder(GPTConfig(vocab_size=30, context_length=64, emb_dim=16, n_heads=4, n_layers=1)).eval()
     tokens = [f"token{i}" for i in range(48)]
     recorded = trace(model, torch.randint(0, 30, (1, 48)), tokens=tokens)
     for name, fig in layer_figures(recorded.layers[0], tokens, 1, 47).items():

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from qkv.models.gpt2 import GPTConfig, GPTModel
+from qkv.models.gpt2 import GPTConfig, GPT2Decoder
 from qkv.trace import trace
 from qkv.trace.record.book_example import book_trace
 from qkv.trace.render.html import build_page, write_page
@@ -95,7 +95,7 @@ def test_book_page_shows_the_numbers_and_the_query_picker_changes_them(browser, 
 
 def test_head_and_layer_controls_switch_among_recorded(browser, tmp_path):
     torch.manual_seed(2)
-    model = GPTModel(GPTConfig(vocab_size=40, context_length=16, emb_dim=16, n_heads=4, n_layers=2)).eval()
+    model = GPT2Decoder(GPTConfig(vocab_size=40, context_length=16, emb_dim=16, n_heads=4, n_layers=2)).eval()
     tokens = ["The", "cat", "sat", "on", "the", "mat"]
     recorded = trace(model, torch.tensor([[3, 4, 5, 6, 3, 7]]), tokens=tokens)
     target = write_page(build_page(recorded, title="gpt", subtitle="s", layer=0, head=0, query=5),
@@ -120,7 +120,7 @@ def test_head_and_layer_controls_switch_among_recorded(browser, tmp_path):
 
 def test_a_script_in_the_prompt_stays_text(browser, tmp_path):
     torch.manual_seed(3)
-    model = GPTModel(GPTConfig(vocab_size=40, context_length=16, emb_dim=16, n_heads=2, n_layers=1)).eval()
+    model = GPT2Decoder(GPTConfig(vocab_size=40, context_length=16, emb_dim=16, n_heads=2, n_layers=1)).eval()
     evil = "<script>window.pwned = 1</script>"
     recorded = trace(model, torch.tensor([[1, 2, 3]]), tokens=["hi", evil, "<img src=x onerror=window.pwned=2>"])
     target = write_page(build_page(recorded, title=f"Attention: {evil}", subtitle="s", layer=0, head=1, query=2),
@@ -138,7 +138,7 @@ def test_generation_steps_show_the_cache_growing(browser, tmp_path):
     from qkv.trace.record.generation import trace_generation
 
     torch.manual_seed(4)
-    model = GPTModel(GPTConfig(vocab_size=12, context_length=16, emb_dim=16, n_heads=2, n_layers=1)).eval()
+    model = GPT2Decoder(GPTConfig(vocab_size=12, context_length=16, emb_dim=16, n_heads=2, n_layers=1)).eval()
     prompt = torch.tensor([[1, 2, 3, 4]])
     steps = trace_generation(model, prompt, 3, layer=0, head=1)
     tokens = [f"t{i}" for i in [1, 2, 3, 4] + [s.token_id for s in steps]]
@@ -214,7 +214,7 @@ def test_every_story_step_shows_all_of_its_values(browser, tmp_path):
 
 def test_a_model_pages_steps_show_every_token_and_shorten_long_vectors_saying_so(browser, tmp_path):
     torch.manual_seed(2)
-    model = GPTModel(GPTConfig(vocab_size=40, context_length=16, emb_dim=16, n_heads=4, n_layers=1)).eval()
+    model = GPT2Decoder(GPTConfig(vocab_size=40, context_length=16, emb_dim=16, n_heads=4, n_layers=1)).eval()
     tokens = ["The", "cat", "sat", "on", "the", "mat"]
     recorded = trace(model, torch.tensor([[3, 4, 5, 6, 3, 7]]), tokens=tokens)
     target = write_page(build_page(recorded, title="gpt", subtitle="s", layer=0, head=2, query=4),

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from qkv.errors import QkvError
-from qkv.models.gpt2 import GPTConfig, GPTModel
+from qkv.models.gpt2 import GPTConfig, GPT2Decoder
 from qkv.trace import trace
 from qkv.trace.record.book_example import book_trace
 from qkv.trace.render.html import build_page, write_page
@@ -78,7 +78,7 @@ def test_heatmap_axes_and_labels_and_mask():
 
 def _tiny_gpt_trace():
     torch.manual_seed(1)
-    model = GPTModel(GPTConfig(vocab_size=30, context_length=16, emb_dim=16, n_heads=4, n_layers=2)).eval()
+    model = GPT2Decoder(GPTConfig(vocab_size=30, context_length=16, emb_dim=16, n_heads=4, n_layers=2)).eval()
     tokens = ["The", "cat", "<b>sat</b>", "on", "it"]
     return trace(model, torch.tensor([[1, 2, 3, 4, 5]]), tokens=tokens)
 

@@ -142,15 +142,15 @@ class KVCache(nn.Module, ABC):
         held -> (B, H, 1, D_v); only kinds with `attends_decode_step`."""
         raise NotImplementedError(f"{type(self).__name__} does not attend decode steps itself")
 
-    def fused_buffers(self) -> tuple[Tensor, Tensor, Tensor] | None:
-        """For a kernel that runs a whole decode step itself (`qkv.runtime.native_layers`): the
+    def kernel_buffers(self) -> tuple[Tensor, Tensor, Tensor] | None:
+        """For a kernel that runs a whole decode step itself (`qkv.runtime.layer_step`): the
         buffers (keys (B, H_kv, S, D), values (B, H_kv, S, D_v), lengths (B,) int64) when this
         kind stores position p of row b at slot p, and a query at p reads slots <= p; else
         None (the layer then calls `update`)."""
         return None
 
-    def fused_rows(self) -> Tensor | None:
-        """With `fused_buffers`: the cache rows the next call carries, (b,) int64, or None
+    def kernel_rows(self) -> Tensor | None:
+        """With `kernel_buffers`: the cache rows the next call carries, (b,) int64, or None
         when row r of the call is cache row r."""
         return None
 
@@ -238,7 +238,7 @@ class StaticKVCache(KVCache):
         self.lengths.copy_(torch.maximum(self.lengths, furthest))
         return self.k_cache, self.v_cache, visible_keys(self.slots, positions)
 
-    def fused_buffers(self) -> tuple[Tensor, Tensor, Tensor]:
+    def kernel_buffers(self) -> tuple[Tensor, Tensor, Tensor]:
         return self.k_cache, self.v_cache, self.lengths
 
     def reset(self) -> None:
@@ -305,7 +305,7 @@ class SlotKVCache(StaticKVCache):
     def limit(self) -> int | None:
         return self.selection.limit
 
-    def fused_rows(self) -> Tensor | None:
+    def kernel_rows(self) -> Tensor | None:
         return self.rows  # a call on some slots carries those rows (the whole batch without)
 
     def copy_row(self, source: int, target: int, length: int) -> None:

@@ -110,15 +110,15 @@ class WindowKVCache(KVCache):
         # session's capacity only holds positions below it.
         return sys.maxsize if self.ring == self.window else self.spec.capacity
 
-    def fused_rows(self) -> Tensor | None:
+    def kernel_rows(self) -> Tensor | None:
         return self.rows
 
-    def fused_ring(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """For a kernel that runs a whole decode step itself (`qkv.runtime.native_layers`,
+    def kernel_ring(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """For a kernel that runs a whole decode step itself (`qkv.runtime.layer_step`,
         runtime/native/csrc/layer.cpp): keys (B, H_kv, W + 1, D), values (B, H_kv, W + 1, D_v), lengths (B,)
         and key_positions (B, W + 1), which it updates as a decode step of `update` does:
         forget what a row held at its position p and beyond, write p at slot p mod W, attend
-        over the slots holding p - window < kp <= p. (`fused_buffers` stays None: a kernel
+        over the slots holding p - window < kp <= p. (`kernel_buffers` stays None: a kernel
         that writes slot p would break the ring.)"""
         return self.k_cache, self.v_cache, self.lengths, self.key_positions
 

@@ -26,7 +26,7 @@ class DecoderSpec:
     embedding_scale multiplies the token embeddings, in their dtype (Gemma: sqrt(C)).
     final_softcap: logits become cap * tanh(logits / cap) (Gemma 2). model_type names the
     family the spec was read for (messages, and the key map's fused-tensor layout:
-    `fused_qkv` / `fused_gate_up` say the checkpoint stores q/k/v and gate/up stacked, Phi-3)."""
+    `stacked_qkv` / `stacked_gate_up` say the checkpoint stores q/k/v and gate/up stacked, Phi-3)."""
 
     model_type: str
     vocab_size: int
@@ -37,8 +37,8 @@ class DecoderSpec:
     embedding_scale: float | None = None
     final_softcap: float | None = None
     tie_word_embeddings: bool = False
-    fused_qkv: bool = False
-    fused_gate_up: bool = False
+    stacked_qkv: bool = False
+    stacked_gate_up: bool = False
 
     def __post_init__(self) -> None:
         check_int("vocab_size", self.vocab_size, maximum=MAX_VOCAB)

@@ -79,7 +79,7 @@ def _window(config: dict[str, Any]) -> int | None:
 
 def _llama_like(config: dict[str, Any], *, model_type: str, windows: list[int | None] | None = None,
                 ropes: list[RopeSpec | None] | None = None, tie_default: bool = False,
-                fused: bool = False, out_bias: bool | None = None) -> DecoderSpec:
+                stacked: bool = False, out_bias: bool | None = None) -> DecoderSpec:
     """Llama's layer (pre-RMSNorm, SwiGLU) with per-layer windows and RoPE (None: NoPE)."""
     s = _sizes(config)
     act = _activation(config, "hidden_act", "silu")
@@ -95,7 +95,7 @@ def _llama_like(config: dict[str, Any], *, model_type: str, windows: list[int | 
         layers.append(LayerSpec(attention, mlp, rope=rope if ropes is None else ropes[i], attn_norm=norm, mlp_norm=norm))
     return DecoderSpec(model_type, s["vocab_size"], s["hidden"], tuple(layers), s["context"], final_norm=norm,
                        tie_word_embeddings=get_bool(config, "tie_word_embeddings", tie_default),
-                       fused_qkv=fused, fused_gate_up=fused)
+                       stacked_qkv=stacked, stacked_gate_up=stacked)
 
 
 def mistral_spec(config: dict[str, Any]) -> DecoderSpec:
@@ -108,7 +108,7 @@ def phi3_spec(config: dict[str, Any]) -> DecoderSpec:
     """Phi3ForCausalLM (Phi-3, Phi-3.5, Phi-4-mini): stacked qkv_proj and gate_up_proj."""
     window = _window(config)
     return _llama_like(config, model_type="phi3", windows=[window] * get_int(config, "num_hidden_layers", maximum=MAX_LAYERS),
-                       fused=True)
+                       stacked=True)
 
 
 def smollm3_spec(config: dict[str, Any]) -> DecoderSpec:

@@ -10,7 +10,7 @@ reading the file back must undo that:
 - gemma2 and gemma3: 1 added to every RMSNorm weight (Hugging Face keeps w, computes x*(1+w));
 - gpt2: the Conv1D matrices (c_attn, c_proj, c_fc) stored as (out, in), not Conv1D's (in, out).
 
-Phi-3 keeps its fused `qkv_proj` and `gate_up_proj` as they are in Hugging Face, and Qwen,
+Phi-3 keeps its stacked `qkv_proj` and `gate_up_proj` as they are in Hugging Face, and Qwen,
 Gemma and OLMo keep rotate-half RoPE order, so those need no transform.
 
 Shape legend: C embedding, L layers.

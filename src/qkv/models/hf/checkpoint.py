@@ -36,7 +36,7 @@ from qkv.errors import QkvError
 from qkv.models.key_maps import hf as hf_keys
 from qkv.models.decoder import CausalDecoder
 from qkv.util.empty_init import meta_names, parameters_on_meta
-from qkv.models.gpt2 import GPTConfig, GPTModel
+from qkv.models.gpt2 import GPTConfig, GPT2Decoder
 from qkv.models.llama import LlamaForCausalLM
 from qkv.models.configs.llama import LlamaConfig
 from qkv.models.registry import FAMILIES, Family, family_of
@@ -415,11 +415,11 @@ def open_folder(folder: Path) -> FolderCheckpoint:
 
 
 def _hf_config_and_tensors(model: CausalDecoder) -> tuple[dict[str, Any], dict[str, Tensor]]:
-    if isinstance(model, GPTModel):
+    if isinstance(model, GPT2Decoder):
         return model.cfg.to_hf_config(tie_word_embeddings=model.weights_tied), hf_keys.gpt2_to_hf(model)
     if isinstance(model, LlamaForCausalLM):
         return model.cfg.to_hf_config(), hf_keys.llama_to_hf(model)
-    raise QkvError(f"save_pretrained saves GPTModel and LlamaForCausalLM, not {type(model).__name__}")
+    raise QkvError(f"save_pretrained saves GPT2Decoder and LlamaForCausalLM, not {type(model).__name__}")
 
 
 def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:

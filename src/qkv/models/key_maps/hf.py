@@ -26,7 +26,7 @@ from torch import Tensor
 from qkv.errors import QkvError
 from qkv.models.configs.families import llama_decoder_spec
 from qkv.models.key_maps.key_map import KeyMap
-from qkv.models.gpt2 import GPTConfig, GPTModel
+from qkv.models.gpt2 import GPTConfig, GPT2Decoder
 from qkv.models.llama import LlamaForCausalLM
 from qkv.models.configs.llama import LlamaConfig
 from qkv.models.key_maps.spec import spec_shapes
@@ -130,7 +130,7 @@ def _transposed(name: str) -> Callable[[Tensor], dict[str, Tensor]]:
 
 
 def gpt2_key_maps(cfg: GPTConfig, tied: bool) -> list[KeyMap]:
-    """GPT2LMHeadModel names -> the book's GPTModel names (from the config alone)."""
+    """GPT2LMHeadModel names -> qkv's GPT2Decoder names (from the config alone)."""
     c, f = cfg.emb_dim, 4 * cfg.emb_dim
     maps = [
         KeyMap("transformer.wte.weight", (cfg.vocab_size, c),
@@ -182,14 +182,14 @@ def _zero_bias(hf_name: str) -> Callable[[Tensor], dict[str, Tensor]]:
     return check
 
 
-def gpt2_to_hf(model: GPTModel) -> dict[str, Tensor]:
-    """qkv's GPTModel -> GPT2LMHeadModel tensors (Conv1D layout, fused c_attn)."""
+def gpt2_to_hf(model: GPT2Decoder) -> dict[str, Tensor]:
+    """qkv's GPT2Decoder -> GPT2LMHeadModel tensors (Conv1D layout, fused c_attn)."""
     sd = {k: v.detach() for k, v in model.state_dict().items()}
     return gpt2_state_to_hf(sd, model.cfg, tied=model.weights_tied)
 
 
 def gpt2_state_to_hf(sd: Mapping[str, Tensor], cfg: GPTConfig, *, tied: bool) -> dict[str, Tensor]:
-    """A state dict with qkv's GPTModel names -> GPT2LMHeadModel tensors."""
+    """A state dict with qkv's GPT2Decoder names -> GPT2LMHeadModel tensors."""
     out = {
         "transformer.wte.weight": sd["tok_emb.weight"],
         "transformer.wpe.weight": sd["pos_emb.weight"],

@@ -77,28 +77,28 @@ def spec_key_maps(spec: DecoderSpec) -> list[KeyMap]:
     maps: list[KeyMap] = []
     for i, layer in enumerate(spec.layers):
         p, a = f"model.layers.{i}.", layer.attention
-        if spec.fused_qkv:
+        if spec.stacked_qkv:
             parts = tuple(f"{p}self_attn.{n}_proj.weight" for n in "qkv")
             sizes = tuple(shapes[n][0] for n in parts)
             maps.append(KeyMap(f"{p}self_attn.qkv_proj.weight", (sum(sizes), spec.hidden_size), _split(parts, sizes)))
             if a.qkv_bias:
                 bias = tuple(n.replace(".weight", ".bias") for n in parts)
                 maps.append(KeyMap(f"{p}self_attn.qkv_proj.bias", (sum(sizes),), _split(bias, sizes)))
-        if spec.fused_gate_up:
+        if spec.stacked_gate_up:
             parts = (f"{p}mlp.gate_proj.weight", f"{p}mlp.up_proj.weight")
             f = layer.mlp.intermediate_size
             maps.append(KeyMap(f"{p}mlp.gate_up_proj.weight", (2 * f, spec.hidden_size), _split(parts, (f, f))))
             if layer.mlp.bias:
                 bias = tuple(n.replace(".weight", ".bias") for n in parts)
                 maps.append(KeyMap(f"{p}mlp.gate_up_proj.bias", (2 * f,), _split(bias, (f, f))))
-    fused = re.compile(r"model\.layers\.\d+\.(self_attn\.[qkv]_proj|mlp\.(gate|up)_proj)\.(weight|bias)")
+    stacked = re.compile(r"model\.layers\.\d+\.(self_attn\.[qkv]_proj|mlp\.(gate|up)_proj)\.(weight|bias)")
     tied = spec.tie_word_embeddings
     for name, shape in shapes.items():
         if tied and name == "lm_head.weight":
             continue
-        is_fused = fused.fullmatch(name) and (
-            (spec.fused_qkv and "self_attn" in name) or (spec.fused_gate_up and ".mlp." in name))
-        if is_fused:
+        is_stacked = stacked.fullmatch(name) and (
+            (spec.stacked_qkv and "self_attn" in name) or (spec.stacked_gate_up and ".mlp." in name))
+        if is_stacked:
             continue
         aliases = ("lm_head.weight",) if tied and name == "model.embed_tokens.weight" else ()
         maps.append(KeyMap(name, shape, _same(name, *aliases)))

@@ -5,6 +5,6 @@ per group (quantized), a GGUF matrix kept in its stored blocks (block), float32 
 Shape legend: see each module.
 """
 
-from qkv.runtime.linear.quantized import QUANTIZATIONS, Int4Linear, Int8Linear, quantize, quantize_blocks, quantize_rows
+from qkv.runtime.linear.quantized import QUANTIZATIONS, Int4Linear, Int8Linear, quantize, quantize_groups, quantize_rows
 
-__all__ = ["QUANTIZATIONS", "Int4Linear", "Int8Linear", "quantize", "quantize_blocks", "quantize_rows"]
+__all__ = ["QUANTIZATIONS", "Int4Linear", "Int8Linear", "quantize", "quantize_groups", "quantize_rows"]

@@ -141,7 +141,7 @@ class BlockEmbedding(nn.Module):
 
 
 def stacked_block_linear(parts: Sequence[StoredBlocks], bias: Tensor | None = None) -> nn.Module:
-    """One layer for matrices stacked by rows (fused q/k/v, gate/up): their rows of blocks
+    """One layer for matrices stacked by rows (stacked q/k/v, gate/up): their rows of blocks
     concatenated when they share a block type, else a StackedBlockLinear; columns must agree."""
     if any(p.shape[1] != parts[0].shape[1] for p in parts):
         raise ValueError(f"stacked matrices need one column count, got {[p.shape for p in parts]}")

@@ -43,7 +43,7 @@ from torch import Tensor, nn
 from qkv.runtime.native import native_kernels
 from qkv.runtime.native.ops import (BLOCK, dequantize_blocks, int4_linear, int4_linear_reference, int8_linear,
                             int8_linear_reference, pack_blocks, round_activations)
-from qkv.runtime.compile import repeated_blocks
+from qkv.runtime.compile import repeated_layers
 
 QUANTIZATIONS: tuple[str, ...] = ("int8", "int4")
 INT4_GROUP = BLOCK  # GGUF's Q4 block size: SmolLM2's Q4_1 weights fall on the same blocks
@@ -102,7 +102,7 @@ def quantize_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
     return q, scales
 
 
-def quantize_blocks(weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def quantize_groups(weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Asymmetric 4-bit blocks of 32 inputs (qkv.runtime.native.ops' layout): returns q (N, K/2)
     uint8, d and m (N, K/32) float16 with w ~ q * d + m. The block's minimum is m; its
     maximum is m + 15 d, up to float16 rounding of d and m."""
@@ -211,13 +211,13 @@ class Int4Linear(nn.Module):
         """`linear` quantized; native=False takes the PyTorch reference even where qkv's kernels exist."""
         new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None,
                   bias_dtype=linear.weight.dtype, native=native)
-        new.set_blocks(*quantize_blocks(linear.weight.cpu()))
+        new.set_blocks(*quantize_groups(linear.weight.cpu()))
         if linear.bias is not None:
             new.bias.data.copy_(linear.bias.detach())
         return new
 
     def set_blocks(self, q: Tensor, d: Tensor, m: Tensor) -> None:
-        """Take 4-bit blocks as they are (from `quantize_blocks`, or a GGUF Q4_1 tensor)."""
+        """Take 4-bit blocks as they are (from `quantize_groups`, or a GGUF Q4_1 tensor)."""
         self.q = q.contiguous()
         self.d_bits = d.half().contiguous().view(torch.int16)
         self.m_bits = m.half().contiguous().view(torch.int16)
@@ -273,7 +273,7 @@ def quantize(model: nn.Module, kind: str, *, empty: bool = False) -> nn.Module:
     if kind not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {kind!r}; choose one of {', '.join(QUANTIZATIONS)}")
 
-    blocks = repeated_blocks(model)
+    blocks = repeated_layers(model)
     in_stack = {id(m) for m in blocks.modules()} if blocks is not None else {id(m) for m in model.modules()}
 
     def make(linear: nn.Linear) -> nn.Module:

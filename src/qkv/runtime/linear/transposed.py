@@ -2,7 +2,7 @@
 
 At one row a linear layer is a pass over its weight. PyTorch's CPU path for `F.linear`
 (weight (out, in)) reads a wide layer's weight more slowly than `x @ W` with W stored
-(in, out): measured on 2 AVX2 cores, float32, one row, cold weights: GPT-2's fused q/k/v
+(in, out): measured on 2 AVX2 cores, float32, one row, cold weights: GPT-2's stacked q/k/v
 (2304 x 768) 595 -> 426 us, its MLP input (3072 x 768) 752 -> 531 us and its output head
 (50257 x 768) 10.4 -> 6.8 ms; a narrow layer (768 x 3072) is slower that way (556 -> 734
 us), so only layers with at least as many outputs as inputs are stored input-major.

@@ -15,7 +15,7 @@ machine's C++ compiler against PyTorch's stable C ABI (headers only), into a per
 folder keyed by the sources, the compiler and the torch version, so they are built once per
 machine. The ops are `torch.ops.qkv.int8_linear`, `int4_linear`, `f32_linear`,
 `decode_attention`, `decoder_layer` (a whole layer's decode step executing a `LayerSpec`,
-qkv.runtime.native_layers) and `block_linear` (products straight from GGUF's stored blocks,
+qkv.runtime.layer_step) and `block_linear` (products straight from GGUF's stored blocks,
 block_products.cpp, qkv.runtime.native.block_ops) and `quantized_decode_attention`
 (quantized_attention.cpp: one query per row over the quantized KV cache's packed codes, which
 qkv.attention.caches.quantized_cache calls); they have fake implementations, so torch.compile traces

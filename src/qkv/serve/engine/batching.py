@@ -48,7 +48,7 @@ import torch
 from qkv.attention.caches.kv_cache import SlotKVCache
 from qkv.errors import QkvError
 from qkv.generation.constraints import Constraint
-from qkv.generation.decode_loop import Alternatives, Choice, DecodeLoop, RowRequest, scored
+from qkv.generation.decode_loop import Alternatives, StepToken, DecodeLoop, RowRequest, scored
 from qkv.generation.sampling import Sampling
 from qkv.runtime.session import DecodeSession, reusable_prefix
 from qkv.models.decoder import CausalDecoder
@@ -358,7 +358,7 @@ class Engine:
         self.loop.start(row, logits, RowRequest(job.sampling, job.stop_ids, job.max_tokens, job.generator,
                                                 job.constraint, job.logprobs))
 
-    def _deliver(self, job: Job, choice: Choice) -> None:
+    def _deliver(self, job: Job, choice: StepToken) -> None:
         """Hand row `choice.row`'s new token to its job; a row that ended leaves the loop."""
         if choice.end == "error":
             self._finish(choice.row, Finished("error", choice.message))

@@ -46,7 +46,7 @@ def _attention(model: nn.Module, layer: int) -> nn.Module:
 
 
 def _columns(attention: nn.Module, kind: Kind) -> slice:
-    """Where the key (value) features sit in the fused q/k/v output, or all of k_proj's."""
+    """Where the key (value) features sit in the stacked q/k/v output, or all of k_proj's."""
     q, k, v = attention.projection_sizes
     return slice(q, q + k) if kind == "key" else slice(q + k, q + k + v)
 
@@ -55,7 +55,7 @@ def _columns(attention: nn.Module, kind: Kind) -> slice:
 def editing_projection(attention: nn.Module, kind: Kind,
                        edit: Callable[[Tensor], Tensor]) -> Iterator[None]:
     """While the block runs, `edit` maps the layer's keys (values) as projected, (B, T, F),
-    to the ones the layer uses instead. Hooks k_proj / v_proj, or the fused qkv_proj."""
+    to the ones the layer uses instead. Hooks k_proj / v_proj, or the stacked qkv_proj."""
     layers = attention.projection_layers()
     if isinstance(layers, tuple):
         target = layers[1] if kind == "key" else layers[2]

@@ -52,10 +52,10 @@ class ResidualLayout:
 
 def residual_layout(model: nn.Module) -> ResidualLayout:
     """The parts that write the residual stream, for the decoder families qkv builds."""
-    from qkv.models.gpt2 import GPTModel
+    from qkv.models.gpt2 import GPT2Decoder
     from qkv.models.spec_decoder import SpecDecoder
 
-    if isinstance(model, GPTModel):
+    if isinstance(model, GPT2Decoder):
         return ResidualLayout([("embed", model.tok_emb), ("pos", model.pos_emb)],
                               [Block(b.norm1, b.att, b.ff) for b in model.trf_blocks], model.final_norm)
     if isinstance(model, SpecDecoder):

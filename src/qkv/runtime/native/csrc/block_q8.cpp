@@ -189,13 +189,13 @@ void q8_rows(int64_t type, const uint8_t *blocks, int64_t row_bytes, const Round
              int64_t ldy, int64_t n0, int64_t n1, const float *bias, bool simd, float *y) {
     const int64_t W = weights_of(type), per = W / 16, S = K / 16, bytes = row_bytes / (K / W);
 #if QKV_X86
-    if (simd && fused_for(type, 1) != nullptr) {  // the common types: codes in registers (file comment)
+    if (simd && in_registers_for(type, 1) != nullptr) {  // the common types: codes in registers (file comment)
         static_assert(TILE == 4, "by_rows lists the kernels for 1..TILE rows");
-        const Fused by_rows[TILE + 1] = {nullptr, fused_for(type, 1), fused_for(type, 2), fused_for(type, 3),
-                                         fused_for(type, 4)};
+        const InRegisters by_rows[TILE + 1] = {nullptr, in_registers_for(type, 1), in_registers_for(type, 2), in_registers_for(type, 3),
+                                         in_registers_for(type, 4)};
         float out[WEIGHT_ROWS * TILE];
         int64_t n = n0;
-        if (const Fused many = M == 1 ? interleaved_for(type) : nullptr)  // a decode step: WEIGHT_ROWS rows at a time
+        if (const InRegisters many = M == 1 ? interleaved_for(type) : nullptr)  // a decode step: WEIGHT_ROWS rows at a time
             for (; n + WEIGHT_ROWS <= n1; n += WEIGHT_ROWS) {
                 many(blocks + n * row_bytes, row_bytes, bytes, x, 0, K, out);
                 for (int q = 0; q < WEIGHT_ROWS; q++) y[n + q] = bias ? out[q] + bias[n + q] : out[q];

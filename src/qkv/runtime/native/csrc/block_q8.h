@@ -38,7 +38,7 @@ struct Rounded {
     std::vector<int32_t> sum4;  // per 4 inputs: the codes' sum (what a constant code offset subtracts)
 };
 
-using Fused = void (*)(const uint8_t *, int64_t, int64_t, const Rounded &, int64_t, int64_t, float *);
+using InRegisters = void (*)(const uint8_t *, int64_t, int64_t, const Rounded &, int64_t, int64_t, float *);
 constexpr int TILE = 4;  // rows of x a row of blocks is decoded for at once
 constexpr int WEIGHT_ROWS = 4;  // rows of blocks interleaved for one row of x (a decode step)
 
@@ -47,8 +47,8 @@ constexpr int WEIGHT_ROWS = 4;  // rows of blocks interleaved for one row of x (
 // per 16), and the kernels that make the common types' codes in registers (nullptr for the others).
 float dot_avx512(const uint8_t *codes, const float *scale, const float *offset, const int8_t *xq, const float *sum,
                  int64_t K);
-Fused fused_for(int64_t type, int rows);  // rows (1..TILE) rows of x against one row of blocks
-Fused interleaved_for(int64_t type);      // WEIGHT_ROWS rows of blocks against one row of x, or nullptr
+InRegisters in_registers_for(int64_t type, int rows);  // rows (1..TILE) rows of x against one row of blocks
+InRegisters interleaved_for(int64_t type);      // WEIGHT_ROWS rows of blocks against one row of x, or nullptr
 #endif
 
 }  // namespace q8

@@ -90,7 +90,7 @@ QKV_AVX512 inline __m512i pair_codes(const uint8_t *b0, const uint8_t *b1) {
 // operations whatever NR and R are (batch invariance); NR > 1 interleaves independent rows for
 // the core's parallelism.
 template <int64_t T, int NR, int R>
-QKV_AVX512 void fused32(const uint8_t *row, int64_t row_bytes, int64_t bytes, const Rounded &x, int64_t m0, int64_t K,
+QKV_AVX512 void in_registers32(const uint8_t *row, int64_t row_bytes, int64_t bytes, const Rounded &x, int64_t m0, int64_t K,
                         float *out) {
     // w = d q + b per block: b = -c d for a constant code offset c, the stored minimum for Q4_1/Q5_1;
     // b * step * sum(codes) is added per block in float32
@@ -171,7 +171,7 @@ QKV_AVX512 void fused32(const uint8_t *row, int64_t row_bytes, int64_t bytes, co
 }
 
 template <int64_t T, int NR, int R>
-QKV_AVX512 void fused256(const uint8_t *row, int64_t row_bytes, int64_t bytes, const Rounded &x, int64_t m0, int64_t K,
+QKV_AVX512 void in_registers256(const uint8_t *row, int64_t row_bytes, int64_t bytes, const Rounded &x, int64_t m0, int64_t K,
                          float *out) {
     const __m256i low4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1), three = _mm256_set1_epi8(3);
     const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
@@ -256,38 +256,38 @@ QKV_AVX512 void fused256(const uint8_t *row, int64_t row_bytes, int64_t bytes, c
 }
 
 template <int64_t T>
-Fused fused_rows(int rows) {
+InRegisters in_registers_rows(int rows) {
     constexpr bool big = T == Q4_K || T == Q5_K || T == Q6_K;
     switch (rows) {
-        case 1: return big ? fused256<T, 1, 1> : fused32<T, 1, 1>;
-        case 2: return big ? fused256<T, 1, 2> : fused32<T, 1, 2>;
-        case 3: return big ? fused256<T, 1, 3> : fused32<T, 1, 3>;
-        default: return big ? fused256<T, 1, 4> : fused32<T, 1, 4>;
+        case 1: return big ? in_registers256<T, 1, 1> : in_registers32<T, 1, 1>;
+        case 2: return big ? in_registers256<T, 1, 2> : in_registers32<T, 1, 2>;
+        case 3: return big ? in_registers256<T, 1, 3> : in_registers32<T, 1, 3>;
+        default: return big ? in_registers256<T, 1, 4> : in_registers32<T, 1, 4>;
     }
 }
 
-Fused fused_for(int64_t type, int rows) {
+InRegisters in_registers_for(int64_t type, int rows) {
     switch (type) {
-        case Q4_0: return fused_rows<Q4_0>(rows);
-        case Q4_1: return fused_rows<Q4_1>(rows);
-        case Q5_0: return fused_rows<Q5_0>(rows);
-        case Q5_1: return fused_rows<Q5_1>(rows);
-        case Q8_0: return fused_rows<Q8_0>(rows);
-        case IQ4_NL: return fused_rows<IQ4_NL>(rows);
-        case Q4_K: return fused_rows<Q4_K>(rows);
-        case Q5_K: return fused_rows<Q5_K>(rows);
-        case Q6_K: return fused_rows<Q6_K>(rows);
+        case Q4_0: return in_registers_rows<Q4_0>(rows);
+        case Q4_1: return in_registers_rows<Q4_1>(rows);
+        case Q5_0: return in_registers_rows<Q5_0>(rows);
+        case Q5_1: return in_registers_rows<Q5_1>(rows);
+        case Q8_0: return in_registers_rows<Q8_0>(rows);
+        case IQ4_NL: return in_registers_rows<IQ4_NL>(rows);
+        case Q4_K: return in_registers_rows<Q4_K>(rows);
+        case Q5_K: return in_registers_rows<Q5_K>(rows);
+        case Q6_K: return in_registers_rows<Q6_K>(rows);
         default: return nullptr;
     }
 }
 
-Fused interleaved_for(int64_t type) {
+InRegisters interleaved_for(int64_t type) {
     // measured: interleaving rows of K-quant super-blocks gains (Q6_K 1.05x); rows of 32-blocks,
     // whose scales are gathered, lose on a streamed matrix (a 262,144-row Q8_0 head: 2.4x slower)
     switch (type) {
-        case Q4_K: return fused256<Q4_K, WEIGHT_ROWS, 1>;
-        case Q5_K: return fused256<Q5_K, WEIGHT_ROWS, 1>;
-        case Q6_K: return fused256<Q6_K, WEIGHT_ROWS, 1>;
+        case Q4_K: return in_registers256<Q4_K, WEIGHT_ROWS, 1>;
+        case Q5_K: return in_registers256<Q5_K, WEIGHT_ROWS, 1>;
+        case Q6_K: return in_registers256<Q6_K, WEIGHT_ROWS, 1>;
         default: return nullptr;
     }
 }

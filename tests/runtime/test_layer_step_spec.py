@@ -21,7 +21,7 @@ from qkv.attention.caches.window_cache import WindowKVCache
 from qkv.models.configs.layer_spec import AttentionSpec, LayerSpec, MlpSpec, NormSpec, RopeSpec
 from qkv.runtime.native import native_kernels
 from qkv.runtime.native.ops import use_variant, variants
-from qkv.runtime.native_layer_spec import FIELDS, declined, layer_vectors, pack, rope_frequencies
+from qkv.runtime.layer_step_spec import FIELDS, declined, layer_vectors, pack, rope_frequencies
 
 needs_kernels = pytest.mark.skipif(not native_kernels().available,
                                    reason=f"qkv's kernels are not available here: {native_kernels().reason}")

@@ -1,4 +1,4 @@
-"""qkv's whole-layer decode step (`qkv.runtime.native_layers`) against the same model running its
+"""qkv's whole-layer decode step (`qkv.runtime.layer_step`) against the same model running its
 layers as PyTorch modules: Llama with grouped heads, Qwen2's biases, Qwen3's q/k norms and
 GPT-2's LayerNorm, GELU and biases, in float32, int8 and int4, one row or ragged rows.
 Kinds of cache the fused calls cannot write run the modules (and compile them, once)."""
@@ -16,13 +16,13 @@ from hypothesis import strategies as st
 from qkv.generation import generate
 from qkv.runtime import DecodeSession
 from qkv.generation.cache_kinds import cache_kind
-from qkv.models.gpt2 import GPTModel
+from qkv.models.gpt2 import GPT2Decoder
 from qkv.models.configs.gpt2 import GPTConfig
 from qkv.models.llama import LlamaForCausalLM
 from qkv.models.configs.llama import LlamaConfig
 from qkv.models.configs.qwen import Qwen2Config, Qwen3Config
 from qkv.runtime.native import native_kernels
-from qkv.runtime.native_layers import FusedLayers
+from qkv.runtime.layer_step import NativeLayerStep
 from qkv.runtime import prepare, setup_of
 from qkv.runtime.prepare import prepare_for_decoding
 
@@ -35,7 +35,7 @@ FAMILIES = ("llama", "qwen2", "qwen3", "gpt2")
 def _model(family: str, heads: int, kv_heads: int, head_dim: int, seed: int) -> torch.nn.Module:
     torch.manual_seed(seed)
     if family == "gpt2":
-        model = GPTModel(GPTConfig(vocab_size=101, context_length=64, emb_dim=heads * head_dim, n_heads=heads,
+        model = GPT2Decoder(GPTConfig(vocab_size=101, context_length=64, emb_dim=heads * head_dim, n_heads=heads,
                                    n_layers=2, drop_rate=0.0, qkv_bias=True))
     else:
         config = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[family]
@@ -53,7 +53,7 @@ def _pair(family: str, precision: str, heads: int = 4, kv_heads: int = 2, head_d
     modules = copy.deepcopy(fused)
     setup = prepare_for_decoding(fused, precision=precision, compile=True)
     prepare_for_decoding(modules, precision=precision, compile=False)
-    assert setup.fused is not None and setup_of(modules).fused is None
+    assert setup.layer_step is not None and setup_of(modules).layer_step is None
     return fused, modules
 
 
@@ -122,14 +122,14 @@ def test_the_fused_calls_write_the_cache_as_the_layers_do() -> None:
 @pytest.mark.parametrize("kind_name", ["int4", "sink"])
 def test_other_cache_kinds_run_the_modules_and_compile_them_once(kind_name: str) -> None:
     """A quantized or sink cache has no fused buffers: the model runs its layers (the same
-    tokens as the unprepared path) and `on_unfused` is called once, for the first session."""
+    tokens as the unprepared path) and `on_modules` is called once, for the first session."""
     model = _model("llama", 4, 2, 16, seed=1)
     reference = copy.deepcopy(model)
     prepare_for_decoding(reference, precision="float32", compile=False)
     calls = []
     setup = prepare_for_decoding(model, precision="float32", compile=False)
     prepare._PREPARED[model] = dataclasses.replace(  # the native layers, with a probe for Inductor's fallback
-        setup, fused=FusedLayers.for_model(model, on_unfused=lambda: calls.append(1)))
+        setup, fused=NativeLayerStep.for_model(model, on_modules=lambda: calls.append(1)))
     kind = cache_kind(kind_name, residual=8, group_size=8, sinks=2, window=16)
     prompt = torch.tensor([[3, 14, 15, 92, 65, 35]])
     assert torch.equal(generate(model, prompt, 24, kv_cache=kind), generate(reference, prompt, 24, kv_cache=kind))
@@ -155,9 +155,9 @@ def test_calls_with_gradients_or_prompts_run_the_modules() -> None:
 def test_models_the_kernels_cannot_run_whole_are_not_fused() -> None:
     model = _model("llama", 4, 2, 16, seed=2)
     prepare_for_decoding(model, precision="bfloat16", compile=False)
-    assert FusedLayers.for_model(model) is None  # bfloat16 activations: the modules (and Inductor)
+    assert NativeLayerStep.for_model(model) is None  # bfloat16 activations: the modules (and Inductor)
     unfused = _model("llama", 4, 2, 16, seed=2)  # gate and up not stacked: no layer parts
-    assert unfused.layer_parts() is None and FusedLayers.for_model(unfused) is None
+    assert unfused.layer_parts() is None and NativeLayerStep.for_model(unfused) is None
 
 
 def test_a_position_outside_the_cache_is_refused_in_one_line() -> None:
@@ -225,7 +225,7 @@ reference.load_state_dict(model.state_dict())
 setup = prepare_for_decoding(model, precision="int8")
 prepare_for_decoding(reference, precision="int8", compile=False)
 prompt = torch.tensor([[3, 14, 15, 92]])
-print(json.dumps({"fused": setup.fused is not None, "kernels": setup.kernels.reason,
+print(json.dumps({"fused": setup.layer_step is not None, "kernels": setup.kernels.reason,
                   "same": torch.equal(generate(model, prompt, 12), generate(reference, prompt, 12))}))
 """
 
@@ -269,8 +269,8 @@ def test_each_layer_is_described_by_what_its_modules_are(family: str) -> None:
     """The LayerSpec read from today's layers says what each family is: RMS norms, RoPE at the
     config's base and SwiGLU for Llama/Qwen (q/k norms for Qwen3); LayerNorms with biases, no
     RoPE and a plain tanh-GELU for GPT-2; and its RoPE frequencies are the modules' own."""
-    from qkv.runtime.native_layers import spec_of
-    from qkv.runtime.native_layer_spec import declined, rope_frequencies
+    from qkv.runtime.layer_step import spec_of
+    from qkv.runtime.layer_step_spec import declined, rope_frequencies
 
     model = _model(family, 4, 2 if family != "gpt2" else 4, 16, seed=0)
     prepare_for_decoding(model, precision="float32", compile=False)
@@ -293,8 +293,8 @@ def test_llama3_rope_scaling_reaches_the_native_layer_through_the_description() 
     """A scaled RoPE (Llama 3.x) is part of the description: the frequencies computed from it
     are the modules' own, and the fused steps give the modules' logits."""
     from qkv.attention.rope import Llama3RopeScaling
-    from qkv.runtime.native_layers import spec_of
-    from qkv.runtime.native_layer_spec import rope_frequencies
+    from qkv.runtime.layer_step import spec_of
+    from qkv.runtime.layer_step_spec import rope_frequencies
 
     scaling = Llama3RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                 original_max_position_embeddings=16)
@@ -305,7 +305,7 @@ def test_llama3_rope_scaling_reaches_the_native_layer_through_the_description() 
     modules = copy.deepcopy(model)
     setup = prepare_for_decoding(model, precision="float32", compile=True)
     prepare_for_decoding(modules, precision="float32", compile=False)
-    assert setup.fused is not None
+    assert setup.layer_step is not None
     spec = spec_of(model.layer_parts()[0], model.rotary_embedding())
     assert dict(spec.rope.scaling)["factor"] == 8.0
     assert torch.equal(rope_frequencies(spec.rope), model.rotary_embedding().inv_freq.float())
@@ -321,17 +321,17 @@ def test_a_model_whose_own_description_the_kernel_lacks_runs_its_modules() -> No
     import dataclasses
 
     from qkv.models.configs.layer_spec import NormSpec
-    from qkv.runtime.native_layers import spec_of
+    from qkv.runtime.layer_step import spec_of
 
     model = _model("llama", 4, 2, 16, seed=3)
     prepare_for_decoding(model, precision="float32", compile=False)
     specs = [spec_of(part, model.rotary_embedding()) for part in model.layer_parts()]
     model.layer_specs = lambda: specs
-    assert FusedLayers.for_model(model) is not None  # the same description as the modules': fused
+    assert NativeLayerStep.for_model(model) is not None  # the same description as the modules': fused
     over_all = dataclasses.replace(specs[1], attention=dataclasses.replace(
         specs[1].attention, qk_norm=NormSpec("rms"), qk_norm_over="all"))
     model.layer_specs = lambda: [specs[0], over_all]
-    assert FusedLayers.for_model(model) is None
+    assert NativeLayerStep.for_model(model) is None
 
 
 @pytest.mark.parametrize("precision", ["float32", "int8", "int4"])

@@ -10,26 +10,26 @@ for the same step as 30 calls of `qkv::decoder_layer`, which runs a layer's norm
 products, RoPE, cache write, attention, activation and shortcuts in C++ (runtime/native/csrc/layer.cpp).
 
 The C++ reads each layer's description (`qkv.models.configs.layer_spec.LayerSpec`, packed by
-`qkv.runtime.native_layer_spec`): a model that gives `layer_specs()` hands its own (every
+`qkv.runtime.layer_step_spec`): a model that gives `layer_specs()` hands its own (every
 SpecDecoder family: Llama, Qwen, Gemma 2/3, Phi-3, Mistral, SmolLM3, OLMo 2) with the tensors
 they name (`layer_parts()`: post-norms, q/k norms, each layer's RoPE frequencies); for GPT-2's
 layers the description is read here from the layer's modules (`spec_of`). A layer is declined
 by what its description says (`declined`: LongRoPE, say), not by a list of codes kept beside
 the C++.
 
-    model.fused_layers = FusedLayers.for_model(model)   # qkv.runtime.linear.prepare_for_decoding does this
+    model.fused_layers = NativeLayerStep.for_model(model)   # qkv.runtime.linear.prepare_for_decoding does this
     # then: model.setup_cache(...) binds the caches; model.forward() takes decode steps here
 
 Which calls it takes: one new token per row, float32, no gradients, no extra mask, and
-caches whose kind gives `fused_buffers()` (StaticKVCache, SlotKVCache) or is a sliding-window
-ring (`WindowKVCache.fused_ring()`: the kernel writes slot p mod W and keeps the ring's key
+caches whose kind gives `kernel_buffers()` (StaticKVCache, SlotKVCache) or is a sliding-window
+ring (`WindowKVCache.kernel_ring()`: the kernel writes slot p mod W and keeps the ring's key
 positions, as the ring's own `update` does); other kinds and prompts run the layers as
 modules. A session that records the modules with hooks (a trace, `qkv.trace`) asks the
 runtime for the module step (`step="modules"`), so its hooks see every step.
 
 The math is the layers': the same weights through the same kernels (`qkv::int4_linear`'s
 activation rounding included) in the same order, so its logits match the module path to
-float rounding (tests/runtime/test_native_layers.py and test_native_families.py; with int4,
+float rounding (tests/runtime/test_layer_step.py and test_native_families.py; with int4,
 to the rounding of an activation that lands on a step boundary).
 
 Shape legend: B batch (rows), C hidden size, H query heads, D head size.
@@ -49,7 +49,7 @@ from qkv.models.configs.layer_spec import AttentionSpec, LayerSpec, MlpSpec, Nor
 from qkv.runtime.native import native_kernels
 from qkv.runtime.linear.block import BlockLinear, StackedBlockLinear
 from qkv.runtime.linear.float import NativeFloatLinear
-from qkv.runtime.native_layer_spec import declined, layer_vectors, pack
+from qkv.runtime.layer_step_spec import declined, layer_vectors, pack
 from qkv.runtime.linear.quantized import Int4Linear, Int8Linear
 
 MAX_STACKED_BLOCKS = 4  # runtime/native/csrc/kernels.h's MAX_PARTS: matrices of different block types in one product
@@ -123,11 +123,11 @@ def spec_of(parts: LayerParts, rotary: RotaryEmbedding | None) -> LayerSpec | No
 
 def _cache_buffers(cache: KVCache) -> tuple[Tensor, ...] | None:
     """What the kernel writes and reads of one layer's cache: (keys, values, lengths) of a cache
-    that stores position p at slot p (`fused_buffers`), (keys, values, lengths, key_positions)
-    of a sliding-window ring (`WindowKVCache.fused_ring`), or None for other kinds."""
+    that stores position p at slot p (`kernel_buffers`), (keys, values, lengths, key_positions)
+    of a sliding-window ring (`WindowKVCache.kernel_ring`), or None for other kinds."""
     if isinstance(cache, WindowKVCache):
-        return cache.fused_ring()
-    return cache.fused_buffers()
+        return cache.kernel_ring()
+    return cache.kernel_buffers()
 
 
 def _layer_arguments(parts: LayerParts, spec: LayerSpec | None,
@@ -160,48 +160,48 @@ def _layer_arguments(parts: LayerParts, spec: LayerSpec | None,
     return (pack(spec), vectors, *linears, k_cache, v_cache, lengths), ring
 
 
-class FusedLayers:
+class NativeLayerStep:
     """A model's decode steps as one `qkv::decoder_layer` call per layer (module docstring).
 
     `for_model(model)` (at preparation) checks that every layer can run so; a session then
     takes its own copy bound to its caches (`bound_to`), so sessions on one model never
     share or undo each other's binding. When a session's cache kind does not fit, it runs
-    the layers as modules and `on_unfused` is called once (the runtime compiles the layers
+    the layers as modules and `on_modules` is called once (the runtime compiles the layers
     with Inductor then, for those other kinds).
     """
 
-    def __init__(self, on_unfused: Callable[[], object] | None = None) -> None:
+    def __init__(self, on_modules: Callable[[], object] | None = None) -> None:
         self._layers: list[tuple[tuple[Any, ...], Tensor | None]] | None = None
         self._cache: KVCache | None = None  # the first layer's, asked which rows a call carries
-        self._on_unfused = on_unfused
-        self.fallback: object = None  # what on_unfused returned, once called
+        self._on_modules = on_modules
+        self.fallback: object = None  # what on_modules returned, once called
 
     @staticmethod
-    def for_model(model: CausalDecoder, on_unfused: Callable[[], object] | None = None) -> FusedLayers | None:
-        """FusedLayers for `model` when qkv's kernels are loaded and its layers can run as
+    def for_model(model: CausalDecoder, on_modules: Callable[[], object] | None = None) -> NativeLayerStep | None:
+        """NativeLayerStep for `model` when qkv's kernels are loaded and its layers can run as
         one call each (checked on a one-row static cache), else None."""
         if not native_kernels().available or model.layer_parts() is None:
             return None
-        probe = FusedLayers()
+        probe = NativeLayerStep()
         probe.bind(model, [StaticKVCache(spec) for spec in model.cache_specs(1, 1)])
         if not probe.bound:
             return None
-        return FusedLayers(on_unfused)
+        return NativeLayerStep(on_modules)
 
     @property
     def bound(self) -> bool:
         return self._layers is not None
 
-    def bound_to(self, model: CausalDecoder, caches: list[KVCache]) -> FusedLayers | None:
+    def bound_to(self, model: CausalDecoder, caches: list[KVCache]) -> NativeLayerStep | None:
         """A copy of these layers bound to one session's `caches`, or None when they cannot
-        run with that kind (then `on_unfused` runs, once per model)."""
-        session = FusedLayers()
+        run with that kind (then `on_modules` runs, once per model)."""
+        session = NativeLayerStep()
         session.bind(model, caches)
         if session.bound:
             return session
-        if self._on_unfused is not None:
-            on_unfused, self._on_unfused = self._on_unfused, None
-            self.fallback = on_unfused()
+        if self._on_modules is not None:
+            on_modules, self._on_modules = self._on_modules, None
+            self.fallback = on_modules()
         return None
 
     def bind(self, model: CausalDecoder, caches: list[KVCache]) -> None:
@@ -226,18 +226,18 @@ class FusedLayers:
         self._cache = caches[0] if self._layers is not None else None
 
     def takes(self, x: Tensor, positions: Tensor, mask: Tensor | None) -> bool:
-        """Whether a call with these inputs is a decode step the fused layers run."""
+        """Whether a call with these inputs is a decode step the layer step run."""
         return (self._layers is not None and mask is None and x.shape[1] == 1 and x.dtype == torch.float32
                 and x.device.type == "cpu" and not torch.is_grad_enabled() and positions.numel() in (1, x.shape[0]))
 
     def __call__(self, x: Tensor, positions: Tensor) -> Tensor:
         """x (B, 1, C), positions (1,) or (B, 1) -> x after every layer, (B, 1, C); the caches
-        hold the new keys and values (in the cache rows the call carries: `fused_rows`)."""
+        hold the new keys and values (in the cache rows the call carries: `kernel_rows`)."""
         assert self._layers is not None and self._cache is not None
         b, _, c = x.shape
         hidden = x.reshape(b, c).contiguous()  # (B, C)
         where = positions.reshape(-1).to(torch.int64).expand(b).contiguous()  # (B,)
-        rows = self._cache.fused_rows()  # (B,) cache rows, or None: row r is cache row r
+        rows = self._cache.kernel_rows()  # (B,) cache rows, or None: row r is cache row r
         layer = torch.ops.qkv.decoder_layer.default
         for arguments, ring in self._layers:
             hidden = layer(hidden, *arguments, where, rows, ring)

@@ -18,7 +18,7 @@ from qkv.attention.rope import Llama3RopeScaling
 from qkv.errors import QkvError
 from qkv.generation import sample, stream
 from qkv.models.decoder import CausalDecoder
-from qkv.models.gpt2 import GPTConfig, GPTModel
+from qkv.models.gpt2 import GPTConfig, GPT2Decoder
 from qkv.models.llama import LlamaForCausalLM
 from qkv.models.configs.qwen import Qwen3Config
 
@@ -43,8 +43,8 @@ def llama() -> LlamaForCausalLM:
     return spread(LlamaForCausalLM(cfg))
 
 
-def gpt() -> GPTModel:
-    return spread(GPTModel(GPTConfig(vocab_size=VOCAB, context_length=64, emb_dim=64, n_heads=4, n_layers=2, drop_rate=0.0)))
+def gpt() -> GPT2Decoder:
+    return spread(GPT2Decoder(GPTConfig(vocab_size=VOCAB, context_length=64, emb_dim=64, n_heads=4, n_layers=2, drop_rate=0.0)))
 
 
 MODELS = {"qwen3-llama3-rope": llama, "gpt2": gpt}
