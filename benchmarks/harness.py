@@ -261,7 +261,7 @@ def parser(doc: str | None, *, rounds: int | None = None, rounds_aliases: Sequen
     `threads` and `json` add the shared flags with those defaults (add_rounds, add_threads,
     add_json)."""
     first, _, rest = (doc or "").strip().partition("\n\n")
-    made = argparse.ArgumentParser(description=" ".join(first.split()), epilog=rest or None,
+    made = argparse.ArgumentParser(description=first, epilog=rest or None,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     if rounds is not None:
         add_rounds(made, rounds, *rounds_aliases)

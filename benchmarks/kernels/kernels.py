@@ -1,9 +1,11 @@
 """qkv's decode kernels (qkv.runtime.native) against PyTorch's for the same products, one row of
 activations (a decode step), weights out of cache: each call reads another copy of the
-weight, enough copies to exceed the last-level cache. Contenders alternate round by round;
-medians of --rounds; GB/s counts the weight bytes each contender reads.
+weight, enough copies to exceed the last-level cache. Contenders alternate round by round,
+who goes first rotating (benchmarks/harness.py: qkv.bench.measure.timing's `alternate`, no
+warm-up round), each call of a round running over all the copies; medians of --rounds; GB/s
+counts the weight bytes each contender reads.
 
-    .venv/bin/python benchmarks/kernels.py [--rounds 15] [--threads 2]
+    .venv/bin/python benchmarks/kernels/kernels.py [--rounds 15] [--threads 2] [--json PATH]
 
 Rows per product (one decode token of each model):
 - SmolLM2-135M: stacked q/k/v 960x576, o 576x576, stacked gate/up 3072x576, down 576x1536
@@ -14,16 +16,17 @@ Rows per product (one decode token of each model):
 
 from __future__ import annotations
 
-import argparse
-import statistics
-import time
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from qkv.runtime.native import native_kernels
-from qkv.runtime.native.ops import f32_linear, int4_linear, int8_linear
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+import harness  # noqa: E402
+from qkv.runtime.native import native_kernels  # noqa: E402
+from qkv.runtime.native.ops import f32_linear, int4_linear, int8_linear  # noqa: E402
 
 SMOLLM2 = {"qkv": (960, 576, 30), "o": (576, 576, 30), "gate_up": (3072, 576, 30), "down": (576, 1536, 30),
            "head": (49152, 576, 1)}
@@ -32,16 +35,25 @@ GPT2 = {"qkv": (2304, 768, 12), "o": (768, 768, 12), "fc": (3072, 768, 12), "pro
 LAST_LEVEL_CACHE = 64 * 2**20  # bytes of weight copies to cycle through: more than this machine's 32 MiB L3
 
 
-def timed(contenders: dict[str, tuple[Callable[[object], object], list[object]]], rounds: int) -> dict[str, float]:
-    """Median seconds per call of each contender, alternating round by round."""
-    samples: dict[str, list[float]] = {name: [] for name in contenders}
-    for _ in range(rounds):
-        for name, (call, copies) in contenders.items():
-            start = time.perf_counter()
+RESULTS: dict[str, object] = {}  # what --json writes: every product's measurements
+
+
+def timed(contenders: dict[str, tuple[Callable[[object], object], list[object]]], rounds: int,
+          label: str = "") -> dict[str, float]:
+    """Median seconds per call of each contender, alternating round by round (a round's call
+    of a contender goes over all its copies: `work` = that many products)."""
+
+    def over_copies(call: Callable[[object], object], copies: list[object]) -> Callable[[], None]:
+        def run() -> None:
             for copy in copies:
                 call(copy)
-            samples[name].append((time.perf_counter() - start) / len(copies))
-    return {name: statistics.median(values) for name, values in samples.items()}
+        return run
+
+    measured = harness.alternate({name: over_copies(call, copies) for name, (call, copies) in contenders.items()},
+                                 work={name: len(copies) for name, (_, copies) in contenders.items()},
+                                 unit="products", repeats=rounds, warmup=0)
+    RESULTS[label] = harness.summary(measured.values())
+    return {name: m.median_s / m.work for name, m in measured.items()}
 
 
 def copies(make: Callable[[], object], nbytes: int) -> list[object]:
@@ -68,7 +80,7 @@ def smollm2_products(rounds: int) -> None:
         }
         if name == "head":  # both precisions keep the head at int8
             contenders = {key: value for key, value in contenders.items() if "int8" in key}
-        seconds = timed(contenders, rounds)
+        seconds = timed(contenders, rounds, f"SmolLM2 {name} {n}x{k}")
         cells = []
         for contender, value in seconds.items():
             bytes_read = n * k * (5 / 8 if "int4" in contender else 1)
@@ -92,7 +104,7 @@ def gpt2_products(rounds: int) -> None:
             "F.linear": (lambda w: F.linear(x, w), weights),
             "x @ W (input-major)": (lambda w: x @ w, input_major),
         }
-        seconds = timed(contenders, rounds)
+        seconds = timed(contenders, rounds, f"GPT-2 {name} {n}x{k}")
         cells = []
         for contender, value in seconds.items():
             cells.append(f"{contender} {value * 1e6:8.1f} us ({n * k * 4 / value / 1e9:4.1f})")
@@ -102,16 +114,18 @@ def gpt2_products(rounds: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--threads", type=int, default=2)
+    parser = harness.parser(__doc__, rounds=15, threads=2, json=True)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    facts = harness.header("qkv's decode kernels against PyTorch's, one row, weights out of cache")
     status = native_kernels()
     if not status.available:
         raise SystemExit(f"qkv's kernels are not available here: {status.reason}")
     smollm2_products(args.rounds)
     gpt2_products(args.rounds)
+    if args.json:
+        harness.write_json(args.json, {"kernels": status.describe(), "rounds": args.rounds, "threads": args.threads,
+                                       "products": RESULTS}, facts)
 
 
 if __name__ == "__main__":

@@ -3,34 +3,31 @@
 Spawns N gloo processes on 127.0.0.1 per setting (torch.multiprocessing), each holding a
 zigzag shard of one causal sequence shaped like SmolLM2's attention (9 query heads sharing
 3 key/value heads, head size 64, float32), and times forward + backward of ring attention
-(median of --repeats after one warm-up). Reports per rank: the block compute time, the
-bytes it sent (keys/values forward, keys/values and their float32 gradients backward) and
-the peak bytes of keys/values it held at once (own shard + block in use + block arriving).
+(median of --rounds after one warm-up; one contender per setting, so nothing alternates:
+the medians are benchmarks/harness.py's Measurements). Reports per rank: the block compute
+time, the bytes it sent (keys/values forward, keys/values and their float32 gradients
+backward) and the peak bytes of keys/values it held at once (own shard + block in use +
+block arriving).
 
-    .venv/bin/python benchmarks/ring.py --seq-len 8192 --json ring.json
+    .venv/bin/python benchmarks/kernels/ring.py --seq-len 4096 --rounds 3 --json benchmarks/kernels/ring.json
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import socket
-import statistics
+import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from qkv.attention.ring import Ring, ShardLayout, ring_attention
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+import harness  # noqa: E402
+from qkv.attention.ring import Ring, ShardLayout, ring_attention  # noqa: E402
 
 
 def worker(rank: int, n: int, port: int, args: argparse.Namespace, queue) -> None:
@@ -45,7 +42,7 @@ def worker(rank: int, n: int, port: int, args: argparse.Namespace, queue) -> Non
     v = torch.randn(1, 3, t, 64, generator=g, requires_grad=True)
     dout = torch.randn(1, 9, t, 64, generator=g)
     forward, total = [], []
-    for i in range(args.repeats + 1):
+    for i in range(args.rounds + 1):
         ring = Ring(layout, rank, dist.group.WORLD if n > 1 else None)
         dist.barrier()
         t0 = time.perf_counter()
@@ -57,8 +54,9 @@ def worker(rank: int, n: int, port: int, args: argparse.Namespace, queue) -> Non
             forward.append(t1 - t0)
             total.append(t2 - t0)
     queue.put({
-        "rank": rank, "tokens": t, "forward_s": statistics.median(forward),
-        "forward_backward_s": statistics.median(total), "bytes_sent": ring.stats.bytes_sent,
+        "rank": rank, "tokens": t, "forward_s": harness.Measurement("forward", t, "tokens", tuple(forward)).median_s,
+        "forward_backward_s": harness.Measurement("forward+backward", t, "tokens", tuple(total)).median_s,
+        "bytes_sent": ring.stats.bytes_sent,
         "peak_kv_bytes": ring.stats.peak_kv_bytes,
         "own_kv_bytes": 2 * k.numel() * k.element_size(),
     })
@@ -69,7 +67,7 @@ def worker(rank: int, n: int, port: int, args: argparse.Namespace, queue) -> Non
 def measure(n: int, args: argparse.Namespace) -> list[dict]:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = free_port()
+    port = harness.free_port()
     procs = [ctx.Process(target=worker, args=(r, n, port, args, queue)) for r in range(n)]
     for p in procs:
         p.start()
@@ -80,16 +78,16 @@ def measure(n: int, args: argparse.Namespace) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__, json=True)
     parser.add_argument("--seq-len", type=int, default=8192)
     parser.add_argument("--worlds", default="1,2,4")
-    parser.add_argument("--repeats", type=int, default=3)
+    harness.add_rounds(parser, 3, "--repeats", help="timed runs per rank after one warm-up (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args()
     results = {}
+    facts = harness.header("ring attention on N processes of this machine")
     print(f"causal ring attention, S={args.seq_len}, H=9, H_kv=3, D=64, float32, zigzag, "
-          f"{args.threads} thread(s) per process; per rank: median of {args.repeats}")
+          f"{args.threads} thread(s) per process; per rank: median of {args.rounds}")
     print(f"{'N':>2} {'tokens/rank':>11} {'fwd s':>8} {'fwd+bwd s':>10} {'MB sent':>9} "
           f"{'peak KV MB':>11} {'own KV MB':>10} {'full-seq KV MB':>15}")
     full_kv = 2 * 3 * args.seq_len * 64 * 4 / 1e6
@@ -102,8 +100,8 @@ def main() -> None:
               f"{max(r['peak_kv_bytes'] for r in rows) / 1e6:>11.2f} "
               f"{max(r['own_kv_bytes'] for r in rows) / 1e6:>10.2f} {full_kv:>15.2f}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"seq_len": args.seq_len, "threads": args.threads, "results": results}, f, indent=1)
+        harness.write_json(args.json, {"seq_len": args.seq_len, "threads": args.threads, "repeats": args.rounds,
+                                       "results": results}, facts)
 
 
 if __name__ == "__main__":
