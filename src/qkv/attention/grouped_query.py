@@ -16,7 +16,7 @@ through ring attention.
 
 Modules are named like the Hugging Face checkpoints they load (q_proj, k_proj, v_proj,
 o_proj, q_norm, k_norm), so loading is a near-identity key map. For decoding,
-`fuse_projections()` stacks q_proj, k_proj and v_proj into one `qkv_proj` (one matrix
+`stack_projections()` stacks q_proj, k_proj and v_proj into one `qkv_proj` (one matrix
 product reads the three weights: at batch 1 each product is a pass over its weight, and
 fewer, larger passes are faster); `project(x)` gives the three projections either way.
 
@@ -104,7 +104,7 @@ class GroupedQueryAttention(nn.Module):
         self.k_proj = nn.Linear(emb_dim, num_kv_heads * head_dim, bias=qkv_bias)
         self.v_proj = nn.Linear(emb_dim, num_kv_heads * head_dim, bias=qkv_bias)
         self.o_proj = nn.Linear(num_heads * head_dim, emb_dim, bias=out_bias)
-        self.qkv_proj: nn.Linear | None = None  # set by fuse_projections(), replacing the three
+        self.qkv_proj: nn.Linear | None = None  # set by stack_projections(), replacing the three
         q_width, k_width = (head_dim, head_dim) if qk_norm_over == "head" else (num_heads * head_dim, num_kv_heads * head_dim)
         self.q_norm: nn.Module = RMSNorm(q_width, norm_eps, weight_offset=qk_norm_offset) if qk_norm else nn.Identity()
         self.k_norm: nn.Module = RMSNorm(k_width, norm_eps, weight_offset=qk_norm_offset) if qk_norm else nn.Identity()
@@ -116,9 +116,9 @@ class GroupedQueryAttention(nn.Module):
         kv = self.num_kv_heads * self.head_dim
         return self.num_heads * self.head_dim, kv, kv
 
-    def fuse_projections(self) -> None:
+    def stack_projections(self) -> None:
         """Replace q_proj, k_proj and v_proj by one `qkv_proj` holding their rows (same
-        numbers, one matrix product). For inference: done by qkv.runtime.linear.prepare_for_decoding."""
+        numbers, one matrix product). For inference: done by qkv.runtime.prepare.prepare_for_decoding."""
         if self.qkv_proj is None:
             self.qkv_proj = stack_linears([self.q_proj, self.k_proj, self.v_proj])
             del self.q_proj, self.k_proj, self.v_proj

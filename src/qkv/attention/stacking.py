@@ -17,7 +17,7 @@ from torch import nn
 
 from qkv.util.empty_init import parameters_on_meta
 
-# The stacked layers `fuse_projections` makes and the checkpoint layers whose rows they hold, in order.
+# The stacked layers `stack_projections` makes and the checkpoint layers whose rows they hold, in order.
 STACKED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
 
@@ -49,9 +49,9 @@ def stack_linears(layers: list[nn.Linear]) -> nn.Linear:
     return stacked
 
 
-def fuse_projections(model: nn.Module) -> int:
-    """Fuse every layer of `model` that knows how (`fuse_projections()`); returns the count."""
-    fusable = [m for m in model.modules() if callable(getattr(m, "fuse_projections", None)) and m is not model]
-    for module in fusable:
-        module.fuse_projections()
-    return len(fusable)
+def stack_projections(model: nn.Module) -> int:
+    """Stack the projections of every layer of `model` that knows how (`stack_projections()`); returns the count."""
+    stackable = [m for m in model.modules() if callable(getattr(m, "stack_projections", None)) and m is not model]
+    for module in stackable:
+        module.stack_projections()
+    return len(stackable)

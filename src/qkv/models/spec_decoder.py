@@ -69,7 +69,7 @@ def norm_names(spec: LayerSpec) -> dict[str, str]:
 
 class GatedMLP(nn.Module):
     """down_proj(act(gate_proj(x)) * up_proj(x)): (B, T, C) -> (B, T, C) through F; SwiGLU
-    with silu, GeGLU with gelu_tanh. For decoding, `fuse_projections()` stacks gate_proj
+    with silu, GeGLU with gelu_tanh. For decoding, `stack_projections()` stacks gate_proj
     and up_proj into `gate_up_proj` (one product, the same numbers)."""
 
     def __init__(self, hidden_size: int, spec: MlpSpec) -> None:
@@ -84,7 +84,7 @@ class GatedMLP(nn.Module):
         self.down_proj = nn.Linear(f, hidden_size, bias=spec.bias)
         self.gate_up_proj: nn.Linear | None = None
 
-    def fuse_projections(self) -> None:
+    def stack_projections(self) -> None:
         if self.gate_up_proj is None:
             self.gate_up_proj = stack_linears([self.gate_proj, self.up_proj])
             del self.gate_proj, self.up_proj
@@ -190,7 +190,7 @@ class SpecDecoder(CausalDecoder):
 
     def layer_parts(self) -> list[LayerParts] | None:
         """Each layer's tensors as its description names them (`layer_specs()`), for qkv's
-        whole-layer kernel, or None before `fuse_projections` (the kernel reads q, k, v and
+        whole-layer kernel, or None before `stack_projections` (the kernel reads q, k, v and
         gate, up stacked). Which descriptions the kernel runs is the runtime's to say."""
         rotaries = self.model.rotaries()
         parts = []

@@ -17,8 +17,8 @@ layers the description is read here from the layer's modules (`spec_of`). A laye
 by what its description says (`declined`: LongRoPE, say), not by a list of codes kept beside
 the C++.
 
-    model.fused_layers = NativeLayerStep.for_model(model)   # qkv.runtime.linear.prepare_for_decoding does this
-    # then: model.setup_cache(...) binds the caches; model.forward() takes decode steps here
+    step = NativeLayerStep.for_model(model)   # qkv.runtime.prepare.prepare_for_decoding does this
+    # then: step.bound_to(model, caches) per session (qkv.runtime.session); None: the modules run
 
 Which calls it takes: one new token per row, float32, no gradients, no extra mask, and
 caches whose kind gives `kernel_buffers()` (StaticKVCache, SlotKVCache) or is a sliding-window

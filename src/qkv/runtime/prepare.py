@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from qkv.errors import QkvError
-from qkv.attention.stacking import fuse_projections
+from qkv.attention.stacking import stack_projections
 from qkv.models.decoder import CausalDecoder
 from qkv.runtime.native import NativeStatus, native_kernels
 from qkv.runtime.native_attention import register_native_attention
@@ -140,7 +140,7 @@ def _shape_layers(model: CausalDecoder, precision: str, *, empty: bool = False) 
     """The prepared layers at `precision` (a resolved one); empty=True makes them without
     computing their weights, for a state assigned next (qkv.runtime.prepared_cache)."""
     model.eval()
-    fuse_projections(model)  # q/k/v and gate/up: one product each (qkv.attention.stacking)
+    stack_projections(model)  # q/k/v and gate/up: one product each (qkv.attention.stacking)
     if precision in QUANTIZED:
         quantize(model, precision, empty=empty)  # from the weights as loaded (float32 for these precisions)
     elif precision == "float32" and native_kernels().available:

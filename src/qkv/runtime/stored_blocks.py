@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from qkv.attention.stacking import fuse_projections, stacked_from
+from qkv.attention.stacking import stack_projections, stacked_from
 from qkv.runtime.linear.block import BlockEmbedding, stacked_block_linear
 from qkv.runtime.stored_four_bits import fill_from_state, stacked_values, stored_parts
 
@@ -82,7 +82,7 @@ def load_stored_blocks(opened: OpenedModel) -> LoadedModel | None:
     stored = source.read_stored(torch.float32, embedding=True)
     loaded = opened.skeleton()
     loaded.model.eval()
-    fuse_projections(loaded.model)  # q/k/v and gate/up as one layer each, as every precision has them
+    stack_projections(loaded.model)  # q/k/v and gate/up as one layer each, as every precision has them
     with torch.no_grad():
         if not use_file_blocks(loaded.model, stored.state, stored.blocks):
             return None

@@ -108,7 +108,7 @@ def llama_crash(path: Path) -> str | None:
         return None
     if done.returncode < 0:
         name = signal.Signals(-done.returncode).name
-        hint = " (an instruction this CPU lacks: rebuild it without AVX-512, see the README)" if name == "SIGILL" else ""
+        hint = " (an instruction this CPU lacks: rebuild it without AVX-512, see docs/bench.md)" if name == "SIGILL" else ""
         return f"loading the model killed the process with {name}{hint}"
     return f"loading the model failed: {(done.stderr.strip().splitlines() or ['no output'])[-1]}"
 
@@ -116,7 +116,7 @@ def llama_crash(path: Path) -> str | None:
 def llama_contender(ids: list[int], new: int, threads: int) -> Callable[[], list[int]] | str:
     module = optional("llama_cpp", "llama.cpp")
     if isinstance(module, str):
-        return module + "; build it as the README says"
+        return module + "; build it as docs/bench.md says"
     crash = llama_crash(smollm2_path())
     if crash is not None:
         return f"llama.cpp: skipped ({crash})"
