@@ -5,22 +5,25 @@ at once (temperature 0, 64 tokens), then each alone, then each alone again after
 traces (with generation) ran on the same server; and run `qkv generate --chat` on each.
 Every answer must be the same token for token. Prints a table and exits 1 on a mismatch.
 
-    .venv/bin/python benchmarks/batch_invariance.py [--precisions auto int8] [--tokens 64]
+    .venv/bin/python benchmarks/decode/batch_invariance.py [--precisions auto int8] [--tokens 64] [--json PATH]
 
-The server binds 127.0.0.1 on a free port and is always stopped.
+The server binds 127.0.0.1 on a free port and is always stopped (benchmarks/harness.py's
+`running`). Nothing is timed: the machine's facts head the output for the record.
 """
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
+import contextlib
 import json
-import os
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+import harness  # noqa: E402
 
 PROMPTS = [
     "Count to ten: one, two,",
@@ -32,12 +35,6 @@ PROMPTS = [
     "Give me a recipe for pancakes.",
     "Translate 'good morning' into Spanish.",
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _post(port: int, path: str, body: dict) -> dict:
@@ -54,20 +51,11 @@ def _chat(port: int, prompt: str, tokens: int) -> str:
     return answer["choices"][0]["message"]["content"]
 
 
-def _serve(precision: str, port: int) -> subprocess.Popen[bytes]:
+@contextlib.contextmanager
+def _serve(precision: str, port: int) -> Iterator[subprocess.Popen[bytes]]:
     command = [sys.executable, "-m", "qkv", "serve", "--model", "smollm2", "--port", str(port), "--dtype", precision]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise SystemExit(f"qkv serve exited: {server.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).read()
-            return server
-        except OSError:
-            time.sleep(0.5)
-    server.kill()
-    raise SystemExit("qkv serve did not come up in 300 s")
+    with harness.running(command, f"http://127.0.0.1:{port}/health", timeout=300, stderr=subprocess.PIPE) as server:
+        yield server
 
 
 def _generate(precision: str, prompt: str, tokens: int) -> str:
@@ -78,21 +66,14 @@ def _generate(precision: str, prompt: str, tokens: int) -> str:
 
 
 def run(precision: str, tokens: int) -> dict[str, list[bool]]:
-    port = _free_port()
-    server = _serve(precision, port)
-    try:
+    port = harness.free_port()
+    with _serve(precision, port):
         with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
             together = list(pool.map(lambda p: _chat(port, p, tokens), PROMPTS))
         alone = [_chat(port, p, tokens) for p in PROMPTS]
         for prompt in PROMPTS[:3]:  # explorer traces on the same model, with generation
             _post(port, "/explorer/trace", {"text": prompt, "layer": 3, "head": 1, "generate": 4})
         after = [_chat(port, p, tokens) for p in PROMPTS]
-    finally:
-        server.terminate()
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
     generated = [_generate(precision, p, tokens) for p in PROMPTS]
     for i, prompt in enumerate(PROMPTS):
         if len({together[i], alone[i], after[i], generated[i].strip()}) > 1:
@@ -106,17 +87,21 @@ def run(precision: str, tokens: int) -> dict[str, list[bool]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__, json=True)
     parser.add_argument("--precisions", nargs="+", default=["auto", "int8"])
     parser.add_argument("--tokens", type=int, default=64)
     args = parser.parse_args()
-    print(f"machine: {os.cpu_count()} cores; {args.tokens} greedy tokens, {len(PROMPTS)} prompts")
+    facts = harness.header("batch invariance on SmolLM2 through qkv serve and qkv generate")
+    print(f"machine: {facts['logical cpus']} cores; {args.tokens} greedy tokens, {len(PROMPTS)} prompts")
     failed = False
+    table: dict[str, dict[str, list[bool]]] = {}
     for precision in args.precisions:
-        results = run(precision, args.tokens)
+        results = table[precision] = run(precision, args.tokens)
         for check, equal in results.items():
             print(f"{precision:>8}  {check:<40} {sum(equal)}/{len(equal)} equal")
             failed |= not all(equal)
+    if args.json:
+        harness.write_json(args.json, {"tokens": args.tokens, "prompts": PROMPTS, "equal": table}, facts)
     sys.exit(1 if failed else 0)
 
 

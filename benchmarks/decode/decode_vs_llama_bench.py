@@ -4,37 +4,40 @@ llama-bench's `-p 0 -n 128` is pure decode: 128 tokens after an empty prompt, th
 its repetitions. qkv's side is the path `qkv generate` takes without flags
 (`load_for_generation`: the file's default precision, compiled, qkv's kernels), timed over
 the same 128 decode steps after a one-token prompt (its prefill excluded). The two alternate
-`--rounds` times in one run; medians and their ratio are printed.
+`--rounds` times in one run, who goes first rotating (benchmarks/harness.py: each side
+reports its own seconds, the rounds are qkv.bench.measure.timing's `alternate`); medians
+and their ratio are printed.
 
-    .venv/bin/python benchmarks/decode_vs_llama_bench.py --llama-bench /work/peers/build/bin/llama-bench \\
-        [--model smollm2 | FILE.gguf] [--threads 2] [--rounds 3] [--dtype auto | int8 | ...]
+    .venv/bin/python benchmarks/decode/decode_vs_llama_bench.py --llama-bench /work/peers/build/bin/llama-bench \\
+        [--model smollm2 | FILE.gguf] [--threads 2] [--rounds 3] [--dtype auto | int8 | ...] [--json PATH]
 
-Build llama-bench as the README's benchmark section says (llama.cpp's own tools, this CPU's
-best flags).
+Build llama-bench as benchmarks/README.md says ("llama.cpp's tools": llama.cpp's own tools,
+this CPU's best flags); without --llama-bench it is looked for in llama_tools.BIN.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import statistics
-import subprocess
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from qkv.attention.caches.kv_cache import SlotKVCache
-from qkv.generation import continue_from, warm_up
-from qkv.models.loader import named_model, smollm2_path
-from qkv.names import CHOICES, DEFAULT_PRECISION
-from qkv.runtime import DecodeSession, load_for_generation
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+import harness  # noqa: E402
+import llama_tools  # noqa: E402
+from qkv.attention.caches.kv_cache import SlotKVCache  # noqa: E402
+from qkv.generation import continue_from, warm_up  # noqa: E402
+from qkv.models.loader import named_model, smollm2_path  # noqa: E402
+from qkv.names import CHOICES, DEFAULT_PRECISION  # noqa: E402
+from qkv.runtime import DecodeSession, load_for_generation  # noqa: E402
 
 TOKENS = 128
 
 
-def qkv_rate(model: torch.nn.Module, tokens: int) -> float:
-    """Decode tokens/s over `tokens` steps after a one-token prompt (prefill not counted), in a
+def qkv_seconds(model: torch.nn.Module, tokens: int) -> float:
+    """Seconds of `tokens` decode steps after a one-token prompt (prefill not counted), in a
     session of slots as `qkv generate` decodes."""
     prompt = torch.zeros(1, dtype=torch.long)
     with DecodeSession(model, capacity=tokens + 8, kind=SlotKVCache) as session:  # generate's session kind
@@ -42,37 +45,43 @@ def qkv_rate(model: torch.nn.Module, tokens: int) -> float:
         start = time.perf_counter()
         for _ in continue_from(session, logits, tokens + 1):  # tokens + 1 choices: `tokens` decode steps
             pass
-        return tokens / (time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+    print(f"qkv: {tokens / seconds:.1f} tokens/s", flush=True)
+    return seconds
 
 
-def llama_rate(binary: str, path: str, threads: int, tokens: int) -> float:
-    out = subprocess.run([binary, "-m", path, "-p", "0", "-n", str(tokens), "-t", str(threads), "-o", "json"],
-                         capture_output=True, text=True, timeout=900, check=True)
-    runs = json.loads(out.stdout)
-    return float(statistics.median(r["avg_ts"] for r in runs))
+def llama_seconds(binary: Path, path: str, threads: int, tokens: int) -> float:
+    """llama-bench's own median rate for `tokens` decode steps, as the seconds they took."""
+    rate = llama_tools.bench_rate(binary, path, threads, tokens)
+    print(f"llama-bench: {rate:.1f} tokens/s", flush=True)
+    return tokens / rate
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--llama-bench", required=True, help="path of llama.cpp's llama-bench")
+    parser = harness.parser(__doc__, rounds=3, threads=2, json=True)
+    parser.add_argument("--llama-bench", help=f"path of llama.cpp's llama-bench (default: {llama_tools.BIN}/llama-bench)")
     parser.add_argument("--model", default="smollm2", help="'smollm2' or a .gguf file")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--dtype", choices=CHOICES, default=DEFAULT_PRECISION,
                         help="qkv's decode precision, as `qkv generate --dtype` (default: the file's)")
     args = parser.parse_args()
+    bench = llama_tools.tool("llama-bench", args.llama_bench)
     path = str(smollm2_path()) if named_model(args.model) else args.model
     torch.set_num_threads(args.threads)
+    facts = harness.header("decode: qkv's default path against llama-bench -p 0 -n 128 on the same file")
     model, _, setup = load_for_generation(path, precision=args.dtype)
     warm_up(model, capacity=TOKENS + 8)
     print(f"qkv: {setup.describe()}; {os.cpu_count()} cores, {args.threads} threads; {path}", flush=True)
-    ours, theirs = [], []
-    for round_ in range(args.rounds):
-        ours.append(qkv_rate(model, TOKENS))
-        theirs.append(llama_rate(args.llama_bench, path, args.threads, TOKENS))
-        print(f"round {round_}: qkv {ours[-1]:.1f} tokens/s, llama-bench {theirs[-1]:.1f}", flush=True)
-    q, l = statistics.median(ours), statistics.median(theirs)
-    print(f"median qkv {q:.1f} tokens/s, llama-bench {l:.1f} tokens/s, ratio {q / l:.2f}x")
+    measured = harness.self_timed({"qkv": lambda: qkv_seconds(model, TOKENS),
+                                   "llama-bench": lambda: llama_seconds(bench, path, args.threads, TOKENS)},
+                                  work=TOKENS, unit="tokens", rounds=args.rounds)
+    ratios = harness.ratios_over(measured, "llama-bench")
+    print(harness.table(measured.values(), ratios))
+    q, l = measured["qkv"].rate, measured["llama-bench"].rate
+    print(f"median qkv {q:.1f} tokens/s, llama-bench {l:.1f} tokens/s, ratio {ratios[0].value:.2f}x")
+    if args.json:
+        harness.write_json(args.json, {"model": path, "qkv": setup.describe(), "threads": args.threads,
+                                       "llama_bench": str(bench), **harness.summary(measured.values(), ratios)},
+                           facts)
 
 
 if __name__ == "__main__":

@@ -1,25 +1,28 @@
 """`qkv explain` (the book's six-token example) launch to exit, against an older qkv source
 tree and against `import torch` alone (the floor: the walkthrough computes with torch).
 
-    python benchmarks/explain_startup.py --base /tmp/qkv-base/src --repeats 7
+    python benchmarks/decode/explain_startup.py --base /tmp/qkv-base/src --rounds 7   # (--repeats: the same)
 
 Each contender is a fresh process with its own PYTHONPATH; the runs alternate (base, new,
-torch, base, new, ...) so a busy machine slows them alike. Prints the medians, the ratio, and
-whether the two trees print the same text.
+torch, then new, torch, base, ...: who goes first rotates; benchmarks/harness.py's
+`alternate_own` on qkv.bench.measure.timing's rounds, each run reporting its wall and CPU
+seconds) so a busy machine slows them alike. Prints the medians, the ratio, and whether the
+two trees print the same text.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import resource
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent.parent / "src"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+import harness  # noqa: E402
+
+HERE = harness.SRC  # this tree's sources
 
 
 def _cpu() -> float:
@@ -39,29 +42,37 @@ def _run(argv: list[str], src: Path | None) -> tuple[float, float, bytes]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.parser(__doc__, rounds=7, rounds_aliases=("--repeats",), json=True)
     parser.add_argument("--base", type=Path, required=True, help="the src/ folder of the qkv to compare with")
-    parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
+    facts = harness.header("`qkv explain` launch to exit: an older tree, this one, `import torch`")
     explain = [sys.executable, "-m", "qkv", "explain"]
     contenders = {"base": (explain, args.base), "new": (explain, HERE),
                   "import torch": ([sys.executable, "-c", "import torch"], None)}
-    times: dict[str, list[float]] = {name: [] for name in contenders}
-    cpus: dict[str, list[float]] = {name: [] for name in contenders}
     outputs: dict[str, bytes] = {}
-    for _ in range(args.repeats):
-        for name, (argv, src) in contenders.items():
-            seconds, cpu, out = _run(argv, src)
-            times[name].append(seconds)
-            cpus[name].append(cpu)
-            outputs[name] = out
-    for name, samples in times.items():
-        print(f"{name:>13}: wall median {statistics.median(samples):.3f} s (min {min(samples):.3f}, "
-              f"max {max(samples):.3f}), CPU median {statistics.median(cpus[name]):.3f} s, {len(samples)} runs")
+
+    def contender(name: str):
+        def call() -> dict[str, float]:
+            seconds, cpu, outputs[name] = _run(*contenders[name])
+            return {"wall_s": seconds, "cpu_s": cpu}
+        return call
+
+    own = harness.alternate_own({name: contender(name) for name in contenders}, rounds=args.rounds)
+    times = {name: harness.Measurement(name, 1, "runs", s["wall_s"]) for name, s in own.items()}
+    cpus = {name: harness.Measurement(f"{name} CPU", 1, "runs", s["cpu_s"]) for name, s in own.items()}
+    for name, m in times.items():
+        print(f"{name:>13}: wall median {m.median_s:.3f} s (min {min(m.samples_s):.3f}, "
+              f"max {max(m.samples_s):.3f}), CPU median {cpus[name].median_s:.3f} s, {len(m.samples_s)} runs")
     for label, table in (("wall", times), ("CPU", cpus)):
-        base, new, floor = (statistics.median(table[n]) for n in ("base", "new", "import torch"))
-        print(f"{label}: new / base {new / base:.2f}; new - import torch {new - floor:+.3f} s")
+        base, new, floor = (table[n] for n in ("base", "new", "import torch"))
+        # new / base as seconds over seconds: the inverse of harness.ratio's rate over rate
+        print(f"{label}: new / base {1 / harness.ratio(new, base).value:.2f}; "
+              f"new - import torch {new.median_s - floor.median_s:+.3f} s")
     print(f"same output: {outputs['base'] == outputs['new']}")
+    if args.json:
+        harness.write_json(args.json, {"base": str(args.base), "same_output": outputs["base"] == outputs["new"],
+                                       "wall": harness.summary(times.values()), "cpu": harness.summary(cpus.values())},
+                           facts)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Where `qkv generate`'s time to the first token goes, phase by phase, in fresh processes.
 
-    .venv/bin/python benchmarks/first_token.py [--runs 5] [--model smollm2]
+    .venv/bin/python benchmarks/decode/first_token.py [--runs 5] [--model smollm2] [--json PATH]
 
 Each run starts a new Python process that runs the real command,
 `qkv generate --model M --prompt <32 tokens> --max-new-tokens 1` (default flags: auto
@@ -25,15 +25,18 @@ weights as a first-ever run does). Phases, in order:
 
 The first run also fills the caches (qkv's kernels, the prepared weights, Inductor's), so it
 is reported apart; the others are "second runs" and their medians are printed. Timings of each run are printed as they come.
+One contender, so nothing alternates; the machine's facts head the output (benchmarks/harness.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import statistics
 import subprocess
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+import harness  # noqa: E402
 
 PROMPT = (
     "The history of the printing press begins in the fifteenth century, when Johannes "
@@ -110,24 +113,33 @@ def run_once(model: str, cache: str) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__, json=True)
     parser.add_argument("--runs", type=int, default=5, help="second runs to take the median of (0: only the first)")
     parser.add_argument("--model", default="smollm2")
     args = parser.parse_args()
+    facts = harness.header(f"time to the first token of `qkv generate --model {args.model}`, fresh processes")
     from tokenizers import Tokenizer  # noqa: F401 - only to fail early without the venv
 
     import tempfile
 
     rows = []
+    first: dict[str, float] = {}
     cache = tempfile.TemporaryDirectory(prefix="qkv-first-token-")
     for i in range(args.runs + 1):
-        marks = run_once(args.model, cache.name)
-        print(("first " if i == 0 else "second") + "  " + "  ".join(f"{k} {marks.get(k, 0):.2f}" for k in PHASES), flush=True)
+        measured = run_once(args.model, cache.name)
+        marks = {k: measured.get(k, 0.0) for k in PHASES}  # a phase the run did not go through took 0
+        print(("first " if i == 0 else "second") + "  " + "  ".join(f"{k} {marks[k]:.2f}" for k in PHASES), flush=True)
         if i:
             rows.append(marks)
+        else:
+            first = marks
+    medians = harness.median_of_each(rows) if rows else {}
     if rows:
-        print("median  " + "  ".join(f"{k} {statistics.median(r.get(k, 0) for r in rows):.2f}" for k in PHASES))
+        print("median  " + "  ".join(f"{k} {medians[k]:.2f}" for k in PHASES))
     cache.cleanup()
+    if args.json:
+        harness.write_json(args.json, {"model": args.model, "phases_s": {"first": first, "second_runs": rows,
+                                                                         "second_median": medians}}, facts)
 
 
 if __name__ == "__main__":
