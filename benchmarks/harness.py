@@ -12,8 +12,9 @@ What this module adds is only what the scripts need beside that:
   reports its own tokens/s; a decode step timed without its prefill; CPU seconds; a server
   run's tokens/s and time to first token): each call returns its numbers, and the rotation,
   warm-up and order are `alternate`'s, because `alternate` runs them;
-- `from_rates`, `self_timed`: such numbers as `Measurement`s, so that medians and ratios
-  come from the package as for everything else;
+- `self_timed`: such seconds as `Measurement`s, so that medians and ratios come from the
+  package as for everything else; `median_ratio` for numbers that are not seconds of a
+  fixed amount of work (a server run's tokens/s);
 - `machine()` / `header()`: the CPU (model, family, cores, the AVX2 / AVX-512 / VNNI / AMX
   flags present), torch and its thread count, Python, the load average and the commit,
   printed as a header and returned as a dict for the JSON output;
@@ -56,8 +57,8 @@ from qkv.util.atomic import atomic_write_text
 
 __all__ = [
     "BENCHMARKS", "Measurement", "Probed", "ROOT", "Ratio", "SHARED_DATA", "SRC", "VERDICT", "add_json",
-    "add_rounds", "add_threads", "alternate", "alternate_own", "alternate_probed", "free_port", "from_rates",
-    "header", "machine", "median", "median_of_each", "parser", "per_round_ratio", "ratio", "ratios_over",
+    "add_rounds", "add_threads", "alternate", "alternate_own", "alternate_probed", "free_port",
+    "header", "machine", "median", "median_of_each", "median_ratio", "parser", "per_round_ratio", "ratio", "ratios_over",
     "running", "self_timed", "summary", "table", "write_json",
 ]
 
@@ -117,11 +118,11 @@ def self_timed(contenders: Mapping[str, Callable[[], float]], *, work: float | M
     return {name: Measurement(name, float(per[name]), unit, s["seconds"]) for name, s in samples.items()}
 
 
-def from_rates(name: str, rates: Iterable[float], unit: str) -> Measurement:
-    """Rates measured per run (tokens/s a server reported, llama-bench's avg_ts) as a
-    Measurement of one unit of work per sample: its `rate` is the median rate (exactly, for
-    an odd number of runs; between the two middle ones for an even number)."""
-    return Measurement(name, 1.0, unit, tuple(1.0 / r for r in rates))
+def median_ratio(of: str, of_values: Iterable[float], over: str, over_values: Iterable[float]) -> Ratio:
+    """For numbers each run measures itself (a server run's tokens/s or time to first token):
+    the ratio of their medians, of over over, both from the same run of rounds. Unlike
+    `ratio`, nothing is inverted: two rates give rate over rate, two times time over time."""
+    return Ratio(of, over, statistics.median(list(of_values)) / statistics.median(list(over_values)))
 
 
 def ratios_over(measurements: Mapping[str, Measurement], over: str) -> list[Ratio]:

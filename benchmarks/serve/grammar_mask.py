@@ -5,9 +5,11 @@ tokens of one valid document: at every step it computes the mask of allowed toke
 bitmask (what a server must do before it samples), the step's token is checked to be
 allowed, and consumed. Reported: compile time and the median / p90 mask time per token.
 Also the cost of applying the bitmask to a (1, V) logits row with torch, which every
-library needs in the same way.
+library needs in the same way. The libraries walk one after the other (each its own
+matcher's states, so a token at a time cannot alternate between them); medians are
+benchmarks/harness.py's Measurements of the per-token samples.
 
-    PYTHONPATH=src python benchmarks/grammar_mask.py [--xgrammar-path /tmp/xg]
+    PYTHONPATH=src python benchmarks/serve/grammar_mask.py [--xgrammar-path /tmp/xg] [--json PATH]
 
 xgrammar pulls triton (a GPU compiler) as a dependency: install it aside for this
 measurement with `pip install --no-deps --target /tmp/xg xgrammar apache-tvm-ffi`.
@@ -15,14 +17,17 @@ measurement with `pip install --no-deps --target /tmp/xg xgrammar apache-tvm-ffi
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+import harness  # noqa: E402
 
 SCHEMA = {
     "type": "object",
@@ -76,8 +81,9 @@ def walk(name: str, compile_: Callable[[], object], fill: Callable[[object, torc
         if not allowed(mask, token):
             raise SystemExit(f"{name}: token {token} of the document was masked out")
         accept(state, token)
+    per_token = harness.Measurement(name, 1, "masks", tuple(times))
     times.sort()
-    return {"compile_ms": compiled * 1e3, "median_us": statistics.median(times) * 1e6,
+    return {"compile_ms": compiled * 1e3, "median_us": per_token.median_s * 1e6,
             "p90_us": times[int(0.9 * len(times))] * 1e6,
             "mean_us": statistics.fmean(times) * 1e6, "tokens": len(ids)}
 
@@ -87,9 +93,11 @@ def bit_allowed(mask: torch.Tensor, token: int) -> bool:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = harness.parser(__doc__, json=True)
     parser.add_argument("--xgrammar-path", default="/tmp/xg")
     args = parser.parse_args()
+    facts = harness.header("a JSON-schema token mask per token: llguidance, outlines-core, xgrammar",
+                           packages=("llguidance", "outlines_core", "xgrammar"))
     from qkv.models.loader import open_model
 
     opened = open_model("smollm2")
@@ -141,18 +149,22 @@ def main() -> None:
     mask = torch.full((1, (vocab + 31) // 32), -1, dtype=torch.int32)
     from qkv.generation.constraints import apply_bitmask
 
-    times = []
-    for _ in range(200):
-        row = logits.clone()
+    def masked() -> float:
+        row = logits.clone()  # not timed: each call masks a fresh row
         begin = time.perf_counter()
         apply_bitmask(row, mask[0])
-        times.append(time.perf_counter() - begin)
+        return time.perf_counter() - begin
+
+    applied = harness.self_timed({"apply_bitmask": masked}, work=1, unit="rows", rounds=200)["apply_bitmask"]
     print(f"SmolLM2 vocabulary {vocab}, document of {len(ids)} tokens")
     for name, r in results.items():
         print(f"{name:16s} compile {r['compile_ms']:8.1f} ms   mask per token median {r['median_us']:8.1f} us"
               f"  p90 {r['p90_us']:8.1f} us  mean {r['mean_us']:8.1f} us")
     print(f"apply a bitmask to one (V,) row (qkv.generation.constraints.apply_bitmask): median "
-          f"{statistics.median(times) * 1e6:.1f} us")
+          f"{applied.median_s * 1e6:.1f} us")
+    if args.json:
+        harness.write_json(args.json, {"vocabulary": vocab, "document_tokens": len(ids), "libraries": results,
+                                       "apply_bitmask": applied.to_dict()}, facts)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Load generator for `qkv serve`, with the official `openai` client, on loopback only.
 
-    python benchmarks/serve_load.py --model smollm2 --clients 1 4 8 --requests 8 --max-tokens 64
-    python benchmarks/serve_load.py --model smollm2 --clients 8 --churn 200 --max-tokens 24
+    python benchmarks/serve/serve_load.py --model smollm2 --clients 1 4 8 --requests 8 --max-tokens 64
+    python benchmarks/serve/serve_load.py --model smollm2 --clients 8 --churn 200 --max-tokens 24
 
 Starts `qkv serve` as a subprocess on a free 127.0.0.1 port, then for each client count
 sends the same `--requests` streaming chat requests from that many threads (greedy, `ignore`
@@ -10,7 +10,8 @@ whole run, p50/p95 time to first token and inter-token latency. With --churn N i
 requests from the largest client count instead, closing every fourth mid-stream, and checks
 every completed answer against the prompt's answer alone, the slots (occupancy 0 after) and
 the server's memory (RSS before and after). Everything is bounded by
---timeout; the server is stopped at the end.
+--timeout; the server is stopped at the end (benchmarks/harness.py's `running`). One
+contender: benchmarks/serve/serve_vs_llama.py runs this load against llama-server too.
 """
 
 from __future__ import annotations
@@ -18,24 +19,19 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import signal
-import socket
-import statistics
-import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 from openai import OpenAI
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+import harness  # noqa: E402
+
 PROMPTS = ["Explain attention in one paragraph.", "Write a short poem about keys and values.",
            "What is a KV cache?", "Describe the cat that sat on the mat.", "Why is the sky blue?",
            "List three uses of transformers.", "Tell a story about a small robot.", "What is softmax?"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -112,7 +108,7 @@ def churn(client: OpenAI, model: str, pid: int, clients: int, requests: int, max
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__, json=True)
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--requests", type=int, default=8)
@@ -124,47 +120,40 @@ def main() -> int:
     parser.add_argument("--churn", type=int, metavar="N",
                         help="instead: N requests from the largest client count, a quarter closed mid-stream")
     args = parser.parse_args()
-    port = _free_port()
+    facts = harness.header(f"qkv serve under load: {args.model}, loopback")
+    port = harness.free_port()
     command = [sys.executable, "-m", "qkv", "serve", "--model", args.model, "--port", str(port),
                "--max-batch", str(args.max_batch)] + (["--threads", str(args.threads)] if args.threads else []) + (
                ["--dtype", args.dtype] if args.dtype else [])
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + args.timeout
-    try:
-        while True:
-            try:
-                name = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).json()["model"]
-                break
-            except httpx.TransportError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise SystemExit("the server did not start")
-                time.sleep(0.2)
+    rows: list[dict[str, float]] = []
+    with harness.running(command, f"http://127.0.0.1:{port}/health", timeout=args.timeout, stop=signal.SIGINT) as server:
+        name = httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).json()["model"]
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=args.timeout)
         one(client, name, "Hi", 4)  # warm-up
         if args.churn:
             churn(client, name, server.pid, max(args.clients), args.churn, args.max_tokens)
         else:
-            table(client, name, args)
+            rows = table(client, name, args)
         occupancy = [line for line in httpx.get(f"http://127.0.0.1:{port}/metrics").text.splitlines()
                      if line.startswith("qkv_batch_occupancy ")]
         print(occupancy[0])
-    finally:
-        server.send_signal(signal.SIGINT)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
+    if args.json and rows:
+        harness.write_json(args.json, {"model": args.model, "requests": args.requests, "max_tokens": args.max_tokens,
+                                       "runs": rows, "occupancy_after": occupancy[0]}, facts)
     return 0
 
 
-def table(client: OpenAI, name: str, args: argparse.Namespace) -> None:
+def table(client: OpenAI, name: str, args: argparse.Namespace) -> list[dict[str, float]]:
     print("| clients | tokens | seconds | tokens/s | TTFT p50 / p95 (s) | inter-token p50 / p95 (ms) |")
     print("|---|---|---|---|---|---|")
+    rows = []
     for clients in args.clients:
         r = run(client, name, clients, args.requests, args.max_tokens)
+        rows.append(r)
         print(f"| {clients} | {r['tokens']} | {r['seconds']:.1f} | {r['tokens_per_s']:.1f} | "
               f"{r['ttft_p50']:.2f} / {r['ttft_p95']:.2f} | {1000 * r['itl_p50']:.0f} / {1000 * r['itl_p95']:.0f} |",
               flush=True)
+    return rows
 
 
 if __name__ == "__main__":

@@ -1,29 +1,34 @@
 """What constrained decoding costs on SmolLM2, and whether its replies validate (20 of 20).
 
-    PYTHONPATH=src python benchmarks/structured_decode.py [--replies 20] [--batch 4]
+    PYTHONPATH=src python benchmarks/serve/structured_decode.py [--replies 20] [--batch 4] [--json PATH]
 
 The engine of `qkv serve` (the same continuous batch, no HTTP) runs `--replies` JSON-schema
 requests, `--batch` at a time, sampled at temperature 0.7 with seeds 0.. (each row under its
 own llguidance matcher), and checks every reply with jsonschema. Then it runs the same
 prompts unconstrained, each cut at the length its constrained reply had, so both runs decode
-the same number of tokens in the same batch shapes. The two runs alternate twice (ABBA);
-reported: decode tokens/s of each (time after each request's first token), and the ratio.
+the same number of tokens in the same batch shapes. The two runs alternate twice (ABBA:
+qkv.bench.measure.timing's rotating rounds through benchmarks/harness.py's `alternate_own`);
+reported: decode tokens/s of each (time after each request's first token), and the ratio of
+their medians (of two runs: their means).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
+import sys
 import threading
 import time
+from pathlib import Path
 
 import jsonschema
 
-from qkv.generation.constraints import Grammars, json_schema_grammar
-from qkv.generation.sampling import Sampling
-from qkv.serve.engine.batching import Finished
-from qkv.serve.http.server import load_served
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+import harness  # noqa: E402
+from qkv.generation.constraints import Grammars, json_schema_grammar  # noqa: E402
+from qkv.generation.sampling import Sampling  # noqa: E402
+from qkv.serve.engine.batching import Finished  # noqa: E402
+from qkv.serve.http.server import load_served  # noqa: E402
 
 PERSON = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 40}, "age": {"type": "integer", "minimum": 0, "maximum": 120},
@@ -78,10 +83,11 @@ def run(served, prompt: list[int], seeds: list[int], batch: int, grammar: str | 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = harness.parser(__doc__, json=True)
     parser.add_argument("--replies", type=int, default=20)
     parser.add_argument("--batch", type=int, default=4)
     args = parser.parse_args()
+    facts = harness.header("constrained decoding on SmolLM2: replies that validate, and the cost", packages=("llguidance",))
     served = load_served("smollm2", max_batch=args.batch, capacity=512, prefix_reuse=False)
     served.grammars = Grammars(served.tokenizer, vocab_size=served.model.cfg.vocab_size, stop_ids=served.stop_ids)
     grammar = json_schema_grammar(PERSON)
@@ -99,12 +105,17 @@ def main() -> None:
             except (json.JSONDecodeError, jsonschema.ValidationError) as error:
                 print(f"seed {seed}: {type(error).__name__}: {str(error)[:120]}")
         lengths = {seed: len(r) for seed, r in replies.items()}
-        rates: dict[str, list[float]] = {"constrained": [], "free": []}
-        for order in (("constrained", "free"), ("free", "constrained")):
-            for kind in order:
-                _, seconds, tokens = run(served, prompt, seeds, args.batch, grammar if kind == "constrained" else None,
-                                         lengths)
-                rates[kind].append(tokens / seconds)
+
+        def decoding(kind: str):
+            def call() -> dict[str, float]:
+                _, seconds, tokens = run(served, prompt, seeds, args.batch,
+                                         grammar if kind == "constrained" else None, lengths)
+                return {"tokens_per_s": tokens / seconds, "seconds": seconds, "tokens": tokens}
+            return call
+
+        # two rounds, who goes first rotating: constrained, free, free, constrained (ABBA)
+        own = harness.alternate_own({kind: decoding(kind) for kind in ("constrained", "free")}, rounds=2)
+        rates = {kind: list(samples["tokens_per_s"]) for kind, samples in own.items()}
     finally:
         served.engine.stop()
     print(f"SmolLM2, {args.replies} json_schema replies, {args.batch} rows at a time: {valid} of {args.replies} "
@@ -112,8 +123,12 @@ def main() -> None:
     print("example:", served.tokenizer.decode(replies[0]))
     for kind, values in rates.items():
         print(f"{kind:12s} decode tokens/s per run: " + ", ".join(f"{v:.1f}" for v in values))
-    ratio = statistics.fmean(rates["constrained"]) / statistics.fmean(rates["free"])
-    print(f"constrained / free: {ratio:.3f} (cost {100 * (1 - ratio):.1f}% of decode tokens/s)")
+    ratio = harness.median_ratio("constrained", rates["constrained"], "free", rates["free"])
+    print(f"constrained / free: {ratio.value:.3f} (cost {100 * (1 - ratio.value):.1f}% of decode tokens/s)")
+    if args.json:
+        harness.write_json(args.json, {"replies": args.replies, "batch": args.batch, "valid": valid,
+                                       "mean_reply_tokens": statistics.fmean(lengths.values()), "runs": own,
+                                       "ratios": [ratio.to_dict()]}, facts)
 
 
 if __name__ == "__main__":
