@@ -2,7 +2,7 @@
 `qkv train --preset book`. Losses at every evaluation, time per step, peak memory.
 
     git clone https://github.com/rasbt/LLMs-from-scratch /tmp/LLMs-from-scratch
-    .venv/bin/python benchmarks/book_ch05.py --book-code /tmp/LLMs-from-scratch/ch05/01_main-chapter-code \
+    .venv/bin/python benchmarks/quality/book_ch05.py --book-code /tmp/LLMs-from-scratch/ch05/01_main-chapter-code \
         --data ../shared/data/the-verdict.txt --json /tmp/book_ch05.json
 
 The book's code runs as its notebook (ch05.ipynb, section 5.2) runs it: GPT_CONFIG_124M with
@@ -10,11 +10,12 @@ context 256, torch.manual_seed(123) before the loaders and again before GPTModel
 weight decay 0.1, 10 epochs, eval_freq 5, eval_iter 5. Its tiktoken.get_encoding("gpt2") is
 given tiktoken's gpt2 encoding built offline from the rank file qkv reads (no download). Each
 run is its own process (peak RSS is the process's); both use the same number of torch threads.
+Two runs, not rounds: --parallel runs them side by side so that both see the same load. The
+JSON is written atomically with the machine's facts (benchmarks/harness.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -24,6 +25,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+import harness  # noqa: E402
 
 LINE = re.compile(r"Ep (\d+) \(Step (\d+)\): Train loss ([0-9.]+), Val loss ([0-9.]+)")
 
@@ -88,7 +92,7 @@ def run_qkv(data: str, epochs: int, threads: int, out: str, plot: str | None) ->
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__)
     parser.add_argument("--book-code", required=True, help="LLMs-from-scratch/ch05/01_main-chapter-code")
     parser.add_argument("--data", required=True)
     parser.add_argument("--epochs", type=int, default=10)
@@ -103,6 +107,7 @@ def main() -> None:
     if args.which == "book":  # the child process
         print(json.dumps(run_book(args.book_code, args.data, args.epochs, args.threads)), file=sys.stderr)
         return
+    facts = harness.header("the book's chapter-5 run: its own code beside `qkv train --preset book`")
     results: dict = {"threads": args.threads, "epochs": args.epochs, "parallel": args.parallel,
                      "load_before": os.getloadavg()}
     child = None
@@ -126,7 +131,7 @@ def main() -> None:
         results["max_abs_diff"] = [max(abs(a - b), abs(c - d)) for a, b, c, d in
                                    zip(book["train_losses"], ours["train_losses"], book["val_losses"], ours["val_losses"])]
         results["time_per_step_ratio"] = (ours["seconds"] / ours["steps"]) / (book["seconds"] / book["steps"])
-    Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    harness.write_json(args.json, results, facts)
     print(json.dumps({k: v for k, v in results.items() if k not in ("book", "qkv")}, indent=1))
 
 

@@ -22,8 +22,13 @@ transformers' GGUF config map for gemma3 reads no query_pre_attn_scalar and no S
 config's defaults (256 and 10,000). The script prints both against the file's values; when
 they differ it also compares with transformers' model given the file's values, and says so.
 
-    .venv/bin/python benchmarks/gguf_reference.py                     # both parts, ~15 min on 2 cores
-    .venv/bin/python benchmarks/gguf_reference.py --only perplexity --context 512 --dtype float32
+    .venv/bin/python benchmarks/quality/gguf_reference.py --json benchmarks/quality/gguf_reference.json  # both, ~15 min on 2 cores
+    .venv/bin/python benchmarks/quality/gguf_reference.py --only perplexity --context 512 --dtype float32
+
+llama.cpp's tools (llama-perplexity, and optionally llama-tokenize and llama-quantize) are
+looked for in --llama-bin, by default llama_tools.BIN (benchmarks/README.md says how to build
+them). Nothing is timed against anything (the seconds are each run's own); the machine's
+facts head the output and the JSON (benchmarks/harness.py).
 
 Shape legend: T tokens of a sentence, V vocabulary.
 """
@@ -44,11 +49,13 @@ from typing import Any
 
 import torch
 
-from qkv.names import CHOICES
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+import harness  # noqa: E402
+import llama_tools  # noqa: E402
+from qkv.names import CHOICES  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-VERDICT = ROOT.parent / "shared" / "data" / "the-verdict.txt"
-LLAMA_BIN = Path("/work/peers/build/bin")
+VERDICT = harness.VERDICT
+LLAMA_BIN = llama_tools.BIN
 SENTENCES = [
     "Your journey starts with one step.",
     "Keys, queries and values: attention from the key up, one dot product at a time.",
@@ -294,6 +301,8 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    facts = harness.header("a real Q4_K_M GGUF against transformers (logits) and llama-perplexity",
+                           packages=("transformers", "gguf"))
     path = args.model if args.model is not None else real_file()
     results: dict[str, Any] = {}
     if args.only in (None, "logits"):
@@ -304,9 +313,7 @@ def main() -> None:
         results["perplexity"] = perplexity_part(path, args.data, args.context, args.dtype, args.threads, args.llama_bin,
                                                 shlex.split(args.llama_args), not args.no_f32_copy)
     if args.json is not None:
-        from qkv.util.atomic import atomic_write_text
-
-        atomic_write_text(args.json, json.dumps(results, indent=1) + "\n")
+        harness.write_json(args.json, results, facts)
 
 
 if __name__ == "__main__":

@@ -2,40 +2,35 @@
 
 Starts `qkv serve --dtype float32` on SmolLM2 (the checkpoint's numbers, as the direct
 scoring and transformers use them), runs lm-eval 0.4's `local-completions` model on the
-multiple-choice task in benchmarks/lm_eval_task (tokens counted by the server's own
+multiple-choice task in benchmarks/quality/lm_eval_task (tokens counted by the server's own
 tokenizer: `tokenizer_backend=remote`, so lm-eval sends lists of token-id prompts with echo
 and reads back each prompt token's logprob), then scores every (context, continuation) pair
 again directly with qkv (one forward pass, no server, no cache) and, with --hf, with
 lm-eval's own `hf` backend (transformers reading the same GGUF). Prints the accuracy and
-the largest per-item differences; --json writes them.
+the largest per-item differences; --json writes them (atomically, with the machine's facts:
+benchmarks/harness.py, which also starts and stops the server).
 
-    python benchmarks/lm_eval_check.py --threads 1 [--hf [--hf-limit 10]] [--json out.json]
+    python benchmarks/quality/lm_eval_check.py --threads 1 [--hf [--hf-limit 10]] [--json benchmarks/quality/lm_eval_check.json]
 """
 
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
 import torch
 
-HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+import harness  # noqa: E402
+
+HERE = Path(__file__).resolve().parent  # lm_eval_task/ is beside this file
 TASK = "qkv_verdict_next"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def lm_eval(model: str, model_args: str, out: Path, extra: list[str], env: dict[str, str] | None = None) -> list[dict]:
@@ -98,32 +93,22 @@ def largest_difference(a: list[list[float]], b: list[list[float]]) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__, json=True)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=8, help="prompts per request lm-eval sends")
     parser.add_argument("--hf", action="store_true", help="also run lm-eval's hf backend on the same GGUF")
     parser.add_argument("--hf-limit", type=int, help="items the hf backend scores (default: all)")
-    parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     from qkv.util.threads import apply_threads
 
     apply_threads(args.threads)  # this process scores directly after the server has stopped
-    port = free_port()
+    facts = harness.header("lm-evaluation-harness against qkv serve, item by item", packages=("lm_eval",))
+    port = harness.free_port()
     env = {**os.environ, "OPENAI_API_KEY": "unused"}
-    server = subprocess.Popen([sys.executable, "-m", "qkv", "serve", "--model", "smollm2", "--port", str(port),
-                               "--threads", str(args.threads), "--max-batch", "8", "--dtype", "float32"], env=env)
+    command = [sys.executable, "-m", "qkv", "serve", "--model", "smollm2", "--port", str(port),
+               "--threads", str(args.threads), "--max-batch", "8", "--dtype", "float32"]
     results: dict[str, object] = {}
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise SystemExit("qkv serve did not start")
-            time.sleep(0.5)
+    with harness.running(command, f"http://127.0.0.1:{port}/health", timeout=300, env=env, stdout=None) as server:
         with tempfile.TemporaryDirectory() as tmp:
             samples = lm_eval(
                 "local-completions",
@@ -139,7 +124,7 @@ def main() -> None:
                        "max_abs_diff_serve_vs_direct": largest_difference(served, direct),
                        "per_item": [{"served": a, "direct": b} for a, b in zip(served, direct)]}
             if args.json:
-                args.json.write_text(json.dumps(results, indent=2) + "\n")
+                harness.write_json(args.json, results, facts)
             print({k: v for k, v in results.items() if k != "per_item"}, flush=True)
             if args.hf:
                 from qkv.models.loader import smollm2_path
@@ -157,13 +142,9 @@ def main() -> None:
                 results["hf_same_requests"] = hf_pairs == pairs[: len(hf)]
                 results["accuracy_lm_eval_hf"] = accuracy(hf_scores, hf)
                 results["max_abs_diff_serve_vs_hf"] = largest_difference(served[: len(hf)], hf_scores)
-    finally:
-        if server.poll() is None:
-            server.terminate()
-            server.wait(30)
     print(json.dumps({k: v for k, v in results.items() if k != "per_item"}, indent=2))
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        harness.write_json(args.json, results, facts)
 
 
 if __name__ == "__main__":

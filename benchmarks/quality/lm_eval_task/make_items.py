@@ -4,7 +4,7 @@ consecutive sentences of the story and asks which of four sentences comes next: 
 next one, or one of three drawn from elsewhere in the story (seeded, so the file is
 reproducible).
 
-    python benchmarks/lm_eval_task/make_items.py /work/shared/data/the-verdict.txt
+    python benchmarks/quality/lm_eval_task/make_items.py /work/shared/data/the-verdict.txt
 """
 
 from __future__ import annotations
