@@ -11,12 +11,15 @@ The converter needs a tokenizer it recognises; the models here carry a byte-leve
 trained by `tokenizers`, so its vocabulary step is replaced by the plain GPT-2 one (the
 tokenizer is not what is checked here).
 
-    python benchmarks/gguf_converter_check.py --converter PATH/TO/convert_hf_to_gguf.py
+    python benchmarks/gguf/gguf_converter_check.py --converter PATH/TO/convert_hf_to_gguf.py
+
+The converter is the one vendored in llama-cpp-python's source distribution
+($QKV_PEERS/src/llama_cpp_python-<version>/vendor/llama.cpp/convert_hf_to_gguf.py when unpacked
+as benchmarks/README.md says). Nothing is timed; the machine's facts head the output.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -27,8 +30,11 @@ import gguf
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+import harness  # noqa: E402
+
+ROOT = harness.ROOT
+sys.path[:0] = [str(ROOT / "src"), str(ROOT)]  # this tree's qkv, and its tests' GGUF writer
 
 from qkv.models.gguf.checkpoint import read_gguf  # noqa: E402
 from tests.models.conftest import make_tokenizer  # noqa: E402
@@ -100,9 +106,10 @@ def check(kind: str, overrides: dict, converter: Path, folder: Path) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.parser(__doc__)
     parser.add_argument("--converter", type=Path, required=True, help="llama.cpp's convert_hf_to_gguf.py")
     args = parser.parse_args()
+    harness.header("GGUF files of the tests' writer against llama.cpp's converter", packages=("gguf", "transformers"))
     cases = {k: (k, {}) for k in KINDS if k not in ("qwen3_plain", "gpt2_1024")} | EXTRA
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:

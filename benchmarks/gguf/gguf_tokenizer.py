@@ -7,36 +7,29 @@ gguf_file=...)` (transformers parses the file itself). Then both encode the book
 with the ids compared. The default file is SmolLM2's (byte-level BPE, 49,152 tokens); a
 SentencePiece vocabulary is timed on a model trained here on the story (--spm-vocab pieces).
 
-Times are medians of --repeats runs (transformers' read once: it takes seconds).
+Times are medians of --rounds runs (transformers' read once: it takes seconds); the two
+encoders alternate round by round (benchmarks/harness.py: qkv.bench.measure.timing's
+`alternate`, no warm-up round).
 
-    python benchmarks/gguf_tokenizer.py
-    python benchmarks/gguf_tokenizer.py --repeats 3 --spm-vocab 2000
+    python benchmarks/gguf/gguf_tokenizer.py [--json PATH]
+    python benchmarks/gguf/gguf_tokenizer.py --rounds 3 --spm-vocab 2000   # (--repeats: the same)
 
 Shape legend: none (text in, token ids out).
 """
 
 from __future__ import annotations
 
-import argparse
 import io
 import os
-import platform
-import statistics
+import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-VERDICT = Path(__file__).resolve().parents[2] / "shared" / "data" / "the-verdict.txt"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+import harness  # noqa: E402
 
-
-def median_seconds(call: Callable[[], Any], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+VERDICT = harness.VERDICT
 
 
 def sentencepiece_gguf(folder: Path, text: str, vocab_size: int) -> Path:
@@ -74,40 +67,51 @@ def measure(path: Path, text: str, repeats: int) -> dict[str, Any]:
     from qkv.models.gguf.tokenizer import read_gguf_tokenizer
 
     ours = read_gguf_tokenizer(open_gguf(path), path)
-    qkv_read = median_seconds(lambda: read_gguf_tokenizer(open_gguf(path), path), repeats)
+    qkv_read = harness.alternate({"qkv read": lambda: read_gguf_tokenizer(open_gguf(path), path)}, work=1,
+                                 unit="reads", repeats=repeats, warmup=0)["qkv read"]
+    loaded: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as folder:
         link = Path(folder) / path.name
         os.symlink(path.resolve(), link)
-        start = time.perf_counter()
-        theirs = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=path.name)
-        hf_read = time.perf_counter() - start
+
+        def hf_load() -> None:
+            loaded["theirs"] = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=path.name)
+
+        hf_read = harness.alternate({"transformers read": hf_load}, work=1, unit="reads", repeats=1,
+                                    warmup=0)["transformers read"]  # once: it takes seconds
+    theirs = loaded["theirs"]
     ids = ours.tokenizer.encode(text).ids
     same = ids == theirs(text)["input_ids"]
-    qkv_encode = median_seconds(lambda: ours.tokenizer.encode(text), repeats)
-    hf_encode = median_seconds(lambda: theirs(text), repeats)
+    encode = harness.alternate({"qkv encode": lambda: ours.tokenizer.encode(text), "transformers encode": lambda: theirs(text)},
+                               work=1, unit="texts", repeats=repeats, warmup=0)
     return {"file": path.name, "kind": ours.vocabulary.kind, "tokens": len(ours.vocabulary.tokens),
-            "qkv_read_s": qkv_read, "hf_read_s": hf_read, "qkv_encode_ms": qkv_encode * 1e3,
-            "hf_encode_ms": hf_encode * 1e3, "story_tokens": len(ids), "same_ids": same}
+            "qkv_read_s": qkv_read.median_s, "hf_read_s": hf_read.median_s,
+            "qkv_encode_ms": encode["qkv encode"].median_s * 1e3,
+            "hf_encode_ms": encode["transformers encode"].median_s * 1e3, "story_tokens": len(ids), "same_ids": same,
+            "read_ratio": harness.ratio(qkv_read, hf_read).to_dict(),
+            **harness.summary([qkv_read, hf_read, *encode.values()])}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser = harness.parser(__doc__, rounds=5, rounds_aliases=("--repeats",), json=True)
     parser.add_argument("--spm-vocab", type=int, default=2000)
     args = parser.parse_args()
     from qkv.models.loader import smollm2_path
 
     text = VERDICT.read_text(encoding="utf-8")
-    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}")
+    facts = harness.header("GGUF tokenizers: qkv against transformers, read and encode",
+                           packages=("transformers", "tokenizers", "gguf"))
     with tempfile.TemporaryDirectory() as folder:
-        rows = [measure(smollm2_path(), text, args.repeats),
-                measure(sentencepiece_gguf(Path(folder), text, args.spm_vocab), text, args.repeats)]
+        rows = [measure(smollm2_path(), text, args.rounds),
+                measure(sentencepiece_gguf(Path(folder), text, args.spm_vocab), text, args.rounds)]
     print("| file | kind | tokens | qkv read | transformers read | ratio | qkv encode | transformers encode | same ids |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['file']} | {r['kind']} | {r['tokens']:,} | {r['qkv_read_s']:.2f} s | {r['hf_read_s']:.2f} s "
-              f"| {r['hf_read_s'] / r['qkv_read_s']:.1f}x | {r['qkv_encode_ms']:.1f} ms | {r['hf_encode_ms']:.1f} ms "
+              f"| {r['read_ratio']['value']:.1f}x | {r['qkv_encode_ms']:.1f} ms | {r['hf_encode_ms']:.1f} ms "
               f"| {r['same_ids']} ({r['story_tokens']:,} tokens) |")
+    if args.json:
+        harness.write_json(args.json, {"rows": rows}, facts)
 
 
 if __name__ == "__main__":
