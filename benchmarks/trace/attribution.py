@@ -1,11 +1,13 @@
 """Issue 27 on real SmolLM2-135M: how fast the exact split is, what carries the sink, and which
 keys the prediction depends on in a copying example.
 
-    .venv/bin/python benchmarks/attribution.py --threads 2 --repeats 5 --json attribution.json
+    .venv/bin/python benchmarks/trace/attribution.py --threads 2 --rounds 5 --json attribution.json
 
 1. Speed: one head's full attribution of one query row (every key) at the first, middle and
    last layer, from the forward that records the sources to the checked split; median of
-   `--repeats` runs, next to the plain forward of the same text in the same rounds.
+   `--rounds` runs (--repeats: the same), next to the plain forward of the same text in the
+   same rounds, who goes first rotating (benchmarks/harness.py: qkv.bench.measure.timing's
+   `alternate`, no warm-up round).
 2. The sink: for the five heads with the most sink mass, the share of the first key's mean
    score held by its three largest (query source x key source) terms.
 3. Copying: "Anna lives in Paris. ... The capital of France is": a patch sweep over every
@@ -15,17 +17,19 @@ keys the prediction depends on in a copying example.
 
 from __future__ import annotations
 
-import argparse
 import json
-import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-import qkv
-from qkv.trace.explain.attribution import attribute_recorded, record_forward
-from qkv.trace.explain.patching import patch_sweep
-from qkv.trace.explain.sink import explain_sinks
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+import harness  # noqa: E402
+import qkv  # noqa: E402
+from qkv.trace.explain.attribution import attribute_recorded, record_forward  # noqa: E402
+from qkv.trace.explain.patching import patch_sweep  # noqa: E402
+from qkv.trace.explain.sink import explain_sinks  # noqa: E402
 
 SINK_TEXT = (
     "I had always thought Jack Gisburn rather a cheap genius--though a good fellow enough--so it "
@@ -38,19 +42,23 @@ COPY_DONOR = "Anna lives in Rome. She loves the city. The capital of France is"
 
 def _speed(model, ids, repeats: int) -> dict:
     t = ids.shape[1]
-    rows: dict[str, list[float]] = {"forward": []}
-    for _ in range(repeats):
-        start = time.perf_counter()
+    terms: dict[str, list[float]] = {}
+
+    def forward() -> None:
         with torch.no_grad():
             model(ids)
-        rows["forward"].append(time.perf_counter() - start)
-        for layer in (0, 15, 29):
-            start = time.perf_counter()
+
+    def attribution(layer: int):
+        def run() -> None:
             record = record_forward(model, ids, layers=[layer], queries=[t - 1])
             result = attribute_recorded(record, layer=layer, head=4, query=t - 1)
-            rows.setdefault(f"layer {layer}", []).append(time.perf_counter() - start)
-            rows.setdefault(f"layer {layer} terms", []).append(float(result.pairs.numel()))
-    return {name: statistics.median(values) for name, values in rows.items()}
+            terms.setdefault(f"layer {layer} terms", []).append(float(result.pairs.numel()))
+        return run
+
+    measured = harness.alternate({"forward": forward, **{f"layer {layer}": attribution(layer) for layer in (0, 15, 29)}},
+                                 work=1, unit="rows", repeats=repeats, warmup=0)
+    return {**{name: m.median_s for name, m in measured.items()},
+            **{name: harness.median(values) for name, values in terms.items()}}
 
 
 def _named(tokens: list[str], cells) -> list[dict]:
@@ -58,10 +66,7 @@ def _named(tokens: list[str], cells) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--json", metavar="FILE")
+    parser = harness.parser(__doc__, rounds=5, rounds_aliases=("--repeats",), threads=2, json=True)
     parser.add_argument("--parts", default="speed,sinks,sweeps",
                         help="comma-separated: speed, sinks, sweeps (default: all three)")
     args = parser.parse_args()
@@ -70,21 +75,21 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown parts {sorted(unknown)}; choose from speed, sinks, sweeps")
     torch.set_num_threads(args.threads)
+    facts = harness.header("exact score attribution and key patching on SmolLM2")
     model, tokenizer = qkv.load_pretrained("smollm2")
     out: dict = {"threads": args.threads}
 
     ids = torch.tensor([tokenizer.encode(SINK_TEXT).ids])
     out["tokens"] = int(ids.shape[1])
     if "speed" in parts:
-        out["speed_s"] = _speed(model, ids, args.repeats)
+        out["speed_s"] = _speed(model, ids, args.rounds)
         print("speed (median s):", json.dumps(out["speed_s"]), flush=True)
     if "sinks" in parts:
         _sinks(model, ids, out)
     if "sweeps" in parts:
         _sweeps(model, tokenizer, out)
     if args.json:
-        with open(args.json, "w") as file:
-            json.dump(out, file, indent=1)
+        harness.write_json(args.json, out, facts)
 
 
 def _sinks(model, ids, out: dict) -> None:
