@@ -44,4 +44,6 @@ def main(source: str) -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] in (["-h"], ["--help"]):
+        raise SystemExit(__doc__)
     main(sys.argv[1] if len(sys.argv) > 1 else "/work/shared/data/the-verdict.txt")
