@@ -129,7 +129,7 @@ def test_other_cache_kinds_run_the_modules_and_compile_them_once(kind_name: str)
     calls = []
     setup = prepare_for_decoding(model, precision="float32", compile=False)
     prepare._PREPARED[model] = dataclasses.replace(  # the native layers, with a probe for Inductor's fallback
-        setup, fused=NativeLayerStep.for_model(model, on_modules=lambda: calls.append(1)))
+        setup, layer_step=NativeLayerStep.for_model(model, on_modules=lambda: calls.append(1)))
     kind = cache_kind(kind_name, residual=8, group_size=8, sinks=2, window=16)
     prompt = torch.tensor([[3, 14, 15, 92, 65, 35]])
     assert torch.equal(generate(model, prompt, 24, kv_cache=kind), generate(reference, prompt, 24, kv_cache=kind))
