@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from qkv.attention.grouped_query import GroupedQueryAttention
-from qkv.attention.stacking import fuse_projections, stack_linears
+from qkv.attention.stacking import stack_projections, stack_linears
 from qkv.models.llama import LlamaForCausalLM
 from qkv.models.configs.llama import LlamaConfig
 from qkv.runtime.prepare import prepare_for_decoding
@@ -35,7 +35,7 @@ def test_fused_attention_and_llama_match_the_unfused_ones(qk_norm: bool) -> None
     attention = GroupedQueryAttention(36, 9, num_kv_heads=3, head_dim=8, qkv_bias=True, qk_norm=qk_norm).eval()
     x = torch.randn(2, 7, 36)
     fused = copy.deepcopy(attention)
-    fused.fuse_projections()
+    fused.stack_projections()
     assert not hasattr(fused, "k_proj") and fused.qkv_proj is not None
     torch.testing.assert_close(fused(x), attention(x))
     for got, want in zip(fused.project(x), attention.project(x)):
@@ -46,7 +46,7 @@ def test_fused_attention_and_llama_match_the_unfused_ones(qk_norm: bool) -> None
     model = LlamaForCausalLM(config).eval()
     ids = torch.randint(0, 97, (2, 11))
     reference = model(ids)
-    assert fuse_projections(model) == 4  # two attention layers, two SwiGLUs
+    assert stack_projections(model) == 4  # two attention layers, two SwiGLUs
     torch.testing.assert_close(model(ids), reference)
 
 

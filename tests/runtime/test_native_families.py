@@ -120,7 +120,7 @@ def test_the_families_describe_what_the_kernel_reads() -> None:
     bases = {s.rope.base for s in specs}
     assert bases == {10000.0, 1e6}
     parts = gemma3.layer_parts()
-    assert parts is None  # before fuse_projections: the kernel reads q, k, v and gate, up stacked
+    assert parts is None  # before stack_projections: the kernel reads q, k, v and gate, up stacked
     prepare_for_decoding(gemma3, precision="float32", compile=False)
     parts = gemma3.layer_parts()
     assert parts is not None and parts[0].attn_post_norm is not None and parts[0].q_norm is not None

@@ -244,14 +244,14 @@ def test_a_whole_gemma3_folder_loads_its_text_model(tmp_path: Path) -> None:
 def test_every_family_describes_its_layers_for_the_native_layer_kernel(saved) -> None:
     """layer_specs() and layer_parts() hand qkv's whole-layer kernel each layer's description
     and tensors; the runtime declines only what the kernel lacks (LongRoPE here)."""
-    from qkv.attention.stacking import fuse_projections
+    from qkv.attention.stacking import stack_projections
     from qkv.runtime.layer_step_spec import declined
 
     for name in CASES:
         folder, _ = saved(name)
         model, _ = qkv.load_pretrained(folder)
         assert model.layer_parts() is None, name  # the kernel reads q, k, v and gate, up stacked
-        fuse_projections(model)
+        stack_projections(model)
         parts, specs = model.layer_parts(), model.layer_specs()
         assert parts is not None and len(parts) == len(specs) == 4, name
         assert specs == model.spec.layers

@@ -43,7 +43,7 @@ def test_patching_a_key_or_value_with_its_own_changes_nothing_bit_for_bit(tiny_d
     model, _ = _load(tiny_decoder, "qwen3")
     if fused:
         for attention in model.attention_layers():
-            attention.fuse_projections()
+            attention.stack_projections()
     with torch.no_grad():
         plain = model(ids)
     for layer in (0, 1):
