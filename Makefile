@@ -41,7 +41,7 @@ test: install-dev
 bench: install-dev
 	$(BIN)/qkv bench --json benchmarks/perf.json --plot benchmarks/decode_context.png
 	$(BIN)/qkv bench --only smollm2,quality,startup --data ../shared/data/the-verdict.txt --json benchmarks/smollm2.json
-	$(BIN)/python benchmarks/attention.py
+	$(BIN)/python benchmarks/kernels/attention.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .hypothesis

@@ -2,7 +2,7 @@
 non-overlapping chunks, BOS in place of each chunk's first token, the second half scored.
 The numbers equal transformers' loss on chunks built here from llama.cpp's rule (labels
 -100 outside each chunk's second half), on a tiny random Llama whose tokenizer adds a BOS.
-Bad input: one line, exit code 2. (benchmarks/gguf_reference.py compares the scheme with
+Bad input: one line, exit code 2. (benchmarks/quality/gguf_reference.py compares the scheme with
 llama-perplexity itself on a real file.)"""
 
 from __future__ import annotations

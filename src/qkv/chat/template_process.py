@@ -12,7 +12,7 @@ address-space limit and a parent that kills it at the deadline bounds all of the
 or not, at once: nothing the template does can take more than `MEMORY_BYTES` or
 `qkv.chat.sandbox.MAX_SECONDS` plus a little.
 
-What it costs (benchmarks/RESULTS.md, "Issue 28"): one start per qkv process (Python and
+What it costs (benchmarks/HISTORY.md, "Issue 28"): one start per qkv process (Python and
 Jinja2 only, no torch), and per render a JSON round trip over two pipes; SmolLM2's template
 renders in the same order of time as in-process rendering, well below a decode step.
 

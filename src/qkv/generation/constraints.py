@@ -14,7 +14,7 @@ tokens are allowed exactly when the grammar accepts what was generated, so a rep
 only when it is complete (or at max_tokens, as with OpenAI's API).
 
 The matcher is llguidance's (Microsoft, MIT, Rust with Python bindings and no dependencies).
-Measured on this CPU with SmolLM2's 49,152-token vocabulary (benchmarks/grammar_mask.py,
+Measured on this CPU with SmolLM2's 49,152-token vocabulary (benchmarks/serve/grammar_mask.py,
 RESULTS.md "Issue 25"), its per-token mask is the cheapest of the three maintained libraries
 we tried (llguidance, xgrammar, outlines-core), it compiles a JSON schema in milliseconds
 (outlines-core builds a whole-vocabulary index per schema, seconds), it installs without

@@ -8,7 +8,7 @@ the chunk digests then hashed in order with each file's size). A same-size repla
 the modification time kept (`cp -p`, `rsync -a`, `tar`, `touch -r`) changes the bytes and so
 the key; only a SHA-256 collision could fool it. Sampling blocks would be cheaper but a
 swap that changes only the bytes between the samples (one tensor) would pass. What the full
-read costs is in benchmarks/RESULTS.md ("Issue 28").
+read costs is in benchmarks/HISTORY.md ("Issue 28").
 
 Writers name their temporary files `.<target>.<pid>.<hex>.tmp` (qkv.util.atomic); a writer killed
 with SIGKILL leaves one behind, and `remove_stale_temporaries` deletes those whose process is

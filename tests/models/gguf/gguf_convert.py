@@ -5,7 +5,7 @@ it: the same metadata keys per architecture, the tensor names from the `gguf` pa
 name map (the one the converter uses), and the converter's transforms: q/k rows permuted for
 llama and smollm3, 1 added to Gemma's norm weights, GPT-2's Conv1D matrices transposed. Its
 output was compared once by hand with the converter's on the same models (metadata and every
-tensor equal; see benchmarks/RESULTS.md, issue 24, GGUF architectures). The tokenizer is the
+tensor equal; see benchmarks/HISTORY.md, issue 24, GGUF architectures). The tokenizer is the
 byte-level BPE of the test's `tokenizers.Tokenizer`, as in tests/models/gguf/test_checkpoint.py.
 """
 

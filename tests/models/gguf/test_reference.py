@@ -118,7 +118,7 @@ def _real_gemma3_270m(tmp_path: Path) -> Path:
 @pytest.mark.slow
 def test_real_gemma3_270m_q4_k_m_float32_logits_equal_transformers(tmp_path: Path) -> None:
     """The real Q4_K_M file (Q4_K, Q6_K, Q5_0, Q8_0, F32): qkv's float32 logits within 1e-3 of
-    transformers' GGUF loading of it (benchmarks/gguf_reference.py measured 2.7e-5), the same
+    transformers' GGUF loading of it (benchmarks/quality/gguf_reference.py measured 2.7e-5), the same
     next tokens."""
     path = _real_gemma3_270m(tmp_path)
     model, tokenizer = qkv.load_pretrained(path)

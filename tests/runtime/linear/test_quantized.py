@@ -178,7 +178,7 @@ def test_unknown_quantization_is_refused() -> None:
 @pytest.mark.xdist_group("smollm2")
 def test_smollm2_perplexity_cost_within_the_bounds(smollm2_model) -> None:
     """The issue's quality bounds on real weights (a 384-token excerpt of the book's text,
-    the README's full measurement is in benchmarks/RESULTS.md): int8 within 1% and int4
+    the README's full measurement is in benchmarks/HISTORY.md): int8 within 1% and int4
     within 3% of bfloat16's perplexity, each prepared as `qkv generate` prepares it
     (bfloat16 activations for all three)."""
     model, tokenizer = smollm2_model

@@ -127,7 +127,7 @@ def alternate_probed(
 
     A contender is then judged by the machine as it was at that moment: on a shared VM the
     memory bandwidth switches between regimes within seconds (about 50 and 84 GB/s on the
-    machine of benchmarks/RESULTS.md), and a probe that ran a contender or two away in the
+    machine of benchmarks/HISTORY.md), and a probe that ran a contender or two away in the
     round may have seen the other regime.
     """
     samples, probes, order = _run(contenders, repeats, warmup, probe)

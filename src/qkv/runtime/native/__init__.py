@@ -9,7 +9,7 @@ is the weight bytes over the memory bandwidth. PyTorch's CPU kernels for this
 (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`) reach 5-9 GB/s here on SmolLM2's
 layers, against about 30 GB/s of read bandwidth; qkv's products reach 11-23 GB/s for int8,
 9-12 for int4 and 17-23 for float32, mostly by prefetching the next rows while they compute
-(benchmarks/RESULTS.md, `benchmarks/kernels.py`). The sources ship with qkv (products.cpp,
+(benchmarks/HISTORY.md, `benchmarks/kernels/kernels.py`). The sources ship with qkv (products.cpp,
 products_x86.cpp, attention.cpp, layer.cpp, sharing kernels.h) and are compiled by the
 machine's C++ compiler against PyTorch's stable C ABI (headers only), into a per-user cache
 folder keyed by the sources, the compiler and the torch version, so they are built once per
