@@ -10,7 +10,9 @@ file's tensors, read with safetensors (never pickle).
 
 The key hashes what the prepared tensors depend on: the full content of the weight files
 (qkv.util.cache_integrity.content_digest: every byte, so a same-size file swapped in with its
-modification time kept gets a new key), the precision, torch's version and the source of
+modification time kept gets a new key; qkv.util.digest_memo remembers it under the file's
+identity, inode to change time, which any write moves, so a warm start reads no byte of it
+again), the precision, torch's version and the source of
 the qkv modules that load and prepare weights, so a changed file, a new torch or a changed
 qkv writes a new entry. Only quantized precisions on qkv's kernels are kept (float32 and
 bfloat16 prepare in a moment), only for sources of at least SMALLEST_SOURCE bytes, and only
@@ -36,7 +38,8 @@ import torch
 from torch import Tensor, nn
 
 from qkv.util.atomic import atomic_write_with
-from qkv.util.cache_integrity import content_digest, remove_stale_temporaries, say_discarded, tensors_digest
+from qkv.util.cache_integrity import remove_stale_temporaries, say_discarded, tensors_digest
+from qkv.util.digest_memo import remembered_digest
 from qkv.runtime.native.build import cache_folder
 
 SMALLEST_SOURCE = 32 << 20  # bytes of weight files below which preparing is quick: not kept
@@ -79,7 +82,7 @@ def prepared_path(files: list[Path], precision: str) -> Path | None:
     try:
         if sum(f.stat().st_size for f in files) < smallest_source():
             return None
-        content = content_digest(files)
+        content = remembered_digest(files, cache_folder() / "digests.json")  # read once per file version
     except OSError:
         return None
     digest = hashlib.sha256(_code_digest())
