@@ -5,6 +5,9 @@ Every line here fits 80 columns: token texts are cut to a fixed width, numbers h
 formats. The HTML section escapes every string and is what `ScoreAttribution._repr_html_`
 shows in Jupyter and what `qkv explain --why --html` puts on its page.
 
+`qkv explain` prints the words' legend under these lines (qkv.trace.render.attribution_legend);
+the HTML section carries it inside.
+
 Shape legend: S attributed keys, nq / nk query / key sources, D/2 RoPE pairs.
 """
 
@@ -112,7 +115,7 @@ def row_lines(result: ScoreAttribution) -> list[str]:
 def sink_lines(sinks: list[SinkAttribution]) -> list[str]:
     lines = ["The sink explained: the heads that put the most weight on the first token",
              "(sink: that weight, averaged over the queries after it), and the first key's",
-             "mean score split into (query source x key source) terms (legend below)",
+             "mean score split into (query source x key source) terms",
              f"{'layer':>5}{'head':>5}{'sink':>7}{'score':>9}{'share':>7}  {'key sources carrying it':<45}"]
     for sink in sinks:
         carried = ", ".join(f"{short(n, 9)} {v:.1f}" for n, v in sink.key_totals()[:3])
