@@ -1,5 +1,6 @@
 """Every notebook in examples/ runs top to bottom in a real kernel (nbclient + ipykernel), and
-its traces render inline: the book's printed numbers in the text, the weights as HTML tables."""
+its traces render inline: the book's printed numbers in the text, the weights as HTML tables,
+the figures of the query the text is about, tokens shown as qkv shows them everywhere."""
 
 from __future__ import annotations
 
@@ -52,3 +53,8 @@ def test_notebook_runs_and_renders(path: Path):
         assert "[0.3061, 0.821]" in text  # the book's context vector of "journey"
         assert "tensor([0.3061, 0.8210]" in text
         assert "[[15496, 11, 314, 716]]" in text  # the book's ids of "Hello, I am"
+        # The first figures sit under the text about "journey": they show its query.
+        assert "score bars: query x(2) “journey”" in pages[0]
+    if path.stem == "real_model_keys":  # tokens as everything else shows them, not the BPE's Ġ
+        shown = "".join(outputs(book, "text")) + "".join(pages)
+        assert "␣journey" in shown and "Ġ" not in shown

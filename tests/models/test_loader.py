@@ -78,3 +78,14 @@ def test_the_address_space_limit_counts_as_available_memory() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ}, check=True)
     assert int(out.stdout) <= 2**28
+
+
+def test_an_unknown_name_is_refused_with_the_built_in_names(tmp_path: Path, monkeypatch) -> None:
+    from qkv.models.loader import NAMED_MODELS, load_pretrained
+
+    monkeypatch.chdir(tmp_path)  # "nosuchmodel" is no file or folder here
+    with pytest.raises(QkvError) as refused:
+        load_pretrained("nosuchmodel")
+    message = str(refused.value)
+    assert "nosuchmodel does not exist" in message and len(message.splitlines()) == 1
+    assert NAMED_MODELS and all(name in message for name in NAMED_MODELS)

@@ -132,6 +132,12 @@ def open_model(
         source = gguf.open_gguf_file(Path(os.fspath(path_or_name)).expanduser())
     elif Path(os.fspath(path_or_name)).expanduser().is_file():
         source = book_pth.open_book_file(Path(os.fspath(path_or_name)).expanduser())
+    elif not Path(os.fspath(path_or_name)).expanduser().exists():
+        raise QkvError(
+            f"model folder {os.fspath(path_or_name)} does not exist, and it is not a built-in model's name "
+            f"({', '.join(sorted(NAMED_MODELS))}); give a built-in name, a checkpoint folder, a .gguf file "
+            "or the book's model.pth"
+        )
     else:
         source = checkpoint.open_folder(Path(os.fspath(path_or_name)).expanduser())
     where = str(source.path)

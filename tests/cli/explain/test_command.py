@@ -146,3 +146,20 @@ def test_the_books_example_loads_only_what_it_prints_with() -> None:
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_the_projection_matrices_label_each_row() -> None:
+    result = run_cli("explain")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("2. "))
+    end = next(i for i, line in enumerate(lines) if line.startswith("3. "))
+    section = lines[start:end]
+    header = next(line for line in section if line.split()[:1] == ["row"])
+    assert header.split() == ["row", "W_query", "W_key", "W_value"]
+    walk = run_walkthrough(query_position=2)
+    for i in range(walk.W_query.shape[0]):  # a row of W is one input feature, across all columns
+        (row,) = [line for line in section if line.strip().startswith(f"feature {i + 1} ")]
+        cells = [_vector(m[i].tolist()) for m in (walk.W_query, walk.W_key, walk.W_value)]
+        assert all(cell in row for cell in cells)
+        assert row.index(cells[0]) < row.index(cells[1]) < row.index(cells[2])  # under their headers

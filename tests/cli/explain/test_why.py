@@ -60,7 +60,21 @@ def test_terminal_rows_fit_80_columns_and_the_row_view_lists_every_key(capsys, t
     assert lines[header + 6].startswith("the other")  # five terms, then the rest
     assert main(["explain", TEXT, "--model", folder, "--why", "8:all"]) == 0
     rows = capsys.readouterr().out.splitlines()
-    assert max(len(line) for line in rows) <= 80 and len(rows) == 2 + 8
+    assert max(len(line) for line in rows) <= 80 and rows.index("") == 2 + 8  # then the legend
+    assert rows[rows.index("") + 1] == "How to read this:"
+
+
+def test_why_and_sinks_end_with_one_legend_of_their_words(capsys, tiny):
+    folder, _, _ = tiny
+    assert main(["explain", TEXT, "--model", folder, "--layer", "1", "--why", "8:2", "--sinks", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(line) for line in lines) <= 80 and lines.count("How to read this:") == 1
+    legend = " ".join(" ".join(lines[lines.index("How to read this:"):]).split())
+    for words in ("L0.mlp = layer 0's MLP output", "embed = the token embedding", "query source / key source",
+                  "negative or over 100%", "wavelength", "unrotated", "sink = the mean weight",
+                  "this list is by head"):
+        assert words in legend
+    assert legend.count("Sources, what wrote the residual stream") == 1
 
 
 def test_patching_with_its_own_text_changes_nothing_and_a_source_removal_does(capsys, tiny):

@@ -25,3 +25,9 @@ def test_repr_html_draws_figures_and_escapes_tokens():
     page = trace._repr_html_()
     assert "&lt;b&gt;" in page and "<b>" not in page
     assert page.count("data:image/png;base64,") == 2
+
+
+def test_the_figures_say_which_query_their_score_bars_show():
+    trace = book_trace()
+    assert "score bars: query x(6) “step”" in trace._repr_html_()  # the last query by default
+    assert "score bars: query x(2) “journey”" in trace_html(trace, query=1)  # the book's query

@@ -61,10 +61,15 @@ def render_walkthrough(w: Walkthrough, console: Console) -> None:
     console.print(table)
 
     _step(console, "projections", "", _shape(w.W_key) + " each",
-          "Trainable projections, drawn with torch.rand after torch.manual_seed, in that order.")
-    for name, matrix in (("W_query", w.W_query), ("W_key", w.W_key), ("W_value", w.W_value)):
-        rows = "  ".join(_vector(row) for row in matrix)
-        console.print(f"  {name:<8} {rows}")
+          "Trainable projections, drawn with torch.rand after torch.manual_seed, in that order. "
+          "Row i holds what the embedding's feature i adds to a query, a key and a value.")
+    table = Table(box=box.SIMPLE, show_header=True)
+    table.add_column("row", justify="right")
+    for name in ("W_query", "W_key", "W_value"):
+        table.add_column(name, justify="right")
+    for i in range(w.W_query.shape[0]):
+        table.add_row(f"feature {i + 1}", _vector(w.W_query[i]), _vector(w.W_key[i]), _vector(w.W_value[i]))
+    console.print(table)
 
     _step(console, "keys", " = inputs @ W_key", _shape(w.keys),
           "Every token's key: what it offers to be matched against a query.")

@@ -126,6 +126,7 @@ def run_why(args: argparse.Namespace) -> int:
 
     from qkv.cli.explain.model import check_range, load_model
     from qkv.serve.engine.text import display_tokens
+    from qkv.trace.render.attribution_legend import legend_lines, sink_sentences
 
     _check_flags(args)
     text = args.text if args.text is not None else ""
@@ -148,9 +149,11 @@ def run_why(args: argparse.Namespace) -> int:
     lines: list[str] = []
     result = None
     key = None
+    legend: list[str] = []  # what the words and columns mean, printed once after everything
     if args.why is not None:
-        result, key, why_lines = _why(args, loaded, ids, tokens, layer, head, donor_ids, out)
+        result, key, why_lines, why_legend = _why(args, loaded, ids, tokens, layer, head, donor_ids, out)
         lines += why_lines
+        legend += why_legend
     if args.sinks is not None:
         from qkv.trace.render.attribution_view import sink_lines
         from qkv.trace.explain.sink import explain_sinks
@@ -160,6 +163,7 @@ def run_why(args: argparse.Namespace) -> int:
         sinks = explain_sinks(loaded.model, ids, count=args.sinks)
         out["sinks"] = [s.to_json() for s in sinks]
         lines += ([""] if lines else []) + sink_lines(sinks)
+        legend += sink_sentences(sinks, sources=not legend)
     if args.patch_sweep:
         from qkv.trace.render.attribution_view import sweep_lines
         from qkv.trace.explain.patching import patch_sweep
@@ -172,6 +176,8 @@ def run_why(args: argparse.Namespace) -> int:
                         "strongest": [{"layer": l, "position": p + 1, "token": tokens[p], "kl": kl}
                                       for l, p, kl in sweep.strongest(5)]}
         lines += ([""] if lines else []) + sweep_lines(sweep, tokens, _decode(loaded))
+    if legend:
+        lines += [""] + legend_lines(legend)
     console = Console(highlight=False, stderr=args.json)
     if args.json:
         json.dump(out, sys.stdout)
@@ -190,6 +196,7 @@ def _decode(loaded):
 
 def _why(args, loaded, ids, tokens, layer, head, donor_ids, out):
     from qkv.trace.explain.attribution import attribute
+    from qkv.trace.render.attribution_legend import row_sentences, why_sentences
     from qkv.trace.render.attribution_view import patch_lines, row_lines, term_lines
 
     query, key = parse_why(args.why, tokens)
@@ -197,6 +204,7 @@ def _why(args, loaded, ids, tokens, layer, head, donor_ids, out):
     top = TOP_TERMS if args.top is None else args.top
     out["why"] = result.to_json(top=top, only=None if key is None else [key])
     lines = row_lines(result) if key is None else term_lines(result, key, top)
+    legend = row_sentences(result) if key is None else why_sentences(result, key)
     if args.patch_from is not None or args.patch_source is not None:
         if key is None:
             raise QkvError("a patch needs one key: give --why QUERY:KEY, not KEY 'all'")
@@ -207,7 +215,7 @@ def _why(args, loaded, ids, tokens, layer, head, donor_ids, out):
                         "top_before": [{"token": _decode(loaded)(i), "probability": p} for i, p in outcome.top_before],
                         "top_after": [{"token": _decode(loaded)(i), "probability": p} for i, p in outcome.top_after]}
         lines += [""] + patch_lines(outcome, what, key, _decode(loaded), tokens)
-    return result, key if key is not None else query, lines
+    return result, key if key is not None else query, lines, legend
 
 
 def _patch(args, loaded, ids, tokens, layer, head, query, key, donor_ids):

@@ -5,6 +5,9 @@ Every line here fits 80 columns: token texts are cut to a fixed width, numbers h
 formats. The HTML section escapes every string and is what `ScoreAttribution._repr_html_`
 shows in Jupyter and what `qkv explain --why --html` puts on its page.
 
+`qkv explain` prints the words' legend under these lines (qkv.trace.render.attribution_legend);
+the HTML section carries it inside.
+
 Shape legend: S attributed keys, nq / nk query / key sources, D/2 RoPE pairs.
 """
 
@@ -17,6 +20,7 @@ from qkv.trace.explain.attribution import ScoreAttribution
 from qkv.trace.explain.patching import PatchOutcome, PatchSweep
 from qkv.trace.explain.sink import SinkAttribution
 from qkv.trace.record.views import register_html_view
+from qkv.trace.render.attribution_legend import legend_html, why_sentences
 
 WIDTH = 80
 TOKEN = 12  # characters of a token's text shown in a row
@@ -109,8 +113,9 @@ def row_lines(result: ScoreAttribution) -> list[str]:
 
 
 def sink_lines(sinks: list[SinkAttribution]) -> list[str]:
-    lines = ["The sink explained: the first key's mean score over the queries after it,",
-             "split into (query source x key source) terms; share = top 3 terms / score",
+    lines = ["The sink explained: the heads that put the most weight on the first token",
+             "(sink: that weight, averaged over the queries after it), and the first key's",
+             "mean score split into (query source x key source) terms",
              f"{'layer':>5}{'head':>5}{'sink':>7}{'score':>9}{'share':>7}  {'key sources carrying it':<45}"]
     for sink in sinks:
         carried = ", ".join(f"{short(n, 9)} {v:.1f}" for n, v in sink.key_totals()[:3])
@@ -189,7 +194,8 @@ def attribution_html(result: ScoreAttribution, key: int | None = None, top: int 
         "model's score.</p><h4>Largest terms (query source × key source)</h4><table><tr><th>query source</th>"
         f"<th>key source</th><th>term</th><th>scaled</th><th>share</th></tr>{rows}</table>"
         f"<h4>By layer (heads summed)</h4><table>{matrix}</table>{bands}"
-        f"<p>Query heads sharing kv head {result.kv_head}: {e(group)}.</p></section>"
+        f"<p>Query heads sharing kv head {result.kv_head}: {e(group)}.</p>"
+        f"{legend_html(why_sentences(result, key, page=True))}</section>"
     )
 
 

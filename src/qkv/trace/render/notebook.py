@@ -23,9 +23,14 @@ MAX_LAYERS = 3  # layers shown by _repr_html_ (a whole model's trace would be a 
 MAX_KEYS = 64  # columns in one table
 
 
+# Every cell carries its own padding: outside Jupyter (GitHub, nbconvert, a bare page) no
+# stylesheet pads table cells, and the numbers would run together ("0.160.21").
+_CELL = "padding: 2px 6px; text-align: right"
+
+
 def _shade(weight: float) -> str:
     alpha = 0.0 if math.isnan(weight) else max(0.0, min(1.0, weight))
-    return f"background: rgba(220, 80, 30, {alpha:.2f})"
+    return f"{_CELL}; background: rgba(220, 80, 30, {alpha:.2f})"
 
 
 def weights_table(layer: LayerTrace, tokens: list[str] | None, head: int) -> str:
@@ -34,23 +39,31 @@ def weights_table(layer: LayerTrace, tokens: list[str] | None, head: int) -> str
     weights = layer.weights[0, slot]  # (t, S)
     visible = layer.mask[0, slot]
     keys = min(layer.num_keys, MAX_KEYS)
-    head_row = "".join(f"<th>{html.escape(token_at(tokens, s))}</th>" for s in range(keys))
+    head_row = "".join(f'<th style="{_CELL}">{html.escape(token_at(tokens, s))}</th>' for s in range(keys))
     rows = []
     for r, query in enumerate(layer.queries):
         label = html.escape(token_at(tokens, layer.cache_length + query))
         cells = []
         for s in range(keys):
             if not bool(visible[r, s]):
-                cells.append('<td title="masked"></td>')
+                cells.append(f'<td style="{_CELL}" title="masked"></td>')
             else:
                 w = float(weights[r, s])
                 cells.append(f'<td style="{_shade(w)}" title="weight {w:.4f}">{w:.2f}</td>')
-        rows.append(f"<tr><th>{label}</th>{''.join(cells)}</tr>")
+        rows.append(f'<tr><th style="{_CELL}">{label}</th>{"".join(cells)}</tr>')
     more = f"<p>(first {keys} of {layer.num_keys} keys)</p>" if keys < layer.num_keys else ""
     caption = (f"layer {layer.index}, head {head}: attention weights (rows: queries, columns: keys; "
                f"blank: masked)")
     return (f'<table style="border-collapse: collapse; font-family: monospace; font-size: 12px">'
-            f"<caption>{html.escape(caption)}</caption><tr><th></th>{head_row}</tr>{''.join(rows)}</table>{more}")
+            f'<caption>{html.escape(caption)}</caption><tr><th style="{_CELL}"></th>{head_row}</tr>'
+            f"{''.join(rows)}</table>{more}")
+
+
+def figures_caption(layer: LayerTrace, tokens: list[str] | None, head: int, query: int) -> str:
+    """Which query the score bars show (the heatmap shows them all), in the book's x(n) counting."""
+    position = layer.cache_length + query
+    return (f"score bars: query x({position + 1}) \u201c{token_at(tokens, position)}\u201d, head {head}; "
+            "heatmap: every recorded query")
 
 
 def _images(layer: LayerTrace, tokens: list[str] | None, head: int, query: int) -> str:
@@ -60,7 +73,8 @@ def _images(layer: LayerTrace, tokens: list[str] | None, head: int, query: int) 
     for name, figure in (("score bars", score_bars(layer, tokens, head, query)), ("heatmap", heatmap(layer, tokens, head))):
         uri = "data:image/png;base64," + base64.b64encode(png_bytes(figure)).decode("ascii")
         parts.append(f'<img alt="{name}" src="{uri}" style="max-width: 48%; margin-right: 1%">')
-    return f"<div>{''.join(parts)}</div>"
+    caption = html.escape(figures_caption(layer, tokens, head, query))
+    return f'<figure style="margin: 0">{"".join(parts)}<figcaption>{caption}</figcaption></figure>'
 
 
 def trace_html(trace: Trace, *, layer: int | None = None, head: int | None = None, query: int | None = None,
@@ -82,7 +96,7 @@ def trace_html(trace: Trace, *, layer: int | None = None, head: int | None = Non
     return f'<div class="qkv-trace">{"".join(sections)}</div>'
 
 
-__all__ = ["trace_html", "weights_table"]
+__all__ = ["figures_caption", "trace_html", "weights_table"]
 
 
 register_html_view(Trace, trace_html)

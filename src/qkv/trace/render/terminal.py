@@ -6,6 +6,7 @@ Shape legend: S keys, D head size.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from rich import box
@@ -65,6 +66,15 @@ def _has_colour(console: Console) -> bool:
     return console.color_system is not None and not console.no_color
 
 
+def scale_header(layer: LayerTrace) -> str:
+    """The scaled-score column's header: what the scores are multiplied by, and its value.
+    Most models scale by 1/sqrt(d_k); a model with its own scale (Gemma's
+    query_pre_attn_scalar) is not called 1/sqrt(d_k)."""
+    if math.isclose(layer.scale, layer.head_dim ** -0.5, rel_tol=1e-6):
+        return f"× 1/sqrt(d_k)\n= {layer.scale:.4f}"
+    return f"× scale\n= {layer.scale:.4f}"
+
+
 def _bar(weight: float, width: int = 16) -> str:
     filled = round(weight * width)
     return "█" * filled + "·" * (width - filled)
@@ -101,7 +111,7 @@ def render_layer(
         console.print(f"query q = {_vector(row['query_vector'])}")
     table = Table(box=box.SIMPLE, show_header=True, pad_edge=False)
     for name, justify in (("#", "right"), ("key token", "left"), ("q · k", "right"),
-                          (f"× {layer.scale:.4f}", "right"), ("weight", "right"), ("", "left")):
+                          (scale_header(layer), "right"), ("weight", "right"), ("", "left")):
         table.add_column(name, justify=justify, no_wrap=name != "key token")  # type: ignore[arg-type]
     for s, token in enumerate(row["key_tokens"]):
         weight = row["weights"][s]
