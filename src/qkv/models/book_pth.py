@@ -10,8 +10,9 @@ weights it checked, and an optimizer state's tensors are never read. Its pickled
 is: torch's zip holds the whole dict as one pickle and torch.load has no way to rebuild part
 of it, so that pickle is bounded instead, by what a state dict of its tensors takes
 (`PICKLE_BYTES_PER_TENSOR` for each tensor stored in the archive, about 100 bytes in the book's
-files with and without AdamW's state): a 54 MB optimizer pickle beside 2,000 tensors took
-8.4 s and 286 MB to unpickle and is now refused at once. Every key is accounted for against
+files with and without AdamW's state) and by `MAX_PICKLE_BYTES` in all: a 5.3 MB optimizer
+pickle beside 2,033 tensors took 1.8 s and 69 MB to unpickle (a 54 MB one 8 to 16 s and 286 MB)
+and is refused in 0.2 s, unread. Every key is accounted for against
 the book's GPTModel (unknown or missing: one line naming it).
 
 The model's shape comes from the tensors but for its head count, which a state dict cannot
@@ -46,7 +47,10 @@ from qkv.models.hf.untrusted import format_size, read_json
 
 SUFFIXES = (".pth", ".pt")
 MAX_FILE_BYTES = 64 * 2**30  # GPT-2 XL with its AdamW state is about 19 GB
-MAX_PICKLE_BYTES = 64 * 2**20  # the pickle only names tensors: a few hundred KB for GPT-2 XL
+# The pickle only names tensors, about 100 bytes each: 250 KB for GPT-2 XL with AdamW's state,
+# 6.4 MB for the deepest GPTModel qkv builds (1,024 layers) with it. Unpickling (torch's
+# weights_only unpickler is Python) ran at about 6 MB/s and 5 bytes of memory a byte.
+MAX_PICKLE_BYTES = 8 * 2**20
 PICKLE_BYTES_PER_TENSOR = 1024  # ten times what the book's files take for each tensor they store
 PICKLE_SLACK_BYTES = 64 * 2**10  # the dicts around them, an optimizer's param_groups, a config
 MODEL_KEY = "model_state_dict"  # the book's model_and_optimizer.pth
