@@ -3,7 +3,9 @@ book's greedy text exactly, every key accounted for, nothing but tensors unpickl
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import time
 import zipfile
 from pathlib import Path
 
@@ -28,10 +30,16 @@ def book_model() -> GPTModel:
     return GPTModel(CFG).eval()
 
 
+def save_config(folder: Path, cfg: dict = CFG) -> None:
+    """The book's config dict beside its model.pth: what says the head count a state dict cannot."""
+    (folder / "config.json").write_text(json.dumps(cfg), encoding="utf-8")
+
+
 @pytest.fixture(scope="module")
 def model_pth(book_model, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("book") / "model.pth"
     torch.save(book_model.state_dict(), path)  # the book's section 5.4
+    save_config(path.parent)
     return path
 
 
@@ -48,10 +56,23 @@ def test_generate_gives_the_books_greedy_text(book_model, model_pth, capsys):
     assert out == book_text(book_model, 20) + "\n"
 
 
-def test_model_and_optimizer_file_loads_the_model(book_model, tmp_path):
-    optimizer = torch.optim.AdamW(book_model.parameters(), lr=4e-4, weight_decay=0.1)
+def adamw_after_one_step(model: torch.nn.Module) -> torch.optim.AdamW:
+    """AdamW as the book makes it, with its state (step, exp_avg, exp_avg_sq) filled by one step."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=4e-4, weight_decay=0.1)
+    model(torch.tensor([[1, 2, 3]])).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    return optimizer
+
+
+def test_model_and_optimizer_file_loads_the_model(tmp_path):
+    torch.manual_seed(7)
+    book_model = GPTModel(CFG)
+    optimizer = adamw_after_one_step(book_model)
+    book_model.eval()
     path = tmp_path / "model_and_optimizer.pth"
     torch.save({"model_state_dict": book_model.state_dict(), "optimizer_state_dict": optimizer.state_dict()}, path)
+    save_config(tmp_path)
     model, tokenizer = load_pretrained(path)
     ids = torch.tensor([tokenizer.encode(PROMPT).ids])
     with torch.no_grad():
@@ -62,6 +83,7 @@ def test_model_and_optimizer_file_loads_the_model(book_model, tmp_path):
 def _saved(tmp_path: Path, state: object, name: str = "model.pth") -> Path:
     path = tmp_path / name
     torch.save(state, path)
+    save_config(tmp_path)
     return path
 
 
@@ -133,3 +155,98 @@ def book_model_from(path: Path) -> GPTModel:
     model = GPTModel(CFG)
     model.load_state_dict(torch.load(path, weights_only=True))  # the book's own way back (section 5.4)
     return model.eval()
+
+
+# ----------------------------------------------------------------------------- the head count
+
+
+FOUR_HEADS = {**CFG, "n_heads": 4}  # the shape qkv's chapter-3 notebook uses: heads of 16 features
+
+
+def the_books_gpt(cfg: dict) -> torch.nn.Module:
+    """The book's own chapter-4 GPTModel (tests/training/book_reference), not qkv's copy."""
+    source = Path(__file__).parents[1] / "training" / "book_reference" / "previous_chapters.py"
+    spec = importlib.util.spec_from_file_location("book_previous_chapters", source)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    torch.manual_seed(11)
+    return module.GPTModel(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def four_heads() -> torch.nn.Module:
+    return the_books_gpt(FOUR_HEADS)
+
+
+def assert_same_logits(path: Path, book: torch.nn.Module) -> None:
+    model, tokenizer = load_pretrained(path)
+    ids = torch.tensor([tokenizer.encode(PROMPT).ids])
+    assert model.cfg.n_heads == 4
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), book(ids), atol=2e-5, rtol=1e-5)
+
+
+def test_a_width_that_does_not_say_its_heads_is_refused_by_name(four_heads, tmp_path, capsys):
+    path = tmp_path / "model.pth"
+    torch.save(four_heads.state_dict(), path)  # the book's section 5.4, nothing beside it
+    with pytest.raises(QkvError, match=r"does not say how many attention heads its model has, and emb_dim 64 is "
+                                       r"none of GPT-2's widths \(768, 1024, 1280, 1600.*config.json"):
+        open_book_file(path)
+    assert main(["generate", "--model", str(path), "--prompt", PROMPT]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "how many attention heads" in err
+
+
+def test_the_books_config_beside_the_file_gives_the_books_logits(four_heads, tmp_path):
+    path = tmp_path / "model.pth"
+    torch.save(four_heads.state_dict(), path)
+    save_config(tmp_path, FOUR_HEADS)
+    assert_same_logits(path, four_heads)
+
+
+def test_the_books_config_saved_in_the_file_gives_the_books_logits(four_heads, tmp_path):
+    path = tmp_path / "model_and_optimizer.pth"
+    optimizer = adamw_after_one_step(the_books_gpt(FOUR_HEADS))
+    torch.save({"model_state_dict": four_heads.state_dict(), "optimizer_state_dict": optimizer.state_dict(),
+                "config": FOUR_HEADS}, path)
+    assert_same_logits(path, four_heads)
+
+
+def test_a_config_the_tensors_contradict_is_refused(four_heads, tmp_path):
+    path = tmp_path / "model.pth"
+    torch.save(four_heads.state_dict(), path)
+    save_config(tmp_path, {**FOUR_HEADS, "emb_dim": 768})
+    with pytest.raises(QkvError, match=r"config.json: emb_dim is 768, but the tensors of model.pth say 64"):
+        open_book_file(path)
+    save_config(tmp_path, {**FOUR_HEADS, "n_heads": 5})
+    with pytest.raises(QkvError, match="n_heads 5 does not divide emb_dim 64 into whole heads"):
+        open_book_file(path)
+    both = tmp_path / "both.pth"
+    torch.save({"model_state_dict": four_heads.state_dict(), "config": {**FOUR_HEADS, "n_heads": 2}}, both)
+    with pytest.raises(QkvError, match="its saved config says n_heads 2, .*config.json says 5"):
+        open_book_file(both)
+
+
+def test_gpt2_widths_keep_their_heads_of_64_features(tmp_path):
+    shape = {**CFG, "vocab_size": 8, "context_length": 4, "emb_dim": 768, "n_layers": 1}
+    torch.manual_seed(0)
+    path = _saved(tmp_path, GPTModel(shape).state_dict(), "gpt2-width.pth")
+    (tmp_path / "config.json").unlink()
+    assert open_book_file(path).cfg.n_heads == 12
+
+
+# ----------------------------------------------------------------------------- the optimizer's pickle
+
+
+def test_a_large_optimizer_pickle_is_refused_before_it_is_unpickled(book_model, tmp_path):
+    """5.3 MB of Python floats in an optimizer state beside 2,033 tensors: unpickled, it took
+    1.8 s and 69 MB of memory (ten times that, 16 s and 286 MB, for 54 MB; a loaded 2-core
+    machine); bounded by the tensors the file stores (2 MB here), it is refused unread."""
+    optimizer = adamw_after_one_step(GPTModel(CFG)).state_dict()
+    optimizer["state"] = {i: {"step": torch.tensor(1.0), "exp_avg": [float(j) for j in range(300)]} for i in range(2000)}
+    path = _saved(tmp_path, {"model_state_dict": book_model.state_dict(), "optimizer_state_dict": optimizer}, "big.pth")
+    start = time.perf_counter()
+    with pytest.raises(QkvError, match=r"its pickle part is 5\.\d MB for 2\d{3} stored tensors, more than their "
+                                       r"state dicts need .*refusing to unpickle it"):
+        open_book_file(path)
+    assert time.perf_counter() - start < 2.0  # nothing was unpickled (it took seconds when it was)

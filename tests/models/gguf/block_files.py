@@ -53,8 +53,13 @@ def write_block_gguf(path: Path, *, tied: bool = True, embedding: Q = Q.Q6_K,
     writer.add_tensor("blk.0.attn_norm.weight", rng.normal(size=HIDDEN).astype(np.float32))
     writer.add_tensor("blk.0.ffn_norm.weight", rng.normal(size=HIDDEN).astype(np.float32))
     for name, block_type in (LAYER_TYPES if layer_types is None else layer_types).items():
-        if block_type == Q.F32:  # float values, as a file's unquantized matrices are
-            writer.add_tensor(f"blk.0.{name}.weight", rng.normal(scale=0.05, size=SHAPES[name]).astype(np.float32))
+        if block_type in (Q.F32, Q.F16, Q.BF16):  # float values, as a file's unquantized matrices are
+            values = rng.normal(scale=0.05, size=SHAPES[name]).astype(np.float32)
+            if block_type == Q.BF16:  # numpy has no bfloat16: its bits are float32's upper half
+                raw = (values.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(SHAPES[name][0], -1)
+                writer.add_tensor(f"blk.0.{name}.weight", raw, raw_dtype=Q.BF16)
+            else:
+                writer.add_tensor(f"blk.0.{name}.weight", values.astype(np.float16 if block_type == Q.F16 else np.float32))
             continue
         writer.add_tensor(f"blk.0.{name}.weight", random_blocks(block_type, SHAPES[name], rng), raw_dtype=block_type)
     writer.write_header_to_file()

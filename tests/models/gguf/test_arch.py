@@ -299,6 +299,13 @@ def _append_keys(path: Path, keys: dict[str, Any], drop_tensors: tuple[str, ...]
     ("gemma2", {"gemma2.attention.sliding_window_pattern": [True, False]}, {}, "sliding_window_pattern of 2 entries for 4 layers"),
     ("qwen3", {"qwen3.attention.value_length": 16}, {}, "key_length 24 and value_length 16"),
     ("olmo2", {"olmo2.attention.head_count_kv": 3}, {}, "4 query heads, not a multiple of its 3"),
+    ("llama", {"llama.attention.head_count": [4, 4, 2, 4]}, {},
+     r"llama.attention.head_count that differs across its layers \(4, 4, 2, 4\); qkv's decoders have one head_count for every layer"),
+    ("llama", {"llama.attention.head_count_kv": [2, 2, 2]}, {}, "head_count_kv as an array of 3 entries, not 4 integers"),
+    ("llama", {"llama.expert_count": 8, "llama.expert_used_count": 2}, {"blk.0.ffn_gate_exps.weight": np.zeros((8, 4, 4), np.float32)},
+     r"is a mixture-of-experts model \(8 experts, 2 used per token: llama.expert_count\); qkv's decoders have one feed-forward"),
+    ("llama", {}, {"blk.1.ffn_down_exps.weight": np.zeros((8, 4, 4), np.float32)},
+     r"is a mixture-of-experts model \(tensor 'blk.1.ffn_down_exps.weight'\)"),
 ])
 def test_what_qkv_cannot_read_is_named(kind: str, keys: dict[str, Any], tensors: dict[str, np.ndarray], message: str,
                                        written, tmp_path: Path) -> None:
@@ -307,6 +314,20 @@ def test_what_qkv_cannot_read_is_named(kind: str, keys: dict[str, Any], tensors:
     _append_keys(path, keys, add_tensors=tensors)
     with pytest.raises(QkvError, match=message):
         open_gguf_file(path)
+
+
+def test_per_layer_head_counts_that_agree_are_the_one_count(written, tmp_path: Path) -> None:
+    """llama.cpp reads head counts and the feed-forward size as a scalar or one value per layer."""
+    source, _ = written("llama")
+    path = tmp_path / "per_layer.gguf"
+    path.write_bytes(source.read_bytes())
+    config = open_gguf_file(source).config
+    layers = config["num_hidden_layers"]
+    _append_keys(path, {"llama.attention.head_count": [config["num_attention_heads"]] * layers,
+                        "llama.attention.head_count_kv": [config["num_key_value_heads"]] * layers,
+                        "llama.feed_forward_length": [config["intermediate_size"]] * layers})
+    assert gguf.GGUFReader(str(path)).fields["llama.attention.head_count"].types[0] == gguf.GGUFValueType.ARRAY
+    assert open_gguf_file(path).config == config
 
 
 def test_an_unknown_architecture_is_one_line_and_exit_code_2(written, tmp_path: Path, capsys) -> None:

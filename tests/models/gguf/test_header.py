@@ -323,10 +323,14 @@ def test_arrays_nested_too_deep(tmp_path: Path) -> None:
         (build(infos=[tensor_info("t", (2**40, 2**40))]), "absurdly many elements"),
         (build(infos=[tensor_info("t", (16,), ggml_type=Q.Q8_0)], data=bytes(64)), "not whole Q8_0 blocks of 32"),
         (build(infos=[tensor_info("t", (4,), offset=8)], data=bytes(16)), "its tensors need 88 bytes, the file has 80"),
+        (build(infos=[tensor_info("t", (4,)), tensor_info("u", (4,))], data=bytes(32)),
+         "tensors 't' and 'u' overlap: their data share bytes 96 to 111, at byte 96"),
+        (build(infos=[tensor_info("big", (8,)), tensor_info("mid", (2,), offset=32), tensor_info("in", (2,), offset=8)],
+               data=bytes(64)), "tensors 'big' and 'in' overlap"),
     ],
     ids=["value-type", "element-type", "duplicate-key", "duplicate-pseudo-key", "key-utf8", "alignment",
          "alignment-type", "name-utf8", "duplicate-tensor", "tensor-type", "no-dims", "five-dims", "zero-dim",
-         "absurd-dims", "partial-block", "past-end"],
+         "absurd-dims", "partial-block", "past-end", "same-data", "data-inside-another"],
 )
 def test_malformed_headers(tmp_path: Path, raw: bytes, match: str) -> None:
     refused(tmp_path, raw, match)

@@ -156,4 +156,27 @@ def architecture(reader: Any, path: Path) -> Architecture:
 def read_config(reader: Any, path: Path) -> dict[str, Any]:
     """The model's hyperparameters as the family's config.json dict, each value checked."""
     arch = architecture(reader, path)
-    return arch.read_config(Metadata(reader, path, arch.name))
+    meta = Metadata(reader, path, arch.name)
+    _refuse_experts(meta)
+    return arch.read_config(meta)
+
+
+def _refuse_experts(meta: Metadata) -> None:
+    """A mixture-of-experts file (Mixtral is written as `llama`, with `llama.expert_count` and
+    `blk.N.ffn_*_exps` tensors) is named as such, before its expert tensors would be refused
+    one by one as unknown: qkv's decoders have one feed-forward network per layer."""
+    experts = meta.raw(f"{meta.arch}.expert_count")
+    counted = isinstance(experts, int) and not isinstance(experts, bool) and experts > 0
+    expert_tensors = sorted(n for n in meta.tensor_names if "_exps." in n or "_shexp." in n or ".ffn_gate_inp." in n)
+    if not counted and not expert_tensors:
+        return
+    if counted:
+        used = meta.raw(f"{meta.arch}.expert_used_count")
+        per_token = f", {used} used per token" if isinstance(used, int) and not isinstance(used, bool) else ""
+        what = f"{experts} experts{per_token}: {meta.arch}.expert_count"
+    else:
+        what = f"tensor {expert_tensors[0][:80]!r}"
+    raise meta.refuse(
+        f"is a mixture-of-experts model ({what}); qkv's decoders have one feed-forward network "
+        "per layer and do not run mixture-of-experts models"
+    )

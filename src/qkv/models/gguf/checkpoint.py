@@ -37,6 +37,7 @@ from torch import Tensor
 from qkv.errors import QkvError
 from qkv.models.gguf import arch as gguf_arch
 from qkv.models.gguf import dequantize as gguf_blocks
+from qkv.models.gguf.scales import check_finite
 from qkv.models.gguf.stored import is_projection, read_stored_state
 from qkv.models.gguf.tensors import read_state_dict, tensor_shapes
 from qkv.models.gguf.tokenizer import read_tokenizer  # both kinds: byte-level BPE and SentencePiece
@@ -160,11 +161,14 @@ class GGUFFile:
         return sum(4 * int(np.prod(s)) for s in self.shapes.values())
 
     def read_tensors(self, dtype: torch.dtype = torch.float32) -> dict[str, Tensor]:
+        check_finite(self.reader.tensors, self.path)
         return read_state_dict(self.reader, self.config, self.path, dtype)
 
     def read_stored(self, dtype: torch.dtype = torch.float32, *, embedding: bool = False) -> Any:
         """The projection matrices as stored blocks, the rest dequantized (qkv.models.gguf.stored);
-        embedding=True keeps the embedding table's blocks too."""
+        embedding=True keeps the embedding table's blocks too. Either way every block scale
+        is checked finite first (qkv.models.gguf.scales): stored blocks are never decoded whole."""
+        check_finite(self.reader.tensors, self.path)
         keep = (lambda name: is_projection(name) or name == "model.embed_tokens.weight") if embedding else is_projection
         return read_stored_state(self.reader, self.config, self.path, dtype, keep=keep)
 

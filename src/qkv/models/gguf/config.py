@@ -56,6 +56,27 @@ class Metadata:
         except ValueError as error:
             raise QkvError(f"{self.path}: {error}") from None
 
+    def layer_int(self, name: str, default: Any = MISSING, *, maximum: int = MAX_DIM) -> int:
+        """An integer llama.cpp also reads as one value per layer (head counts, the feed-forward
+        size: some converters write an array of block_count entries). qkv's decoders have one
+        value for every layer, so an array of equal entries is that value and one whose
+        entries differ is refused, naming them."""
+        key = f"{self.arch}.{name}"
+        value = self.raw(key)
+        if not isinstance(value, list):
+            return self.int(name, default, maximum=maximum)
+        layers = self.int("block_count", maximum=MAX_LAYERS)
+        if len(value) != layers or not all(is_int(v) for v in value):
+            raise self.refuse(f"has {key} as an array of {len(value)} entries, not {layers} integers (one per layer)")
+        if len(set(value)) > 1:
+            shown = ", ".join(str(v) for v in value[:8]) + (", ..." if len(value) > 8 else "")
+            raise self.refuse(f"has {key} that differs across its layers ({shown}); qkv's decoders "
+                              f"have one {name.rsplit('.', 1)[-1]} for every layer")
+        try:
+            return check_int(key, value[0], maximum=maximum)
+        except ValueError as error:
+            raise QkvError(f"{self.path}: {error}") from None
+
     def float(self, name: str, default: float | None, *, positive: bool = True) -> float | None:
         key = f"{self.arch}.{name}"
         value = self.raw(key, default)
@@ -98,8 +119,8 @@ def _vocab_size(meta: Metadata) -> int:
 
 def _attention_sizes(meta: Metadata, hidden: int) -> tuple[int, int, int]:
     """(H, H_kv, D); D from `attention.key_length` (Gemma, Qwen3), else C / H."""
-    heads = meta.int("attention.head_count", maximum=hidden)
-    kv_heads = meta.int("attention.head_count_kv", heads, maximum=heads)
+    heads = meta.layer_int("attention.head_count", maximum=hidden)
+    kv_heads = meta.layer_int("attention.head_count_kv", heads, maximum=heads)
     if not meta.has("attention.key_length") and hidden % heads != 0:
         raise meta.refuse(f"embedding_length {hidden} is not divisible by head_count {heads}")
     if heads % kv_heads != 0:
@@ -146,7 +167,7 @@ def _decoder_common(meta: Metadata) -> dict[str, Any]:
     return {
         "vocab_size": vocab,
         "hidden_size": hidden,
-        "intermediate_size": meta.int("feed_forward_length"),
+        "intermediate_size": meta.layer_int("feed_forward_length"),
         "num_hidden_layers": meta.int("block_count", maximum=MAX_LAYERS),
         "num_attention_heads": heads,
         "num_key_value_heads": kv_heads,
@@ -424,12 +445,12 @@ def smollm3(meta: Metadata) -> dict[str, Any]:
 
 def gpt2(meta: Metadata) -> dict[str, Any]:
     hidden = meta.int("embedding_length")
-    heads = meta.int("attention.head_count", maximum=hidden)
+    heads = meta.layer_int("attention.head_count", maximum=hidden)
     if hidden % heads:
         raise meta.refuse(f"embedding_length {hidden} is not divisible by head_count {heads}")
     vocab = _vocab_size(meta)
     context = meta.int("context_length", maximum=MAX_POSITIONS)
-    inner = meta.int("feed_forward_length", 4 * hidden)
+    inner = meta.layer_int("feed_forward_length", 4 * hidden)
     return {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
         "vocab_size": vocab, "n_positions": context, "n_embd": hidden, "n_head": heads,

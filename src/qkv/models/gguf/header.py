@@ -291,6 +291,18 @@ def _tensor_data(buffer: mmap.mmap, start: int, info: _TensorInfo) -> np.ndarray
     return data.reshape(quant_shape_to_byte_shape(shape, tensor_type))
 
 
+def _check_no_overlap(infos: list[_TensorInfo], data_start: int) -> None:
+    """Refuse two tensors whose data ranges share bytes: writing one would change the other,
+    and no writer makes such a file (llama.cpp lays tensors out one after another)."""
+    spans = sorted((offset, offset + n_bytes, name) for name, _, _, offset, _, n_bytes in infos)
+    for (start, end, name), (next_start, _, next_name) in zip(spans, spans[1:]):
+        if next_start < end:
+            raise GGUFFormatError(
+                f"tensors {name[:80]!r} and {next_name[:80]!r} overlap: their data share bytes "
+                f"{data_start + next_start} to {data_start + end - 1}, at byte {data_start + next_start}"
+            )
+
+
 def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
     """Parse and check the header of the GGUF file at `path`; a malformed one -> GGUFFormatError."""
     with open(path, "rb") as handle:
@@ -344,6 +356,7 @@ def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
     end = max((data_start + offset + n_bytes for _, _, _, offset, _, n_bytes in infos), default=0)
     if end > size:
         raise GGUFTruncatedError(end, size)
+    _check_no_overlap(infos, data_start)
     tensors = []
     for info in infos:
         name, dims, tensor_type, offset, n_elements, n_bytes = info

@@ -6,9 +6,12 @@ causal mask as a (P, P) buffer `att.mask` in every block (qkv derives causality 
 Everything else (tok_emb, pos_emb, ff.layers.0/2, norm1/norm2 scale and shift, final_norm,
 out_head) is the same, so conversion is renaming: no number changes.
 
-A state dict does not say how many heads its attention had; the book's GPT-2 configs
-(124M to 1558M) all use heads of 64 features, so `infer_config` assumes that head size
-unless told otherwise.
+A state dict does not say how many heads its attention had: a (C, C) W_query is one head of
+C features or C / 64 heads of 64 alike, and the logits differ. The book's GPT-2 configs (124M
+to 1558M: emb_dim 768, 1024, 1280, 1600) all use heads of 64 features, so `infer_config` takes
+that for those four widths only; any other width must be told its head count (qkv.models.
+book_pth reads it from the book's config saved in or beside the file) and is refused by name
+otherwise, never guessed.
 
 Shape legend: C embedding (emb_dim), V vocabulary, P context length, F = 4C.
 """
@@ -26,6 +29,7 @@ from qkv.models.configs.gpt2 import GPTConfig
 from qkv.models.key_maps.hf import names_preview
 
 BOOK_HEAD_DIM = 64  # every GPT-2 size in the book: emb_dim / n_heads = 64
+GPT2_HEADS = {768: 12, 1024: 16, 1280: 20, 1600: 25}  # emb_dim -> n_heads of GPT-2 124M, 355M, 774M, 1558M
 _RENAMES = {"W_query": "q_proj", "W_key": "k_proj", "W_value": "v_proj", "out_proj": "o_proj"}
 _BOOK_ATT = re.compile(r"(trf_blocks\.\d+\.att\.)(W_query|W_key|W_value|out_proj)(\.weight|\.bias)")
 _QKV_ATT = re.compile(r"(trf_blocks\.\d+\.att\.)(q_proj|k_proj|v_proj|o_proj)(\.weight|\.bias)")
@@ -53,8 +57,13 @@ def book_shapes(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def infer_config(shapes: Mapping[str, tuple[int, ...]], *, source: str, n_heads: int | None = None) -> GPTConfig:
-    """The GPTConfig a book state dict was made with, read from its shapes (heads: see above)."""
+def infer_config(
+    shapes: Mapping[str, tuple[int, ...]], *, source: str, n_heads: int | None = None,
+    how_to_say_heads: str = "pass its n_heads",
+) -> GPTConfig:
+    """The GPTConfig a book state dict was made with, read from its shapes and `n_heads`
+    (None: GPT-2's head count for its four widths; any other width -> QkvError saying
+    `how_to_say_heads`)."""
     for name in ("tok_emb.weight", "pos_emb.weight"):
         if name not in shapes or len(shapes[name]) != 2:
             raise QkvError(
@@ -66,12 +75,15 @@ def infer_config(shapes: Mapping[str, tuple[int, ...]], *, source: str, n_heads:
     blocks = {int(m.group(1)) for k in shapes if (m := _BLOCK.match(k))}
     if not blocks or blocks != set(range(len(blocks))):
         raise QkvError(f"{source}: its transformer blocks are not numbered 0..N-1 (found {sorted(blocks)[:5]})")
-    heads = n_heads if n_heads is not None else emb // BOOK_HEAD_DIM
-    if heads < 1 or emb % heads != 0:
+    heads = n_heads if n_heads is not None else GPT2_HEADS.get(emb)
+    if heads is None:
+        sizes = ", ".join(str(width) for width in GPT2_HEADS)
         raise QkvError(
-            f"{source}: emb_dim {emb} is not a multiple of the book's head size {BOOK_HEAD_DIM}; "
-            "qkv cannot tell how many heads this model has"
+            f"{source}: a state dict does not say how many attention heads its model has, and emb_dim {emb} "
+            f"is none of GPT-2's widths ({sizes}, heads of {BOOK_HEAD_DIM} features); {how_to_say_heads}"
         )
+    if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1 or emb % heads != 0:
+        raise QkvError(f"{source}: n_heads {str(heads)[:40]} does not divide emb_dim {emb} into whole heads")
     try:
         return GPTConfig(
             vocab_size=vocab, context_length=context, emb_dim=emb, n_heads=heads, n_layers=len(blocks),
@@ -120,5 +132,5 @@ def qkv_to_book_state(state: Mapping[str, Tensor], cfg: GPTConfig) -> dict[str, 
 
 
 __all__ = [
-    "BOOK_HEAD_DIM", "book_shapes", "book_to_qkv_state", "check_book_state", "infer_config", "qkv_to_book_state",
+    "BOOK_HEAD_DIM", "GPT2_HEADS", "book_shapes", "book_to_qkv_state", "check_book_state", "infer_config", "qkv_to_book_state",
 ]
