@@ -64,7 +64,7 @@ def test_why_on_int4_splits_the_float_weights_and_shows_the_served_score(tiny_fo
 
 
 def test_why_on_int8_is_the_served_models_own_split(tiny_folder) -> None:
-    client, served = _client(tiny_folder, "int8")
+    client, _ = _client(tiny_folder, "int8")
     with client:
         data = client.post("/explorer/why", json=WHY).json()
     (key,) = data["keys"]
