@@ -56,3 +56,19 @@ def test_a_template_that_does_not_parse_is_refused_by_kind(process: TemplateProc
     with pytest.raises(TemplateProcessError) as error:
         process.check("{% for %}")
     assert error.value.kind == "parse"
+
+
+def test_a_callers_deadline_ends_the_render_and_its_child(process: TemplateProcess) -> None:
+    """render_deadline (the server's prompt worker sets it): the render is stopped at the
+    caller's deadline, not at the sandbox's later one, and no child is left running it."""
+    from qkv.chat.template_process import render_deadline
+
+    slow = "{% for i in range(1000) %}{{ (range(99999)|list|sort(reverse=true))|length }}{% endfor %}"
+    assert process.render("warm", {}) == "warm"
+    child = process._child
+    start = time.monotonic()
+    with render_deadline(start + 0.2), pytest.raises(TemplateProcessError) as error:
+        process.render(slow, {})
+    assert error.value.kind == "time" and time.monotonic() - start < 0.6
+    assert child.poll() is not None  # killed, and waited for
+    assert process.render("next", {}) == "next"  # a new child for the next render

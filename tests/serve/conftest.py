@@ -45,8 +45,8 @@ def start_server(tiny_folder: Path):
     started: list[tuple[uvicorn.Server, threading.Thread]] = []
 
     def start(*, max_batch: int = 4, max_waiting: int | None = None, api_key: str | None = API_KEY,
-              limits: Limits = Limits(max_tokens=64)) -> Running:
-        served = load_served(str(tiny_folder), max_batch=max_batch, max_waiting=max_waiting)
+              limits: Limits = Limits(max_tokens=64), precision: str = "float32") -> Running:
+        served = load_served(str(tiny_folder), precision=precision, max_batch=max_batch, max_waiting=max_waiting)
         app = build_app(served, limits=limits, api_key=api_key)
         port = free_port()
         server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))

@@ -26,6 +26,7 @@ Shape legend: none (text in, text out).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -34,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -139,9 +141,12 @@ class TemplateProcess:
         self._ask({"source": source, "check": True}, deadline=START_SECONDS)
 
     def render(self, source: str, variables: dict[str, Any]) -> str:
+        """The rendered text; killed at the sandbox's limit, or sooner at the caller's own
+        deadline when one is set for this thread (`render_deadline`)."""
         from qkv.chat.sandbox import MAX_SECONDS
 
-        return self._ask({"source": source, "variables": variables}, deadline=MAX_SECONDS + GRACE_SECONDS)["text"]
+        request = {"source": source, "variables": variables}
+        return self._ask(request, deadline=MAX_SECONDS + GRACE_SECONDS, until=getattr(_CALLER, "until", None))["text"]
 
     def close(self) -> None:
         with self._lock:
@@ -195,9 +200,13 @@ class TemplateProcess:
                     self._stop()
                     raise TemplateProcessError("limit", "the template's output is larger than the size limit")
 
-    def _ask(self, request: dict[str, Any], *, deadline: float) -> dict[str, Any]:
+    def _ask(self, request: dict[str, Any], *, deadline: float, until: float | None = None) -> dict[str, Any]:
+        """`deadline`: seconds the child has for it once it has it; `until` (time.monotonic()):
+        when the caller stops waiting, the wait for the lock included."""
         payload = json.dumps(request, ensure_ascii=False).encode("utf-8", "surrogatepass") + b"\n"
-        with self._lock:
+        if not self._lock.acquire(timeout=-1 if until is None else max(0.0, until - time.monotonic())):
+            raise TemplateProcessError("time", "the template could not start rendering before the request's deadline")
+        try:
             for attempt in (1, 2):  # a child that died idle (its CPU limit, a signal) is replaced once
                 reused = self._child is not None
                 child = self._start()
@@ -205,7 +214,8 @@ class TemplateProcess:
                     assert child.stdin is not None
                     child.stdin.write(payload)
                     child.stdin.flush()
-                    answer = self._read_line(child, time.monotonic() + deadline)
+                    end = time.monotonic() + deadline
+                    answer = self._read_line(child, end if until is None else min(end, until))
                     break
                 except (OSError, TemplateProcessError) as error:
                     self._stop()
@@ -216,9 +226,27 @@ class TemplateProcess:
                         raise TemplateProcessError("crashed", "the process rendering the template died") from None
             if answer.get("error") == "memory":
                 self._stop()  # it exits after a memory error: wait for it here
+        finally:
+            self._lock.release()
         if "error" in answer:
             raise TemplateProcessError(str(answer["error"]), str(answer.get("message", "")))
         return answer
+
+
+_CALLER = threading.local()  # the deadline of the caller on this thread (render_deadline)
+
+
+@contextlib.contextmanager
+def render_deadline(until: float) -> Iterator[None]:
+    """Renders this thread asks for while open end by `until` (time.monotonic()) at the
+    latest, the child killed then: a caller that answers at its own deadline (the server's
+    prompt worker, qkv.serve.engine.prompt_worker) leaves no render running behind it."""
+    previous = getattr(_CALLER, "until", None)
+    _CALLER.until = until if previous is None else min(previous, until)
+    try:
+        yield
+    finally:
+        _CALLER.until = previous
 
 
 _SHARED: TemplateProcess | None = None

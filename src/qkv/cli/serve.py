@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     door = check_serve_flags(args)  # every flag in range before anything loads or binds
     from qkv.serve.http.app import build_app
     from qkv.serve.http.connections import bind_socket
+    from qkv.serve.http.metrics import Metrics
     from qkv.serve.api.schemas import Limits
     from qkv.serve.http.server import load_served, serve
 
@@ -57,9 +58,10 @@ def run(args: argparse.Namespace) -> int:
         follow = FollowIdleCores() if args.threads is None else None
         served = load_served(args.model, precision=args.precision, max_batch=args.max_batch, capacity=args.context,
                              max_waiting=args.max_waiting, threads=follow, prefix_reuse=args.prefix_reuse)
+        metrics = Metrics()  # the stop line counts the requests it answered
         app = build_app(served, limits=Limits(max_tokens=args.max_tokens), api_key=args.api_key,
-                        door=door)
-        serve(app, sock=sock, door=door)
+                        door=door, metrics=metrics)
+        serve(app, sock=sock, door=door, served=served, metrics=metrics)
     finally:
         sock.close()
     return 0

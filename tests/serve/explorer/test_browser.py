@@ -108,3 +108,17 @@ def test_clicking_a_key_row_shows_its_score_split(browser, start_server) -> None
     q, k, term = reference.top_pairs(1, 1)[0]
     assert first == [q, k, f"{term:.4f}", f"{term * reference.scale:.4f}"]
     assert "(exact)" in page.locator("#why p").inner_text() and not errors
+
+
+def test_on_int4_the_split_is_labelled_with_the_served_score(browser, start_server) -> None:
+    """SmolLM2's default precision: the page says the split is of the float weights the int4
+    blocks stand for and shows the served model's own score beside it (qkv.serve.explorer.why)."""
+    running = start_server(api_key=None, precision="int4")
+    page, _, errors = traced_page(browser, running.url, "The cat sat on the mat")
+    assert "Click a key's row" in page.inner_text("#results")
+    with page.expect_response("**/explorer/why") as answer:
+        page.locator("#keys tbody tr.key").nth(1).click()
+    page.wait_for_selector("#why table.why-terms")
+    served = answer.value.json()["served"]
+    note = page.locator("#why p").inner_text()
+    assert "float weights that int4" in note and f"{served['score']:.4f}" in note and not errors

@@ -35,7 +35,7 @@ def test_trace_errors_and_page(server) -> None:
     r = httpx.post(server.url + "/explorer/trace", headers=AUTH, json={"text": "cat", "layer": 9})
     assert r.status_code == 400 and "layer 9" in r.json()["error"]["message"]
     r = httpx.post(server.url + "/explorer/trace", headers=AUTH, json={"text": 5})
-    assert r.status_code == 422
+    assert r.status_code == 400
     page = httpx.get(server.url + "/")
     assert page.status_code == 200 and "textContent" in page.text and "innerHTML" not in page.text
 

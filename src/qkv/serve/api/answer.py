@@ -7,7 +7,9 @@ first character (a token held back with a possible stop string waits with it; on
 off by a stop string is dropped). End tokens are no part of the text; completions list
 them in logprobs (as lm-evaluation-harness counts on: one entry per token generated),
 chat does not. Completions with echo start with the prompt: its text, and with logprobs
-its tokens, the first with a null logprob (it has no context).
+its tokens, the first with a null logprob (it has no context). `text_offset` counts
+characters from the prompt's start either way, as OpenAI's API does (vLLM counts a
+completion without echo from 0).
 
 A chat choice whose request offers tools (qkv.serve.api.structured's `Plan`) may be a tool
 call: its text is read whole, then answered as content or `tool_calls` (finish_reason
@@ -48,6 +50,9 @@ class Choice:
         self._whole_sent = False
         self.stream = TextStream(texts.tokenizer, req.stop)
         self.prefix = prompt_text if req.echo else ""  # text before the generated part
+        # text_offset counts from the prompt's start, echoed or not, as OpenAI's completions do
+        # (its first generated token's offset is the prompt's length in characters).
+        self.offset = len(prompt_text)
         self.prompt = prompt
         self.index = 0
         self.finish: str | None = None
@@ -82,7 +87,7 @@ class Choice:
             self._add(self.stream.flush())
             if self.stream.stopped and self.finish == "length":  # the held-back text completed a stop string
                 self.finish = "stop"
-            end = len(self.prefix) + len(self.stream.text)
+            end = self.offset + len(self.stream.text)
             self.entries += [e for e in self._pending if not self.stream.stopped or e.start < end]
             self._pending = []
             return
@@ -93,21 +98,21 @@ class Choice:
             return
         if event.stop:
             if self.req.logprobs is not None and not self.chat:
-                start = len(self.prefix) + len(self.stream.text)
+                start = self.offset + len(self.stream.text)
                 self._pending.append(_Entry(event.id, event.logprob, event.top, start))
             return
         self.tokens += 1
         if self.req.logprobs is not None:
-            start = len(self.prefix) + len(self.texts.tokenizer.decode(self.stream.ids, skip_special_tokens=True))
+            start = self.offset + len(self.texts.tokenizer.decode(self.stream.ids, skip_special_tokens=True))
             self._pending.append(_Entry(event.id, event.logprob, event.top, start))
         self._add(self.stream.push(event.id))
         if self.stream.stopped:
             self.finish = "stop"
-            end = len(self.prefix) + len(self.stream.text)
+            end = self.offset + len(self.stream.text)
             self.entries += [e for e in self._pending if e.start < end]
             self._pending = []
             return
-        sent = len(self.prefix) + self.stream.sent
+        sent = self.offset + self.stream.sent
         held = len(self.stream.text) > self.stream.sent
         while self._pending and (self._pending[0].start < sent or not held):
             self.entries.append(self._pending.pop(0))

@@ -4,8 +4,10 @@ Every field of OpenAI's chat and completions requests is either honoured (the `_
 tables) or refused with a 400 that names it (`param`); so is any field OpenAI does not
 define. A field sent as null counts as not sent (OpenAI's optional fields are nullable),
 and a refused field may carry its default value (`store: false`, `modalities: ["text"]`).
-Problems are `ApiError`s (qkv.serve.errors): 422 for a value of the wrong type, 400 for
-a value out of range or a field qkv does not do.
+Problems are `ApiError`s (qkv.serve.errors), all 400 (a value of the wrong type, out of
+range, or a field qkv does not do), as OpenAI's API answers them: its SDKs raise
+`BadRequestError` for a 400, and a 422 would surface as an `UnprocessableEntityError` that
+client code written against OpenAI does not catch.
 """
 
 from __future__ import annotations
@@ -98,7 +100,7 @@ def _typed(body: dict[str, Any], name: str, kinds: tuple[type, ...], what: str, 
     if value is None:
         return default
     if not isinstance(value, kinds) or isinstance(value, bool) and bool not in kinds:
-        raise ApiError(422, f"'{name}' must be {what}, got {type(value).__name__}", param=name)
+        raise ApiError(400, f"'{name}' must be {what}, got {type(value).__name__}", param=name)
     return value
 
 
@@ -133,7 +135,7 @@ def _prompts(body: dict[str, Any], vocab_size: int | None) -> list[Prompt]:
         return [prompt]
     shape = "'prompt' must be a string, a list of strings, a list of token ids, or a list of lists of token ids"
     if not isinstance(prompt, list) or not prompt:
-        raise ApiError(422, shape, param="prompt")
+        raise ApiError(400, shape, param="prompt")
     if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
         prompts: list[Prompt] = [prompt]
     elif all(isinstance(p, str) for p in prompt):
@@ -142,7 +144,7 @@ def _prompts(body: dict[str, Any], vocab_size: int | None) -> list[Prompt]:
              for p in prompt):
         prompts = list(prompt)
     else:
-        raise ApiError(422, shape, param="prompt")
+        raise ApiError(400, shape, param="prompt")
     for p in prompts:
         if isinstance(p, list) and vocab_size is not None and not all(0 <= t < vocab_size for t in p):
             bad = next(t for t in p if not 0 <= t < vocab_size)
@@ -218,7 +220,7 @@ def parse(body: Any, *, chat: bool, limits: Limits, vocab_size: int | None = Non
     stop = body.get("stop")
     stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
-        raise ApiError(422, "'stop' must be a non-empty string or a list of up to 4 of them", param="stop")
+        raise ApiError(400, "'stop' must be a non-empty string or a list of up to 4 of them", param="stop")
     stream = _typed(body, "stream", (bool,), "a boolean", False)
     options = _typed(body, "stream_options", (dict,), "an object", {})
     unknown = sorted(set(options) - {"include_usage"})

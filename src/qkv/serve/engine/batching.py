@@ -156,7 +156,8 @@ class Engine:
         capacity = model.context_length if capacity is None else min(capacity, model.context_length)
         self.session = DecodeSession(model, batch_size=max_batch, capacity=capacity, kind=SlotKVCache)
         self.loop = DecodeLoop(self.session)  # the one decode loop: rows join and leave between steps
-        self.capacity = self.session.capacity
+        self.capacity = self.session.capacity  # the slots' cache, rounded up (qkv.runtime.session.cache_capacity)
+        self.context = capacity  # what a request may use: --context (at most the model's), never the rounding
         self.max_waiting = max_batch * 4 if max_waiting is None else max_waiting
         self.stats = EngineStats(slots=max_batch)
         self._waiting: collections.deque[Job] = collections.deque()
@@ -195,9 +196,9 @@ class Engine:
         for job in jobs:
             if not job.prompt:
                 raise QkvError("the prompt is empty")
-            if len(job.prompt) + job.max_tokens > self.capacity:
+            if len(job.prompt) + job.max_tokens > self.context:
                 raise QkvError(f"{len(job.prompt)} prompt tokens + {job.max_tokens} new tokens exceed the server's "
-                               f"context ({self.capacity} tokens)")
+                               f"context ({self.context} tokens)")
         with self._wake:
             free = sum(job is None for job in self._rows)  # a free slot takes the next waiting job
             if len(self._waiting) >= self.max_waiting + free:

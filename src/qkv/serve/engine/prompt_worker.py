@@ -5,11 +5,14 @@
 
 On the event loop, a 1 MiB prompt (about 1 s to tokenize) or a slow chat template would stall
 every stream and /health with it. Here they run on a few threads of their own, and the loop
-keeps answering: Jinja yields the GIL every few milliseconds, and `gil_free_encoder` encodes
-through the tokenizers library's `encode_batch`, which releases the GIL while it works (its
-`encode` holds it to the end: a thread alone would not help). A thread cannot be stopped from
-outside: past the deadline the request is answered (400, the prompt is too slow to prepare)
-and the work runs on to its own bounds (the template sandbox's and the tokenizer's). At most
+keeps answering: a chat template renders in a child process (qkv.chat.template_process), and
+`gil_free_encoder` encodes through the tokenizers library's `encode_batch`, which releases the
+GIL while it works (its `encode` holds it to the end: a thread alone would not help). Past the
+deadline the request is answered (400, the prompt is too slow to prepare) and nothing of it
+runs on: a render started by the job ends at the same deadline, its child killed
+(`render_deadline`), since a template's one C-level operation (a bignum power, a sort) is
+beyond what any check between steps can interrupt; a thread cannot be stopped from outside,
+so what else the job does runs to its own bounds (the tokenizer's). At most
 `max_pending` jobs, running or queued, abandoned ones included, so no flood of slow prompts
 piles up work without end.
 """
@@ -19,12 +22,15 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from qkv.chat.template_process import render_deadline
 from qkv.serve.errors import ApiError
 
 Result = TypeVar("Result")
+RENDER_MARGIN_S = 0.1  # past the deadline, before a render it started is killed
 
 
 def gil_free_encoder(tokenizer: Any) -> Callable[..., Any]:
@@ -64,11 +70,14 @@ class PromptWorker:
                                headers={"Retry-After": "1"})
             self._pending += 1
         started = threading.Event()
+        # A render ends just after this request's deadline: the answer is the deadline's own 400.
+        until = time.monotonic() + self.timeout + RENDER_MARGIN_S
 
         def job() -> Result:
             started.set()
             try:
-                return fn(*args)
+                with render_deadline(until):  # a chat template's render is killed then (module docstring)
+                    return fn(*args)
             except Exception:
                 raise
             except BaseException as error:  # a Rust panic in the tokenizer (pyo3's PanicException)

@@ -6,7 +6,8 @@ What a learner sees: a legend for every column and symbol; the query's row marke
 causal mask hides shown as masked, never with a score; the context as its length and first
 values (all of them on request); the analysis the endpoint returns (weight on the first
 token per head, key/value groups, key lengths by position, RoPE's score by distance); layers
-and heads counted from 0, token positions from 1, as `qkv explain` counts them. An error
+and heads counted from 0, token positions from 1, as `qkv explain` counts them; the keys'
+rows said to be clickable (a click splits that key's score: qkv.serve.explorer.why). An error
 clears the previous results, so no stale numbers sit under it.
 """
 
@@ -20,7 +21,7 @@ textarea{width:100%;box-sizing:border-box}
 .tabs button.on{font-weight:bold;background:#4a7bd0;color:#fff;border-color:#4a7bd0}
 table{border-collapse:collapse;margin:.6em 0}td,th{border:1px solid #ddd;padding:.15em .5em;text-align:right}
 td.tok{text-align:left;font-family:monospace}.bar{background:#4a7bd0;height:.8em;display:inline-block}
-tr.query td{background:#fde0ec;font-weight:bold}tr.masked td{color:#999}td.current,th.current{background:#fde0ec}
+tr.key{cursor:pointer}tr.key:hover td{background:#eef3fb}tr.query td{background:#fde0ec;font-weight:bold}tr.masked td{color:#999}td.current,th.current{background:#fde0ec}
 #error,#chat-error{color:#b00020}.muted{color:#777}pre{white-space:pre-wrap;background:#f6f6f6;padding:.6em}
 #legend dt{font-weight:bold;float:left;clear:left;width:8em}#legend dd{margin-left:8.5em}
 .you{background:#eef3fb;padding:.4em .6em;border-radius:.3em}.num{font-family:monospace}
@@ -47,10 +48,12 @@ generate <input id="generate" type="number" min="0" max="16" value="0" style="wi
 <dt>masked</dt><dd>a key after the query, hidden by the causal mask: never scored, its scaled score is −∞ and its weight 0</dd>
 <dt>query row</dt><dd>the highlighted row is the query token itself (it sees its own key)</dd>
 <dt>context</dt><dd>weights @ values: the query's new vector, shown as its length |c| and first values (open it for all)</dd>
+<dt>click a row</dt><dd>each key's row is clickable: it shows why the query looks at that key, its score split exactly into what wrote the query and the key (the largest terms appear under the table)</dd>
 <dt>␣ ↵ →</dt><dd>a leading space, a newline and a tab inside a token</dd>
 </dl></details>
 <p id="error" role="alert"></p><p id="summary" class="muted"></p>
 <div id="results">
+<p class="muted" id="click-hint">Click a key's row to see why the query looks at it.</p>
 <table id="keys"><thead><tr><th>#</th><th>key token</th><th>score q·k</th><th>scaled</th><th>weight</th><th></th></tr></thead><tbody></tbody></table>
 <p>context <span id="context" class="num"></span></p>
 <details id="context-all"><summary>all values</summary><pre id="context-values"></pre></details>

@@ -38,7 +38,7 @@ MAX_GENERATE = 16
 def _int(body: dict[str, Any], name: str, default: int | None) -> int | None:
     value = body.get(name, default)
     if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-        raise ApiError(422, f"'{name}' must be an integer, got {type(value).__name__}", param=name)
+        raise ApiError(400, f"'{name}' must be an integer, got {type(value).__name__}", param=name)
     return value
 
 
@@ -56,7 +56,7 @@ class Explorer:
         self.api.check_key(request)
         body = await read_json_body(request, self.api.limits.max_body_bytes)
         if not isinstance(body, dict) or not isinstance(body.get("text"), str) or not body["text"].strip():
-            raise ApiError(422, "'text' must be a non-empty string", param="text")
+            raise ApiError(400, "'text' must be a non-empty string", param="text")
         layer = _int(body, "layer", 0)
         head = _int(body, "head", 0)
         query = _int(body, "query", None)

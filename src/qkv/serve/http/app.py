@@ -76,7 +76,9 @@ class Api:
                                  media_type="text/plain; version=0.0.4")
 
     def _model_card(self) -> dict[str, Any]:
-        return {"id": self.served.name, "object": "model", "created": self.served.created, "owned_by": "qkv"}
+        # OpenAI's four fields, then vLLM's max_model_len and qkv's own: how the model is served.
+        return {"id": self.served.name, "object": "model", "created": self.served.created, "owned_by": "qkv",
+                "max_model_len": self.served.max_model_len, "qkv": self.served.card()}
 
     async def models(self, request: Request) -> Response:
         self.check_key(request)
@@ -129,7 +131,7 @@ class Api:
 
     def _jobs(self, req: CompletionRequest, chat: bool, prompts: list[tuple[list[int], str]],
               emit: Any, plan: Plan) -> tuple[list[Job], Answer]:
-        capacity = self.served.engine.capacity
+        limit = self.served.max_model_len  # --context, at most the model's own context length
         answer = Answer(req, chat, self.served.name, sum(len(ids) for ids, _ in prompts))
         base = Sampling(temperature=req.temperature, top_p=req.top_p, seed=req.seed,
                         logit_bias=tuple(req.logit_bias.items()), presence_penalty=req.presence_penalty,
@@ -140,9 +142,10 @@ class Api:
         for p, (ids, text) in enumerate(prompts):
             if not ids:
                 raise ApiError(400, "the prompt is empty", param="prompt")
-            if len(ids) + req.max_tokens > capacity:
+            if len(ids) + req.max_tokens > limit:
                 raise ApiError(400, f"the prompt{f' {p}' if len(prompts) > 1 else ''} has {len(ids)} tokens; with "
-                               f"max_tokens {req.max_tokens} that is over the model's context of {capacity} tokens",
+                               f"max_tokens {req.max_tokens} that is over this server's context of {limit} tokens "
+                               f"(max_model_len: --context, at most the model's {self.served.model.context_length})",
                                param="messages" if chat else "prompt", code="context_length_exceeded")
             share = SharedPrompt() if req.best_of > 1 else None
             for j in range(req.best_of):

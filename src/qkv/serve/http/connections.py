@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from qkv.errors import QkvError
@@ -125,14 +126,24 @@ def deadline_protocol(read_timeout: float, max_connections: int) -> type[asyncio
     return DeadlineProtocol
 
 
-def run_uvicorn(app: Any, sock: socket.socket, door: Door) -> None:
-    """Serve `app` on the bound `sock` until a signal stops it; QkvError if it cannot start."""
+def run_uvicorn(app: Any, sock: socket.socket, door: Door, on_stop: Callable[[], None] | None = None) -> None:
+    """Serve `app` on the bound `sock` until a signal stops it; QkvError if it cannot start.
+    `on_stop` runs once the server has shut down, before uvicorn raises the signal again
+    (a SIGTERM then ends the process at once: no line printed after `run` would show)."""
     import uvicorn
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            try:
+                await super().shutdown(sockets=sockets)
+            finally:
+                if on_stop is not None and self.started:
+                    on_stop()
 
     config = uvicorn.Config(app, http=deadline_protocol(door.read_timeout, door.max_connections),
                             timeout_keep_alive=door.idle_timeout,  # type: ignore[arg-type]
                             ws="none", log_level="warning")  # no WebSocket routes: no upgrades either
-    server = uvicorn.Server(config)
+    server = Server(config)
     server.run(sockets=[sock])
     if not server.started:
         raise QkvError("the server did not start (see the message above)")

@@ -44,6 +44,11 @@ class Metrics:
         with self._lock:
             self.requests[(route_label(path), int(status))] += 1
 
+    def requests_served(self) -> int:
+        """Every HTTP request answered so far, whatever its route and status."""
+        with self._lock:
+            return sum(self.requests.values())
+
     def render(self, stats: EngineStats) -> str:
         with self._lock:
             while stats.ttft:
