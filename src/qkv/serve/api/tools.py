@@ -27,7 +27,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from qkv.generation.constraints import with_layout
+from qkv.generation.constraints import prepared
 from qkv.serve.errors import ApiError
 
 HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
@@ -178,7 +178,7 @@ def call_grammar_source(tools: list[Tool], choice: str, fmt: str) -> tuple[str, 
     if fmt == "json":
         return "json", schema
     return "lark", {"lark": 'start: "<tool_call>\\n" call "\\n</tool_call>"\ncall: %json '
-                            + json.dumps(with_layout(schema)) + "\n"}
+                            + json.dumps(prepared(schema)) + "\n"}
 
 
 def read_calls(text: str, tools: list[Tool], fmt: str) -> tuple[str | None, list[dict[str, Any]]]:
