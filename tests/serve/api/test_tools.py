@@ -116,3 +116,16 @@ def test_forced_calls_close_objects_that_list_their_properties() -> None:
             jsonschema.validate(extra, arguments)
     kept = Tool("g", None, {**open_params, "additionalProperties": True}).call_schema()["properties"]["arguments"]
     jsonschema.validate({"city": "Oslo", "country": "NO"}, kept)
+
+
+def test_a_call_cut_off_keeps_its_name_and_the_arguments_so_far() -> None:
+    from qkv.serve.api.tools import cut_call
+
+    tools = parse_tools([WEATHER, {"type": "function", "function": {"name": "get_time"}}])
+    written = '{"name": "get_weather", "arguments": {"city": "Par'
+    (call,) = cut_call(written, tools)
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Par'} and call["id"].startswith("call_")
+    assert cut_call('{"name": "get_ti', tools)[0]["function"]["name"] == "get_time"  # the one tool it begins
+    hermes = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", "unit": "celsius"}}\n</tool'
+    assert json.loads(cut_call(hermes, tools)[0]["function"]["arguments"]) == {"city": "Rome", "unit": "celsius"}
+    assert cut_call('{"na', tools) == []  # not even the name begun: nothing to call
