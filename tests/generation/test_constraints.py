@@ -125,3 +125,17 @@ def test_an_unbounded_number_has_at_most_10_decimals(grammars, tokenizer) -> Non
 def test_a_bound_the_schema_gives_is_kept(grammars, tokenizer) -> None:
     big = {"type": "integer", "minimum": 0, "maximum": 10**18}  # 19 digits: the schema's own bound wins
     assert "0" in _allowed_after(grammars, tokenizer, big, "1" + "0" * 17)
+
+
+def test_json_object_mode_bounds_keys_and_values(grammars, tokenizer) -> None:
+    """response_format json_object's schema: any JSON object, its keys at most MAX_KEY_LENGTH
+    characters and its numbers 16 digits (a model that keeps choosing "1" cannot run away)."""
+    from qkv.generation.schema_limits import ANY_JSON_OBJECT, MAX_KEY_LENGTH
+
+    document = {"a": [1, -2.5, None, True, "x", {"b": {}}], "c": "d"}
+    end = tokenizer.decode([tokenizer.token_to_id("<|end|>")])
+    assert _allowed_after(grammars, tokenizer, ANY_JSON_OBJECT, json.dumps(document)) == [end]  # complete
+    key = _allowed_after(grammars, tokenizer, ANY_JSON_OBJECT, '{"' + "1" * MAX_KEY_LENGTH)
+    assert "1" not in key and '"' in key
+    value = _allowed_after(grammars, tokenizer, ANY_JSON_OBJECT, '{"k": [' + "1" * 16)
+    assert value and not any(text[:1].isdigit() for text in value)

@@ -26,7 +26,9 @@ a model that keeps choosing digits cannot run to max_tokens inside one number:
 - strings (without `pattern`, `format`, `enum` or `const`): MAX_STRING_LENGTH characters;
 - arrays: MAX_ARRAY_ITEMS items.
 Objects are not bounded (llguidance takes maxProperties only when every property is
-required); a forced tool call's objects are closed instead (qkv.serve.api.tools).
+required); a forced tool call's objects are closed instead (qkv.serve.api.tools). A value
+the schema leaves untyped (`{}`) is the compiler's own JSON, unbounded; json_object mode's
+values are bounded (ANY_JSON_OBJECT).
 """
 
 from __future__ import annotations
@@ -280,6 +282,17 @@ def check_schema(schema: dict[str, Any]) -> None:
                        "itself again (through $ref, allOf, required properties or minItems); make the "
                        "recursion optional")
 
+
+# response_format json_object: an object of any JSON values, spelled as a schema so that its
+# numbers, strings and arrays are bounded as a schema's are, and its keys to MAX_KEY_LENGTH
+# characters (`{"type": "object"}` alone leaves all of them to the compiler's unbounded JSON;
+# llguidance does not take propertyNames, so the keys are bounded by a patternProperties).
+MAX_KEY_LENGTH = 128
+_ANY_KEY = {"patternProperties": {f"^.{{0,{MAX_KEY_LENGTH}}}$": {"$ref": "#/$defs/value"}}, "additionalProperties": False}
+ANY_JSON_OBJECT: dict[str, Any] = {
+    "type": "object", **_ANY_KEY,
+    "$defs": {"value": {"anyOf": [{"type": "null"}, {"type": "boolean"}, {"type": "number"}, {"type": "string"},
+                                  {"type": "array", "items": {"$ref": "#/$defs/value"}}, {"type": "object", **_ANY_KEY}]}}}
 
 # Where subschemas sit in a schema (JSON Schema 2020-12 and the drafts before it).
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")

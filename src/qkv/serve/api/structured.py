@@ -31,6 +31,7 @@ from typing import Any
 
 from qkv.errors import QkvError
 from qkv.generation.constraints import Constraint, Grammars, json_schema_grammar, lark_grammar
+from qkv.generation.schema_limits import ANY_JSON_OBJECT
 from qkv.serve.api import tools as tool_calls
 from qkv.serve.errors import ApiError
 
@@ -51,7 +52,7 @@ def _response_format(value: Any) -> dict[str, Any] | None:
     if kind == "text":
         return None
     if kind == "json_object":
-        return {"type": "object"}
+        return ANY_JSON_OBJECT  # {"type": "object"}, its values bounded
     spec = value.get("json_schema")
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not spec["name"]:
         raise ApiError(400, "'response_format.json_schema' must be an object with a 'name' and a 'schema'",
