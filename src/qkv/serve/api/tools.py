@@ -55,8 +55,11 @@ class Tool:
         """The JSON schema of one call of this tool: {"name": ..., "arguments": {...}}. Objects
         in the parameters that list their properties and say nothing of others are closed
         (`additionalProperties: false`, as OpenAI's strict mode asks): a forced call then
-        names the function's own arguments only, instead of inventing keys until max_tokens."""
-        return {"type": "object", "properties": {"name": {"const": self.name}, "arguments": closed(self.parameters)},
+        names the function's own arguments only, instead of inventing keys until max_tokens.
+        The arguments are their own resource (an `$id`), so that the parameters' `$ref`s
+        (`#/$defs/...`, as pydantic writes them, or `#`) still point into the parameters."""
+        arguments = {"$id": f"https://qkv.invalid/tools/{self.name}/arguments", **closed(self.parameters)}
+        return {"type": "object", "properties": {"name": {"const": self.name}, "arguments": arguments},
                 "required": ["name", "arguments"], "additionalProperties": False}
 
 
