@@ -11,7 +11,9 @@ Each request (each row of a batch) has its own `Constraint`, so rows in differen
 different grammars decode together; the mask is applied to the row's logits before
 sampling, so temperature, top-p and the seed act on the allowed tokens only. The end-of-turn
 tokens are allowed exactly when the grammar accepts what was generated, so a reply can end
-only when it is complete (or at max_tokens, as with OpenAI's API).
+only when it is complete (or at max_tokens, as with OpenAI's API). A JSON schema is checked
+and bounded before it is compiled (qkv.generation.schema_limits: too deep or recursive with
+no finite document is a QkvError; numbers, strings and arrays it leaves unbounded get bounds).
 
 The matcher is llguidance's (Microsoft, MIT, Rust with Python bindings and no dependencies).
 Measured on this CPU with SmolLM2's 49,152-token vocabulary (benchmarks/grammar_mask.py,
