@@ -10,12 +10,11 @@ from typing import Any
 
 import jsonschema
 import pytest
-import torch
 
 from qkv.errors import QkvError
 from qkv.generation.constraints import Grammars, json_schema_grammar
-from qkv.generation.schema_limits import (MAX_ARRAY_ITEMS, MAX_SCHEMA_DEPTH, MAX_SCHEMA_NESTING, MAX_STRING_LENGTH,
-                                          INTEGER_BOUND, bounded, check_schema)
+from qkv.generation.schema_limits import (INTEGER_BOUND, MAX_ARRAY_ITEMS, MAX_SCHEMA_DEPTH, MAX_SCHEMA_NESTING,
+                                          MAX_STRING_LENGTH, bounded, check_schema)
 from tests.conftest import chat_tokenizer
 
 

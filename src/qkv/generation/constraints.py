@@ -39,6 +39,7 @@ from torch import Tensor
 from qkv.errors import QkvError
 from qkv.generation.schema_limits import bounded, check_schema
 
+
 def apply_bitmask(logits: Tensor, bitmask: Tensor) -> Tensor:
     """logits (..., V) with the tokens whose bit is 0 in bitmask (W,) int32 set to -inf (a
     new tensor: the logits may be inference tensors). Bit i of word w is token 32 w + i."""

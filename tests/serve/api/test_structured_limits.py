@@ -19,9 +19,8 @@ from qkv.serve.api.schemas import Limits
 from tests.generation.test_schema_limits import LOOPS, TREE, ref_chain
 from tests.serve_process import serve_process
 
-from .structured_server import tiny_long_context_folder
-
 from ..conftest import API_KEY
+from .structured_server import tiny_long_context_folder
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 MESSAGES = [{"role": "user", "content": "The biggest city?"}]
