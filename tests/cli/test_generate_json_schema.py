@@ -59,3 +59,42 @@ def test_bad_schema_files_are_one_line(tiny_chat_folder: Path, tmp_path: Path, c
     code, out, err = _run(capsys, "--model", str(tiny_chat_folder), "--chat", "--prompt", "hi",
                           "--json-schema", str(schema), "--threads", "1")
     assert code == 2 and len(err.strip().splitlines()) == 1 and message in err and "Traceback" not in err
+
+
+def _hostile_files() -> dict[str, str]:
+    from tests.generation.test_schema_limits import LOOPS, ref_chain
+
+    deep = {n: '{"type": "array", "items": ' * n + '{"type": "integer"}' + "}" * n for n in (5_000, 30_000)}
+    compact = {"separators": (",", ":")}  # a 30,000-long chain within the 1 MiB a schema file may have
+    return {"a $ref chain of 3,000": json.dumps(ref_chain(3_000), **compact),
+            "a $ref chain of 30,000": json.dumps(ref_chain(30_000), **compact),
+            "nesting 5,000 deep": deep[5_000], "nesting 30,000 deep": deep[30_000],
+            "nesting 500 deep": '{"type": "array", "items": ' * 500 + '{"type": "integer"}' + "}" * 500,
+            **{f"the loop {name}": json.dumps(schema) for name, schema in LOOPS.items()}}
+
+
+HOSTILE = _hostile_files()
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_schema_files_are_one_line(tiny_chat_folder: Path, tmp_path: Path, capsys, name: str) -> None:
+    """Too deep (to read, or for the compiler) or recursive with no document: one line naming
+    it, exit 2, before the model is loaded (no traceback, no segfault)."""
+    schema = tmp_path / "schema.json"
+    schema.write_text(HOSTILE[name])
+    code, out, err = _run(capsys, "--model", str(tiny_chat_folder), "--chat", "--prompt", "hi",
+                          "--json-schema", str(schema), "--threads", "1")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert any(words in err for words in ("too deep", "nested", "recursive with no finite document")), err
+
+
+def test_a_3000_chain_is_refused_by_the_command(tiny_chat_folder: Path, tmp_path: Path) -> None:
+    """The command as a user runs it, in its own process (the library's segfault would kill it)."""
+    import subprocess
+    import sys
+
+    schema = tmp_path / "schema.json"
+    schema.write_text(HOSTILE["a $ref chain of 3,000"])
+    run = subprocess.run([sys.executable, "-m", "qkv", "generate", "--model", str(tiny_chat_folder), "--prompt", "hi",
+                          "--json-schema", str(schema)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "too deep" in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr

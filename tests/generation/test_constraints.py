@@ -93,3 +93,49 @@ def test_a_schema_the_compiler_cannot_enforce_is_refused_by_name(grammars) -> No
     with pytest.raises(QkvError, match="refused token"):
         constraint = grammars.constraint(json_schema_grammar({"type": "boolean"}))
         constraint.accept(chat_tokenizer().encode("x").ids[0])
+
+
+def _allowed_after(grammars, tokenizer, schema: dict, text: str) -> list[str]:
+    """The texts of the tokens the grammar allows after `text` (each token of it allowed first)."""
+    constraint = grammars.constraint(json_schema_grammar(schema))
+    for token in tokenizer.encode(text).ids:
+        assert constraint.mask(torch.zeros(296))[token].item() == 0, (text, token)
+        constraint.accept(token)
+    allowed = torch.nonzero(constraint.mask(torch.zeros(296)) == 0).flatten().tolist()
+    return [tokenizer.decode([t]) for t in allowed]
+
+
+@pytest.mark.parametrize("sign", ["", "-"])
+def test_an_unbounded_integer_stops_at_16_digits(grammars, tokenizer, sign) -> None:
+    """Where the schema gives no bound: 16 digits, as llama.cpp's JSON grammar, then only
+    what may follow a number (so a model that keeps choosing digits cannot run away)."""
+    schema = {"type": "object", "properties": {"population": {"type": "integer"}}, "required": ["population"]}
+    before = _allowed_after(grammars, tokenizer, schema, '{"population": ' + sign + "1" * 15)
+    assert "1" in before
+    after = _allowed_after(grammars, tokenizer, schema, '{"population": ' + sign + "1" * 16)
+    assert after and not any(text[:1].isdigit() for text in after), after
+
+
+def test_an_unbounded_number_has_at_most_10_decimals(grammars, tokenizer) -> None:
+    assert "5" in _allowed_after(grammars, tokenizer, {"type": "number"}, "3." + "1" * 9)
+    assert not any(t[:1].isdigit() for t in _allowed_after(grammars, tokenizer, {"type": "number"}, "3." + "1" * 10))
+    assert not any(t[:1].isdigit() for t in _allowed_after(grammars, tokenizer, {"type": "number"}, "9" * 16))
+
+
+def test_a_bound_the_schema_gives_is_kept(grammars, tokenizer) -> None:
+    big = {"type": "integer", "minimum": 0, "maximum": 10**18}  # 19 digits: the schema's own bound wins
+    assert "0" in _allowed_after(grammars, tokenizer, big, "1" + "0" * 17)
+
+
+def test_json_object_mode_bounds_keys_and_values(grammars, tokenizer) -> None:
+    """response_format json_object's schema: any JSON object, its keys at most MAX_KEY_LENGTH
+    characters and its numbers 16 digits (a model that keeps choosing "1" cannot run away)."""
+    from qkv.generation.schema_limits import ANY_JSON_OBJECT, MAX_KEY_LENGTH
+
+    document = {"a": [1, -2.5, None, True, "x", {"b": {}}], "c": "d"}
+    end = tokenizer.decode([tokenizer.token_to_id("<|end|>")])
+    assert _allowed_after(grammars, tokenizer, ANY_JSON_OBJECT, json.dumps(document)) == [end]  # complete
+    key = _allowed_after(grammars, tokenizer, ANY_JSON_OBJECT, '{"' + "1" * MAX_KEY_LENGTH)
+    assert "1" not in key and '"' in key
+    value = _allowed_after(grammars, tokenizer, ANY_JSON_OBJECT, '{"k": [' + "1" * 16)
+    assert value and not any(text[:1].isdigit() for text in value)

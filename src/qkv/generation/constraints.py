@@ -11,7 +11,9 @@ Each request (each row of a batch) has its own `Constraint`, so rows in differen
 different grammars decode together; the mask is applied to the row's logits before
 sampling, so temperature, top-p and the seed act on the allowed tokens only. The end-of-turn
 tokens are allowed exactly when the grammar accepts what was generated, so a reply can end
-only when it is complete (or at max_tokens, as with OpenAI's API).
+only when it is complete (or at max_tokens, as with OpenAI's API). A JSON schema is checked
+and bounded before it is compiled (qkv.generation.schema_limits: too deep or recursive with
+no finite document is a QkvError; numbers, strings and arrays it leaves unbounded get bounds).
 
 The matcher is llguidance's (Microsoft, MIT, Rust with Python bindings and no dependencies).
 Measured on this CPU with SmolLM2's 49,152-token vocabulary (benchmarks/serve/grammar_mask.py,
@@ -35,6 +37,8 @@ import torch
 from torch import Tensor
 
 from qkv.errors import QkvError
+from qkv.generation.schema_limits import bounded, check_schema
+
 
 def apply_bitmask(logits: Tensor, bitmask: Tensor) -> Tensor:
     """logits (..., V) with the tokens whose bit is 0 in bitmask (W,) int32 set to -inf (a
@@ -54,12 +58,22 @@ def with_layout(schema: dict[str, Any]) -> dict[str, Any]:
     return {**schema, "x-guidance": {**JSON_LAYOUT, **schema.get("x-guidance", {})}}
 
 
+def prepared(schema: dict[str, Any]) -> dict[str, Any]:
+    """`schema` as it is compiled: checked first (too deep, or recursive with no finite
+    document: QkvError, before llguidance can overflow its stack on it), then given bounds
+    where it has none and laid out as JSON_LAYOUT (qkv.generation.schema_limits)."""
+    check_schema(schema)
+    return with_layout(bounded(schema))
+
+
 def json_schema_grammar(schema: dict[str, Any]) -> str:
-    """A llguidance grammar for JSON documents valid under `schema`, laid out as JSON_LAYOUT."""
+    """A llguidance grammar for JSON documents valid under `schema` (bounded and laid out
+    by `prepared`)."""
     import llguidance
 
+    schema = prepared(schema)  # QkvError naming the problem, before the compiler sees it
     try:
-        return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(with_layout(schema)))
+        return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema))
     except (ValueError, TypeError) as error:
         raise QkvError(f"the JSON schema cannot be compiled: {error}") from None
 
@@ -114,20 +128,35 @@ class Grammars:
         self._tokenizer = llguidance.LLTokenizer(tokenizer.to_str(), n_vocab=vocab_size, eos_token=stops)
 
     def check(self, grammar: str) -> None:
-        """Raise QkvError naming the problem if `grammar` cannot be used."""
+        """Raise QkvError naming the problem if `grammar` cannot be used: one the compiler
+        refuses, or one whose first step already fails (it admits no document)."""
         import llguidance
 
-        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._tokenizer)
+        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._tokenizer,
+                                                                                limits=quiet_limits())
         if failed:
             raise QkvError(f"the grammar cannot be used: {messages[0][:300]}")
+        try:
+            self.constraint(grammar).mask(torch.zeros(1, self.vocab_size))
+        except QkvError as error:
+            raise QkvError(f"the grammar admits no document ({str(error).split(': ', 1)[-1][:200]}); check the "
+                           "schema's $refs and required fields") from None
 
     def constraint(self, grammar: str) -> Constraint:
         import llguidance
 
-        matcher = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
+        matcher = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0, limits=quiet_limits())
         if matcher.is_error():
             raise QkvError(f"the grammar cannot be used: {matcher.get_error()[:300]}")
         return Constraint(matcher, self.vocab_size)
+
+
+def quiet_limits() -> Any:
+    """llguidance's default limits, with errors that say what failed without the parser's
+    internal state and the whole grammar (which it adds by default; no client needs them)."""
+    import llguidance
+
+    return llguidance.LLParserLimits(verbose_errors=False)
 
 
 MAX_SCHEMA_BYTES = 1 << 20
@@ -146,11 +175,17 @@ def read_schema(path: str) -> dict[str, Any]:
         raise QkvError(f"--json-schema {path}: cannot read it ({error.strerror})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise QkvError(f"--json-schema {path}: not JSON ({error})") from None
+    except RecursionError:  # json.loads recurses once per level (about 1,000 levels)
+        raise QkvError(f"--json-schema {path}: nested too deep to read; flatten the schema") from None
     if not isinstance(schema, dict):
         raise QkvError(f"--json-schema {path}: a JSON schema is an object, got {type(schema).__name__}")
     import llguidance
 
-    failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(json_schema_grammar(schema), None)
+    try:
+        grammar = json_schema_grammar(schema)  # checked for depth and $ref loops first
+    except QkvError as error:
+        raise QkvError(f"--json-schema {path}: {error}") from None
+    failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, None, limits=quiet_limits())
     if failed:
         raise QkvError(f"--json-schema {path}: the schema cannot be enforced: {messages[0][:300]}")
     return schema

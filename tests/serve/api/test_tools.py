@@ -116,3 +116,54 @@ def test_forced_calls_close_objects_that_list_their_properties() -> None:
             jsonschema.validate(extra, arguments)
     kept = Tool("g", None, {**open_params, "additionalProperties": True}).call_schema()["properties"]["arguments"]
     jsonschema.validate({"city": "Oslo", "country": "NO"}, kept)
+
+
+def test_a_call_cut_off_keeps_its_name_and_the_arguments_so_far() -> None:
+    from qkv.serve.api.tools import cut_call
+
+    tools = parse_tools([WEATHER, {"type": "function", "function": {"name": "get_time"}}])
+    written = '{"name": "get_weather", "arguments": {"city": "Par'
+    (call,) = cut_call(written, tools)
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Par'} and call["id"].startswith("call_")
+    assert cut_call('{"name": "get_ti', tools)[0]["function"]["name"] == "get_time"  # the one tool it begins
+    hermes = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", "unit": "celsius"}}\n</tool'
+    assert json.loads(cut_call(hermes, tools)[0]["function"]["arguments"]) == {"city": "Rome", "unit": "celsius"}
+    assert cut_call('{"na', tools) == []  # not even the name begun: nothing to call
+
+
+@pytest.mark.parametrize("fmt", ["json", "hermes"])
+def test_a_forced_call_of_a_hostile_schema_is_refused_in_both_formats(fmt) -> None:
+    """The <tool_call> format embeds the schema in a Lark grammar: it is checked all the same."""
+    from qkv.errors import QkvError
+    from tests.generation.test_schema_limits import LOOPS, ref_chain
+
+    for parameters, message in ((ref_chain(3_000), "too deep"), (LOOPS["a -> a"], "no finite document")):
+        tools = parse_tools([{"type": "function", "function": {"name": "f", "parameters": parameters}}])
+        with pytest.raises(QkvError, match=message):
+            kind, source = call_grammar_source(tools, "required", fmt)
+            json_schema_grammar(source) if kind == "json" else lark_grammar(source["lark"])
+
+
+@pytest.mark.parametrize("fmt", ["json", "hermes"])
+def test_a_forced_call_follows_the_parameters_own_refs(fmt) -> None:
+    """Parameters as pydantic writes them (nested models in $defs, `#/$defs/...` refs; here
+    also `#`, the parameters themselves): the refs resolve inside the parameters, for one
+    tool and for a choice of two."""
+    import jsonschema
+
+    tokenizer = chat_tokenizer()
+    grammars = Grammars(tokenizer, vocab_size=296, stop_ids={tokenizer.token_to_id("<|end|>")})
+    parameters = {"type": "object", "properties": {"city": {"$ref": "#/$defs/City"}, "again": {"$ref": "#"}},
+                  "required": ["city"], "$defs": {"City": {"type": "object", "properties": {"name": {"type": "string"}},
+                                                           "required": ["name"]}}}
+    tools = parse_tools([{"type": "function", "function": {"name": name, "parameters": parameters}} for name in "fg"])
+    arguments = {"city": {"name": "Oslo"}, "again": {"city": {"name": "Rome"}}}
+    jsonschema.validate(arguments, parameters)  # the reference: valid arguments
+    call = json.dumps({"name": "g", "arguments": arguments})
+    for choice in ("g", "required"):
+        kind, source = call_grammar_source(tools, choice, fmt)
+        constraint = grammars.constraint(json_schema_grammar(source) if kind == "json" else lark_grammar(source["lark"]))
+        for token in tokenizer.encode(call if fmt == "json" else f"<tool_call>\n{call}\n</tool_call>").ids:
+            assert constraint.mask(torch.zeros(296))[token].item() == 0, choice
+            constraint.accept(token)
+        assert constraint.finished

@@ -15,7 +15,13 @@ response_format:
   a schema feature the grammar compiler cannot enforce is refused with a 400 naming it.
 Both are enforced token by token (qkv.generation.constraints), so a reply that ends with
 finish_reason "stop" always parses (and validates); one cut by max_tokens ("length") may not,
-as with OpenAI's API.
+as with OpenAI's API. A schema too deep, or recursive with no finite document, is a 400
+(qkv.generation.schema_limits); numbers, strings and arrays it leaves unbounded get bounds,
+so a model cannot fill one integer with digits until max_tokens.
+
+A forced tool call (tool_choice 'required' or a named function) cut off by max_tokens is
+still returned as a `tool_calls` entry, its arguments the JSON written so far, with
+finish_reason "length", as OpenAI's API returns one.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from typing import Any
 
 from qkv.errors import QkvError
 from qkv.generation.constraints import Constraint, Grammars, json_schema_grammar, lark_grammar
+from qkv.generation.schema_limits import ANY_JSON_OBJECT
 from qkv.serve.api import tools as tool_calls
 from qkv.serve.errors import ApiError
 
@@ -45,7 +52,7 @@ def _response_format(value: Any) -> dict[str, Any] | None:
     if kind == "text":
         return None
     if kind == "json_object":
-        return {"type": "object"}
+        return ANY_JSON_OBJECT  # {"type": "object"}, its values bounded
     spec = value.get("json_schema")
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not spec["name"]:
         raise ApiError(400, "'response_format.json_schema' must be an object with a 'name' and a 'schema'",
@@ -107,6 +114,7 @@ class Plan:
     tools: list[tool_calls.Tool] | None = None  # shown to the model (tool_choice not 'none')
     tool_format: str = "json"
     parallel: bool = True
+    forced: bool = False  # the grammar is a tool call (tool_choice 'required' or a named function)
 
     def constraint(self) -> Constraint | None:
         """A fresh matcher for one answer (each row keeps its own state), or None: free text."""
@@ -129,6 +137,7 @@ class Plan:
             elif req.tools and req.tool_choice != "auto":
                 kind, source = tool_calls.call_grammar_source(req.tools, req.tool_choice, fmt)
                 grammar = json_schema_grammar(source) if kind == "json" else lark_grammar(source["lark"])
+                plan.forced = True
             if grammar is not None:
                 plan.grammars = grammars_for(served)
                 plan.grammars.check(grammar)
@@ -148,7 +157,12 @@ class Plan:
         return bool(self.tools)
 
     def message(self, text: str, finish: str) -> tuple[dict[str, Any], str]:
-        """The assistant message for `text`, and the finish_reason ('tool_calls' for calls)."""
+        """The assistant message for `text`, and the finish_reason ('tool_calls' for calls;
+        a forced call cut off by max_tokens stays a call, its arguments incomplete, 'length')."""
+        if self.tools and self.forced and finish == "length":
+            calls = tool_calls.cut_call(text, self.tools)
+            if calls:
+                return {"role": "assistant", "content": None, "tool_calls": calls}, "length"
         if self.tools and finish == "stop":
             content, calls = tool_calls.read_calls(text, self.tools, self.tool_format)
             if calls:

@@ -27,10 +27,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from qkv.generation.constraints import with_layout
+from qkv.generation.constraints import prepared
 from qkv.serve.errors import ApiError
 
 HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+CUT_CALL = re.compile(r'\s*(?:<tool_call>\s*)?\{"name": "((?:[^"\\]|\\.)*)"?(?:, "arguments": (.*))?', re.DOTALL)
 FENCED = re.compile(r"\s*```(?:json)?\s*(.*?)\s*```\s*", re.DOTALL)  # a call a model put in a code block
 JSON_FORMAT_INSTRUCTION = (
     "Tools you can call:\n{tools}\nTo call one, reply with only "
@@ -54,8 +55,11 @@ class Tool:
         """The JSON schema of one call of this tool: {"name": ..., "arguments": {...}}. Objects
         in the parameters that list their properties and say nothing of others are closed
         (`additionalProperties: false`, as OpenAI's strict mode asks): a forced call then
-        names the function's own arguments only, instead of inventing keys until max_tokens."""
-        return {"type": "object", "properties": {"name": {"const": self.name}, "arguments": closed(self.parameters)},
+        names the function's own arguments only, instead of inventing keys until max_tokens.
+        The arguments are their own resource (an `$id`), so that the parameters' `$ref`s
+        (`#/$defs/...`, as pydantic writes them, or `#`) still point into the parameters."""
+        arguments = {"$id": f"https://qkv.invalid/tools/{self.name}/arguments", **closed(self.parameters)}
+        return {"type": "object", "properties": {"name": {"const": self.name}, "arguments": arguments},
                 "required": ["name", "arguments"], "additionalProperties": False}
 
 
@@ -178,7 +182,7 @@ def call_grammar_source(tools: list[Tool], choice: str, fmt: str) -> tuple[str, 
     if fmt == "json":
         return "json", schema
     return "lark", {"lark": 'start: "<tool_call>\\n" call "\\n</tool_call>"\ncall: %json '
-                            + json.dumps(with_layout(schema)) + "\n"}
+                            + json.dumps(prepared(schema)) + "\n"}
 
 
 def read_calls(text: str, tools: list[Tool], fmt: str) -> tuple[str | None, list[dict[str, Any]]]:
@@ -211,3 +215,22 @@ def read_calls(text: str, tools: list[Tool], fmt: str) -> tuple[str | None, list
                       "function": {"name": item["name"],
                                    "arguments": json.dumps(item.get("arguments", {}), ensure_ascii=False)}})
     return (rest or None) if calls else text, calls
+
+
+def cut_call(text: str, tools: list[Tool]) -> list[dict[str, Any]]:
+    """A forced call cut off by max_tokens, as OpenAI returns one: a `tool_calls` entry whose
+    arguments are the JSON written so far (incomplete). The grammar wrote the call's head,
+    so the name is the one tool it begins (the whole name once written); [] if not even
+    the name was begun."""
+    head = CUT_CALL.match(text)
+    if head is None:
+        return []
+    begun = [t.name for t in tools if t.name.startswith(head.group(1))]
+    name = head.group(1) if head.group(1) in begun or len(begun) != 1 else begun[0]
+    arguments = head.group(2) or ""
+    try:  # complete after all (cut off in the call's closing "}" or "</tool_call>"): just those
+        arguments = json.dumps(json.JSONDecoder().raw_decode(arguments)[0], ensure_ascii=False)
+    except json.JSONDecodeError:
+        pass
+    return [{"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
+             "function": {"name": name, "arguments": arguments}}]
