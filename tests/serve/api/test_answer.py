@@ -34,3 +34,17 @@ def test_without_a_stop_string_the_length_stays_the_reason() -> None:
         choice.take(Token(token))
     choice.take(Finished("length"))
     assert choice.text == " journey starts with one step." and choice.finish == "length"
+
+
+def test_a_grammar_that_fails_mid_answer_is_the_requests_400_and_a_failed_step_the_servers_500() -> None:
+    """The engine tells the two apart (Finished 'grammar' / 'error'); the request's own structure is
+    never answered as the server's fault."""
+    grammar, ids = _choice("never in the text")
+    grammar.take(Token(ids[0]))
+    grammar.take(Finished("grammar", "no token continues the JSON"))
+    failure = grammar.failure()
+    assert grammar.finish == "error" and failure.status == 400 and "no token continues the JSON" in failure.message
+    assert failure.body()["error"]["type"] == "invalid_request_error"
+    step, _ = _choice("never in the text")
+    step.take(Finished("error", "RuntimeError: boom"))
+    assert step.failure().status == 500

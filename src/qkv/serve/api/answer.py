@@ -57,6 +57,7 @@ class Choice:
         self.index = 0
         self.finish: str | None = None
         self.error = ""
+        self.error_status = 500  # 400 when the request's own grammar failed (grammar_failure)
         self.tokens = 0  # tokens generated (end tokens not counted)
         self.logprob_sum, self.logprob_count = 0.0, 0
         self.entries: list[_Entry] = []  # handed out (or ready to be)
@@ -82,8 +83,11 @@ class Choice:
                                  for t, lp, top, s in zip(self.prompt, event.logprobs, event.top, starts)]
             return
         if isinstance(event, Finished):
-            self.finish = {"length": "length", "error": "error"}.get(event.reason, "stop")
+            self.finish = {"length": "length", "error": "error", "grammar": "error"}.get(event.reason, "stop")
             self.error = event.message
+            if event.reason == "grammar":
+                failure = grammar_failure(event.message)
+                self.error, self.error_status = failure.message, failure.status
             self._add(self.stream.flush())
             if self.stream.stopped and self.finish == "length":  # the held-back text completed a stop string
                 self.finish = "stop"
@@ -116,6 +120,12 @@ class Choice:
         held = len(self.stream.text) > self.stream.sent
         while self._pending and (self._pending[0].start < sent or not held):
             self.entries.append(self._pending.pop(0))
+
+    def failure(self) -> ApiError:
+        """This choice's failed generation as the API's error (400: its grammar; 500: the step)."""
+        if self.error_status == 400:
+            return ApiError(400, self.error, code="structure_not_followed")
+        return ApiError(500, f"generation failed: {self.error}")
 
     def _add(self, piece: str) -> None:
         if piece:
@@ -220,6 +230,10 @@ class Answer:
     def error(self) -> str | None:
         return next((c.error for c in self.choices if c.finish == "error"), None)
 
+    def failure(self) -> ApiError | None:
+        """What a request whose generation failed is answered: the first failed choice's error."""
+        return next((c.failure() for c in self.choices if c.finish == "error"), None)
+
     def head(self, chunk: bool) -> dict[str, Any]:
         kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
         return {"id": ("chatcmpl-" if self.chat else "cmpl-") + self.id, "object": kind,
@@ -252,9 +266,16 @@ class Answer:
                 body["usage"] = None
             yield self.event(body)
         if choice.finish == "error":
-            yield self.event(ApiError(500, f"generation failed: {choice.error}").body())
+            yield self.event(choice.failure().body())
 
     def closing_events(self) -> Iterator[str]:
         if self.req.include_usage:
             yield self.event({**self.head(True), "choices": [], "usage": self.usage})
         yield "data: [DONE]\n\n"
+
+
+def grammar_failure(message: str) -> ApiError:
+    """A request whose grammar (response_format or tools) admitted no next token mid-answer: the
+    structure it asked for cannot be written by this model within its bounds, a 400 that says so."""
+    return ApiError(400, f"the requested structure (response_format or tools) could not be followed: {message}; "
+                         "simplify the schema or loosen its bounds", code="structure_not_followed")

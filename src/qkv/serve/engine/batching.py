@@ -65,7 +65,8 @@ class EngineFull(QkvError):
 
 @dataclass(frozen=True)
 class Finished:
-    """The last event of a job: why it ended ('stop', 'length', 'cancelled', 'error')."""
+    """The last event of a job: why it ended ('stop', 'length', 'cancelled', 'grammar': the
+    request's grammar admitted no next token, 'error': the step failed)."""
 
     reason: str
     message: str = ""
@@ -361,8 +362,8 @@ class Engine:
 
     def _deliver(self, job: Job, choice: StepToken) -> None:
         """Hand row `choice.row`'s new token to its job; a row that ended leaves the loop."""
-        if choice.end == "error":
-            self._finish(choice.row, Finished("error", choice.message))
+        if choice.end == "error":  # the row's grammar could not go on: the request's structure, not the server
+            self._finish(choice.row, Finished("grammar", choice.message))
             return
         if job.first_token_at is None:
             job.first_token_at = time.perf_counter()

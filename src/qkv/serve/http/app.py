@@ -195,8 +195,9 @@ class Api:
         finally:
             for job in jobs:
                 job.cancel()
-        if answer.error is not None:
-            raise ApiError(500, f"generation failed: {answer.error}")
+        failure = answer.failure()
+        if failure is not None:
+            raise failure
         return JSONResponse(answer.whole())
 
 
