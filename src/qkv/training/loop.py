@@ -34,7 +34,7 @@ from qkv.errors import QkvError
 from qkv.models.context_parallel import ContextParallel, join_context_parallel, sharded_forward
 from qkv.models.gpt2 import GPT2Decoder
 from qkv.models.hf.gpt2_tokenizer import gpt2_tokenizer
-from qkv.util.progress import progress_bar
+from qkv.util.progress import progress_bar, slow_step
 from qkv.util.terminal_text import escape_controls
 from qkv.training.checkpoint import (
     TrainingState,
@@ -154,10 +154,12 @@ class _Run:
 
         if ctx.is_main:
             announce_corpus(settings.data)
-        corpus = scan_corpus(settings.data, when_empty=WHEN_EMPTY)  # streamed: qkv.training.data
+        with slow_step(f"reading {settings.data}") if ctx.is_main else contextlib.nullcontext():
+            corpus = scan_corpus(settings.data, when_empty=WHEN_EMPTY)  # streamed: qkv.training.data
         fingerprint = corpus.fingerprint
         self.tokenizer = self._tokenizer(corpus)
-        train_ids, val_ids = tokenize_corpus(corpus, self.tokenizer, self.out if self.out.is_dir() else None, progress=ctx.is_main and self.progress)
+        token_folder = self.out if self.out.is_dir() else None  # rank 0 made it; a temporary folder until then
+        train_ids, val_ids = tokenize_corpus(corpus, self.tokenizer, token_folder, progress=ctx.is_main and self.progress)
         length = settings.context_length
         self.train_windows = FileWindows(train_ids, length, settings.stride)
         self.val_windows = FileWindows(val_ids, length, settings.stride)
@@ -211,10 +213,11 @@ class _Run:
             return gpt2_tokenizer()
         trained = None
         if self.ctx.is_main:
-            if corpus.sampled_for_bpe:
-                print(f"training the tokenizer on the first {MAX_BPE_CHARACTERS:,} characters of the training split "
-                      "(give --tokenizer to use another)", file=sys.stderr)
-            trained = train_bpe_from(corpus.bpe_sample(), self.settings.vocab_size).to_str()
+            sample = (f"the first {MAX_BPE_CHARACTERS:,} characters of the training split (--tokenizer gives another)"
+                      if corpus.sampled_for_bpe else "the training split")
+            with slow_step(f"training a {self.settings.vocab_size}-entry BPE tokenizer on {sample}",
+                           after=0 if corpus.sampled_for_bpe else None):
+                trained = train_bpe_from(corpus.bpe_sample(), self.settings.vocab_size).to_str()
         return Tokenizer.from_str(self.ctx.broadcast_object(trained))
 
     def _restore(self, fingerprint: str) -> None:
