@@ -4,6 +4,9 @@ gives one line and exit code 2."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -173,3 +176,22 @@ def test_threads_are_set_and_reported(folder: Path, capsys) -> None:
                           "--threads", "1")
     assert code == 0 and text.startswith(PROMPT)
     assert err.rstrip().endswith("KV cache, 1 thread)") and torch.get_num_threads() == 1
+
+
+def test_each_wait_says_what_it_does_on_stderr_before_the_first_token(folder: Path) -> None:
+    """In a real process with QKV_STATUS_AFTER_S=0 every step says itself (by default only a
+    step still running after a second does): in order, all before the text."""
+    env = {**os.environ, "QKV_STATUS_AFTER_S": "0", "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    done = subprocess.run([sys.executable, "-m", "qkv", "generate", "--model", str(folder), "--prompt", PROMPT,
+                           "--max-new-tokens", "3", "--dtype", "float32", "--threads", "1"],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, timeout=300)
+    assert done.returncode == 0, done.stdout.decode(errors="replace")
+    lines = done.stdout.decode("utf-8").splitlines()
+    steps = [f"opening {folder}...", "loading the weights...", "preparing the float32 weights...",
+             "getting the decode step ready..."]
+    assert all(step in lines for step in steps), lines
+    text = next(i for i, line in enumerate(lines) if line.startswith(PROMPT))
+    assert [lines.index(step) for step in steps] == sorted(lines.index(step) for step in steps)
+    assert max(lines.index(step) for step in steps) < text
+    compiling = [i for i, line in enumerate(lines) if line.startswith("compiling ")]
+    assert all(i < text for i in compiling), lines

@@ -8,8 +8,11 @@ memory. `BoundedSandbox` adds, per render:
   wrapped in a counter when the template is compiled), and a wall-clock limit;
 - recursion: macros and recursive loops nest at most `MAX_DEPTH` calls deep;
 - size: the rendered text, and every string or list made by `*`, `+`, `%`, `~` or a
-  filter, at most `MAX_CHARS`; integers given to calls and filters (widths, counts) and
-  exponents are bounded the same way, so nothing huge is allocated to find out.
+  filter, at most `MAX_CHARS`; integers given to calls and filters (widths, counts) are
+  bounded the same way, so nothing huge is allocated to find out;
+- numbers: an integer made by `**` or `*` at most `MAX_INT_BITS` bits, judged from the
+  operands before the operation runs (one big-integer power is a single C call that no
+  deadline between steps can interrupt: `9 ** (9 ** 9)` would run for minutes).
 
 Going over a bound raises `TemplateLimitError` (a jinja2 SecurityError).
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -38,6 +42,7 @@ MAX_STEPS = 200_000
 MAX_DEPTH = 50
 MAX_CHARS = 1_000_000
 MAX_SECONDS = 1.0  # chat templates render in well under a millisecond
+MAX_INT_BITS = 4096  # ~1,233 digits; chat templates count messages and tokens, nothing near this
 _LOOP = "qkv_bounded_loop"
 _SIZED = "qkv_bounded_size"
 _WIDTH = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\d*)(?:\.(\d*))?")
@@ -91,6 +96,34 @@ def _small_numbers(args: Iterable[Any]) -> None:
             raise TemplateLimitError(f"the template passed the number {value} (at most {MAX_CHARS:,})")
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _short(number: int) -> str:
+    return f"{number:,}" if abs(number) < 10**12 else f"a {abs(number).bit_length():,}-bit number"
+
+
+def _bounded_power(base: Any, exponent: Any) -> None:
+    """Refuse `base ** exponent` when its integer result would pass MAX_INT_BITS: the bits
+    are exponent * log2|base|, known before the power is computed. Floats overflow in one
+    step (OverflowError) and a negative exponent gives a float, so only ints need this."""
+    if _is_int(base) and _is_int(exponent) and exponent > 0 and abs(base) > 1:
+        bits = exponent * math.log2(abs(base))
+        if bits > MAX_INT_BITS:
+            raise TemplateLimitError(f"the template raises {_short(base)} to the power {_short(exponent)}: an integer of "
+                                     f"about {bits:,.0f} bits (at most {MAX_INT_BITS:,})")
+
+
+def _bounded_product(left: Any, right: Any) -> None:
+    """Refuse `left * right` of two integers whose product would pass MAX_INT_BITS."""
+    if _is_int(left) and _is_int(right) and left and right:
+        bits = abs(left).bit_length() + abs(right).bit_length()
+        if bits > MAX_INT_BITS:
+            raise TemplateLimitError(f"the template multiplies {_short(left)} by {_short(right)}: an integer of "
+                                     f"about {bits:,} bits (at most {MAX_INT_BITS:,})")
+
+
 def _bounded_loop(iterable: Any) -> Iterator[Any]:
     budget = _budget()
     for item in iterable:
@@ -115,9 +148,9 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
             for seq, count in ((left, right), (right, left)):
                 if isinstance(seq, (str, list, tuple)) and isinstance(count, int) and len(seq) * count > MAX_CHARS:
                     raise TemplateLimitError(f"the template repeats a value {count} times (at most {MAX_CHARS:,} items)")
+            _bounded_product(left, right)
         elif op == "**":
-            if isinstance(right, (int, float)) and abs(right) > 64 and isinstance(left, (int, float)) and abs(left) > 1:
-                raise TemplateLimitError(f"the template raises a number to the power {right}")
+            _bounded_power(left, right)
         elif op == "%" and isinstance(left, str):
             for width, precision in _WIDTH.findall(left):
                 if max(int(width or 0), int(precision or 0)) > MAX_CHARS:

@@ -105,12 +105,15 @@ def utf8_writer() -> Callable[[str], None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
+    from qkv.util.progress import slow_step
 
-    from qkv.attention.caches.kv_cache import StaticKVCache
-    from qkv.cli.perplexity import kv_cache_kind
-    from qkv.generation.cache_kinds import check_kind
-    from qkv.generation import check_request, stream
+    with slow_step("starting PyTorch"):  # its import alone takes seconds on a busy machine
+        import torch
+
+        from qkv.attention.caches.kv_cache import StaticKVCache
+        from qkv.cli.perplexity import kv_cache_kind
+        from qkv.generation.cache_kinds import check_kind
+        from qkv.generation import check_request, stream
 
     threads = apply_threads(args.threads)
     kind = kv_cache_kind(args)  # bad cache options are reported before loading

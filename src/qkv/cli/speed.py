@@ -58,6 +58,7 @@ def announce_speed(model: CausalDecoder, setup: DecodeSetup, kind: CacheKind | N
     it took, apart from tokens/s)."""
     from qkv.generation import warm_up
     from qkv.runtime.compile import CompileReport
+    from qkv.util.progress import slow_step
 
     kernels = setup.kernels
     if kernels is not None and kernels.built_seconds is not None:
@@ -70,7 +71,9 @@ def announce_speed(model: CausalDecoder, setup: DecodeSetup, kind: CacheKind | N
         print(f"decoding eagerly: {setup.compile.reason} (--no-compile hides this line)",
               file=sys.stderr, flush=True)
     elif setup.compiled:
-        seconds = warm_up(model) if kind is None else warm_up(model, kind=kind)
+        what = "the layer step" if setup.layer_step is not None else "the decode step (torch.compile)"
+        with slow_step(f"compiling {what} for the first token"):
+            seconds = warm_up(model) if kind is None else warm_up(model, kind=kind)
         fallback = setup.layer_step.fallback if setup.layer_step is not None else None
         if setup.layer_step is not None and fallback is None:
             print(f"decode steps run as one call of qkv's kernels per layer (ready in {seconds:.1f} s)",

@@ -46,6 +46,7 @@ at int8 or int4 on disk, and the next load assigns it instead of preparing again
 
 from __future__ import annotations
 
+import contextlib
 import os
 import weakref
 from dataclasses import dataclass
@@ -54,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from qkv.errors import QkvError
+from qkv.util.progress import slow_step
 from qkv.attention.stacking import stack_projections
 from qkv.models.decoder import CausalDecoder
 from qkv.runtime.native import NativeStatus, native_kernels
@@ -157,12 +159,13 @@ def _shape_layers(model: CausalDecoder, precision: str, *, empty: bool = False) 
 def _finish(model: CausalDecoder, precision: str, *, compile: bool, backend: CompilerBackend,
             from_cache: bool = False, inductor: bool = True) -> DecodeSetup:
     """Weights on 2 MB pages, then the layer step or Inductor's regions."""
-    place_on_huge_pages(model)  # a decode step streams every weight: 2 MB pages read faster (qkv.runtime.huge_pages)
-    # Inductor waits for a session whose cache kind the layer step cannot write.
-    on_modules = (lambda: compile_decoder(model, backend=backend)) if inductor else None
-    layer_step = NativeLayerStep.for_model(model, on_modules=on_modules) if compile else None
-    report = compile_decoder(model, backend=backend) if compile and inductor and layer_step is None else None
-    kernels = native_kernels() if precision in (*QUANTIZED, BLOCKS, "float32") else None
+    kernels = native_kernels() if precision in (*QUANTIZED, BLOCKS, "float32") else None  # a first build says so itself
+    with slow_step("getting the decode step ready"):
+        place_on_huge_pages(model)  # a decode step streams every weight: 2 MB pages read faster (qkv.runtime.huge_pages)
+        # Inductor waits for a session whose cache kind the layer step cannot write.
+        on_modules = (lambda: compile_decoder(model, backend=backend)) if inductor else None
+        layer_step = NativeLayerStep.for_model(model, on_modules=on_modules) if compile else None
+        report = compile_decoder(model, backend=backend) if compile and inductor and layer_step is None else None
     if kernels is not None:
         register_native_attention()  # one-query attention on qkv's kernel (qkv.attention.registry)
     setup = DecodeSetup(precision=precision, compile=report, kernels=kernels, layer_step=layer_step, from_cache=from_cache)
@@ -212,7 +215,8 @@ def load_prepared_model(
 
     check_precision(precision)
     keep_blocks = precision == BLOCKS or (precision == AUTO and block_products_run())  # sized as stored
-    opened = open_model(source, load_dtype(precision), max_memory=max_memory, chat=chat, keep_blocks=keep_blocks)
+    with slow_step(f"opening {os.fspath(source)}"):
+        opened = open_model(source, load_dtype(precision), max_memory=max_memory, chat=chat, keep_blocks=keep_blocks)
     if precision == AUTO and getattr(opened.source, "prefers_float32", False):
         precision = "float32"  # the book's model.pth: its own float32 greedy text is the reference
     in_blocks = getattr(opened.source, "stored_in_blocks", False)
@@ -220,36 +224,46 @@ def load_prepared_model(
     precision = resolve_precision(precision, stored_in_four_bits=getattr(opened.source, "stored_in_four_bits", False),
                                   stored_in_blocks=in_blocks and block_products_run())
     if precision == BLOCKS:  # a GGUF file's layers in its own block types (stored_blocks)
-        blocks = load_stored_blocks(opened) if in_blocks else None
+        with slow_step("loading the file's stored blocks"):
+            blocks = load_stored_blocks(opened) if in_blocks else None
         if blocks is not None:
             return blocks, _finish(blocks.model, precision, compile=compile, backend=backend)
         if asked == BLOCKS:
             raise QkvError(f"--dtype blocks needs a GGUF file whose layer matrices qkv's models hold as stored "
                            f"blocks (Q4_K, Q8_0...); {opened.source.path} is not one: choose {AUTO}, int8 or int4")
         precision = "int8"  # a model whose layers are not the file's matrices one for one (GPT-2's Conv1D)
-        opened = open_model(source, load_dtype(precision), max_memory=max_memory, chat=chat)  # sized as float32
+        with slow_step(f"opening {os.fspath(source)} for int8"):
+            opened = open_model(source, load_dtype(precision), max_memory=max_memory, chat=chat)  # sized as float32
     if precision == "int4":  # a file of Q4_0/Q4_1 layers: its blocks as stored, no cache needed (stored_four_bits)
-        stored = load_stored_four_bits(opened, lambda model: _shape_layers(model, precision, empty=True))
+        with slow_step("loading the file's stored 4-bit blocks"):
+            stored = load_stored_four_bits(opened, lambda model: _shape_layers(model, precision, empty=True))
         if stored is not None:
             return stored, _finish(stored.model, precision, compile=compile, backend=backend)
     kept = (prepared_path(opened.files, precision)
             if precision in QUANTIZED and native_kernels().available else None)
-    state = read_prepared(kept) if kept is not None else None
+    reading = f"reading the prepared {precision} weights from the cache and checking their digest"
+    with slow_step(reading) if kept is not None else contextlib.nullcontext():
+        state = read_prepared(kept) if kept is not None else None
+        damage = None
+        if state is not None and kept is not None:
+            loaded = opened.skeleton()
+            _shape_layers(loaded.model, precision, empty=True)
+            damage = check_entry(state, loaded.model.state_dict())
+            if damage is None:
+                try:
+                    loaded.model.load_state_dict(state, assign=True, strict=True)
+                except (RuntimeError, ValueError) as error:  # written by another qkv: prepare afresh
+                    damage = str(error).splitlines()[0][:120]
     if state is not None and kept is not None:
-        loaded = opened.skeleton()
-        _shape_layers(loaded.model, precision, empty=True)
-        damage = check_entry(state, loaded.model.state_dict())
-        if damage is None:
-            try:
-                loaded.model.load_state_dict(state, assign=True, strict=True)
-            except (RuntimeError, ValueError) as error:  # written by another qkv: prepare afresh
-                damage = str(error).splitlines()[0][:120]
         if damage is not None:
             reject(kept, damage)
         else:
             return loaded, _finish(loaded.model, precision, compile=compile, backend=backend, from_cache=True)
-    loaded = opened.build()
-    _shape_layers(loaded.model, precision)
+    with slow_step("loading the weights"):
+        loaded = opened.build()
+    with slow_step(f"preparing the {precision} weights" + (" (kept in the cache for the next run)" if kept else "")):
+        _shape_layers(loaded.model, precision)
     if kept is not None:
-        keep_prepared(loaded.model, kept)
+        with slow_step("keeping the prepared weights in the cache"):
+            keep_prepared(loaded.model, kept)
     return loaded, _finish(loaded.model, precision, compile=compile, backend=backend)

@@ -34,7 +34,7 @@ from qkv.errors import QkvError
 from qkv.models.context_parallel import ContextParallel, join_context_parallel, sharded_forward
 from qkv.models.gpt2 import GPT2Decoder
 from qkv.models.hf.gpt2_tokenizer import gpt2_tokenizer
-from qkv.util.progress import progress_bar
+from qkv.util.progress import progress_bar, slow_step
 from qkv.util.terminal_text import escape_controls
 from qkv.training.checkpoint import (
     TrainingState,
@@ -45,12 +45,15 @@ from qkv.training.checkpoint import (
     save_checkpoint,
 )
 from qkv.training.data import (
+    MAX_BPE_CHARACTERS,
+    WHEN_EMPTY,
     BatchSchedule,
-    TokenWindows,
-    read_text,
+    CorpusText,
+    FileWindows,
+    announce_corpus,
     require_windows,
-    split_text,
-    text_fingerprint,
+    scan_corpus,
+    tokenize_corpus,
 )
 from qkv.training.distributed import DistContext, init_distributed, shutdown_distributed
 from qkv.training.failed_start import disk_full, disk_full_message, is_empty_folder, missing_folders, remove_if_empty
@@ -63,7 +66,7 @@ from qkv.training.schedule import warmup_cosine
 from qkv.training.book.run import BookRun  # the book's train_model_simple
 from qkv.training.result import TrainResult
 from qkv.training.settings import TrainSettings, model_config
-from qkv.training.tokenizer import END_OF_TEXT, encode, load_tokenizer, train_bpe
+from qkv.training.tokenizer import END_OF_TEXT, load_tokenizer, train_bpe_from
 
 # Settings a resumed run may change: they do not alter the trajectory of the weights.
 RESUMABLE_CHANGES = frozenset(
@@ -149,14 +152,17 @@ class _Run:
         has_checkpoint = resume and checkpoint_path(self.out).exists()  # else: the run starts over
         self.checkpoint = load_checkpoint(checkpoint_path(self.out)) if has_checkpoint else None
 
-        text = read_text(settings.data)
-        fingerprint = text_fingerprint(text)
-        train_text, val_text = split_text(text)
-        self.tokenizer = self._tokenizer(train_text)
-        train_ids, val_ids = encode(self.tokenizer, train_text), encode(self.tokenizer, val_text)
+        if ctx.is_main:
+            announce_corpus(settings.data)
+        with slow_step(f"reading {settings.data}") if ctx.is_main else contextlib.nullcontext():
+            corpus = scan_corpus(settings.data, when_empty=WHEN_EMPTY)  # streamed: qkv.training.data
+        fingerprint = corpus.fingerprint
+        self.tokenizer = self._tokenizer(corpus)
+        token_folder = self.out if self.out.is_dir() else None  # rank 0 made it; a temporary folder until then
+        train_ids, val_ids = tokenize_corpus(corpus, self.tokenizer, token_folder, progress=ctx.is_main and self.progress)
         length = settings.context_length
-        self.train_windows = TokenWindows(train_ids, length, settings.stride)
-        self.val_windows = TokenWindows(val_ids, length, settings.stride)
+        self.train_windows = FileWindows(train_ids, length, settings.stride)
+        self.val_windows = FileWindows(val_ids, length, settings.stride)
         require_windows(self.train_windows, "training", len(train_ids))
         require_windows(self.val_windows, "validation", len(val_ids))
         self.batches = BatchSchedule(
@@ -196,7 +202,7 @@ class _Run:
 
     # -- set-up -----------------------------------------------------------------------
 
-    def _tokenizer(self, train_text: str) -> Tokenizer:
+    def _tokenizer(self, corpus: CorpusText) -> Tokenizer:
         """The checkpoint's tokenizer, the given one, GPT-2's (the book presets), or a BPE
         that rank 0 trains and shares."""
         if self.checkpoint is not None:
@@ -205,7 +211,13 @@ class _Run:
             return load_tokenizer(self.settings.tokenizer)
         if PRESETS[self.settings.preset].tokenizer == "gpt2":
             return gpt2_tokenizer()
-        trained = train_bpe(train_text, self.settings.vocab_size).to_str() if self.ctx.is_main else None
+        trained = None
+        if self.ctx.is_main:
+            sample = (f"the first {MAX_BPE_CHARACTERS:,} characters of the training split (--tokenizer gives another)"
+                      if corpus.sampled_for_bpe else "the training split")
+            with slow_step(f"training a {self.settings.vocab_size}-entry BPE tokenizer on {sample}",
+                           after=0 if corpus.sampled_for_bpe else None):
+                trained = train_bpe_from(corpus.bpe_sample(), self.settings.vocab_size).to_str()
         return Tokenizer.from_str(self.ctx.broadcast_object(trained))
 
     def _restore(self, fingerprint: str) -> None:
@@ -362,7 +374,7 @@ class _Run:
         return contextlib.nullcontext()
 
     @torch.no_grad()
-    def _mean_loss(self, windows: TokenWindows) -> float:
+    def _mean_loss(self, windows: FileWindows) -> float:
         """Mean next-token loss over the first eval_windows windows, shared by all ranks."""
         n = min(len(windows), self.settings.eval_windows)
         mine = torch.arange(self.ctx.rank, n, self.ctx.world_size)  # this rank's windows

@@ -7,6 +7,7 @@ only, so the validation split stays unseen.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -14,7 +15,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from qkv.errors import QkvError
 from qkv.models.hf.tokenizer_guard import BoundedTokenizer, guard
 
-MAX_TOKENIZER_BYTES = 512 * 2**20  # as for a model folder's tokenizer.json
+MAX_TOKENIZER_BYTES = 512 * 2**20
+ENCODE_PIECE_CHARS = 1 << 20  # encode's pieces: at least this long, up to the next newline  # as for a model folder's tokenizer.json
 
 END_OF_TEXT = "<|endoftext|>"
 # what train_bpe builds, as tokenizer.json spells it (for qkv.models.hf.tokenizer_guard)
@@ -23,6 +25,11 @@ TRAINED_PIPELINE = {"normalizer": None, "pre_tokenizer": {"type": "ByteLevel"}, 
 
 def train_bpe(text: str, vocab_size: int) -> Tokenizer:
     """Learn byte-level BPE merges from `text` up to `vocab_size` entries."""
+    return train_bpe_from(_lines(text), vocab_size)
+
+
+def train_bpe_from(pieces: Iterable[str], vocab_size: int) -> Tokenizer:
+    """train_bpe on a text given as pieces (a stream: qkv.training.data.CorpusText.bpe_sample)."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -32,7 +39,7 @@ def train_bpe(text: str, vocab_size: int) -> Tokenizer:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(_lines(text), trainer=trainer)
+    tokenizer.train_from_iterator(pieces, trainer=trainer)
     return tokenizer
 
 
@@ -62,14 +69,12 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     return guard(tokenizer, str(p))
 
 
-def encode(tokenizer: Tokenizer | BoundedTokenizer, text: str, chunk_chars: int = 1 << 20) -> list[int]:
+def encode(tokenizer: Tokenizer | BoundedTokenizer, text: str, chunk_chars: int = ENCODE_PIECE_CHARS) -> list[int]:
     """Token ids of `text`; large texts are encoded in line-aligned pieces, in parallel. A
     given tokenizer (BoundedTokenizer) may grow each piece only as far as
     qkv.models.hf.tokenizer_guard.limit_for allows."""
-    if not isinstance(tokenizer, BoundedTokenizer):  # one qkv trained (train_bpe's pipeline)
-        tokenizer = guard(tokenizer, "the trained tokenizer", pipeline=TRAINED_PIPELINE)
     if len(text) <= chunk_chars:
-        return tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
+        return encode_pieces(tokenizer, [text])[0]
     pieces, start = [], 0
     while start < len(text):
         end = text.find("\n", start + chunk_chars)
@@ -77,7 +82,13 @@ def encode(tokenizer: Tokenizer | BoundedTokenizer, text: str, chunk_chars: int 
         pieces.append(text[start:end])
         start = end
     ids: list[int] = []
-    for encoding in tokenizer.encode_batch(pieces, add_special_tokens=False):
-        ids.extend(encoding.ids)
+    for piece_ids in encode_pieces(tokenizer, pieces):
+        ids.extend(piece_ids)
     return ids
 
+
+def encode_pieces(tokenizer: Tokenizer | BoundedTokenizer, pieces: list[str]) -> list[list[int]]:
+    """Token ids of each piece, encoded in parallel inside the tokenizer's bounds."""
+    if not isinstance(tokenizer, BoundedTokenizer):  # one qkv trained (train_bpe's pipeline)
+        tokenizer = guard(tokenizer, "the trained tokenizer", pipeline=TRAINED_PIPELINE)
+    return [encoding.ids for encoding in tokenizer.encode_batch(pieces, add_special_tokens=False)]

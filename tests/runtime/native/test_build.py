@@ -4,6 +4,7 @@ leaves nothing behind."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -54,8 +55,46 @@ def test_a_failing_compiler_gives_one_line_and_leaves_nothing(tmp_path: Path, mo
     script.chmod(0o755)
     target = tmp_path / "cache" / "native" / "qkv_kernels_x.so"
     with pytest.raises(RuntimeError, match="^the C\\+\\+ compiler failed: kernels.cpp:1: error: this compiler is broken$"):
-        build._build(str(script), target, build.FLAGS)
+        build.build_library(str(script), target, build.FLAGS)
     assert list((tmp_path / "cache" / "native").iterdir()) == []
+
+
+def test_the_build_is_announced_before_the_compiler_starts_and_ends_after_it(tmp_path: Path) -> None:
+    """The compiler here is a real program that leaves a mark when it runs: the announcement
+    must be made while no mark exists, and be left once the compiler has run."""
+    mark = tmp_path / "compiler-ran"
+    script = tmp_path / "slow-cxx"
+    script.write_text(f"#!/bin/sh\nsleep 0.2\ntouch {mark}\necho 'error: stop here' >&2\nexit 1\n")
+    script.chmod(0o755)
+    events: list[tuple[str, bool]] = []
+
+    @contextlib.contextmanager
+    def recorder():
+        events.append(("announced", mark.exists()))
+        yield
+        events.append(("finished", mark.exists()))
+
+    with pytest.raises(RuntimeError, match="error: stop here"):
+        build.build_library(str(script), tmp_path / "native" / "k.so", build.FLAGS, announce=recorder)
+    assert events == [("announced", False), ("finished", True)]
+
+
+def test_a_first_build_says_so_on_stderr_before_it_runs(tmp_path: Path) -> None:
+    """native_kernels in a fresh process with an empty cache: the announcement line (plain, as
+    stderr is a pipe) comes first, the compiler's failure is the status's reason."""
+    if build.unavailable_reason() is not None:
+        pytest.skip(f"this machine cannot build qkv's kernels: {build.unavailable_reason()}")
+    script = tmp_path / "broken-cxx"
+    script.write_text("#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = --version ] && exit 0; done\n"
+                      "echo 'x.cpp:1: error: broken' >&2\nexit 1\n")
+    script.chmod(0o755)
+    done = subprocess.run([sys.executable, "-c", STATUS], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "QKV_CACHE_DIR": str(tmp_path / "cache"), "CXX": str(script)})
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines()[0] == build.build_announcement() + "..."
+    assert "minutes" in build.build_announcement() and "once per machine" in build.build_announcement()
+    status = json.loads(done.stdout.strip().splitlines()[-1])
+    assert status["available"] is False and status["reason"] == "the C++ compiler failed: x.cpp:1: error: broken"
 
 
 def test_the_cache_key_follows_the_compiler(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ the self-test runs every variant this CPU has against PyTorch before the library
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -34,6 +35,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +43,7 @@ import torch
 
 from qkv.util.atomic import atomic_write_text, temporary_name
 from qkv.util.cache_integrity import absolute_folder, file_sha256, remove_stale_temporaries, say_discarded
+from qkv.util.progress import slow_step
 
 HERE = Path(__file__).parent / "csrc"  # the C++ sources, shipped with the package
 # Compiled together, in this order: the products, attention and the layer (sharing kernels.h);
@@ -54,6 +57,7 @@ FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-ffp-contract=off", "-Wall", 
 VARIANTS = ("generic", "avx2", "avx512")  # slowest first, the names qkv::set_variant takes
 VARIANT_NAMES = {"generic": "generic C++", "avx2": "AVX2", "avx512": "AVX-512 VNNI"}
 BUILD_TIMEOUT_S = 300
+BUILD_MINUTES = 3  # one g++ over every source: 160 s measured on two cores (issue 37)
 _OFF = {"0", "false", "no", "off"}
 LOADED = False  # set once the kernels are loaded and self-tested in this process
 
@@ -128,16 +132,25 @@ def _key(compiler: str, build_flags: tuple[str, ...]) -> str:
     return digest.hexdigest()[:16]
 
 
-def _build(compiler: str, target: Path, build_flags: tuple[str, ...]) -> None:
+def build_announcement() -> str:
+    """What stderr says before the compiler starts (the build runs minutes, once)."""
+    return (f"building qkv's kernels for this CPU (once per machine, about {BUILD_MINUTES} minutes; "
+            "QKV_NATIVE=0 skips them)")
+
+
+def build_library(compiler: str, target: Path, build_flags: tuple[str, ...], *,
+                  announce: Callable[[], contextlib.AbstractContextManager[object]] | None = None) -> None:
     """Compile SOURCES into `target`, atomically; raises RuntimeError with the compiler's
-    first error line."""
+    first error line. `announce()` is entered just before the compiler starts and left when
+    it ends (native_kernels: a line on stderr, counting seconds on a terminal)."""
     include, lib = _torch_dirs()
     target.parent.mkdir(parents=True, exist_ok=True)
     temporary = str(temporary_name(target))
     command = [compiler, *build_flags, "-isystem", str(include), *(str(HERE / name) for name in SOURCES), "-o", temporary, f"-L{lib}",
                "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{lib}"]
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        with announce() if announce is not None else contextlib.nullcontext():
+            done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
         if done.returncode != 0:
             errors = [line for line in done.stderr.splitlines() if "error" in line] or done.stderr.splitlines()
             raise RuntimeError(f"the C++ compiler failed: {errors[0].strip() if errors else done.returncode}")
@@ -244,7 +257,8 @@ def native_kernels() -> NativeStatus:
     try:
         if not target.is_file():
             start = time.perf_counter()
-            _build(compiler, target, build_flags)
+            build_library(compiler, target, build_flags,
+                          announce=lambda: slow_step(build_announcement(), after=0))
             built = time.perf_counter() - start
             damage = _damage(target)  # what was renamed into place is what was hashed
             if damage is not None:

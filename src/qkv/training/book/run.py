@@ -43,7 +43,15 @@ from torch.utils.data import DataLoader, Dataset
 from qkv.book.gpt import GPTModel, generate_text_simple, to_qkv
 from qkv.errors import QkvError
 from qkv.models.hf.gpt2_tokenizer import gpt2_tokenizer
-from qkv.training.data import TokenWindows, read_text, require_windows, split_text
+from qkv.training.data import (
+    WHEN_EMPTY,
+    FileWindows,
+    TokenWindows,
+    announce_corpus,
+    require_windows,
+    scan_corpus,
+    tokenize_corpus,
+)
 from qkv.training.distributed import DistContext
 from qkv.training.export import TOKENIZER_NAME, export_model_folder, write_tokenizer
 from qkv.training.book.figure import plot_book_losses
@@ -51,20 +59,20 @@ from qkv.training.metrics import METRICS_NAME, PLOT_NAME, MetricsLog
 from qkv.training.schedule import WarmupCosine
 from qkv.training.result import TrainResult
 from qkv.training.settings import TrainSettings, model_config
-from qkv.training.tokenizer import encode, load_tokenizer
+from qkv.training.tokenizer import load_tokenizer
 
 
 class WindowDataset(Dataset[tuple[Tensor, Tensor]]):
     """GPTDatasetV1's (input, target) pairs: window i is ids[i*stride : i*stride + L (+1)]."""
 
-    def __init__(self, windows: TokenWindows) -> None:
+    def __init__(self, windows: TokenWindows | FileWindows) -> None:
         self.windows = windows
 
     def __len__(self) -> int:
         return len(self.windows)
 
     def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
-        row = self.windows.windows[index]  # (L + 1,)
+        row = self.windows.row(index)  # (L + 1,)
         return row[:-1], row[1:]  # input (L,), target (L,)
 
 
@@ -152,13 +160,14 @@ class BookRun:
             raise QkvError("--preset book is the book's one-process run; use --preset book-124m under torchrun")
         self.settings, self.ctx = settings, ctx
         self.out = Path(settings.out)
-        text = read_text(settings.data)
-        train_text, val_text = split_text(text)
+        announce_corpus(settings.data)
+        corpus = scan_corpus(settings.data, when_empty=WHEN_EMPTY)  # streamed: qkv.training.data
         self.tokenizer = self._tokenizer()
-        train_ids, val_ids = encode(self.tokenizer, train_text), encode(self.tokenizer, val_text)
+        train_ids, val_ids = tokenize_corpus(corpus, self.tokenizer, self.out if self.out.is_dir() else None,
+                                             progress=False)
         length = settings.context_length
-        train_windows = TokenWindows(train_ids, length, settings.stride)
-        val_windows = TokenWindows(val_ids, length, settings.stride)
+        train_windows = FileWindows(train_ids, length, settings.stride)
+        val_windows = FileWindows(val_ids, length, settings.stride)
         require_windows(train_windows, "training", len(train_ids))
         require_windows(val_windows, "validation", len(val_ids))
         self.train_loader = DataLoader(WindowDataset(train_windows), batch_size=settings.batch_size,
