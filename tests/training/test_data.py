@@ -5,6 +5,7 @@ the file in memory."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import Tensor
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -21,17 +23,56 @@ from qkv.errors import QkvError
 from qkv.models.hf.gpt2_tokenizer import gpt2_tokenizer
 from qkv.training.data import (
     READ_BYTES,
+    TRAIN_RATIO,
     WHEN_EMPTY,
     BatchSchedule,
     FileWindows,
-    TokenWindows,
-    read_text,
     scan_corpus,
-    split_text,
-    text_fingerprint,
     tokenize_corpus,
 )
 from qkv.training.tokenizer import encode, train_bpe, train_bpe_from
+from qkv.util.text_file import read_text_file
+
+
+# The reference the streamed corpus is held to: the whole text read, split and windowed in memory,
+# as qkv train did before it streamed.
+def read_text(path: str | Path) -> str:
+    return read_text_file(path, when_empty=WHEN_EMPTY)
+
+
+def text_fingerprint(text: str) -> str:
+    """A short hash so a resumed run can check it trains on the same data."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def split_text(text: str, train_ratio: float = TRAIN_RATIO) -> tuple[str, str]:
+    """The book's split: the first 90% of the characters train, the rest validate."""
+    cut = int(train_ratio * len(text))
+    return text[:cut], text[cut:]
+
+
+class TokenWindows:
+    """Sliding (input, target) windows over one token sequence."""
+
+    def __init__(self, ids: list[int] | Tensor, length: int, stride: int) -> None:
+        self.ids = torch.as_tensor(ids, dtype=torch.long)  # (tokens,)
+        self.length = length
+        self.stride = stride
+        if self.ids.numel() < length + 1:
+            self.windows = self.ids.new_empty((0, length + 1))
+        else:
+            self.windows = self.ids.unfold(0, length + 1, stride)  # (N, L + 1), a view
+
+    def __len__(self) -> int:
+        return self.windows.shape[0]
+
+    def row(self, index: int) -> Tensor:
+        """Window `index`: ids[index*stride : index*stride + L + 1], (L + 1,)."""
+        return self.windows[index]
+
+    def batch(self, index: Tensor) -> tuple[Tensor, Tensor]:
+        rows = self.windows[index]  # (B, L + 1)
+        return rows[:, :-1], rows[:, 1:]  # inputs (B, L), targets (B, L)
 
 
 def book_windows(ids: list[int], length: int, stride: int) -> tuple[list[list[int]], list[list[int]]]:

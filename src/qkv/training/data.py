@@ -10,8 +10,8 @@ Distributed sharding keeps the global batch of a run equal whatever the number o
 processes: global batch k is perm[k*G : (k+1)*G] with G = batch x world size, and rank r
 takes the contiguous slice [r*batch : (r+1)*batch] of it.
 
-The runs read the corpus as a stream (the in-memory read_text, split_text and TokenWindows
-are the reference it is tested against, and the book's notebook path): `qkv train --data`
+The runs read the corpus as a stream (the whole-text reading it replaced is the reference it
+is tested against, in tests/training/test_data.py): `qkv train --data`
 takes corpora of several GB, and holding the text, then a Python list of its token ids
 (about 9 bytes per character together), does not fit. The file is read in chunks three
 times and never whole:
@@ -31,7 +31,7 @@ times and never whole:
 The split is the book's: the first 90% of the characters train, the rest validate
 (split_text on the whole text gives the same two texts).
 
-`FileWindows` are TokenWindows over such a file: a batch reads its windows with pread, so the process holds only the batch. A memory map would do the same
+`FileWindows` are sliding (input, target) windows over such a file: a batch reads its windows with pread, so the process holds only the batch. A memory map would do the same
 work but its touched pages count in the resident set, which over an epoch of random
 windows grows to the file's size.
 
@@ -59,53 +59,13 @@ from torch import Tensor
 from qkv.errors import QkvError
 from qkv.training.tokenizer import ENCODE_PIECE_CHARS, encode_pieces
 from qkv.util.progress import progress_bar
-from qkv.util.text_file import read_text_file
 
 TRAIN_RATIO = 0.90  # the book's split
 WHEN_EMPTY = "is empty; give --data a file with some text"
 
 
-def read_text(path: str | Path) -> str:
-    return read_text_file(path, when_empty=WHEN_EMPTY)
-
-
-def text_fingerprint(text: str) -> str:
-    """A short hash so a resumed run can check it trains on the same data."""
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
-
-
-def split_text(text: str, train_ratio: float = TRAIN_RATIO) -> tuple[str, str]:
-    """The book's split: the first 90% of the characters train, the rest validate."""
-    cut = int(train_ratio * len(text))
-    return text[:cut], text[cut:]
-
-
-class TokenWindows:
-    """Sliding (input, target) windows over one token sequence."""
-
-    def __init__(self, ids: list[int] | Tensor, length: int, stride: int) -> None:
-        self.ids = torch.as_tensor(ids, dtype=torch.long)  # (tokens,)
-        self.length = length
-        self.stride = stride
-        if self.ids.numel() < length + 1:
-            self.windows = self.ids.new_empty((0, length + 1))
-        else:
-            self.windows = self.ids.unfold(0, length + 1, stride)  # (N, L + 1), a view
-
-    def __len__(self) -> int:
-        return self.windows.shape[0]
-
-    def row(self, index: int) -> Tensor:
-        """Window `index`: ids[index*stride : index*stride + L + 1], (L + 1,)."""
-        return self.windows[index]
-
-    def batch(self, index: Tensor) -> tuple[Tensor, Tensor]:
-        rows = self.windows[index]  # (B, L + 1)
-        return rows[:, :-1], rows[:, 1:]  # inputs (B, L), targets (B, L)
-
-
-def require_windows(windows: TokenWindows | Any, split: str, tokens: int) -> None:
-    """At least one window (`windows`: TokenWindows or FileWindows)."""
+def require_windows(windows: Any, split: str, tokens: int) -> None:
+    """At least one window (`windows`: FileWindows, or anything with a length)."""
     if len(windows) == 0:
         raise QkvError(
             f"the {split} split has {tokens} tokens, fewer than one window of "

@@ -46,7 +46,6 @@ from qkv.models.hf.gpt2_tokenizer import gpt2_tokenizer
 from qkv.training.data import (
     WHEN_EMPTY,
     FileWindows,
-    TokenWindows,
     announce_corpus,
     require_windows,
     scan_corpus,
@@ -65,7 +64,7 @@ from qkv.training.tokenizer import load_tokenizer
 class WindowDataset(Dataset[tuple[Tensor, Tensor]]):
     """GPTDatasetV1's (input, target) pairs: window i is ids[i*stride : i*stride + L (+1)]."""
 
-    def __init__(self, windows: TokenWindows | FileWindows) -> None:
+    def __init__(self, windows: FileWindows) -> None:
         self.windows = windows
 
     def __len__(self) -> int:
