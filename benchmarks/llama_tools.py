@@ -47,6 +47,27 @@ def bench_rate(binary: str | Path, model: str | Path, threads: int, tokens: int 
     return float(statistics.median(run["avg_ts"] for run in json.loads(out.stdout)))
 
 
+def prompt_rate(binary: str | Path, model: str | Path, threads: int, tokens: int = 512, timeout: float = 900) -> float:
+    """llama-bench's prompt processing, `-p tokens -n 0 -t threads` (its ppN): the median of
+    its repetitions' average tokens/s."""
+    out = subprocess.run([str(binary), "-m", str(model), "-p", str(tokens), "-n", "0", "-t", str(threads),
+                          "-o", "json"], capture_output=True, text=True, timeout=timeout, check=True)
+    return float(statistics.median(run["avg_ts"] for run in json.loads(out.stdout)))
+
+
+def file_bytes_per_token(model: str | Path) -> int:
+    """Bytes of a GGUF file's tensors that llama.cpp reads per decoded token: every tensor,
+    except that an embedding table that is not also the output head is read one row a token."""
+    from gguf import GGUFReader
+
+    tensors = {t.name: (int(t.n_bytes), int(t.shape[-1])) for t in GGUFReader(str(model)).tensors}  # shape: ggml order
+    total = sum(nbytes for nbytes, _ in tensors.values())
+    if "token_embd.weight" in tensors and "output.weight" in tensors:
+        nbytes, rows = tensors["token_embd.weight"]
+        total -= nbytes - nbytes // rows
+    return total
+
+
 def server_command(binary: str | Path, model: str | Path, port: int, *, threads: int, slots: int = 8,
                    context: int = 8192, extra: Sequence[str] = ()) -> list[str]:
     """llama-server on 127.0.0.1:`port` with `slots` parallel sequences sharing `context` tokens."""

@@ -8,8 +8,18 @@ the same 128 decode steps after a one-token prompt (its prefill excluded). The t
 reports its own seconds, the rounds are qkv.bench.measure.timing's `alternate`); medians
 and their ratio are printed.
 
+Two more rows, each alternated the same way:
+- prefill: a `--prefill`-token prompt (default 512) through qkv's session in one call, against
+  llama-bench's `-p 512 -n 0` (its pp512); `--prefill 0` skips it;
+- bandwidth: bytes read per decoded token times tokens/s, as a fraction of this machine's
+  read bandwidth measured in the same run (qkv.bench.measure.bandwidth): qkv's bytes are its
+  prepared model's weights (qkv.bench.measure.roofline), llama.cpp's the file's tensors
+  (llama_tools.file_bytes_per_token). A decode far below 1.0 is compute- or overhead-bound.
+
     .venv/bin/python benchmarks/decode/decode_vs_llama_bench.py --llama-bench /work/peers/build/bin/llama-bench \\
-        [--model smollm2 | FILE.gguf] [--threads 2] [--rounds 3] [--dtype auto | int8 | ...] [--json PATH]
+        [--model smollm2 | FILE.gguf] [--threads 2] [--rounds 3] [--dtype auto | int8 | ...] [--prefill 512] [--json PATH]
+
+The >= 1B files: benchmarks/gguf/llama_1b_files.py makes them.
 
 Build llama-bench as benchmarks/README.md says ("llama.cpp's tools": llama.cpp's own tools,
 this CPU's best flags); without --llama-bench it is looked for in llama_tools.BIN.
@@ -28,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the
 import harness  # noqa: E402
 import llama_tools  # noqa: E402
 from qkv.attention.caches.kv_cache import SlotKVCache  # noqa: E402
+from qkv.bench.measure import measure_read_bandwidth, weight_bytes_per_token  # noqa: E402
 from qkv.generation import continue_from, warm_up  # noqa: E402
 from qkv.models.loader import named_model, smollm2_path  # noqa: E402
 from qkv.names import CHOICES, DEFAULT_PRECISION  # noqa: E402
@@ -50,6 +61,23 @@ def qkv_seconds(model: torch.nn.Module, tokens: int) -> float:
     return seconds
 
 
+def qkv_prefill_seconds(model: torch.nn.Module, tokens: int) -> float:
+    """Seconds of one `tokens`-token prompt through a session (qkv generate's prefill)."""
+    prompt = torch.randint(0, 1000, (tokens,), generator=torch.Generator().manual_seed(0))
+    with DecodeSession(model, capacity=tokens + 8, kind=SlotKVCache) as session:
+        start = time.perf_counter()
+        session.prefill_row(0, prompt)
+        seconds = time.perf_counter() - start
+    print(f"qkv prefill: {tokens / seconds:.1f} tokens/s", flush=True)
+    return seconds
+
+
+def llama_prefill_seconds(binary: Path, path: str, threads: int, tokens: int) -> float:
+    rate = llama_tools.prompt_rate(binary, path, threads, tokens)
+    print(f"llama-bench pp{tokens}: {rate:.1f} tokens/s", flush=True)
+    return tokens / rate
+
+
 def llama_seconds(binary: Path, path: str, threads: int, tokens: int) -> float:
     """llama-bench's own median rate for `tokens` decode steps, as the seconds they took."""
     rate = llama_tools.bench_rate(binary, path, threads, tokens)
@@ -63,6 +91,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2", help="'smollm2' or a .gguf file")
     parser.add_argument("--dtype", choices=CHOICES, default=DEFAULT_PRECISION,
                         help="qkv's decode precision, as `qkv generate --dtype` (default: the file's)")
+    parser.add_argument("--prefill", type=int, default=512, help="prompt tokens of the prefill row (0: skip it)")
     args = parser.parse_args()
     bench = llama_tools.tool("llama-bench", args.llama_bench)
     path = str(smollm2_path()) if named_model(args.model) else args.model
@@ -78,10 +107,27 @@ def main() -> None:
     print(harness.table(measured.values(), ratios))
     q, l = measured["qkv"].rate, measured["llama-bench"].rate
     print(f"median qkv {q:.1f} tokens/s, llama-bench {l:.1f} tokens/s, ratio {ratios[0].value:.2f}x")
+    result = {"model": path, "qkv": setup.describe(), "threads": args.threads, "llama_bench": str(bench),
+              **harness.summary(measured.values(), ratios)}
+    bandwidth = measure_read_bandwidth()
+    qkv_bytes, llama_bytes = weight_bytes_per_token(model), llama_tools.file_bytes_per_token(path)
+    shares = {"qkv": qkv_bytes * q / 1e9 / bandwidth.gb_per_s, "llama-bench": llama_bytes * l / 1e9 / bandwidth.gb_per_s}
+    print(f"read bandwidth {bandwidth.gb_per_s:.1f} GB/s ({bandwidth.threads} threads); bytes a token: qkv "
+          f"{qkv_bytes / 1e6:.1f} MB, llama.cpp {llama_bytes / 1e6:.1f} MB; share of the bandwidth: qkv "
+          f"{shares['qkv']:.2f}, llama-bench {shares['llama-bench']:.2f}")
+    result["bandwidth"] = {"gb_per_s": bandwidth.gb_per_s, "qkv_bytes_per_token": qkv_bytes,
+                           "llama_bytes_per_token": llama_bytes, "share": shares}
+    if args.prefill > 0:
+        prefill = harness.self_timed({"qkv": lambda: qkv_prefill_seconds(model, args.prefill),
+                                      "llama-bench": lambda: llama_prefill_seconds(bench, path, args.threads, args.prefill)},
+                                     work=args.prefill, unit="tokens", rounds=args.rounds)
+        prefill_ratios = harness.ratios_over(prefill, "llama-bench")
+        print(harness.table(prefill.values(), prefill_ratios))
+        print(f"prefill {args.prefill}: qkv {prefill['qkv'].rate:.1f} tokens/s, llama-bench pp{args.prefill} "
+              f"{prefill['llama-bench'].rate:.1f}, ratio {prefill_ratios[0].value:.2f}x")
+        result["prefill"] = harness.summary(prefill.values(), prefill_ratios)
     if args.json:
-        harness.write_json(args.json, {"model": path, "qkv": setup.describe(), "threads": args.threads,
-                                       "llama_bench": str(bench), **harness.summary(measured.values(), ratios)},
-                           facts)
+        harness.write_json(args.json, result, facts)
 
 
 if __name__ == "__main__":
