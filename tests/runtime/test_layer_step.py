@@ -353,3 +353,28 @@ def test_a_rows_decode_logits_do_not_depend_on_the_rows_beside_it(precision: str
                 token = session.prefill_row(row, prompts[row]).argmax(-1)
                 alone.append(session.decode(token[None], rows=[row])[0])
     assert torch.equal(together, torch.stack(alone))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_one_native_call_runs_every_layer_and_the_head_as_the_modules_do(family: str) -> None:
+    """A decode step is one `qkv::stack_step` call: the layers, the final norm and the output
+    head (stack.cpp), giving the modules' logits; the session's close releases the stack."""
+    fused, modules = _pair(family, "float32")
+    prompt = torch.tensor([[3, 14, 15, 92]])
+    with DecodeSession(fused, capacity=16) as session:
+        native = session._native
+        assert native is not None and native.runs_head
+        handle = native._stack.handle
+        logits = session.prefill(prompt)
+        steps = [session.decode(logits.argmax(-1)) for _ in range(3)]
+    with DecodeSession(modules, capacity=16) as session:
+        logits = session.prefill(prompt)
+        reference = [session.decode(logits.argmax(-1)) for _ in range(3)]
+    for got, want in zip(steps, reference):
+        torch.testing.assert_close(got, want, rtol=0, atol=_tolerance("float32", want))
+    del native, session
+    import gc
+
+    gc.collect()
+    with pytest.raises(RuntimeError, match="no open stack"):
+        torch.ops.qkv.stack_step.default(handle, torch.zeros(1, 64), torch.zeros(1, dtype=torch.long), None)

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from qkv.attention.caches.kv_cache import CacheKind, CacheSpec, KVCache
 from qkv.attention.rope import RotaryEmbedding
+from qkv.models.configs.layer_spec import NormSpec
 
 if TYPE_CHECKING:
     from qkv.attention.grouped_query import GroupedQueryAttention
@@ -73,6 +74,19 @@ class LayerParts:
     inv_freq: Tensor | None = None  # (R/2,) the layer's RoPE frequencies (None: no RoPE, or unknown)
 
 
+@dataclass(frozen=True)
+class HeadParts:
+    """The far end of a decoder told in family-neutral terms, for a kernel that runs the whole
+    decode step (`qkv.runtime.layer_step`): logits = softcap(head(norm(x))). `norm_tensors`
+    are the final norm's stored weight (and a LayerNorm's bias); `norm.weight_offset` says
+    what the model adds to the weight (Gemma's 1 + w)."""
+
+    norm: NormSpec
+    norm_tensors: tuple[Tensor, ...]
+    head: nn.Module  # the output head (a linear layer of any kind the runtime prepared)
+    softcap: float | None = None  # logits become cap * tanh(logits / cap) (Gemma 2)
+
+
 class CausalDecoder(nn.Module, metaclass=ABCMeta):
     """What the decoders share; subclasses list their attention layers and give the two
     ends of their forward (`embed`, `head`).
@@ -105,6 +119,10 @@ class CausalDecoder(nn.Module, metaclass=ABCMeta):
 
     def layer_parts(self) -> list[LayerParts] | None:
         """The layers as `LayerParts`, or None when this family's layers cannot be told so."""
+        return None
+
+    def head_parts(self) -> HeadParts | None:
+        """The final norm and output head as `HeadParts`, or None when `head` is not only those."""
         return None
 
     def rotary_embedding(self) -> RotaryEmbedding | None:

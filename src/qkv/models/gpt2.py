@@ -23,7 +23,8 @@ from torch import Tensor, nn
 
 from qkv.attention.grouped_query import GroupedQueryAttention
 from qkv.attention.caches.kv_cache import KVCache
-from qkv.models.decoder import CausalDecoder, LayerParts
+from qkv.models.configs.layer_spec import NormSpec
+from qkv.models.decoder import CausalDecoder, HeadParts, LayerParts
 from qkv.models.configs.gpt2 import GPT_CONFIG_124M, GPTConfig  # noqa: F401  (re-exported; torch-free home)
 
 
@@ -124,6 +125,10 @@ class GPT2Decoder(CausalDecoder):
 
     def embed(self, input_ids: Tensor, positions: Tensor) -> Tensor:
         return self.drop_emb(self.tok_emb(input_ids) + self.pos_emb(positions))  # (B, T, C)
+
+    def head_parts(self) -> HeadParts:
+        norm = NormSpec("layer", eps=self.final_norm.eps, bias=True)
+        return HeadParts(norm=norm, norm_tensors=(self.final_norm.scale, self.final_norm.shift), head=self.out_head)
 
     def head(self, x: Tensor) -> Tensor:
         return self.out_head(self.final_norm(x))  # (B, T, V)

@@ -38,7 +38,7 @@ from qkv.attention.rope_scaling import scaled_rotary
 from qkv.attention.stacking import stack_linears
 from qkv.attention.caches.kv_cache import KVCache
 from qkv.names import AttentionKernel
-from qkv.models.decoder import CausalDecoder, LayerParts
+from qkv.models.decoder import CausalDecoder, HeadParts, LayerParts
 from qkv.models.configs.decoder_spec import DecoderSpec
 from qkv.models.configs.layer_spec import LayerSpec, MlpSpec, NormSpec, RopeSpec
 
@@ -217,6 +217,10 @@ class SpecDecoder(CausalDecoder):
         if self.spec.embedding_scale is not None:
             x = x * torch.tensor(self.spec.embedding_scale, dtype=x.dtype)  # in the embedding's dtype, as HF does
         return x
+
+    def head_parts(self) -> HeadParts:
+        return HeadParts(norm=self.spec.final_norm, norm_tensors=(self.model.norm.weight,), head=self.lm_head,
+                         softcap=self.spec.final_softcap)
 
     def head(self, x: Tensor) -> Tensor:
         logits = self.lm_head(self.model.norm(x))  # (B, T, V)

@@ -5,7 +5,7 @@
   was prepared;
 - `session`: `DecodeSession`, one request, a batch of rows or a server's slots: it owns its
   KV caches and chooses how its steps run (native layers, compiled or plain modules);
-- `native_layers`: a decode step as one call of qkv's C++ per layer.
+- `layer_step`: a decode step as one call of qkv's C++: every layer and the head.
 
 Models are pure (qkv.models): they hold weights, never caches or fast paths. Generation
 (qkv.generation), the server, the explorer, benchmarks and the CLI decode through here.

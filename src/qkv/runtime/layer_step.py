@@ -1,4 +1,4 @@
-"""Whole decoder layers on qkv's kernel: a decode step is one native call per layer.
+"""A whole decode step on qkv's kernel: every layer and the head in one native call.
 
 A decode step of a small model is mostly dispatch: SmolLM2's 30 layers are about 40
 PyTorch operations each (norms, RoPE, the cache write, the attention, the shortcuts), each
@@ -8,6 +8,11 @@ with Inductor fuses the small operations but leaves its own Python around every 
 (Dynamo's guards, the wrappers): 14 ms a step of overhead, measured, against about 1 ms
 for the same step as 30 calls of `qkv::decoder_layer`, which runs a layer's norms,
 products, RoPE, cache write, attention, activation and shortcuts in C++ (runtime/native/csrc/layer.cpp).
+A session binds its caches once: every layer's description, linear lists and cache buffers
+are checked then and kept in C++ (runtime/native/csrc/stack.cpp, under a handle released
+with the session), with the final norm and the output head where the model tells them
+(`head_parts()`), so a step is one `qkv::stack_step` call that parses nothing and returns
+the logits.
 
 The C++ reads each layer's description (`qkv.models.configs.layer_spec.LayerSpec`, packed by
 `qkv.runtime.layer_step_spec`): a model that gives `layer_specs()` hands its own (every
@@ -19,6 +24,7 @@ the C++.
 
     step = NativeLayerStep.for_model(model)   # qkv.runtime.prepare.prepare_for_decoding does this
     # then: step.bound_to(model, caches) per session (qkv.runtime.session); None: the modules run
+    logits = bound(x, positions)              # (B, 1, C) -> (B, 1, V), one native call
 
 Which calls it takes: one new token per row, float32, no gradients, no extra mask, and
 caches whose kind gives `kernel_buffers()` (StaticKVCache, SlotKVCache) or is a sliding-window
@@ -37,7 +43,9 @@ Shape legend: B batch (rows), C hidden size, H query heads, D head size.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -49,7 +57,7 @@ from qkv.models.configs.layer_spec import AttentionSpec, LayerSpec, MlpSpec, Nor
 from qkv.runtime.native import native_kernels
 from qkv.runtime.linear.block import BlockLinear, StackedBlockLinear
 from qkv.runtime.linear.float import NativeFloatLinear
-from qkv.runtime.layer_step_spec import declined, layer_vectors, pack
+from qkv.runtime.layer_step_spec import declined, layer_vectors, pack, packed_norm
 from qkv.runtime.linear.quantized import Int4Linear, Int8Linear
 
 MAX_STACKED_BLOCKS = 4  # runtime/native/csrc/kernels.h's MAX_PARTS: matrices of different block types in one product
@@ -57,7 +65,7 @@ MAX_STACKED_BLOCKS = 4  # runtime/native/csrc/kernels.h's MAX_PARTS: matrices of
 if TYPE_CHECKING:
     from qkv.attention.caches.kv_cache import KVCache
     from qkv.attention.rope import RotaryEmbedding
-    from qkv.models.decoder import CausalDecoder, LayerParts
+    from qkv.models.decoder import CausalDecoder, HeadParts, LayerParts
 
 
 def linear_tensors(layer: nn.Module) -> list[Tensor] | None:
@@ -161,7 +169,7 @@ def _layer_arguments(parts: LayerParts, spec: LayerSpec | None,
 
 
 class NativeLayerStep:
-    """A model's decode steps as one `qkv::decoder_layer` call per layer (module docstring).
+    """A model's decode steps as one `qkv::stack_step` call each (module docstring).
 
     `for_model(model)` (at preparation) checks that every layer can run so; a session then
     takes its own copy bound to its caches (`bound_to`), so sessions on one model never
@@ -171,8 +179,9 @@ class NativeLayerStep:
     """
 
     def __init__(self, on_modules: Callable[[], object] | None = None) -> None:
-        self._layers: list[tuple[tuple[Any, ...], Tensor | None]] | None = None
+        self._stack: _Stack | None = None  # the bound layers (and head) in qkv's C++ (stack.cpp)
         self._cache: KVCache | None = None  # the first layer's, asked which rows a call carries
+        self._model: CausalDecoder | None = None
         self._on_modules = on_modules
         self.fallback: object = None  # what on_modules returned, once called
 
@@ -190,7 +199,7 @@ class NativeLayerStep:
 
     @property
     def bound(self) -> bool:
-        return self._layers is not None
+        return self._stack is not None
 
     def bound_to(self, model: CausalDecoder, caches: list[KVCache]) -> NativeLayerStep | None:
         """A copy of these layers bound to one session's `caches`, or None when they cannot
@@ -222,23 +231,56 @@ class NativeLayerStep:
                 layers = None
                 break
             layers.append(arguments)
-        self._layers = layers if parts and layers else None
-        self._cache = caches[0] if self._layers is not None else None
+        if not parts or not layers:
+            self._stack, self._cache, self._model = None, None, None
+            return
+        self._stack = _open_stack(parts[0].attention.emb_dim, layers, model.head_parts())
+        self._finalizer = weakref.finalize(self, torch.ops.qkv.stack_close.default, self._stack.handle)
+        self._cache, self._model = caches[0], model
 
     def takes(self, x: Tensor, positions: Tensor, mask: Tensor | None) -> bool:
         """Whether a call with these inputs is a decode step the layer step run."""
-        return (self._layers is not None and mask is None and x.shape[1] == 1 and x.dtype == torch.float32
+        return (self._stack is not None and mask is None and x.shape[1] == 1 and x.dtype == torch.float32
                 and x.device.type == "cpu" and not torch.is_grad_enabled() and positions.numel() in (1, x.shape[0]))
 
+    @property
+    def runs_head(self) -> bool:
+        """Whether the final norm and the output head run in the same native call as the layers."""
+        return self._stack is not None and self._stack.has_head
+
     def __call__(self, x: Tensor, positions: Tensor) -> Tensor:
-        """x (B, 1, C), positions (1,) or (B, 1) -> x after every layer, (B, 1, C); the caches
+        """x (B, 1, C), positions (1,) or (B, 1) -> logits (B, 1, V): every layer and the head in
+        one `qkv::stack_step` (the head in PyTorch where the kernel cannot run it); the caches
         hold the new keys and values (in the cache rows the call carries: `kernel_rows`)."""
-        assert self._layers is not None and self._cache is not None
+        assert self._stack is not None and self._cache is not None and self._model is not None
         b, _, c = x.shape
         hidden = x.reshape(b, c).contiguous()  # (B, C)
         where = positions.reshape(-1).to(torch.int64).expand(b).contiguous()  # (B,)
         rows = self._cache.kernel_rows()  # (B,) cache rows, or None: row r is cache row r
-        layer = torch.ops.qkv.decoder_layer.default
-        for arguments, ring in self._layers:
-            hidden = layer(hidden, *arguments, where, rows, ring)
-        return hidden.reshape(b, 1, c)  # (B, 1, C)
+        out = torch.ops.qkv.stack_step.default(self._stack.handle, hidden, where, rows)  # (B, V) or (B, C)
+        if self._stack.has_head:
+            return out.reshape(b, 1, -1)  # (B, 1, V)
+        return self._model.head(out.reshape(b, 1, c))  # (B, 1, V)
+
+
+@dataclass(frozen=True)
+class _Stack:
+    handle: int  # qkv::stack_open's
+    has_head: bool
+
+
+def _open_stack(hidden: int, layers: list[tuple[tuple[Any, ...], Tensor | None]], head: HeadParts | None) -> _Stack:
+    """The layers (and the head, where the kernel can run it) bound once as one native stack."""
+    handle = int(torch.ops.qkv.stack_open.default())
+    try:
+        for arguments, ring in layers:
+            torch.ops.qkv.stack_add_layer.default(handle, hidden, *arguments, ring)
+        head_linear = None if head is None else linear_tensors(head.head)
+        if head is None or head_linear is None or any(t.dtype != torch.float32 for t in head.norm_tensors):
+            return _Stack(handle, False)
+        kind, norm = packed_norm(head.norm, head.norm_tensors)
+        torch.ops.qkv.stack_set_head.default(handle, kind, head.norm.eps, norm, head_linear, head.softcap or 0.0)
+        return _Stack(handle, True)
+    except BaseException:
+        torch.ops.qkv.stack_close.default(handle)
+        raise

@@ -114,6 +114,12 @@ def _norm_tensors(norm: NormSpec | None, tensors: tuple[Tensor, ...] | None, whe
     return [weight.contiguous(), *(t.detach().float().contiguous() for t in tensors[1:])]
 
 
+def packed_norm(norm: NormSpec, tensors: tuple[Tensor, ...]) -> tuple[int, list[Tensor]]:
+    """One norm as the kernel reads it (the final norm, say): its NormKind code and its
+    [weight (+ offset), bias?] float32 vectors."""
+    return _norm_code(norm), _norm_tensors(norm, tensors, "final norm")
+
+
 def layer_vectors(spec: LayerSpec, *, attn_norm: tuple[Tensor, ...] | None = None,
                   attn_post_norm: tuple[Tensor, ...] | None = None, mlp_norm: tuple[Tensor, ...] | None = None,
                   mlp_post_norm: tuple[Tensor, ...] | None = None, q_norm: Tensor | None = None,

@@ -211,7 +211,7 @@ class DecodeSession:
         if native is not None and ids.shape[1] == 1:
             x = self.model.embed(ids, positions)  # (B, 1, C)
             if native.takes(x, positions, None):
-                return self.model.head(native(x, positions))  # (B, 1, V)
+                return native(x, positions)  # (B, 1, V): every layer and the head in one native call
         return self.model(ids, positions=positions, caches=self.caches)
 
     def cache_nbytes(self) -> int:

@@ -14,7 +14,8 @@ products_x86.cpp, attention.cpp, layer.cpp, sharing kernels.h) and are compiled 
 machine's C++ compiler against PyTorch's stable C ABI (headers only), into a per-user cache
 folder keyed by the sources, the compiler and the torch version, so they are built once per
 machine. The ops are `torch.ops.qkv.int8_linear`, `int4_linear`, `f32_linear`,
-`decode_attention`, `decoder_layer` (a whole layer's decode step executing a `LayerSpec`,
+`decode_attention`, `decoder_layer` (a whole layer's decode step executing a `LayerSpec`),
+`stack_step` (every layer and the head of a session's model in one call, stack.cpp,
 qkv.runtime.layer_step) and `block_linear` (products straight from GGUF's stored blocks,
 block_products.cpp, qkv.runtime.native.block_ops) and `quantized_decode_attention`
 (quantized_attention.cpp: one query per row over the quantized KV cache's packed codes, which

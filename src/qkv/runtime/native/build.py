@@ -46,10 +46,11 @@ from qkv.util.cache_integrity import absolute_folder, file_sha256, remove_stale_
 from qkv.util.progress import slow_step
 
 HERE = Path(__file__).parent / "csrc"  # the C++ sources, shipped with the package
-# Compiled together, in this order: the products, attention and the layer (sharing kernels.h);
+# Compiled together, in this order: the products, attention, the layer and the whole stack of
+# layers with the head (sharing kernels.h);
 # products straight from GGUF's stored blocks (block_products.cpp, its AVX2 and AVX-512
 # variants sharing block_kernels.h); attention over a quantized KV cache's packed codes.
-SOURCES: tuple[str, ...] = ("products.cpp", "products_x86.cpp", "attention.cpp", "layer.cpp",
+SOURCES: tuple[str, ...] = ("products.cpp", "products_x86.cpp", "attention.cpp", "layer.cpp", "stack.cpp",
                             "block_products.cpp", "block_avx2.cpp", "block_avx512.cpp", "block_q8.cpp", "block_q8_avx512.cpp",
                             "quantized_attention.cpp")
 HEADERS: tuple[str, ...] = ("kernels.h", "block_kernels.h", "block_q8.h", "quantized_attention_simd.h")

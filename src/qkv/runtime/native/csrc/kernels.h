@@ -1,6 +1,6 @@
 // What every source of qkv's native kernels shares: the variants an op can run as and the
 // one that runs now, the target attributes of the vectorised variants, small helpers, and
-// `Linear` (a linear layer's weights as the products read them).
+// `Linear` (a linear layer's weights as the products read them), and a layer's checked decode call.
 //
 // Each op has a generic variant in plain C++ (the reference, and the fallback on any CPU)
 // and vectorised ones computing the same math (AVX2 + FMA + F16C; AVX-512 with VNNI). The
@@ -187,5 +187,56 @@ void x86_int4_rows(const int8_t *xq, const float *xd, const float *xsum, const u
 // the softmax, taking weight but giving no value (gpt-oss), or null. w: scratch of `end` floats.
 void attend_one(const float *q, const float *k, const float *v, const bool *visible, float *out, int64_t begin,
                 int64_t end, int64_t D, int64_t Dv, float scale, float softcap, const float *sink, float *w);
+
+// -- one decoder layer's decode step, checked once and run many times (layer.cpp) -----------
+// `qkv::decoder_layer` checks and runs a LayerCall per call; stack.cpp keeps a model's
+// LayerCalls (and its head) for a whole session and runs them all in one call a step.
+enum NormKind : int64_t { NO_NORM = 0, RMS = 1, LAYER = 2, LAYER_WITH_BIAS = 3 };
+
+struct Norm {
+    int64_t kind = NO_NORM;
+    const float *weight = nullptr, *bias = nullptr;
+    int64_t size = 0;
+    float eps = 0.f;
+};
+
+// A norm of `kind` over `size` channels whose weight (and bias) are vectors[next...]; next
+// moves past them. Refuses (with `message`) what is not float32 (size,) vectors.
+Norm norm_of(int64_t kind, double eps, const std::vector<Tensor> &vectors, size_t &next, int64_t size);
+
+// out = norm(x) for one vector of n.size (in place is fine).
+void normalize(const Norm &n, const float *x, float *out);
+
+// The layer description as the C++ reads it (what the packed spec holds, checked).
+struct LayerDesc {
+    int64_t heads = 0, kv_heads = 0, head_dim = 0, rotary_dim = 0, activation = 0, window = 0;
+    bool gated = true, qk_over_all = false;  // q/k norms over each head, or over all heads at once
+    float scale = 1.f, softcap = 0.f;
+    Norm attn_norm, attn_post_norm, mlp_norm, mlp_post_norm, q_norm, k_norm;
+    const float *inv_freq = nullptr, *sinks = nullptr;  // sinks: one learned logit per query head
+};
+
+// A layer bound to one cache: its description, its four linear layers and the cache's
+// buffers, every size checked against the others. It points into the tensors it was made
+// from: whoever keeps a LayerCall past that call keeps those tensors too (stack.cpp).
+struct LayerCall {
+    LayerDesc L;
+    Linear qkv, o, up, down;
+    int64_t C = 0, F = 0, slots = 0, S = 0;
+    float *k_cache = nullptr, *v_cache = nullptr;
+    int64_t *lengths = nullptr, *ring = nullptr;  // ring: a sliding-window cache's key positions (slots, S)
+};
+
+LayerCall layer_call(int64_t C, const Tensor &spec, const std::vector<Tensor> &vectors, const std::vector<Tensor> &qkv,
+                     const std::vector<Tensor> &o, const std::vector<Tensor> &up, const std::vector<Tensor> &down,
+                     const Tensor &k_cache, const Tensor &v_cache, const Tensor &lengths,
+                     const std::optional<Tensor> &key_positions);
+
+// The rows (cache rows, or null: row r is cache row r) and positions of a step of M rows,
+// checked against the call's cache.
+void check_step(const LayerCall &call, int64_t M, const int64_t *positions, const int64_t *rows);
+
+// y (M, C) through the layer, in place; the cache rows take the new keys and values.
+void run_layer(const LayerCall &call, float *y, int64_t M, const int64_t *positions, const int64_t *rows);
 
 }  // namespace qkv

@@ -49,24 +49,7 @@ enum Field : int64_t {
     QK_NORM, QK_NORM_EPS, ROTARY_DIM, ACTIVATION, GATED, SCALE, SOFTCAP, WINDOW, SINKS, QK_NORM_OVER_ALL,
     FIELDS
 };
-enum NormKind : int64_t { NO_NORM = 0, RMS = 1, LAYER = 2, LAYER_WITH_BIAS = 3 };
 enum ActivationKind : int64_t { SILU = 0, GELU_TANH = 1, GELU = 2 };
-
-struct Norm {
-    int64_t kind = NO_NORM;
-    const float *weight = nullptr, *bias = nullptr;
-    int64_t size = 0;
-    float eps = 0.f;
-};
-
-// The layer description as the C++ reads it (what `spec` holds, checked).
-struct LayerDesc {
-    int64_t heads = 0, kv_heads = 0, head_dim = 0, rotary_dim = 0, activation = SILU, window = 0;
-    bool gated = true, qk_over_all = false;  // q/k norms over each head, or over all heads at once
-    float scale = 1.f, softcap = 0.f;
-    Norm attn_norm, attn_post_norm, mlp_norm, mlp_post_norm, q_norm, k_norm;
-    const float *inv_freq = nullptr, *sinks = nullptr;  // sinks: one learned logit per query head
-};
 
 const float *vector_at(const std::vector<Tensor> &vectors, size_t &next, int64_t size, const char *message) {
     using torch::headeronly::ScalarType;
@@ -77,18 +60,9 @@ const float *vector_at(const std::vector<Tensor> &vectors, size_t &next, int64_t
 }
 
 Norm norm_at(const double *spec, Field kind, const std::vector<Tensor> &vectors, size_t &next, int64_t size) {
-    Norm n;
-    n.kind = static_cast<int64_t>(spec[kind]);
-    check(n.kind >= NO_NORM && n.kind <= LAYER_WITH_BIAS && static_cast<double>(n.kind) == spec[kind],
-          "qkv::decoder_layer: a norm kind must be 0 (none), 1 (RMS), 2 (Layer) or 3 (Layer with bias)");
-    n.size = size;
-    n.eps = static_cast<float>(spec[kind + 1]);
-    if (n.kind == NO_NORM) return n;
-    check(spec[kind + 1] > 0.0, "qkv::decoder_layer: a norm's eps must be positive");
-    n.weight = vector_at(vectors, next, size, "qkv::decoder_layer: a norm's weight (and bias) must be float32 vectors");
-    if (n.kind == LAYER_WITH_BIAS)
-        n.bias = vector_at(vectors, next, size, "qkv::decoder_layer: a norm's weight (and bias) must be float32 vectors");
-    return n;
+    const int64_t code = static_cast<int64_t>(spec[kind]);
+    check(static_cast<double>(code) == spec[kind], "qkv::decoder_layer: a norm kind must be a whole number");
+    return norm_of(code, spec[kind + 1], vectors, next, size);
 }
 
 LayerDesc describe(const Tensor &spec_tensor, const std::vector<Tensor> &vectors, int64_t C) {
@@ -136,6 +110,23 @@ LayerDesc describe(const Tensor &spec_tensor, const std::vector<Tensor> &vectors
     return L;
 }
 
+}  // namespace
+
+Norm norm_of(int64_t kind, double eps, const std::vector<Tensor> &vectors, size_t &next, int64_t size) {
+    Norm n;
+    n.kind = kind;
+    check(kind >= NO_NORM && kind <= LAYER_WITH_BIAS,
+          "qkv::decoder_layer: a norm kind must be 0 (none), 1 (RMS), 2 (Layer) or 3 (Layer with bias)");
+    n.size = size;
+    n.eps = static_cast<float>(eps);
+    if (n.kind == NO_NORM) return n;
+    check(eps > 0.0, "qkv::decoder_layer: a norm's eps must be positive");
+    n.weight = vector_at(vectors, next, size, "qkv::decoder_layer: a norm's weight (and bias) must be float32 vectors");
+    if (n.kind == LAYER_WITH_BIAS)
+        n.bias = vector_at(vectors, next, size, "qkv::decoder_layer: a norm's weight (and bias) must be float32 vectors");
+    return n;
+}
+
 // out = norm(x) for one vector of n.size: RMSNorm x / sqrt(mean(x^2) + eps) * weight, or
 // LayerNorm (x - mean) / sqrt(var + eps) * weight (+ bias); sums in double. In place is fine.
 void normalize(const Norm &n, const float *x, float *out) {
@@ -157,6 +148,8 @@ void normalize(const Norm &n, const float *x, float *out) {
         out[i] = n.bias ? v + n.bias[i] : v;
     }
 }
+
+namespace {
 
 // x = x + (post_norm(part) or part), row by row
 void add_shortcut(const Norm &post, float *x, float *part, int64_t M, int64_t C) {
@@ -217,66 +210,72 @@ void activate(int64_t kind, bool gated, const float *g, float *out, int64_t F) {
     generic_activate(kind, gated, g, out, F);
 }
 
-Tensor decoder_layer(Tensor x, Tensor spec, std::vector<Tensor> vectors, std::vector<Tensor> qkv,
-                     std::vector<Tensor> o, std::vector<Tensor> up, std::vector<Tensor> down, Tensor k_cache,
-                     Tensor v_cache, Tensor lengths, Tensor positions, std::optional<Tensor> rows,
-                     std::optional<Tensor> key_positions) {
+}  // namespace
+
+LayerCall layer_call(int64_t C, const Tensor &spec, const std::vector<Tensor> &vectors, const std::vector<Tensor> &qkv,
+                     const std::vector<Tensor> &o, const std::vector<Tensor> &up, const std::vector<Tensor> &down,
+                     const Tensor &k_cache, const Tensor &v_cache, const Tensor &lengths,
+                     const std::optional<Tensor> &key_positions) {
     using torch::headeronly::ScalarType;
-    check(x.dim() == 2 && x.scalar_type() == ScalarType::Float && x.is_contiguous(),
-          "qkv::decoder_layer takes x (B, C) contiguous float32");
-    const int64_t M = x.size(0), C = x.size(1);
-    const LayerDesc L = describe(spec, vectors, C);
+    LayerCall call;
+    call.C = C;
+    call.L = describe(spec, vectors, C);
+    const LayerDesc &L = call.L;
     check(k_cache.dim() == 4 && v_cache.dim() == 4 && v_cache.size(0) == k_cache.size(0) &&
               v_cache.size(1) == k_cache.size(1) && v_cache.size(2) == k_cache.size(2) &&
               k_cache.scalar_type() == ScalarType::Float && v_cache.scalar_type() == ScalarType::Float &&
               k_cache.is_contiguous() && v_cache.is_contiguous(),
           "qkv::decoder_layer: the caches must be contiguous float32 (B, H_kv, S, D)");
-    const int64_t slots = k_cache.size(0);  // cache rows; row r of x is cache row rows[r] (or r)
-    const int64_t *row_of = nullptr;
-    if (rows.has_value()) {
-        check(rows->dim() == 1 && rows->size(0) == M && rows->scalar_type() == ScalarType::Long && rows->is_contiguous(),
-              "qkv::decoder_layer: rows must be contiguous int64 (B,)");
-        row_of = static_cast<const int64_t *>(rows->data_ptr());
-        for (int64_t r = 0; r < M; r++)
-            check(row_of[r] >= 0 && row_of[r] < slots, "qkv::decoder_layer: a row lies outside the KV cache");
-    } else {
-        check(slots == M, "qkv::decoder_layer: without rows, x has one row per cache row");
-    }
+    call.slots = k_cache.size(0);  // cache rows
     const int64_t H = L.heads, Hkv = L.kv_heads, D = L.head_dim, S = k_cache.size(2);
+    call.S = S;
     check(k_cache.size(1) == Hkv && k_cache.size(3) == D && v_cache.size(3) == D,
           "qkv::decoder_layer: the caches' heads and head size disagree with the description");
-    check(positions.dim() == 1 && positions.size(0) == M && positions.scalar_type() == ScalarType::Long &&
-              positions.is_contiguous() && lengths.dim() == 1 && lengths.size(0) == slots &&
-              lengths.scalar_type() == ScalarType::Long && lengths.is_contiguous(),
-          "qkv::decoder_layer: positions (B,) and lengths (one per cache row) must be contiguous int64");
+    check(lengths.dim() == 1 && lengths.size(0) == call.slots && lengths.scalar_type() == ScalarType::Long &&
+              lengths.is_contiguous(),
+          "qkv::decoder_layer: lengths (one per cache row) must be contiguous int64");
     const int64_t Q = H * D, KV = Hkv * D, P = Q + 2 * KV;
-    const Linear Lqkv = linear_of(qkv, C, "qkv::decoder_layer: qkv is not a linear layer of C inputs");
-    const Linear Lo = linear_of(o, Q, "qkv::decoder_layer: o is not a linear layer of H*D inputs");
-    const Linear Lup = linear_of(up, C, "qkv::decoder_layer: up is not a linear layer of C inputs");
-    const int64_t F = L.gated ? Lup.N / 2 : Lup.N;
-    const Linear Ldown = linear_of(down, F, "qkv::decoder_layer: down is not a linear layer of the feed-forward's size");
-    check(Lqkv.N == P && Lo.N == C && Ldown.N == C && (!L.gated || Lup.N % 2 == 0),
+    call.qkv = linear_of(qkv, C, "qkv::decoder_layer: qkv is not a linear layer of C inputs");
+    call.o = linear_of(o, Q, "qkv::decoder_layer: o is not a linear layer of H*D inputs");
+    call.up = linear_of(up, C, "qkv::decoder_layer: up is not a linear layer of C inputs");
+    call.F = L.gated ? call.up.N / 2 : call.up.N;
+    call.down = linear_of(down, call.F, "qkv::decoder_layer: down is not a linear layer of the feed-forward's size");
+    check(call.qkv.N == P && call.o.N == C && call.down.N == C && (!L.gated || call.up.N % 2 == 0),
           "qkv::decoder_layer: the layers' sizes disagree with C, the heads and the head size");
-    const int64_t *pos = static_cast<const int64_t *>(positions.data_ptr());
     // A ring (a sliding-window cache): W = S - 1 slots and a scratch slot; key_positions (rows, S)
     // says which position each slot holds (-1: none). Position p lives at slot p mod W.
-    int64_t *ring = nullptr;
-    const int64_t W = S - 1;
     if (key_positions.has_value()) {
-        check(key_positions->dim() == 2 && key_positions->size(0) == slots && key_positions->size(1) == S &&
-                  key_positions->scalar_type() == ScalarType::Long && key_positions->is_contiguous() && W >= 1 &&
-                  L.window > 0 && W <= L.window,
+        check(key_positions->dim() == 2 && key_positions->size(0) == call.slots && key_positions->size(1) == S &&
+                  key_positions->scalar_type() == ScalarType::Long && key_positions->is_contiguous() && S - 1 >= 1 &&
+                  L.window > 0 && S - 1 <= L.window,
               "qkv::decoder_layer: a ring's key_positions must be contiguous int64 (cache rows, W + 1), W at most "
               "the layer's window");
-        ring = static_cast<int64_t *>(key_positions->data_ptr());
+        call.ring = static_cast<int64_t *>(key_positions->data_ptr());
     }
-    for (int64_t r = 0; r < M; r++)  // a ring shorter than the window holds only positions below W
-        check(pos[r] >= 0 && (ring ? (W == L.window || pos[r] < W) : pos[r] < S),
-              "qkv::decoder_layer: a position lies outside the KV cache");
+    call.k_cache = static_cast<float *>(k_cache.data_ptr());
+    call.v_cache = static_cast<float *>(v_cache.data_ptr());
+    call.lengths = static_cast<int64_t *>(lengths.data_ptr());
+    return call;
+}
 
-    Tensor out = torch::stable::new_empty(x, {M, C});
-    float *y = static_cast<float *>(out.data_ptr());
-    std::copy(static_cast<const float *>(x.data_ptr()), static_cast<const float *>(x.data_ptr()) + M * C, y);
+void check_step(const LayerCall &call, int64_t M, const int64_t *pos, const int64_t *row_of) {
+    if (row_of) {
+        for (int64_t r = 0; r < M; r++)
+            check(row_of[r] >= 0 && row_of[r] < call.slots, "qkv::decoder_layer: a row lies outside the KV cache");
+    } else {
+        check(call.slots == M, "qkv::decoder_layer: without rows, x has one row per cache row");
+    }
+    const int64_t W = call.S - 1;
+    for (int64_t r = 0; r < M; r++)  // a ring shorter than the window holds only positions below W
+        check(pos[r] >= 0 && (call.ring ? (W == call.L.window || pos[r] < W) : pos[r] < call.S),
+              "qkv::decoder_layer: a position lies outside the KV cache");
+}
+
+void run_layer(const LayerCall &call, float *y, int64_t M, const int64_t *pos, const int64_t *row_of) {
+    const LayerDesc &L = call.L;
+    const int64_t C = call.C, H = L.heads, Hkv = L.kv_heads, D = L.head_dim, S = call.S, F = call.F;
+    const int64_t Q = H * D, KV = Hkv * D, P = Q + 2 * KV, W = S - 1;
+    int64_t *ring = call.ring;
     std::vector<float> h(static_cast<size_t>(M * C)), proj(static_cast<size_t>(M * P)),
         context(static_cast<size_t>(M * Q)), res(static_cast<size_t>(M * C));
     // attention
@@ -284,9 +283,9 @@ Tensor decoder_layer(Tensor x, Tensor spec, std::vector<Tensor> vectors, std::ve
         if (L.attn_norm.kind != NO_NORM) normalize(L.attn_norm, y + r * C, h.data() + r * C);
         else std::copy(y + r * C, y + (r + 1) * C, h.data() + r * C);
     }
-    apply(Lqkv, h.data(), proj.data(), M);
-    float *kc = static_cast<float *>(k_cache.data_ptr()), *vc = static_cast<float *>(v_cache.data_ptr());
-    int64_t *held = static_cast<int64_t *>(lengths.data_ptr());
+    apply(call.qkv, h.data(), proj.data(), M);
+    float *kc = call.k_cache, *vc = call.v_cache;
+    int64_t *held = call.lengths;
     const int64_t half = L.rotary_dim / 2;
     std::vector<float> cos_(static_cast<size_t>(half)), sin_(static_cast<size_t>(half));
     for (int64_t r = 0; r < M; r++) {
@@ -344,18 +343,46 @@ Tensor decoder_layer(Tensor x, Tensor spec, std::vector<Tensor> vectors, std::ve
                        L.sinks ? L.sinks + hq : nullptr, w.data());
         }
     });
-    apply(Lo, context.data(), res.data(), M);
+    apply(call.o, context.data(), res.data(), M);
     add_shortcut(L.attn_post_norm, y, res.data(), M, C);
     // feed-forward
     for (int64_t r = 0; r < M; r++) {
         if (L.mlp_norm.kind != NO_NORM) normalize(L.mlp_norm, y + r * C, h.data() + r * C);
         else std::copy(y + r * C, y + (r + 1) * C, h.data() + r * C);
     }
-    std::vector<float> hidden(static_cast<size_t>(M * Lup.N)), act(static_cast<size_t>(M * F));
-    apply(Lup, h.data(), hidden.data(), M);
-    for (int64_t r = 0; r < M; r++) activate(L.activation, L.gated, hidden.data() + r * Lup.N, act.data() + r * F, F);
-    apply(Ldown, act.data(), res.data(), M);
+    std::vector<float> hidden(static_cast<size_t>(M * call.up.N)), act(static_cast<size_t>(M * F));
+    apply(call.up, h.data(), hidden.data(), M);
+    for (int64_t r = 0; r < M; r++) activate(L.activation, L.gated, hidden.data() + r * call.up.N, act.data() + r * F, F);
+    apply(call.down, act.data(), res.data(), M);
     add_shortcut(L.mlp_post_norm, y, res.data(), M, C);
+}
+
+namespace {
+
+Tensor decoder_layer(Tensor x, Tensor spec, std::vector<Tensor> vectors, std::vector<Tensor> qkv,
+                     std::vector<Tensor> o, std::vector<Tensor> up, std::vector<Tensor> down, Tensor k_cache,
+                     Tensor v_cache, Tensor lengths, Tensor positions, std::optional<Tensor> rows,
+                     std::optional<Tensor> key_positions) {
+    using torch::headeronly::ScalarType;
+    check(x.dim() == 2 && x.scalar_type() == ScalarType::Float && x.is_contiguous(),
+          "qkv::decoder_layer takes x (B, C) contiguous float32");
+    const int64_t M = x.size(0), C = x.size(1);
+    const LayerCall call = layer_call(C, spec, vectors, qkv, o, up, down, k_cache, v_cache, lengths, key_positions);
+    const int64_t *row_of = nullptr;  // row r of x is cache row rows[r] (or r)
+    if (rows.has_value()) {
+        check(rows->dim() == 1 && rows->size(0) == M && rows->scalar_type() == ScalarType::Long && rows->is_contiguous(),
+              "qkv::decoder_layer: rows must be contiguous int64 (B,)");
+        row_of = static_cast<const int64_t *>(rows->data_ptr());
+    }
+    check(positions.dim() == 1 && positions.size(0) == M && positions.scalar_type() == ScalarType::Long &&
+              positions.is_contiguous(),
+          "qkv::decoder_layer: positions (B,) must be contiguous int64");
+    const int64_t *pos = static_cast<const int64_t *>(positions.data_ptr());
+    check_step(call, M, pos, row_of);
+    Tensor out = torch::stable::new_empty(x, {M, C});
+    float *y = static_cast<float *>(out.data_ptr());
+    std::copy(static_cast<const float *>(x.data_ptr()), static_cast<const float *>(x.data_ptr()) + M * C, y);
+    run_layer(call, y, M, pos, row_of);
     return out;
 }
 
