@@ -73,6 +73,13 @@ class TensorParallel:
             raise self._lost(what, error) from None
         return parts
 
+    def barrier(self) -> None:
+        if self.group is not None:
+            try:
+                dist.barrier(group=self.group)
+            except (RuntimeError, ValueError) as error:
+                raise self._lost("final barrier", error) from None
+
     def gather_objects(self, obj: object, what: str) -> list[object]:
         if self.group is None:
             return [obj]
