@@ -87,6 +87,8 @@ class GGUFSlices:
         cols = part.cols if part.cols is not None else range(cols_total)
         if len(shape) == 1:  # a vector: its elements are its "columns"
             rows, cols = range(1), rows if part.rows is not None else range(cols_total)
+        if rows.stop > rows_total or cols.stop > cols_total or not (rows and cols):
+            raise ValueError(f"{tensor.name}: rows {rows} and columns {cols} are not inside its {shape}")
         first, last = cols.start // weights, -(-cols.stop // weights)  # covering blocks
         width = (last - first) * size
         out = np.empty((len(rows), width), dtype=np.uint8)
