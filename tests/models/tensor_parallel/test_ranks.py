@@ -99,4 +99,4 @@ def test_ranks_on_different_files_are_refused(tmp_path: Path) -> None:
         (tmp_path / f"file{rank}").write_text(text)
     done = start_ranks(3, str(tmp_path), "mismatch", str(tmp_path), timeout=60)
     assert done.codes == [2, 2, 2], done.stderr
-    assert "ranks 2 opened a model file whose bytes differ from rank 0's" in done.stderr[0], done.stderr[0]
+    assert "rank 2 opened a model file whose bytes differ from rank 0's" in done.stderr[0], done.stderr[0]

@@ -121,10 +121,9 @@ def check_same_files(tp: TensorParallel, files: Iterable[Path], memo: Path) -> s
     digests = tp.gather_objects(digest, "check that every rank opened the same file")
     odd = [rank for rank, d in enumerate(digests) if d != digests[0]]
     if odd:
-        ranks = ", ".join(str(r) for r in odd)
-        raise QkvError(f"ranks {ranks} opened a model file whose bytes differ from rank 0's (digest "
-                       f"{str(digests[odd[0]])[:12]} against {digest[:12] if tp.rank == 0 else str(digests[0])[:12]}); "
-                       "give every rank the same file")
+        who = f"rank {odd[0]}" if len(odd) == 1 else "ranks " + ", ".join(str(r) for r in odd)
+        raise QkvError(f"{who} opened a model file whose bytes differ from rank 0's (content digest "
+                       f"{str(digests[odd[0]])[:12]}... against {str(digests[0])[:12]}...); give every rank the same file")
     return digest
 
 
