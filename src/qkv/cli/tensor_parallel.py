@@ -84,4 +84,10 @@ def load_rank(args: argparse.Namespace, tp: TensorParallel, *, chat: bool = Fals
         check_same_files(tp, opened.files, cache_folder() / "digests.json")
     rank = open_rank(opened, tp)
     with slow_step(f"loading rank {tp.rank}'s slice"):
-        return prepare_rank(rank, precision)
+        prepared = prepare_rank(rank, precision)
+    decoded = rank.source.decoded
+    if decoded and tp.rank == 0:  # said once: every rank's slices have the same boundaries
+        kinds = sorted({name.rsplit(".", 2)[-2] for name in decoded})
+        print(f"tensor parallel: {len(decoded)} block matrices ({', '.join(kinds)}) are split inside their blocks "
+              f"over {tp.world} ranks; each rank holds its slice of them as float32", file=sys.stderr, flush=True)
+    return prepared

@@ -4,7 +4,8 @@ Usage: python rank_worker.py MODEL PRECISION[,PRECISION...] OUT_DIR [die]
        python rank_worker.py FOLDER mismatch OUT_DIR      (rank r checks FOLDER/file{r})
 Each rank saves the logits of its model built from its float slices (unprepared: the float32
 reference), the greedy and seeded-sampled tokens of its model prepared at each PRECISION, and how
-many of its linear layers multiply stored blocks. With `die`, rank 1 exits after the first
+many of its linear layers multiply stored blocks and which block matrices it holds decoded, and
+tokens sampled from a seed rank 0 drew. With `die`, rank 1 exits after the first
 forward pass; the others must stop with one line, within the 20 s timeout of every collective.
 """
 
@@ -20,7 +21,7 @@ import torch
 from qkv.errors import QkvError
 from qkv.generation.loop import generate
 from qkv.models.loader import open_model
-from qkv.models.tensor_parallel.group import check_same_files, join_tensor_parallel
+from qkv.models.tensor_parallel.group import check_same_files, join_tensor_parallel, shared_seed
 from qkv.models.tensor_parallel.opened import open_rank
 from qkv.runtime.prepare import load_dtype
 from qkv.runtime.tensor_parallel import prepare_rank
@@ -40,7 +41,7 @@ def main() -> None:
             print(f"rank {tp.rank}: {error}", file=sys.stderr, flush=True)
             os._exit(2)
         os._exit(0)
-    results: dict[str, torch.Tensor] = {}
+    results: dict[str, object] = {}
     rank = open_rank(open_model(model, keep_blocks=True), tp)
     with torch.no_grad():
         results["logits"] = rank.build().model(IDS)
@@ -54,6 +55,10 @@ def main() -> None:
             results[f"sampled/{precision}"] = generate(loaded.model, IDS, 8, temperature=1.0, seed=7)
             results[f"block_layers/{precision}"] = torch.tensor(
                 sum("Block" in type(m).__name__ for m in loaded.model.modules()))
+            results[f"decoded/{precision}"] = list(prepared.source.decoded)  # type: ignore[assignment]
+            # no seed given: rank 0 draws one for all (what `qkv generate` does without --seed)
+            results[f"unseeded/{precision}"] = generate(loaded.model, IDS, 8, temperature=1.0,
+                                                        seed=shared_seed(tp, None))
     except QkvError as error:
         print(f"rank {tp.rank}: {error}", file=sys.stderr, flush=True)
         os._exit(2)

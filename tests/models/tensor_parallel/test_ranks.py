@@ -81,7 +81,13 @@ def test_ranks_give_one_process_logits_and_tokens(models: Any, tmp_path: Path, n
         for key in want:
             if key != "logits":
                 assert torch.equal(got[key], want[key]), (rank, key, got[key], want[key])
-        if "blocks" in precisions:  # q/k/v and gate/up stay in blocks; o_proj's 128 columns are decoded
+        first = torch.load(tmp_path / "rank0.pt")
+        for precision in precisions.split(","):  # a seed drawn by rank 0 samples the same tokens everywhere
+            assert torch.equal(got[f"unseeded/{precision}"], first[f"unseeded/{precision}"]), (rank, precision)
+        if "blocks" in precisions:
+            # layer 0's o_proj is Q4_K (256 weights a block): its 128-column slices are decoded; layer 1's
+            # (Q5_0, 32 a block) and every other matrix stay in blocks
+            assert got["decoded/blocks"] == ["model.layers.0.self_attn.o_proj.weight"], got["decoded/blocks"]
             assert got["block_layers/blocks"] >= 2 * 2, got["block_layers/blocks"]
 
 

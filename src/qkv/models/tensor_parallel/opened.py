@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from qkv.errors import QkvError
 from qkv.models.gguf import arch as gguf_arch
 from qkv.models.gguf import checkpoint as gguf
+from qkv.models.gguf import dequantize as gguf_blocks
 from qkv.models.gguf.layout import rope_heads
 from qkv.models.gguf.stored import StoredBlocks, StoredState, is_projection
 from qkv.models.hf.checkpoint import config_value, eos_ids
@@ -97,6 +98,7 @@ class RankSource:
         self.path = Path(self.whole.path)
         self.tokenizer = self.whole.tokenizer
         self.local_shapes = spec_shapes(rank_spec(spec, share))
+        self.decoded: list[str] = []  # block matrices whose slice cuts through blocks: held as float32
 
     @property
     def stored_in_blocks(self) -> bool:
@@ -160,6 +162,7 @@ class RankSource:
         state: dict[str, Tensor] = {}
         blocks: dict[str, StoredBlocks] = {}
         reader = GGUFSlices(self.path)
+        self.decoded = []
         try:
             for name in self.names():
                 part = part_of(name, self.share)
@@ -182,6 +185,8 @@ class RankSource:
                     else:
                         state[name] = value.dequantize(dtype)
                 else:
+                    if keep(name) and tensor.tensor_type in gguf_blocks.BLOCK_FORMATS:
+                        self.decoded.append(name)
                     state[name] = value.to(dtype)
         finally:
             reader.close()
