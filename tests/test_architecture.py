@@ -102,7 +102,7 @@ INNER_LAYERS = {
     "qkv.trace": ["record", "explain", "render"],
     "qkv.serve": ["errors", "engine", "api", "explorer", "http"],
     "qkv.models": [("configs",), ("decoder", "spec_decoder", "gpt2", "llama", "bert"), "key_maps", "registry", "hf",
-                   "gguf", ("book_pth", "context_parallel"), "loader"],
+                   "gguf", ("book_pth", "context_parallel"), "loader", "tensor_parallel"],
     "qkv.bench": ["measure", "gpt2_checkpoint", "common", "sections", "runner"],
     "qkv.training": [("book",), ("loop",)],
 }

@@ -15,12 +15,15 @@ from typing import TYPE_CHECKING
 
 from qkv.cli.speed import add_speed_arguments, announce_speed, load_for_speed
 from qkv.cli.numbers import add_max_memory_argument, integer, probability, seed, temperature
+from qkv.cli.tensor_parallel import add_tensor_parallel_argument
 from qkv.errors import QkvError
 from qkv.util.terminal_text import escape_controls
 from qkv.util.threads import add_threads_argument, apply_threads
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
+
+    from qkv.models.tensor_parallel.group import TensorParallel
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -59,6 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_kv_cache_arguments(parser)
     add_threads_argument(parser)
     add_max_memory_argument(parser)
+    add_tensor_parallel_argument(parser)
     parser.set_defaults(run=run)
 
 
@@ -105,6 +109,15 @@ def utf8_writer() -> Callable[[str], None]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.tensor_parallel is not None:
+        from qkv.cli.tensor_parallel import under_tensor_parallel
+
+        return under_tensor_parallel(args, "generate", _run)
+    return _run(args, None)
+
+
+def _run(args: argparse.Namespace, tp: TensorParallel | None) -> int:
+    """The command, alone (tp None) or as one rank of --tensor-parallel N (rank 0 writes)."""
     from qkv.util.progress import slow_step
 
     with slow_step("starting PyTorch"):  # its import alone takes seconds on a busy machine
@@ -124,7 +137,15 @@ def run(args: argparse.Namespace) -> int:
         from qkv.generation.constraints import read_schema
 
         schema = read_schema(args.json_schema)
-    loaded, setup = load_for_speed(args, chat=args.chat)
+    if tp is None:
+        loaded, setup = load_for_speed(args, chat=args.chat)
+    else:
+        from qkv.cli.tensor_parallel import load_rank
+        from qkv.models.tensor_parallel.group import shared_seed
+
+        args.seed = shared_seed(tp, args.seed)  # the gathered logits are the same bytes on every rank
+        loaded, setup = load_rank(args, tp, chat=args.chat)
+    quiet = tp is not None and tp.rank != 0  # the other ranks step along and write nothing
     if args.chat:
         from qkv.chat.conversation import chat_model_from
 
@@ -154,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
         eos_token_id=stop_ids or None, kv_cache=kind or StaticKVCache,
         on_past_context=lambda note: print(note, file=sys.stderr, flush=True), constraint=constraint,
     )
-    emit = utf8_writer()
+    emit = utf8_writer() if not quiet else (lambda text: None)
     if not args.chat:
         emit(args.prompt)
     count = 0
@@ -174,7 +195,11 @@ def run(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - start
     emit("\n")
     rate = count / elapsed if elapsed > 0 else float("inf")
-    setup = ", ".join([speed.describe(), "no cache" if args.no_cache else "KV cache",
-                       f"{threads} thread{'s' if threads != 1 else ''}"])
+    if quiet:
+        return 0
+    parts = [speed.describe(), "no cache" if args.no_cache else "KV cache", f"{threads} thread{'s' if threads != 1 else ''}"]
+    if tp is not None:
+        parts.append(f"tensor-parallel over {tp.world} processes")
+    setup = ", ".join(parts)
     print(f"{count} tokens in {elapsed:.2f} s: {rate:.1f} tokens/s ({setup})", file=sys.stderr)
     return 0

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qkv.cli.numbers import add_max_memory_argument, integer
+from qkv.cli.tensor_parallel import add_tensor_parallel_argument
 from qkv.errors import QkvError
 from qkv.names import BLOCKS, PRECISIONS
 from qkv.util.text_file import read_text_file
@@ -21,6 +22,7 @@ from qkv.util.threads import add_threads_argument, apply_threads
 if TYPE_CHECKING:
     from qkv.attention.caches.kv_cache import CacheKind
     from qkv.models.context_parallel import ContextParallel
+    from qkv.models.tensor_parallel.group import TensorParallel
 
 # The default window: the model's context, but no longer than this many tokens.
 DEFAULT_CONTEXT_CAP = 1024
@@ -65,6 +67,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="with --kv-cache: tokens fed per step through the cache (default: %(default)s)")
     add_threads_argument(parser)
     add_max_memory_argument(parser)
+    add_tensor_parallel_argument(parser)
     parser.set_defaults(run=run)
 
 
@@ -96,6 +99,14 @@ def _read_text(path: Path) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.tensor_parallel is not None:
+        for given, option in ((args.context_parallel, "--context-parallel"), (args.kv_cache, "--kv-cache"),
+                              (args.scheme == "llama-cpp" or None, "--scheme llama-cpp")):
+            if given is not None:
+                raise QkvError(f"--tensor-parallel scores the sliding windows of the whole model; drop {option}")
+        from qkv.cli.tensor_parallel import under_tensor_parallel
+
+        return under_tensor_parallel(args, "perplexity", lambda a, tp: _score(a, None, tp))
     if args.context_parallel is None:
         return _score(args, None)
     from qkv.models.context_parallel import join_context_parallel
@@ -122,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
             dist.destroy_process_group()
 
 
-def _score(args: argparse.Namespace, cp: ContextParallel | None) -> int:
+def _score(args: argparse.Namespace, cp: ContextParallel | None, tp: TensorParallel | None = None) -> int:
     import torch
 
     from qkv.runtime.prepare import load_for_generation
@@ -141,12 +152,19 @@ def _score(args: argparse.Namespace, cp: ContextParallel | None) -> int:
     if args.context_length is not None:  # bad sizes are reported before loading
         early_stride = args.stride if args.stride is not None else max(1, args.context_length // 2)
         list(windows(2, args.context_length, early_stride))
-    model, tokenizer, _ = load_for_generation(args.model, precision=args.precision, compile=False, max_memory=args.max_memory)
+    if tp is None:
+        model, tokenizer, _ = load_for_generation(args.model, precision=args.precision, compile=False,
+                                                  max_memory=args.max_memory)
+    else:
+        from qkv.cli.tensor_parallel import load_rank
+
+        loaded, _ = load_rank(args, tp)
+        model, tokenizer = loaded.model, loaded.tokenizer
     context_length = args.context_length or min(model.context_length, DEFAULT_CONTEXT_CAP)
     stride = args.stride if args.stride is not None else max(1, context_length // 2)
     list(windows(2, context_length, stride))
     ids = torch.tensor(tokenizer.encode(text).ids)  # (N,)
-    main = cp is None or int(os.environ.get("RANK", "0")) == 0
+    main = (cp is None or int(os.environ.get("RANK", "0")) == 0) and (tp is None or tp.rank == 0)
     with progress_bar(total=max(ids.numel() - 1, 0), unit="tok", desc="scoring", leave=False,
                       enabled=main) as bar:
         result = perplexity(model, ids, context_length=context_length, stride=stride,
@@ -154,6 +172,8 @@ def _score(args: argparse.Namespace, cp: ContextParallel | None) -> int:
     if not main:
         return 0
     parallel = "" if cp is None else f", context-parallel over {cp.world_size} processes ({cp.sharding})"
+    if tp is not None:
+        parallel = f", tensor-parallel over {tp.world} processes"
     print(
         f"perplexity {result.perplexity:.3f} (mean NLL {result.nll:.4f} nats) on {result.tokens} tokens "
         f"of {args.data}, {result.windows} windows of {context_length} tokens, stride {stride}, "

@@ -60,6 +60,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "magnitudes before/after RoPE, outlier channels, key norms, sink mass, RoPE "
                         "bands) against its values; with --png DIR and --html FILE also as figures "
                         "and one self-contained page")
+    parser.add_argument("--tensor-parallel", type=integer(1, 2**16), metavar="N",
+                        help="with --keys: which rank holds which KV head (with its query heads, its "
+                        "slice of the MLP and of the vocabulary) when `qkv generate --tensor-parallel N` "
+                        "splits the model, read from the file's description alone (no weights, no ranks)")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object with every step instead of the tables")
     add_why_arguments(parser)
@@ -86,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
             from qkv.cli.explain.why import run_why
 
             return run_why(args)
+        if args.tensor_parallel is not None and not args.keys:
+            raise QkvError("--tensor-parallel says where the keys live: give it with --keys")
         if args.keys:
             from qkv.cli.explain.keys import run_keys
 

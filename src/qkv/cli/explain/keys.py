@@ -25,6 +25,8 @@ def run_keys(args: argparse.Namespace) -> int:
 
     if args.generate is not None:
         raise QkvError("--keys measures the keys of a text; drop --generate")
+    if args.tensor_parallel is not None:
+        return run_key_ranks(args)
     text = args.text if args.text is not None else DEFAULT_TEXT
     if not text.strip():
         raise QkvError("the text is empty: give some words, or none for the default passage")
@@ -53,6 +55,41 @@ def run_keys(args: argparse.Namespace) -> int:
     from qkv.trace.render.keys_terminal import render_keys
 
     render_keys(console, anatomy, rows)
+    return 0
+
+
+def run_key_ranks(args: argparse.Namespace) -> int:
+    """--keys --tensor-parallel N: each rank's KV heads (and what goes with them), from the
+    model's description alone (qkv.models.tensor_parallel.assignment)."""
+    from qkv.models.loader import open_model
+    from qkv.models.tensor_parallel.assignment import shares
+    from qkv.models.tensor_parallel.opened import whole_spec
+
+    opened = open_model(args.model, max_memory=args.max_memory)  # headers only: no weight is read
+    spec, _ = whole_spec(opened)
+    ranks = shares(spec, args.tensor_parallel, args.model)
+    layers = len(spec.layers)
+    if args.json:
+        json.dump({"model": args.model, "tensor_parallel": args.tensor_parallel, "layers": layers, "ranks": [
+            {"rank": s.rank, "kv_heads": list(s.kv_heads), "query_heads": list(s.query_heads),
+             "kv_rows": [s.kv_rows.start, s.kv_rows.stop], "query_rows": [s.query_rows.start, s.query_rows.stop],
+             "features": [s.features.start, s.features.stop], "vocabulary": [s.vocabulary.start, s.vocabulary.stop]}
+            for s in ranks]}, sys.stdout)
+        sys.stdout.write("\n")
+        return 0
+    from rich.table import Table
+
+    table = Table(title=f"{args.model} over --tensor-parallel {args.tensor_parallel}: the same heads in each of "
+                  f"its {layers} layers; a rank's KV cache holds its own KV heads' keys")
+    for column in ("rank", "KV heads", "query heads", "MLP features", "vocabulary rows"):
+        table.add_column(column, justify="right", no_wrap=True)
+
+    def span(r: range) -> str:
+        return f"{r.start}-{r.stop - 1}" if len(r) > 1 else str(r.start)
+
+    for s in ranks:
+        table.add_row(str(s.rank), span(s.kv_heads), span(s.query_heads), span(s.features), span(s.vocabulary))
+    Console(highlight=False).print(table, soft_wrap=True)
     return 0
 
 

@@ -1,0 +1,102 @@
+"""`--tensor-parallel N` from the command line, under torchrun on loopback: `qkv generate` writes
+the one-process text once (rank 0) and `qkv perplexity` prints the one-process figure; bad
+input (N that does not divide the KV heads, no torchrun, options that do not combine) is one
+line and exit code 2, never a hang."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qkv.cli.main import main
+from tests.models.conftest import save_tiny
+from tests.models.tensor_parallel.ranks import free_port
+
+PROMPT = "Keys, queries and values"
+
+
+def torchrun(n: int, *argv: str, timeout: int = 120) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--master-addr",
+         "127.0.0.1", "--master-port", str(free_port()), "-m", "qkv", *argv],
+        env=env, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("llama")
+    save_tiny("llama", folder)  # 2 KV heads
+    return folder
+
+
+def test_generate_over_two_ranks_writes_the_one_process_text_once(llama: Path, capsysbinary) -> None:
+    args = ["generate", "--model", str(llama), "--prompt", PROMPT, "--max-new-tokens", "12", "--dtype", "float32",
+            "--temperature", "0.8", "--seed", "5"]
+    assert main(args) == 0
+    one = capsysbinary.readouterr().out.decode()
+    done = torchrun(2, *args, "--tensor-parallel", "2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == one
+    assert done.stderr.count("tokens/s") == 1 and "tensor-parallel over 2 processes" in done.stderr
+
+
+def test_perplexity_over_two_ranks_is_the_one_process_figure(llama: Path, tmp_path: Path, capsys) -> None:
+    text = tmp_path / "text.txt"
+    text.write_text("Your journey starts with one step. Keys, queries and values: attention from the key up. " * 3)
+    args = ["perplexity", "--model", str(llama), "--data", str(text), "--context-length", "40"]
+    assert main(args) == 0
+    one = float(re.search(r"perplexity ([0-9.]+)", capsys.readouterr().out).group(1))
+    done = torchrun(2, *args, "--tensor-parallel", "2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("\n") == 1 and done.stdout.startswith("perplexity ") and "tensor-parallel over 2" in done.stdout
+    # the same numbers summed in another order (partial products added by the all-reduce)
+    assert float(re.search(r"perplexity ([0-9.]+)", done.stdout).group(1)) == pytest.approx(one, rel=1e-5)
+
+
+def test_n_that_does_not_divide_the_kv_heads_is_one_line(tmp_path: Path) -> None:
+    save_tiny("qwen2", tmp_path, hidden_size=96, num_attention_heads=6, num_key_value_heads=3)
+    done = torchrun(2, "generate", "--model", str(tmp_path), "--prompt", PROMPT, "--tensor-parallel", "2")
+    assert done.returncode != 0
+    line = "qkv generate: error: --tensor-parallel 2 does not divide"
+    assert done.stderr.count(line) == 1, done.stderr[-3000:]
+    assert "3 key/value heads" in done.stderr and "choose --tensor-parallel 1, 3" in done.stderr
+
+
+def test_without_torchrun_or_with_options_that_do_not_combine_it_is_one_line(llama: Path, tmp_path: Path,
+                                                                              capsys, monkeypatch) -> None:
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    code = main(["generate", "--model", str(llama), "--prompt", PROMPT, "--tensor-parallel", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "--tensor-parallel 2 needs 2 processes: run `torchrun" in err, err
+    text = tmp_path / "t.txt"
+    text.write_text("Your journey starts with one step.")
+    code = main(["perplexity", "--model", str(llama), "--data", str(text), "--tensor-parallel", "2",
+                 "--context-parallel"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "drop --context-parallel" in err, err
+
+
+def test_one_rank_is_the_plain_command(llama: Path, capsysbinary, monkeypatch) -> None:
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    args = ["generate", "--model", str(llama), "--prompt", PROMPT, "--max-new-tokens", "8", "--dtype", "int8"]
+    assert main(args) == 0
+    one = capsysbinary.readouterr().out
+    assert main([*args, "--tensor-parallel", "1"]) == 0
+    assert capsysbinary.readouterr().out == one
+
+
+@pytest.mark.slow
+def test_smollm2_over_its_three_kv_heads_writes_the_one_process_text(capsysbinary) -> None:
+    args = ["generate", "--model", "smollm2", "--prompt", "The capital of France is", "--max-new-tokens", "16"]
+    assert main(args) == 0
+    one = capsysbinary.readouterr().out.decode()
+    done = torchrun(3, *args, "--tensor-parallel", "3", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == one

@@ -1,0 +1,108 @@
+"""2 and 3 ranks on loopback give what one process gives: float32 logits within 1e-5, and the
+same greedy and seeded-sampled tokens at float32, int8, int4 and blocks, on checkpoints built
+here (transformers' save_pretrained; GGUF files written with the gguf package); a rank that
+dies stops the others with one line; ranks on different files are refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from qkv.generation.loop import generate
+from qkv.models.loader import load_pretrained
+from qkv.runtime.prepare import load_for_generation
+from tests.models.conftest import make_tokenizer, save_tiny
+from tests.models.tensor_parallel.rank_worker import IDS
+from tests.models.tensor_parallel.ranks import start_ranks
+
+
+def _gguf(kind: str, folder: Path, *, kquants: bool = False) -> Path:
+    from tests.models.gguf.gguf_convert import write_gguf
+
+    if kquants:  # hidden 256: whole K-quant super-blocks; o_proj's 128-column slices are not
+        from tests.models.gguf.kquant_files import requantize
+        from tests.models.gguf.test_reference import _source
+    else:
+        from tests.models.gguf.test_arch import _source
+    path = write_gguf(folder / f"{kind}.gguf", _source(kind), make_tokenizer())
+    if kquants:
+        requantize(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    made: dict[str, Path] = {}
+
+    def make(name: str) -> Path:
+        if name not in made:
+            folder = tmp_path_factory.mktemp(name)
+            if name == "llama":  # 4 query heads on 2 KV heads, untied head
+                save_tiny("llama", folder)
+                made[name] = folder
+            elif name == "qwen2":  # 6 query heads on 3 KV heads, q/k/v biases, tied head
+                save_tiny("qwen2", folder, hidden_size=96, num_attention_heads=6, num_key_value_heads=3)
+                made[name] = folder
+            elif name == "gemma2":  # soft-caps, post-norms, norm weights + 1 in the file, tied head
+                made[name] = _gguf("gemma2", folder)
+            else:  # a Q4_K_M-like mix of block types
+                made[name] = _gguf("llama", folder, kquants=True)
+        return made[name]
+
+    return make
+
+
+def _one_process(model: Path, precisions: list[str]) -> dict[str, torch.Tensor]:
+    reference, _ = load_pretrained(model)
+    with torch.no_grad():
+        want = {"logits": reference(IDS)}
+    for precision in precisions:
+        prepared, _, _ = load_for_generation(model, precision=precision, compile=False)
+        want[f"greedy/{precision}"] = generate(prepared, IDS, 8)
+        want[f"sampled/{precision}"] = generate(prepared, IDS, 8, temperature=1.0, seed=7)
+    return want
+
+
+@pytest.mark.parametrize(("name", "ranks", "precisions"), [
+    ("llama", 2, "float32,int8,int4"), ("qwen2", 3, "float32"), ("gemma2", 2, "float32"), ("kquants", 2, "blocks"),
+])
+def test_ranks_give_one_process_logits_and_tokens(models: Any, tmp_path: Path, name: str, ranks: int,
+                                                  precisions: str) -> None:
+    model = models(name)
+    done = start_ranks(ranks, str(model), precisions, str(tmp_path))
+    assert done.codes == [0] * ranks, done.stderr
+    want = _one_process(model, precisions.split(","))
+    for rank in range(ranks):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        torch.testing.assert_close(got["logits"], want["logits"], rtol=0, atol=1e-5)
+        for key in want:
+            if key != "logits":
+                assert torch.equal(got[key], want[key]), (rank, key, got[key], want[key])
+        first = torch.load(tmp_path / "rank0.pt")
+        for precision in precisions.split(","):  # a seed drawn by rank 0 samples the same tokens everywhere
+            assert torch.equal(got[f"unseeded/{precision}"], first[f"unseeded/{precision}"]), (rank, precision)
+        if "blocks" in precisions:
+            # layer 0's o_proj is Q4_K (256 weights a block): its 128-column slices are decoded; layer 1's
+            # (Q5_0, 32 a block) and every other matrix stay in blocks
+            assert got["decoded/blocks"] == ["model.layers.0.self_attn.o_proj.weight"], got["decoded/blocks"]
+            assert got["block_layers/blocks"] >= 2 * 2, got["block_layers/blocks"]
+
+
+def test_a_rank_that_dies_stops_the_others_with_one_line(models: Any, tmp_path: Path) -> None:
+    done = start_ranks(3, str(models("qwen2")), "float32", str(tmp_path), "die", timeout=60)
+    assert done.codes[1] == 3
+    for rank in (0, 2):
+        assert done.codes[rank] == 2, done.stderr[rank][-2000:]
+        lines = [line for line in done.stderr[rank].splitlines() if line.strip()]
+        assert len(lines) == 1 and "another rank stopped or did not answer" in lines[0], done.stderr[rank][-2000:]
+
+
+def test_ranks_on_different_files_are_refused(tmp_path: Path) -> None:
+    for rank, text in enumerate(["same", "same", "other"]):
+        (tmp_path / f"file{rank}").write_text(text)
+    done = start_ranks(3, str(tmp_path), "mismatch", str(tmp_path), timeout=60)
+    assert done.codes == [2, 2, 2], done.stderr
+    assert "rank 2 opened a model file whose bytes differ from rank 0's" in done.stderr[0], done.stderr[0]
