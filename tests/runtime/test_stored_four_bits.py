@@ -11,7 +11,7 @@ from gguf.constants import GGMLQuantizationType as Q
 
 from qkv.models.gguf.checkpoint import open_gguf_file
 from qkv.runtime.linear.quantized import Int4Linear, Int8Linear
-from qkv.runtime.prepare import load_prepared_model
+from qkv.runtime.prepare import prepare
 from qkv.attention.stacking import STACKED
 from tests.models.gguf.block_files import write_block_gguf
 
@@ -22,7 +22,8 @@ FOUR_BIT_LAYERS = {"attn_q": Q.Q4_0, "attn_k": Q.Q4_1, "attn_v": Q.Q4_0, "attn_o
 def test_int4_layers_hold_the_files_blocks_exactly(tmp_path: Path) -> None:
     path = write_block_gguf(tmp_path / "q4.gguf", embedding=Q.Q8_0, layer_types=FOUR_BIT_LAYERS)
     stored = open_gguf_file(path).read_stored()
-    loaded, setup = load_prepared_model(path, compile=False)
+    prepared = prepare(path, compile=False)
+    loaded, setup = prepared.loaded, prepared.setup
     assert setup.precision == "int4" and not setup.from_cache
     model = loaded.model
     layers = {name: m for name, m in model.named_modules() if isinstance(m, Int4Linear)}

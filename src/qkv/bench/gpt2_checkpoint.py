@@ -16,9 +16,8 @@ from torch import Tensor, nn
 
 from qkv.errors import QkvError
 from qkv.generation import generate
-from qkv.models.loader import load_pretrained
 from qkv.models.decoder import CausalDecoder
-from qkv.runtime.prepare import prepare_for_decoding
+from qkv.runtime.prepare import prepare
 
 
 def transformers_module() -> Any:
@@ -58,10 +57,7 @@ def load_hf(folder: Path, dtype: torch.dtype = torch.float32) -> nn.Module:
 
 def load_qkv(folder: Path, *, precision: str = "float32", compile: bool = False) -> CausalDecoder:
     """qkv's model prepared as `qkv generate --dtype PRECISION` prepares it."""
-    dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
-    model, _ = load_pretrained(folder, dtype)
-    prepare_for_decoding(model, precision=precision, compile=compile)
-    return model
+    return prepare(folder, precision, compile=compile).model
 
 
 def hf_generate(model: nn.Module, ids: Tensor, new_tokens: int, pad_token_id: int = 0) -> Tensor:

@@ -87,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
     threads = apply_threads(args.threads)
     interactive = sys.stdin.isatty()
     kind = kv_cache_kind(args)  # bad cache options are reported before loading
-    loaded, setup = load_for_speed(args, chat=True)
+    prepared = load_for_speed(args, chat=True)
+    loaded, setup = prepared.loaded, prepared.setup
     chat = chat_model_from(loaded)
     if kind is not None:
         check_kind(chat.model, kind)

@@ -124,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
         from qkv.generation.constraints import read_schema
 
         schema = read_schema(args.json_schema)
-    loaded, setup = load_for_speed(args, chat=args.chat)
+    prepared = load_for_speed(args, chat=args.chat)
+    loaded, setup = prepared.loaded, prepared.setup
     if args.chat:
         from qkv.chat.conversation import chat_model_from
 
