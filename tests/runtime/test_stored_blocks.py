@@ -84,9 +84,9 @@ def test_the_native_layer_multiplies_the_blocks_as_the_block_layers_do(tmp_path:
     prepared = prepare(path, precision="blocks", compile=True)
     loaded, setup = prepared.loaded, prepared.setup
     assert setup.layer_step is not None  # every layer (three block types stacked in q/k/v) runs as one native call
-    with DecodeSession(loaded.model, batch_size=1, capacity=32, step="native") as session:
+    with DecodeSession(loaded.model, batch_size=1, capacity=32, step="native", setup=setup) as session:
         assert session.runs_native
-    native = _steps(loaded.model, step="native")
+    native = _steps(loaded.model, step="native", setup=setup)
     modules = _steps(loaded.model, step="modules")
     for have, want in zip(native, modules):
         assert _close(have, want)
@@ -96,16 +96,17 @@ def test_the_native_layer_multiplies_the_blocks_as_the_block_layers_do(tmp_path:
 @needs_block_products
 def test_rows_decoded_together_through_blocks_equal_each_row_alone_bit_for_bit(tmp_path: Path) -> None:
     path = write_block_gguf(tmp_path / "mix.gguf", embedding=Q.Q8_0)
-    model = prepare(path, precision="blocks", compile=True).model
+    prepared = prepare(path, precision="blocks", compile=True)
+    model, setup = prepared.model, prepared.setup
     prompts = {0: torch.tensor([0, 1, 2, 2]), 1: torch.tensor([2, 1]), 2: torch.tensor([1, 1, 0, 2, 0])}
     with torch.inference_mode():
-        with DecodeSession(model, batch_size=3, capacity=32, kind=SlotKVCache) as session:
+        with DecodeSession(model, batch_size=3, capacity=32, kind=SlotKVCache, setup=setup) as session:
             assert session.runs_native
             last = {row: session.prefill_row(row, ids).argmax(-1) for row, ids in prompts.items()}
             together = session.decode(torch.stack([last[r] for r in (0, 1, 2)]), rows=[0, 1, 2])  # (3, V)
         alone = []
         for row in (0, 1, 2):
-            with DecodeSession(model, batch_size=3, capacity=32, kind=SlotKVCache) as session:
+            with DecodeSession(model, batch_size=3, capacity=32, kind=SlotKVCache, setup=setup) as session:
                 token = session.prefill_row(row, prompts[row]).argmax(-1)
                 alone.append(session.decode(token[None], rows=[row])[0])
     assert torch.equal(together, torch.stack(alone))
@@ -145,7 +146,7 @@ def test_every_architecture_in_q8_0_decodes_from_its_blocks_as_dequantized(kind:
     reference = _as_block_layers_compute(prepare(path, precision="float32", compile=False).model)
     assert setup.precision == "blocks"
     assert any(isinstance(m, (BlockLinear, StackedBlockLinear)) for m in loaded.model.modules())
-    got, want = _steps(loaded.model, 4), _steps(reference, 4)
+    got, want = _steps(loaded.model, 4, setup=setup), _steps(reference, 4)
     for have, expected in zip(got, want):
         assert _close(have, expected)
 

@@ -16,8 +16,7 @@ from torch import Tensor, nn
 
 from qkv.errors import QkvError
 from qkv.generation import generate
-from qkv.models.decoder import CausalDecoder
-from qkv.runtime.prepare import prepare
+from qkv.runtime.prepare import PreparedModel, prepare
 
 
 def transformers_module() -> Any:
@@ -55,9 +54,9 @@ def load_hf(folder: Path, dtype: torch.dtype = torch.float32) -> nn.Module:
     return tf.GPT2LMHeadModel.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa").eval()
 
 
-def load_qkv(folder: Path, *, precision: str = "float32", compile: bool = False) -> CausalDecoder:
-    """qkv's model prepared as `qkv generate --dtype PRECISION` prepares it."""
-    return prepare(folder, precision, compile=compile).model
+def load_qkv(folder: Path, *, precision: str = "float32", compile: bool = False) -> PreparedModel:
+    """qkv's model prepared as `qkv generate --dtype PRECISION` prepares it (qkv.runtime.prepare)."""
+    return prepare(folder, precision, compile=compile)
 
 
 def hf_generate(model: nn.Module, ids: Tensor, new_tokens: int, pad_token_id: int = 0) -> Tensor:
@@ -69,5 +68,5 @@ def hf_generate(model: nn.Module, ids: Tensor, new_tokens: int, pad_token_id: in
         )
 
 
-def qkv_generate(model: CausalDecoder, ids: Tensor, new_tokens: int, *, use_cache: bool = True) -> Tensor:
-    return generate(model, ids, new_tokens, use_cache=use_cache)
+def qkv_generate(prepared: PreparedModel, ids: Tensor, new_tokens: int, *, use_cache: bool = True) -> Tensor:
+    return generate(prepared.model, ids, new_tokens, use_cache=use_cache, setup=prepared.setup)

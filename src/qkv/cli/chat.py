@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     announce_speed(chat.model, setup, kind)
     session = ChatSession(chat, system=args.system, max_context=args.max_context, seed=args.seed,
                           notice=lambda line: print(f"qkv chat: {line}", file=sys.stderr),
-                          kind=kind or StaticKVCache)
+                          kind=kind or StaticKVCache, setup=setup)
     sampling = ReplySettings(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
     emit = utf8_writer()
     if interactive:

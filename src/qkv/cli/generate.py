@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
         model, input_ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache,
         eos_token_id=stop_ids or None, kv_cache=kind or StaticKVCache,
-        on_past_context=lambda note: print(note, file=sys.stderr, flush=True), constraint=constraint,
+        on_past_context=lambda note: print(note, file=sys.stderr, flush=True), constraint=constraint, setup=setup,
     )
     emit = utf8_writer()
     if not args.chat:

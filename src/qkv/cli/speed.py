@@ -71,7 +71,7 @@ def announce_speed(model: CausalDecoder, setup: DecodeSetup, kind: CacheKind | N
     elif setup.compiled:
         what = "the layer step" if setup.layer_step is not None else "the decode step (torch.compile)"
         with slow_step(f"compiling {what} for the first token"):
-            seconds = warm_up(model) if kind is None else warm_up(model, kind=kind)
+            seconds = warm_up(model, setup=setup) if kind is None else warm_up(model, kind=kind, setup=setup)
         fallback = setup.layer_step.fallback if setup.layer_step is not None else None
         if setup.layer_step is not None and fallback is None:
             print(f"decode steps run as one call of qkv's kernels per layer (ready in {seconds:.1f} s)",

@@ -37,9 +37,10 @@ says why. compile=False runs the layers as PyTorch modules (the reference path).
 `qkv.generation.warm_up` runs the compilation before a timed or interactive generation, so
 the first token a user waits for, or a tokens/s figure, does not include it.
 
-The runtime remembers how it prepared each model (`setup_of`), and each decode session
-(`qkv.runtime.DecodeSession`) binds the native layers to its own caches; the model holds
-no fast path. Either way the large weights end on 2 MB pages (`qkv.runtime.huge_pages`). Loading through
+How a model was prepared is a value, the `DecodeSetup` these functions return (held with
+the model by a `PreparedModel`); a decode session given it (`DecodeSession(model, setup=...)`,
+`qkv.generate(..., setup=...)`) binds its native layers to its own caches. The model holds no
+fast path, and nothing remembers it on the side. Either way the large weights end on 2 MB pages (`qkv.runtime.huge_pages`). Loading through
 `prepare` keeps a model prepared at int8 or int4 on disk, and the next load assigns it
 instead of preparing again (`qkv.runtime.prepared_cache`).
 """
@@ -48,7 +49,6 @@ from __future__ import annotations
 
 import functools
 import os
-import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -170,20 +170,7 @@ def _finish(model: CausalDecoder, precision: str, *, compile: bool, backend: Com
         report = compile_decoder(model, backend=backend) if compile and inductor and layer_step is None else None
     if kernels is not None:
         register_native_attention()  # one-query attention on qkv's kernel (qkv.attention.registry)
-    setup = DecodeSetup(precision=precision, compile=report, kernels=kernels, layer_step=layer_step, from_cache=from_cache)
-    _PREPARED[model] = setup
-    return setup
-
-
-# How the runtime prepared each model it prepared: a fact about the model's converted weights
-# that its sessions read to choose their step (qkv.runtime.session). Weak keys: a model
-# that is dropped takes its entry with it; the model itself holds nothing of it.
-_PREPARED: weakref.WeakKeyDictionary[CausalDecoder, DecodeSetup] = weakref.WeakKeyDictionary()
-
-
-def setup_of(model: CausalDecoder) -> DecodeSetup | None:
-    """How `prepare_for_decoding` prepared `model`, or None for a model it never saw."""
-    return _PREPARED.get(model)
+    return DecodeSetup(precision=precision, compile=report, kernels=kernels, layer_step=layer_step, from_cache=from_cache)
 
 
 @dataclass(frozen=True)

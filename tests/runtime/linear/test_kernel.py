@@ -13,7 +13,7 @@ from torch import nn
 
 from qkv.models.configs.llama import LlamaConfig
 from qkv.models.llama import LlamaForCausalLM
-from qkv.runtime import DecodeSession
+from qkv.runtime import DecodeSession, DecodeSetup
 from qkv.runtime.linear.block import BlockLinear, StackedBlockLinear, native_reason
 from qkv.runtime.linear.float import NativeFloatLinear
 from qkv.runtime.linear.kernel import KernelLinear
@@ -53,17 +53,17 @@ def _layer_linears(model: nn.Module) -> list[nn.Module]:
     return [m for p in parts for m in (p.attention.qkv_proj, p.attention.o_proj, p.up, p.down)]
 
 
-def _prepared(kind: str, tmp_path: Path) -> nn.Module:
+def _prepared(kind: str, tmp_path: Path) -> tuple[nn.Module, DecodeSetup]:
     if kind == "blocks":
-        return prepare(write_block_gguf(tmp_path / "mixed.gguf", layer_types=MIXED), "blocks", compile=True).model
+        prepared = prepare(write_block_gguf(tmp_path / "mixed.gguf", layer_types=MIXED), "blocks", compile=True)
+        return prepared.model, prepared.setup
     model = _llama(bias=True)
-    prepare_for_decoding(model, precision=kind, compile=True)
-    return model
+    return model, prepare_for_decoding(model, precision=kind, compile=True)
 
 
 @pytest.mark.parametrize("kind", ["float32", "int8", "int4", "blocks"])
 def test_every_kind_the_preparation_makes_hands_the_kernel_its_own_tensors(kind: str, tmp_path: Path) -> None:
-    linears = _layer_linears(_prepared(kind, tmp_path))
+    linears = _layer_linears(_prepared(kind, tmp_path)[0])
     assert linears
     for layer in linears:
         assert isinstance(layer, KernelLinear), type(layer)
@@ -87,9 +87,9 @@ def test_what_the_kernel_cannot_read_answers_none() -> None:
     assert prepare_for_decoding(model, precision="bfloat16", compile=True).layer_step is None
 
 
-def _steps(model: nn.Module, step: str, n: int = 5) -> list[torch.Tensor]:
+def _steps(model: nn.Module, setup: DecodeSetup, step: str, n: int = 5) -> list[torch.Tensor]:
     out = []
-    with torch.inference_mode(), DecodeSession(model, capacity=32, step=step) as session:
+    with torch.inference_mode(), DecodeSession(model, capacity=32, step=step, setup=setup) as session:
         assert session.runs_native == (step == "native")
         logits = session.prefill(torch.tensor([[0, 1, 2, 2, 1]]))
         for _ in range(n):
@@ -100,8 +100,8 @@ def _steps(model: nn.Module, step: str, n: int = 5) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("kind", ["float32", "int8", "int4", "blocks"])
 def test_the_layer_step_through_the_interface_decodes_as_the_modules(kind: str, tmp_path: Path) -> None:
-    model = _prepared(kind, tmp_path)
-    native, modules = _steps(model, "native"), _steps(model, "modules")
+    model, setup = _prepared(kind, tmp_path)
+    native, modules = _steps(model, setup, "native"), _steps(model, setup, "modules")
     # int4 and (where activations are rounded) blocks: an activation on a rounding step's
     # boundary may move one step (tests/runtime/test_layer_step.py's bound); else float rounding
     rounded = kind == "int4" or (kind == "blocks" and layers_round_activations())

@@ -57,7 +57,7 @@ def load_served(source: str, *, precision: str = DEFAULT_PRECISION, max_batch: i
                 raise
     require_kv_memory(model, max_batch=max_batch, capacity=capacity)  # before the engine allocates it
     engine = Engine(model, max_batch=max_batch, capacity=capacity, max_waiting=max_waiting, threads=threads,
-                    prefix_reuse=prefix_reuse)
+                    prefix_reuse=prefix_reuse, setup=setup)
     kernels = setup.kernels.describe() if setup.kernels is not None else "PyTorch's kernels"
     return Served(model_name(source), model, tokenizer, template, frozenset(stop), engine,
                   precision=setup.precision, kernels=kernels, path=str(prepared.loaded.path))
