@@ -40,9 +40,10 @@ the first token a user waits for, or a tokens/s figure, does not include it.
 How a model was prepared is a value, the `DecodeSetup` these functions return (held with
 the model by a `PreparedModel`); a decode session given it (`DecodeSession(model, setup=...)`,
 `qkv.generate(..., setup=...)`) binds its native layers to its own caches. The model holds no
-fast path, and nothing remembers it on the side. Either way the large weights end on 2 MB pages (`qkv.runtime.huge_pages`). Loading through
-`prepare` keeps a model prepared at int8 or int4 on disk, and the next load assigns it
-instead of preparing again (`qkv.runtime.prepared_cache`).
+fast path, and nothing remembers it on the side. Either way the large weights end on 2 MB
+pages (`qkv.runtime.huge_pages`). Loading through `prepare` keeps a model prepared at int8 or
+int4 on disk, and the next load assigns it instead of preparing again
+(`qkv.runtime.prepared_cache`).
 """
 
 from __future__ import annotations
@@ -198,7 +199,8 @@ def load_for_generation(
     max_memory: int | None = None,
 ) -> tuple[CausalDecoder, Any, DecodeSetup]:
     """Load a decoder (a checkpoint folder, a .gguf file or 'smollm2') ready for fast
-    decoding: (model, tokenizer, setup), as `prepare` makes it. A model prepared at a
+    decoding: (model, tokenizer, setup), as `prepare` makes it; hand `setup` to
+    `qkv.generate(..., setup=setup)` so the decode steps run as prepared. A model prepared at a
     quantized precision is kept on disk and the next load assigns it instead of preparing
     again (qkv.runtime.prepared_cache; setup.from_cache says which happened)."""
     prepared = prepare(source, precision, compile=compile, max_memory=max_memory)
