@@ -10,6 +10,7 @@ import torch
 from gguf.constants import GGMLQuantizationType as Q
 
 from qkv.models.gguf.checkpoint import open_gguf_file
+from qkv.runtime.linear.block import BlockEmbedding
 from qkv.runtime.linear.quantized import Int4Linear, Int8Linear
 from qkv.runtime.prepare import prepare
 from qkv.attention.stacking import STACKED
@@ -40,5 +41,9 @@ def test_int4_layers_hold_the_files_blocks_exactly(tmp_path: Path) -> None:
     else:
         assert isinstance(model.lm_head, Int8Linear)
     ids = torch.tensor([[0, 1, 2, 1]])
+    # the table stays in the file's blocks; a lookup gives the gguf library's values of its rows
+    assert isinstance(model.model.embed_tokens, BlockEmbedding)
+    assert not any(t.dtype == torch.float32 and t.dim() == 2 for t in model.parameters())
+    assert torch.equal(model.model.embed_tokens(ids), embedding[ids])
     with torch.inference_mode():
         assert torch.isfinite(model(ids)).all()

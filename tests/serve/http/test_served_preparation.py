@@ -13,6 +13,7 @@ from gguf.constants import GGMLQuantizationType as Q
 
 from qkv.cli.main import main
 from qkv.generation.sampling import Sampling
+from qkv.models.loader import smollm2_path
 from qkv.names import CHOICES
 from qkv.runtime.linear.block import BlockEmbedding, BlockLinear, StackedBlockLinear, native_reason
 from qkv.serve.engine.batching import Finished
@@ -56,6 +57,9 @@ def test_serve_and_generate_give_the_same_greedy_tokens_on_smollm2_at_every_prec
         answer = _served_tokens(served, prompt, NEW)
         assert len(answer) == NEW and out == served.tokenizer.decode(prompt + answer) + "\n", precision
         assert f"({served.precision}, " in err, (precision, served.precision, err)  # the same resolved precision
+        if precision in ("auto", "int4", "blocks"):  # the file's blocks kept: memory near the file's size
+            held = sum(t.nbytes for t in [*served.model.parameters(), *served.model.buffers()])
+            assert held <= 1.5 * smollm2_path().stat().st_size, (precision, held)
 
 
 def test_serve_defaults_to_the_commands_precision() -> None:
