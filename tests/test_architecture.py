@@ -182,3 +182,19 @@ def test_one_decode_loop() -> None:
                     and "session" in ast.unparse(node.func.value).lower()):
                 steppers.append(str(path.relative_to(PACKAGE)))
     assert sorted(set(steppers)) == ["generation/decode_loop.py"]
+
+
+def test_one_linear_interface() -> None:
+    """Each linear kind the runtime makes says what qkv's whole-layer kernel reads of it
+    (`kernel_tensors`, qkv.runtime.linear.kernel); the layer step knows no linear kinds."""
+    silent = []
+    for path in (PACKAGE / "runtime" / "linear").glob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and node.name.endswith("Linear"):
+                methods = {m.name for m in node.body if isinstance(m, ast.FunctionDef)}
+                if "forward" in methods and "kernel_tensors" not in methods:
+                    silent.append(f"{path.name}: {node.name}")
+    assert silent == []
+    step = [target for target, _ in _imports(PACKAGE / "runtime" / "layer_step.py")
+            if target.startswith("qkv.runtime.linear")]
+    assert step == ["qkv.runtime.linear.kernel"]

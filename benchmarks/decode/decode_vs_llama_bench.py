@@ -42,16 +42,16 @@ from qkv.bench.measure import measure_read_bandwidth, weight_bytes_per_token  # 
 from qkv.generation import continue_from, warm_up  # noqa: E402
 from qkv.models.loader import named_model, smollm2_path  # noqa: E402
 from qkv.names import CHOICES, DEFAULT_PRECISION  # noqa: E402
-from qkv.runtime import DecodeSession, load_for_generation  # noqa: E402
+from qkv.runtime import DecodeSession, DecodeSetup, load_for_generation  # noqa: E402
 
 TOKENS = 128
 
 
-def qkv_seconds(model: torch.nn.Module, tokens: int) -> float:
+def qkv_seconds(model: torch.nn.Module, setup: DecodeSetup, tokens: int) -> float:
     """Seconds of `tokens` decode steps after a one-token prompt (prefill not counted), in a
     session of slots as `qkv generate` decodes."""
     prompt = torch.zeros(1, dtype=torch.long)
-    with DecodeSession(model, capacity=tokens + 8, kind=SlotKVCache) as session:  # generate's session kind
+    with DecodeSession(model, capacity=tokens + 8, kind=SlotKVCache, setup=setup) as session:  # generate's kind
         logits = session.prefill_row(0, prompt)[None]  # (1, V)
         start = time.perf_counter()
         for _ in continue_from(session, logits, tokens + 1):  # tokens + 1 choices: `tokens` decode steps
@@ -98,9 +98,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     facts = harness.header("decode: qkv's default path against llama-bench -p 0 -n 128 on the same file")
     model, _, setup = load_for_generation(path, precision=args.dtype)
-    warm_up(model, capacity=TOKENS + 8)
+    warm_up(model, capacity=TOKENS + 8, setup=setup)
     print(f"qkv: {setup.describe()}; {os.cpu_count()} cores, {args.threads} threads; {path}", flush=True)
-    measured = harness.self_timed({"qkv": lambda: qkv_seconds(model, TOKENS),
+    measured = harness.self_timed({"qkv": lambda: qkv_seconds(model, setup, TOKENS),
                                    "llama-bench": lambda: llama_seconds(bench, path, args.threads, TOKENS)},
                                   work=TOKENS, unit="tokens", rounds=args.rounds)
     ratios = harness.ratios_over(measured, "llama-bench")

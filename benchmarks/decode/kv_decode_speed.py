@@ -43,9 +43,10 @@ def main(argv: list[str]) -> None:
     print(native_kernels().describe(), flush=True)
     sessions: dict[str, list] = {}
     for name in ("full", "int4"):
-        model, tokenizer, _ = load_for_generation("smollm2", precision=DEFAULT_PRECISION, compile=True)
+        model, tokenizer, setup = load_for_generation("smollm2", precision=DEFAULT_PRECISION, compile=True)
         ids = torch.tensor(tokenizer.encode(long_text()).ids[:context])[None]  # (1, N)
-        session = DecodeSession(model, capacity=context + steps * (rounds + 2) + 8, kind=cache_kind(name)).__enter__()
+        session = DecodeSession(model, capacity=context + steps * (rounds + 2) + 8, kind=cache_kind(name),
+                                setup=setup).__enter__()
         start = time.perf_counter()
         token = session.decode(session.prefill(ids).argmax(-1)).argmax(-1)  # the first step compiles
         print(f"{name}: prefill + first step {time.perf_counter() - start:.1f} s", flush=True)

@@ -39,13 +39,13 @@ def main() -> None:
     facts = harness.header("qkv generate's default path against llama-cpp-python, same GGUF", packages=("llama_cpp_python",))
     model, tok, setup = load_for_generation("smollm2")
     t = time.time()
-    warm_up(model)
+    warm_up(model, setup=setup)
     print("qkv", setup.describe(), "warm-up %.1fs" % (time.time() - t), flush=True)
     ids = torch.tensor([tok.encode(TEXT).ids[:32]])
     llm = Llama(model_path=str(smollm2_path()), n_threads=args.threads, n_ctx=512, verbose=False)
 
     def run_qkv() -> None:
-        generate(model, ids, args.tokens)
+        generate(model, ids, args.tokens, setup=setup)
 
     def run_llama() -> None:
         llm.reset()

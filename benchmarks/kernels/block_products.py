@@ -145,10 +145,10 @@ def model_pass(path: Path, threads: int, rounds: int = 15) -> dict:
 def qkv_decode(path: Path, stored_blocks: bool, tokens: int = 64) -> float:
     """Tokens/s of `tokens` greedy tokens after a 1-token prompt, through the module path."""
     from qkv.generation import generate
-    from qkv.runtime.prepare import load_prepared_model
+    from qkv.runtime.prepare import prepare
 
     precision = "blocks" if stored_blocks else "float32"
-    model = load_prepared_model(path, precision=precision, compile=False)[0].model
+    model = prepare(path, precision=precision, compile=False).model
     ids = torch.tensor([[1]])
     generate(model, ids, 8)  # warm-up
     start = time.perf_counter()

@@ -30,14 +30,14 @@ import harness  # noqa: E402
 from qkv.attention.caches.kv_cache import SlotKVCache  # noqa: E402
 from qkv.generation import continue_from, warm_up  # noqa: E402
 from qkv.names import CHOICES  # noqa: E402
-from qkv.runtime import DecodeSession, load_for_generation  # noqa: E402
+from qkv.runtime import DecodeSession, DecodeSetup, load_for_generation  # noqa: E402
 from qkv.runtime.compile import compile_decoder  # noqa: E402
 
 
-def decode_seconds(model: torch.nn.Module, tokens: int) -> tuple[float, bool]:
+def decode_seconds(model: torch.nn.Module, setup: DecodeSetup | None, tokens: int) -> tuple[float, bool]:
     """(seconds of `tokens` decode steps after a one-token prompt, whether it ran native)."""
     prompt = torch.zeros(1, dtype=torch.long)
-    with DecodeSession(model, capacity=tokens + 8, kind=SlotKVCache) as session:
+    with DecodeSession(model, capacity=tokens + 8, kind=SlotKVCache, setup=setup) as session:
         logits = session.prefill_row(0, prompt)[None]  # (1, V)
         start = time.perf_counter()
         for _ in continue_from(session, logits, tokens + 1):  # tokens + 1 choices: `tokens` decode steps
@@ -45,11 +45,11 @@ def decode_seconds(model: torch.nn.Module, tokens: int) -> tuple[float, bool]:
         return time.perf_counter() - start, session.runs_native
 
 
-def side(name: str, model: torch.nn.Module, tokens: int):
+def side(name: str, model: torch.nn.Module, setup: DecodeSetup | None, tokens: int):
     """One contender: its decode seconds, after checking it ran (or did not run) the native layers."""
 
     def run() -> float:
-        seconds, ran_native = decode_seconds(model, tokens)
+        seconds, ran_native = decode_seconds(model, setup, tokens)
         if ran_native != (name == "native"):
             raise SystemExit(f"the {name} side {'did not run' if name == 'native' else 'ran'} the native layers")
         print(f"{name}: {tokens / seconds:.1f} tokens/s", flush=True)
@@ -69,11 +69,11 @@ def main() -> None:
     native, _, setup = load_for_generation(args.model, precision=args.dtype)
     inductor, _, _ = load_for_generation(args.model, precision=args.dtype, compile=False)
     report = compile_decoder(inductor)
-    for model in (native, inductor):
-        warm_up(model, capacity=args.tokens + 8, kind=SlotKVCache)
+    for model, how in ((native, setup), (inductor, None)):
+        warm_up(model, capacity=args.tokens + 8, kind=SlotKVCache, setup=how)
     print(f"native: {setup.describe()}; inductor: {report}; {args.threads} threads; {args.model}", flush=True)
-    measured = harness.self_timed({"native": side("native", native, args.tokens),
-                                   "inductor": side("inductor", inductor, args.tokens)},
+    measured = harness.self_timed({"native": side("native", native, setup, args.tokens),
+                                   "inductor": side("inductor", inductor, None, args.tokens)},
                                   work=args.tokens, unit="tokens", rounds=args.rounds)
     ratios = harness.ratios_over(measured, "inductor")
     print(harness.table(measured.values(), ratios))

@@ -40,7 +40,7 @@ def main() -> None:
         model, tokenizer, setup = load_for_generation(args.model, precision=precision)
         ids = torch.tensor(tokenizer.encode(text).ids[: args.tokens])  # (N,)
         start = time.perf_counter()
-        result = cached_perplexity(model, ids, StaticKVCache, capacity=ids.numel(), chunk=1)
+        result = cached_perplexity(model, ids, StaticKVCache, capacity=ids.numel(), chunk=1, setup=setup)
         scores[precision] = result.perplexity
         setups[precision] = setup.describe()
         print(f"{precision:9s} ({setup.describe()}): perplexity {result.perplexity:.4f} over {result.tokens} "

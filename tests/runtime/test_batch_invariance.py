@@ -19,7 +19,7 @@ from qkv.generation.sampling import Sampling
 from qkv.models.llama import LlamaForCausalLM
 from qkv.models.configs.llama import LlamaConfig
 from qkv.runtime.native import native_kernels
-from qkv.runtime import DecodeSession, prepare_for_decoding, reusable_prefix
+from qkv.runtime import DecodeSession, DecodeSetup, prepare_for_decoding, reusable_prefix
 from qkv.runtime.session import PREFILL_ALIGN, aligned_parts
 from qkv.serve.engine.batching import Engine, Finished
 
@@ -27,7 +27,7 @@ PRECISIONS = ["float32", "int8", "int4"]
 needs_kernels = pytest.mark.skipif(not native_kernels().available, reason="qkv's kernels do not build here")
 
 
-def _model(precision: str) -> LlamaForCausalLM:
+def _model(precision: str) -> tuple[LlamaForCausalLM, DecodeSetup]:
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5)
@@ -35,8 +35,7 @@ def _model(precision: str) -> LlamaForCausalLM:
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.add_(torch.randn_like(parameter) * 0.1)
-    prepare_for_decoding(model, precision=precision, compile=True, inductor=False)
-    return model
+    return model, prepare_for_decoding(model, precision=precision, compile=True, inductor=False)
 
 
 def _prompts(n: int, seed: int = 1) -> list[torch.Tensor]:
@@ -47,9 +46,10 @@ def _prompts(n: int, seed: int = 1) -> list[torch.Tensor]:
 @needs_kernels
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_rows_decoded_together_equal_each_row_alone_bit_for_bit(precision: str) -> None:
-    model = _model(precision)
+    model, setup = _model(precision)
     prompts = _prompts(4)
-    with torch.inference_mode(), DecodeSession(model, batch_size=4, capacity=64, kind=SlotKVCache) as session:
+    with torch.inference_mode(), DecodeSession(model, batch_size=4, capacity=64, kind=SlotKVCache,
+                                               setup=setup) as session:
         assert session.runs_native
         firsts = [session.prefill_row(r, p) for r, p in enumerate(prompts)]
         tokens = torch.stack([f.argmax() for f in firsts])
@@ -67,13 +67,14 @@ def test_rows_decoded_together_equal_each_row_alone_bit_for_bit(precision: str) 
 def test_a_reused_prefix_writes_what_a_whole_prefill_writes(precision: str) -> None:
     """The part a prefill computes after a kept prefix (`reusable_prefix`) gives the numbers
     of the whole prompt prefilled at once: the last logits and every cached key."""
-    model = _model(precision)
+    model, setup = _model(precision)
     g = torch.Generator().manual_seed(3)
     prompt = torch.randint(0, 128, (300,), generator=g)
     kept = reusable_prefix(300, 290)
     assert kept == 256 == 4 * PREFILL_ALIGN and reusable_prefix(100, 100) == PREFILL_ALIGN
     assert aligned_parts(100, 300) == [(100, 128), (128, 192), (192, 256), (256, 300)]
-    with torch.inference_mode(), DecodeSession(model, batch_size=2, capacity=512, kind=SlotKVCache) as session:
+    with torch.inference_mode(), DecodeSession(model, batch_size=2, capacity=512, kind=SlotKVCache,
+                                               setup=setup) as session:
         whole = session.prefill_row(0, prompt)
         session.prefill_row(1, prompt[:kept])
         after = session.prefill_row(1, prompt[kept:], start=kept)
@@ -87,12 +88,12 @@ def test_a_reused_prefix_writes_what_a_whole_prefill_writes(precision: str) -> N
 def test_the_engine_gives_each_request_its_alone_tokens(precision: str) -> None:
     """Six requests at once through the server's engine, each equal token for token to the
     same prompt alone through `generate` (64 greedy tokens), and to itself sent alone."""
-    model = _model(precision)
+    model, setup = _model(precision)
     prompts = [p.tolist() for p in _prompts(6, seed=7)]
-    expected = [generate(model, torch.tensor([p]), 64)[0, len(p):].tolist() for p in prompts]
+    expected = [generate(model, torch.tensor([p]), 64, setup=setup)[0, len(p):].tolist() for p in prompts]
 
     def served(batch: list[list[int]]) -> list[list[int]]:
-        engine = Engine(model, max_batch=8, capacity=128)
+        engine = Engine(model, max_batch=8, capacity=128, setup=setup)
         got: list[list[int]] = [[] for _ in batch]
         ends: list[Finished | None] = [None] * len(batch)
         done = threading.Event()
@@ -123,7 +124,7 @@ def test_the_engine_gives_each_request_its_alone_tokens(precision: str) -> None:
 def test_generate_rows_of_a_batch_equal_each_row_alone() -> None:
     """The Python API: a batch of prompts gives each row the tokens it gets alone (the
     modules here, no kernels needed: each row is prefilled and decoded as a row of slots)."""
-    model = _model("float32")
+    model, setup = _model("float32")
     reference = copy.deepcopy(model)
     prompts = _prompts(3, seed=11)
     width = max(len(p) for p in prompts)
@@ -131,6 +132,6 @@ def test_generate_rows_of_a_batch_equal_each_row_alone() -> None:
     mask = torch.zeros(3, width, dtype=torch.long)
     for r, p in enumerate(prompts):
         ids[r, width - len(p):], mask[r, width - len(p):] = p, 1  # left padding
-    batch = generate(model, ids, 16, attention_mask=mask)[:, width:]
+    batch = generate(model, ids, 16, attention_mask=mask, setup=setup)[:, width:]
     for r, p in enumerate(prompts):
         assert torch.equal(batch[r], generate(reference, p[None], 16)[0, len(p):])

@@ -13,7 +13,6 @@ from qkv.models.llama import LlamaForCausalLM
 from qkv.models.configs.llama import LlamaConfig
 from qkv.runtime.compile import compile_decoder
 from qkv.runtime import prepare_for_decoding
-from qkv.runtime import setup_of
 from qkv.runtime.compile import regions
 
 
@@ -87,9 +86,9 @@ def test_inductor_compiled_tokens_equal_eager_tokens(precision: str) -> None:
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     model, reference = _pair(lambda: LlamaForCausalLM(cfg))
     eager = prepare_for_decoding(reference, precision=precision, compile=False)
-    prepare_for_decoding(model, precision=precision, compile=False)
+    prepared = prepare_for_decoding(model, precision=precision, compile=False)
     report = compile_decoder(model)
-    assert eager.compile is None and setup_of(model).layer_step is None
+    assert eager.compile is None and prepared.layer_step is None
     if not report.compiled:
         pytest.fail(f"Inductor does not work on this machine: {report.reason}")
     prompt = torch.tensor([[3, 14, 15, 92, 65, 35]])
@@ -137,7 +136,8 @@ def test_inductor_fuses_the_quantized_cache_and_gives_the_eager_tokens() -> None
         pytest.fail(f"Inductor does not work on this machine: {setup.compile.reason}")
     kind = cache_kind("int4", residual=8, group_size=8, sinks=2)
     prompt = torch.tensor([[3, 14, 15, 92, 65, 35]])
-    assert torch.equal(generate(model, prompt, 48, kv_cache=kind), generate(reference, prompt, 48, kv_cache=kind))
+    assert torch.equal(generate(model, prompt, 48, kv_cache=kind, setup=setup),
+                       generate(reference, prompt, 48, kv_cache=kind))
     assert setup.layer_step is not None and setup.layer_step.fallback.compiled
 
 

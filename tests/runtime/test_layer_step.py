@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qkv.generation import generate
-from qkv.runtime import DecodeSession
+from qkv.runtime import DecodeSession, DecodeSetup
 from qkv.generation.cache_kinds import cache_kind
 from qkv.models.gpt2 import GPT2Decoder
 from qkv.models.configs.gpt2 import GPTConfig
@@ -23,7 +23,7 @@ from qkv.models.configs.llama import LlamaConfig
 from qkv.models.configs.qwen import Qwen2Config, Qwen3Config
 from qkv.runtime.native import native_kernels
 from qkv.runtime.layer_step import NativeLayerStep
-from qkv.runtime import prepare, setup_of
+from qkv.runtime import prepare as prepare_module
 from qkv.runtime.prepare import prepare_for_decoding
 
 pytestmark = pytest.mark.skipif(not native_kernels().available,
@@ -52,18 +52,18 @@ def _pair(family: str, precision: str, heads: int = 4, kv_heads: int = 2, head_d
     fused = _model(family, heads, kv_heads, head_dim, seed)
     modules = copy.deepcopy(fused)
     setup = prepare_for_decoding(fused, precision=precision, compile=True)
-    prepare_for_decoding(modules, precision=precision, compile=False)
-    assert setup.layer_step is not None and setup_of(modules).layer_step is None
-    return fused, modules
+    assert prepare_for_decoding(modules, precision=precision, compile=False).layer_step is None
+    assert setup.layer_step is not None
+    return fused, modules, setup
 
 
 def _steps(model, prompts: torch.Tensor, lengths: list[int], steps: int,
-           chosen: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+           chosen: list[torch.Tensor] | None = None, setup: DecodeSetup | None = None) -> list[torch.Tensor]:
     """Logits of a prefill then `steps` greedy decode steps, each row at its own length. With
     `chosen` (another run's logits), each step takes that run's greedy tokens, so a near-tie
     that int4's rounding flips does not send the two runs down different sequences."""
     out = []
-    with DecodeSession(model, batch_size=prompts.shape[0], capacity=64) as session:
+    with DecodeSession(model, batch_size=prompts.shape[0], capacity=64, setup=setup) as session:
         logits = session.prefill(prompts, lengths=lengths)
         for step in range(steps):
             out.append(logits)
@@ -87,29 +87,29 @@ def test_fused_steps_give_the_module_logits(family, precision, shape, ragged, se
         kv_heads = heads  # GPT-2 is multi-head
     if precision == "int4" and (heads * head_dim) % 32:
         precision = "int8"  # int4 blocks need inputs in 32s
-    fused, modules = _pair(family, precision, heads, kv_heads, head_dim, seed)
+    fused, modules, setup = _pair(family, precision, heads, kv_heads, head_dim, seed)
     prompts = torch.randint(0, 101, (2, 7), generator=torch.Generator().manual_seed(seed))
     lengths = [7, 4] if ragged else [7, 7]
     with torch.inference_mode():
         expected = _steps(modules, prompts, lengths, 6)
-        got = _steps(fused, prompts, lengths, 6, chosen=expected)
+        got = _steps(fused, prompts, lengths, 6, chosen=expected, setup=setup)
     for want, have in zip(expected, got):
         assert torch.allclose(have, want, rtol=0, atol=_tolerance(precision, want))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_fused_float32_greedy_tokens_equal_the_modules(family: str) -> None:
-    fused, modules = _pair(family, "float32")
+    fused, modules, setup = _pair(family, "float32")
     prompt = torch.tensor([[3, 14, 15, 92, 65, 35]])
-    assert torch.equal(generate(fused, prompt, 40), generate(modules, prompt, 40))
+    assert torch.equal(generate(fused, prompt, 40, setup=setup), generate(modules, prompt, 40))
 
 
 def test_the_fused_calls_write_the_cache_as_the_layers_do() -> None:
-    fused, modules = _pair("qwen3", "float32")
+    fused, modules, setup = _pair("qwen3", "float32")
     prompt = torch.tensor([[5, 6, 7, 8]])
     caches = []
-    for model in (fused, modules):
-        with torch.inference_mode(), DecodeSession(model, capacity=64) as session:
+    for model, how in ((fused, setup), (modules, None)):
+        with torch.inference_mode(), DecodeSession(model, capacity=64, setup=how) as session:
             token = session.prefill(prompt).argmax(-1)
             for _ in range(3):
                 token = session.decode(token).argmax(-1)
@@ -128,20 +128,21 @@ def test_other_cache_kinds_run_the_modules_and_compile_them_once(kind_name: str)
     prepare_for_decoding(reference, precision="float32", compile=False)
     calls = []
     setup = prepare_for_decoding(model, precision="float32", compile=False)
-    prepare._PREPARED[model] = dataclasses.replace(  # the native layers, with a probe for Inductor's fallback
+    setup = dataclasses.replace(  # the native layers, with a probe for Inductor's fallback
         setup, layer_step=NativeLayerStep.for_model(model, on_modules=lambda: calls.append(1)))
     kind = cache_kind(kind_name, residual=8, group_size=8, sinks=2, window=16)
     prompt = torch.tensor([[3, 14, 15, 92, 65, 35]])
-    assert torch.equal(generate(model, prompt, 24, kv_cache=kind), generate(reference, prompt, 24, kv_cache=kind))
-    generate(model, prompt, 4, kv_cache=kind)
+    assert torch.equal(generate(model, prompt, 24, kv_cache=kind, setup=setup),
+                       generate(reference, prompt, 24, kv_cache=kind))
+    generate(model, prompt, 4, kv_cache=kind, setup=setup)
     assert calls == [1]
-    assert torch.equal(generate(model, prompt, 24), generate(reference, prompt, 24))  # static again: fused
+    assert torch.equal(generate(model, prompt, 24, setup=setup), generate(reference, prompt, 24))  # static again: fused
 
 
 def test_calls_with_gradients_or_prompts_run_the_modules() -> None:
-    fused, _ = _pair("llama", "float32")
+    fused, _, setup = _pair("llama", "float32")
     x = torch.zeros(1, 1, 64)
-    with DecodeSession(fused, capacity=64) as session:
+    with DecodeSession(fused, capacity=64, setup=setup) as session:
         layers = session._native
         assert layers is not None and session.runs_native
         with torch.inference_mode():
@@ -161,8 +162,8 @@ def test_models_the_kernels_cannot_run_whole_are_not_fused() -> None:
 
 
 def test_a_position_outside_the_cache_is_refused_in_one_line() -> None:
-    fused, _ = _pair("llama", "int8")
-    with torch.inference_mode(), DecodeSession(fused, capacity=64) as session:
+    fused, _, setup = _pair("llama", "int8")
+    with torch.inference_mode(), DecodeSession(fused, capacity=64, setup=setup) as session:
         with pytest.raises(RuntimeError, match="a position lies outside the KV cache"):
             session._native(torch.zeros(1, 1, 64), torch.tensor([64]))
 
@@ -170,17 +171,17 @@ def test_a_position_outside_the_cache_is_refused_in_one_line() -> None:
 def test_a_forward_hook_sees_every_step() -> None:
     """A hook (a trace) on the model when a session starts: that session runs the modules, so
     the hook sees every step; a session asked for step="modules" does so too."""
-    fused, _ = _pair("llama", "float32")
+    fused, _, setup = _pair("llama", "float32")
     seen = []
     handle = fused.model.layers[1].self_attn.register_forward_hook(lambda m, args, out: seen.append(out.shape))
     try:
-        generate(fused, torch.tensor([[3, 14, 15]]), 5)
+        generate(fused, torch.tensor([[3, 14, 15]]), 5, setup=setup)
     finally:
         handle.remove()
     assert len(seen) == 5  # the prompt, then four decode steps (the fifth token needs no step)
-    with torch.inference_mode(), DecodeSession(fused, capacity=64) as session:
+    with torch.inference_mode(), DecodeSession(fused, capacity=64, setup=setup) as session:
         assert session.runs_native  # no hook now
-    with torch.inference_mode(), DecodeSession(fused, capacity=64, step="modules") as session:
+    with torch.inference_mode(), DecodeSession(fused, capacity=64, step="modules", setup=setup) as session:
         assert not session.runs_native
         token = session.prefill(torch.tensor([[3, 14, 15]])).argmax(-1)
         handle = fused.model.layers[0].mlp.down_proj.register_forward_pre_hook(lambda m, args: seen.append(0))
@@ -194,16 +195,16 @@ def test_a_forward_hook_sees_every_step() -> None:
 def test_two_sessions_on_one_model_keep_their_own_caches_and_native_layers() -> None:
     """Sessions are independent: one opened and closed inside another (an explorer trace
     beside a server's slots) neither changes the other's numbers nor unbinds its layers."""
-    fused, _ = _pair("llama", "float32")
+    fused, _, setup = _pair("llama", "float32")
     prompt = torch.tensor([[3, 14, 15, 92]])
-    with torch.inference_mode(), DecodeSession(fused, capacity=64) as alone:
+    with torch.inference_mode(), DecodeSession(fused, capacity=64, setup=setup) as alone:
         expected = [alone.prefill(prompt)]
         for _ in range(4):
             expected.append(alone.decode(expected[-1].argmax(-1)))
-    with torch.inference_mode(), DecodeSession(fused, capacity=64) as outer:
+    with torch.inference_mode(), DecodeSession(fused, capacity=64, setup=setup) as outer:
         got = [outer.prefill(prompt)]
         for _ in range(4):
-            with DecodeSession(fused, capacity=64, step="modules") as inner:  # a trace in between
+            with DecodeSession(fused, capacity=64, step="modules", setup=setup) as inner:  # a trace in between
                 inner.prefill(torch.tensor([[7, 7, 7]]))
             assert outer.runs_native
             got.append(outer.decode(got[-1].argmax(-1)))
@@ -226,7 +227,7 @@ setup = prepare_for_decoding(model, precision="int8")
 prepare_for_decoding(reference, precision="int8", compile=False)
 prompt = torch.tensor([[3, 14, 15, 92]])
 print(json.dumps({"fused": setup.layer_step is not None, "kernels": setup.kernels.reason,
-                  "same": torch.equal(generate(model, prompt, 12), generate(reference, prompt, 12))}))
+                  "same": torch.equal(generate(model, prompt, 12, setup=setup), generate(reference, prompt, 12))}))
 """
 
 
@@ -248,12 +249,13 @@ def test_slot_rows_decode_through_the_fused_calls_as_through_the_modules() -> No
     rows only; the fused calls write and read the slots they are given, as the modules do."""
     from qkv.attention.caches.kv_cache import SlotKVCache
 
-    fused, modules = _pair("qwen2", "int8")
+    fused, modules, setup = _pair("qwen2", "int8")
     prompts = {1: torch.tensor([3, 14, 15, 92]), 3: torch.tensor([65, 35]), 0: torch.tensor([8, 9, 7])}
     out = []
-    for model in (fused, modules):
+    for model, how in ((fused, setup), (modules, None)):
         steps = []
-        with torch.inference_mode(), DecodeSession(model, batch_size=4, capacity=64, kind=SlotKVCache) as session:
+        with torch.inference_mode(), DecodeSession(model, batch_size=4, capacity=64, kind=SlotKVCache,
+                                                   setup=how) as session:
             last = {row: session.prefill_row(row, ids).argmax(-1) for row, ids in prompts.items()}
             for rows in ([1, 3], [3], [0, 1, 3], [1, 0]):
                 logits = session.decode(torch.stack([last[r] for r in rows]), rows=rows)  # (b, V)
@@ -311,7 +313,7 @@ def test_llama3_rope_scaling_reaches_the_native_layer_through_the_description() 
     assert torch.equal(rope_frequencies(spec.rope), model.rotary_embedding().inv_freq.float())
     prompts = torch.randint(0, 101, (1, 9), generator=torch.Generator().manual_seed(4))
     with torch.inference_mode():
-        for want, have in zip(_steps(modules, prompts, [9], 5), _steps(model, prompts, [9], 5)):
+        for want, have in zip(_steps(modules, prompts, [9], 5), _steps(model, prompts, [9], 5, setup=setup)):
             assert torch.allclose(have, want, rtol=0, atol=_tolerance("float32", want))
 
 
@@ -341,15 +343,15 @@ def test_a_rows_decode_logits_do_not_depend_on_the_rows_beside_it(precision: str
     for bit (the kernels compute a row with the same operations whatever the batch)."""
     from qkv.attention.caches.kv_cache import SlotKVCache
 
-    fused, _ = _pair("llama", precision)
+    fused, _, setup = _pair("llama", precision)
     prompts = {0: torch.tensor([3, 14, 15, 92]), 1: torch.tensor([65, 35]), 2: torch.tensor([8, 9, 7, 9, 3])}
     with torch.inference_mode():
-        with DecodeSession(fused, batch_size=3, capacity=64, kind=SlotKVCache) as session:
+        with DecodeSession(fused, batch_size=3, capacity=64, kind=SlotKVCache, setup=setup) as session:
             last = {row: session.prefill_row(row, ids).argmax(-1) for row, ids in prompts.items()}
             together = session.decode(torch.stack([last[r] for r in (0, 1, 2)]), rows=[0, 1, 2])  # (3, V)
         alone = []
         for row in (0, 1, 2):
-            with DecodeSession(fused, batch_size=3, capacity=64, kind=SlotKVCache) as session:
+            with DecodeSession(fused, batch_size=3, capacity=64, kind=SlotKVCache, setup=setup) as session:
                 token = session.prefill_row(row, prompts[row]).argmax(-1)
                 alone.append(session.decode(token[None], rows=[row])[0])
     assert torch.equal(together, torch.stack(alone))
@@ -359,9 +361,9 @@ def test_a_rows_decode_logits_do_not_depend_on_the_rows_beside_it(precision: str
 def test_one_native_call_runs_every_layer_and_the_head_as_the_modules_do(family: str) -> None:
     """A decode step is one `qkv::stack_step` call: the layers, the final norm and the output
     head (stack.cpp), giving the modules' logits; the session's close releases the stack."""
-    fused, modules = _pair(family, "float32")
+    fused, modules, setup = _pair(family, "float32")
     prompt = torch.tensor([[3, 14, 15, 92]])
-    with DecodeSession(fused, capacity=16) as session:
+    with DecodeSession(fused, capacity=16, setup=setup) as session:
         native = session._native
         assert native is not None and native.runs_head
         handle = native._stack.handle
@@ -378,3 +380,14 @@ def test_one_native_call_runs_every_layer_and_the_head_as_the_modules_do(family:
     gc.collect()
     with pytest.raises(RuntimeError, match="no open stack"):
         torch.ops.qkv.stack_step.default(handle, torch.zeros(1, 64), torch.zeros(1, dtype=torch.long), None)
+
+
+def test_how_a_model_was_prepared_travels_as_a_value() -> None:
+    """Nothing remembers a preparation on the side: a session given the setup runs the native
+    layers, one not given it runs the modules, on the same model."""
+    fused, _, setup = _pair("llama", "float32")
+    with DecodeSession(fused, capacity=64) as session:
+        assert not session.runs_native
+    with DecodeSession(fused, capacity=64, setup=setup) as session:
+        assert session.runs_native
+    assert not hasattr(prepare_module, "setup_of") and not hasattr(prepare_module, "_PREPARED")

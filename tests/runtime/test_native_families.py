@@ -19,7 +19,7 @@ from qkv.attention.caches.kv_cache import SlotKVCache
 from qkv.attention.caches.window_cache import WindowKVCache
 from qkv.models.registry import FAMILIES
 from qkv.runtime.native import native_kernels
-from qkv.runtime import DecodeSession, prepare_for_decoding, setup_of
+from qkv.runtime import DecodeSession, DecodeSetup, prepare_for_decoding
 
 pytestmark = pytest.mark.skipif(not native_kernels().available,
                                 reason=f"qkv's kernels are not available here: {native_kernels().reason}")
@@ -68,13 +68,13 @@ def _model(name: str, seed: int = 0) -> torch.nn.Module:
     return model.eval()
 
 
-def _pair(name: str, precision: str) -> tuple[torch.nn.Module, torch.nn.Module]:
+def _pair(name: str, precision: str) -> tuple[torch.nn.Module, torch.nn.Module, DecodeSetup]:
     native = _model(name)
     modules = copy.deepcopy(native)
     setup = prepare_for_decoding(native, precision=precision, compile=True, inductor=False)
-    prepare_for_decoding(modules, precision=precision, compile=False)
+    assert prepare_for_decoding(modules, precision=precision, compile=False).layer_step is None
     assert setup.layer_step is not None, f"{name}: the native layers declined this model"
-    return native, modules
+    return native, modules, setup
 
 
 def _tolerance(precision: str, reference: torch.Tensor) -> float:
@@ -83,9 +83,11 @@ def _tolerance(precision: str, reference: torch.Tensor) -> float:
     return (2e-2 if precision == "int4" else 1e-4) * (1.0 + float(reference.abs().max()))
 
 
-def _decode(model, step: str, prompts: torch.Tensor, lengths: list[int], tokens: torch.Tensor) -> torch.Tensor:
+def _decode(model, step: str, prompts: torch.Tensor, lengths: list[int], tokens: torch.Tensor,
+            setup: DecodeSetup | None = None) -> torch.Tensor:
     """Logits of a prefill then one decode step per column of `tokens` (B, N) -> (N + 1, B, V)."""
-    with torch.inference_mode(), DecodeSession(model, batch_size=prompts.shape[0], capacity=64, step=step) as session:
+    with torch.inference_mode(), DecodeSession(model, batch_size=prompts.shape[0], capacity=64, step=step,
+                                               setup=setup) as session:
         assert session.runs_native == (step == "native")
         out = [session.prefill(prompts, lengths=lengths)]
         out += [session.decode(tokens[:, i]) for i in range(tokens.shape[1])]
@@ -102,12 +104,11 @@ def _inputs(seed: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("precision", ["float32", "int8", "int4"])
 @pytest.mark.parametrize("name", list(CASES))
 def test_native_decode_gives_the_module_logits_past_the_window(name: str, precision: str) -> None:
-    native, modules = _pair(name, precision)
+    native, modules, setup = _pair(name, precision)
     prompts, tokens = _inputs()
     lengths = [PROMPT, PROMPT - 1]  # ragged rows: each at its own position
     want = _decode(modules, "modules", prompts, lengths, tokens)
-    have = _decode(native, "native", prompts, lengths, tokens)
-    assert setup_of(native).layer_step is not None and setup_of(modules).layer_step is None
+    have = _decode(native, "native", prompts, lengths, tokens, setup)
     torch.testing.assert_close(have, want, rtol=0, atol=_tolerance(precision, want))
 
 
@@ -134,19 +135,19 @@ def test_the_families_describe_what_the_kernel_reads() -> None:
     assert all(s.rope.rotary_dim == 12 < s.attention.head_dim for s in phi3.layer_specs())
 
 
-def _ring_session(model, step: str, capacity: int = 64, exact: bool = False):
-    return DecodeSession(model, batch_size=2, capacity=capacity, step=step, exact_capacity=exact)
+def _ring_session(model, step: str, capacity: int = 64, exact: bool = False, setup: DecodeSetup | None = None):
+    return DecodeSession(model, batch_size=2, capacity=capacity, step=step, exact_capacity=exact, setup=setup)
 
 
 def test_a_ring_decodes_and_rewinds_natively_as_through_the_modules() -> None:
     """Past the window, after a rewind by one token (what a chat's regeneration does), and a
     rewind before the ring filled: the same logits and the same ring (slots, key positions)."""
-    native, modules = _pair("gemma3", "float32")
+    native, modules, setup = _pair("gemma3", "float32")
     prompts, tokens = _inputs(5)
     runs = []
-    for model, step in ((native, "native"), (modules, "modules")):
+    for model, step, how in ((native, "native", setup), (modules, "modules", None)):
         out, rings = [], []
-        with torch.inference_mode(), _ring_session(model, step) as session:
+        with torch.inference_mode(), _ring_session(model, step, setup=how) as session:
             assert session.runs_native == (step == "native")
             out.append(session.prefill(prompts))  # positions 0-2
             out.append(session.decode(tokens[:, 0]))  # 3
@@ -171,11 +172,11 @@ def test_a_ring_decodes_and_rewinds_natively_as_through_the_modules() -> None:
 def test_a_ring_shorter_than_the_window_decodes_natively() -> None:
     """A session of fewer positions than the window keeps a ring of its capacity; the kernel
     writes it as the ring does, and refuses positions past it."""
-    native, modules = _pair("mistral", "int8")
+    native, modules, setup = _pair("mistral", "int8")
     prompts, tokens = _inputs(6)
     runs = []
-    for model, step in ((native, "native"), (modules, "modules")):
-        with torch.inference_mode(), _ring_session(model, step, capacity=4, exact=True) as session:
+    for model, step, how in ((native, "native", setup), (modules, "modules", None)):
+        with torch.inference_mode(), _ring_session(model, step, capacity=4, exact=True, setup=how) as session:
             assert session.runs_native == (step == "native")
             assert all(cache.capacity == 4 for cache in session.caches)
             out = [session.prefill(prompts[:, :1])] + [session.decode(tokens[:, i]) for i in range(3)]
@@ -186,12 +187,13 @@ def test_a_ring_shorter_than_the_window_decodes_natively() -> None:
 def test_slot_rows_decode_rings_natively_as_through_the_modules() -> None:
     """A server's continuous batch on a model with local layers: global layers in slots, local
     layers in rings sharing the slot selection; steps on some rows only, past the window."""
-    native, modules = _pair("gemma2", "int8")
+    native, modules, setup = _pair("gemma2", "int8")
     prompts = {1: torch.tensor([3, 14, 15, 92, 65, 35, 8]), 3: torch.tensor([65, 35]), 0: torch.tensor([8, 9, 7])}
     out = []
-    for model in (native, modules):
+    for model, how in ((native, setup), (modules, None)):
         steps = []
-        with torch.inference_mode(), DecodeSession(model, batch_size=4, capacity=64, kind=SlotKVCache) as session:
+        with torch.inference_mode(), DecodeSession(model, batch_size=4, capacity=64, kind=SlotKVCache,
+                                                   setup=how) as session:
             assert session.runs_native == (model is native)
             last = {row: session.prefill_row(row, ids).argmax(-1) for row, ids in prompts.items()}
             for rows in ([1, 3], [3], [0, 1, 3], [1, 0], [3, 0], [0, 1, 3], [0, 3], [1, 3, 0]):
@@ -206,11 +208,12 @@ def test_slot_rows_decode_rings_natively_as_through_the_modules() -> None:
 @pytest.mark.parametrize("precision", ["float32", "int8", "int4"])
 def test_rows_decoded_together_through_rings_equal_each_row_alone_bit_for_bit(precision: str) -> None:
     model = _model("gemma3")
-    prepare_for_decoding(model, precision=precision, compile=True, inductor=False)
+    setup = prepare_for_decoding(model, precision=precision, compile=True, inductor=False)
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(0, VOCAB, (n,), generator=g) for n in (3, 9, 6, 2)]
     steps = 8  # past the window for every row
-    with torch.inference_mode(), DecodeSession(model, batch_size=4, capacity=64, kind=SlotKVCache) as session:
+    with torch.inference_mode(), DecodeSession(model, batch_size=4, capacity=64, kind=SlotKVCache,
+                                               setup=setup) as session:
         assert session.runs_native
         tokens = torch.stack([session.prefill_row(r, p).argmax() for r, p in enumerate(prompts)])
         together = []
@@ -243,7 +246,8 @@ def test_the_real_gemma3_270m_decodes_natively_across_its_window_as_its_modules_
     prompt, tokens = torch.randint(0, 262144, (1, 505), generator=g), torch.randint(0, 262144, (1, 12), generator=g)
     runs = []
     for step in ("native", "modules"):
-        with torch.inference_mode(), DecodeSession(model, capacity=600, step=step, exact_capacity=True) as session:
+        with torch.inference_mode(), DecodeSession(model, capacity=600, step=step, exact_capacity=True,
+                                                   setup=setup) as session:
             assert session.runs_native == (step == "native")
             assert sum(isinstance(cache, WindowKVCache) and cache.capacity == 512 for cache in session.caches) == 15
             out = [session.prefill(prompt)] + [session.decode(tokens[:, i]) for i in range(12)]  # positions 505-516

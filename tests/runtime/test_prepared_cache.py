@@ -16,7 +16,6 @@ from qkv.models.configs.llama import LlamaConfig
 from qkv.runtime.native import native_kernels
 from qkv.runtime import prepared_cache
 from qkv.runtime.prepare import load_for_generation
-from qkv.runtime import setup_of
 
 pytestmark = pytest.mark.skipif(not native_kernels().available,
                                 reason=f"qkv's kernels are not available here: {native_kernels().reason}")
@@ -61,10 +60,10 @@ def test_the_second_load_assigns_the_first_ones_weights(cache: Path, source: Pat
     second, _, again = load_for_generation(source, precision=precision)
     assert again.from_cache and again.precision == precision and again.layer_step is not None
     assert torch.equal(_logits(first), _logits(second))
-    reference, _, _ = load_for_generation(source, precision=precision, compile=False)  # also from the cache
+    _, _, uncompiled = load_for_generation(source, precision=precision, compile=False)  # also from the cache
     state, kept = first.state_dict(), second.state_dict()
     assert state.keys() == kept.keys() and all(torch.equal(state[k], kept[k]) for k in state)
-    assert setup_of(reference).layer_step is None
+    assert uncompiled.from_cache and uncompiled.layer_step is None
 
 
 def _change_weights(source: Path, step: int) -> None:

@@ -19,7 +19,7 @@ from qkv.errors import QkvError
 from qkv.runtime.native.block_ops import layers_round_activations, rounded_activations
 from qkv.runtime.linear.block import BlockEmbedding, BlockLinear, StackedBlockLinear, native_reason
 from qkv.runtime import DecodeSession, prepare_for_decoding
-from qkv.runtime.prepare import load_prepared_model
+from qkv.runtime.prepare import prepare
 from tests.models.gguf.block_files import write_block_gguf
 
 needs_block_products = pytest.mark.skipif(native_reason() is not None, reason="qkv's block products do not build here")
@@ -60,8 +60,9 @@ def _steps(model, steps: int = 5, **session) -> list[torch.Tensor]:
 @pytest.mark.parametrize("tied", [True, False])
 def test_auto_keeps_the_files_blocks_and_gives_the_dequantized_logits(tmp_path: Path, tied: bool) -> None:
     path = write_block_gguf(tmp_path / "mix.gguf", tied=tied, embedding=Q.Q8_0)
-    loaded, setup = load_prepared_model(path, precision="auto", compile=False)
-    reference = _as_block_layers_compute(load_prepared_model(path, precision="float32", compile=False)[0].model)
+    prepared = prepare(path, precision="auto", compile=False)
+    loaded, setup = prepared.loaded, prepared.setup
+    reference = _as_block_layers_compute(prepare(path, precision="float32", compile=False).model)
     model = loaded.model
     assert setup.precision == "blocks"
     attention, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
@@ -80,11 +81,12 @@ def test_auto_keeps_the_files_blocks_and_gives_the_dequantized_logits(tmp_path: 
 @needs_block_products
 def test_the_native_layer_multiplies_the_blocks_as_the_block_layers_do(tmp_path: Path) -> None:
     path = write_block_gguf(tmp_path / "mix.gguf", embedding=Q.Q8_0)
-    loaded, setup = load_prepared_model(path, precision="blocks", compile=True)
+    prepared = prepare(path, precision="blocks", compile=True)
+    loaded, setup = prepared.loaded, prepared.setup
     assert setup.layer_step is not None  # every layer (three block types stacked in q/k/v) runs as one native call
-    with DecodeSession(loaded.model, batch_size=1, capacity=32, step="native") as session:
+    with DecodeSession(loaded.model, batch_size=1, capacity=32, step="native", setup=setup) as session:
         assert session.runs_native
-    native = _steps(loaded.model, step="native")
+    native = _steps(loaded.model, step="native", setup=setup)
     modules = _steps(loaded.model, step="modules")
     for have, want in zip(native, modules):
         assert _close(have, want)
@@ -94,16 +96,17 @@ def test_the_native_layer_multiplies_the_blocks_as_the_block_layers_do(tmp_path:
 @needs_block_products
 def test_rows_decoded_together_through_blocks_equal_each_row_alone_bit_for_bit(tmp_path: Path) -> None:
     path = write_block_gguf(tmp_path / "mix.gguf", embedding=Q.Q8_0)
-    model = load_prepared_model(path, precision="blocks", compile=True)[0].model
+    prepared = prepare(path, precision="blocks", compile=True)
+    model, setup = prepared.model, prepared.setup
     prompts = {0: torch.tensor([0, 1, 2, 2]), 1: torch.tensor([2, 1]), 2: torch.tensor([1, 1, 0, 2, 0])}
     with torch.inference_mode():
-        with DecodeSession(model, batch_size=3, capacity=32, kind=SlotKVCache) as session:
+        with DecodeSession(model, batch_size=3, capacity=32, kind=SlotKVCache, setup=setup) as session:
             assert session.runs_native
             last = {row: session.prefill_row(row, ids).argmax(-1) for row, ids in prompts.items()}
             together = session.decode(torch.stack([last[r] for r in (0, 1, 2)]), rows=[0, 1, 2])  # (3, V)
         alone = []
         for row in (0, 1, 2):
-            with DecodeSession(model, batch_size=3, capacity=32, kind=SlotKVCache) as session:
+            with DecodeSession(model, batch_size=3, capacity=32, kind=SlotKVCache, setup=setup) as session:
                 token = session.prefill_row(row, prompts[row]).argmax(-1)
                 alone.append(session.decode(token[None], rows=[row])[0])
     assert torch.equal(together, torch.stack(alone))
@@ -121,8 +124,8 @@ def test_blocks_is_refused_by_name_where_there_are_no_blocks(tmp_path: Path) -> 
                             layer_types={"attn_q": Q.F32, "attn_k": Q.F32, "attn_v": Q.F32, "attn_output": Q.F32,
                                          "ffn_gate": Q.F32, "ffn_up": Q.F32, "ffn_down": Q.F32})
     with pytest.raises(QkvError, match="--dtype blocks needs a GGUF file whose layer matrices"):
-        load_prepared_model(path, precision="blocks")
-    assert load_prepared_model(path, precision="auto", compile=False)[1].precision == "int8"
+        prepare(path, precision="blocks")
+    assert prepare(path, precision="auto", compile=False).setup.precision == "int8"
 
 
 GGUF_KINDS = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "olmo2", "smollm3"]
@@ -138,11 +141,12 @@ def test_every_architecture_in_q8_0_decodes_from_its_blocks_as_dequantized(kind:
     from tests.models.conftest import make_tokenizer
 
     path = write_gguf(tmp_path / f"{kind}.gguf", _source(kind), make_tokenizer(), block_type=Q.Q8_0)
-    loaded, setup = load_prepared_model(path, precision="auto", compile=True)
-    reference = _as_block_layers_compute(load_prepared_model(path, precision="float32", compile=False)[0].model)
+    prepared = prepare(path, precision="auto", compile=True)
+    loaded, setup = prepared.loaded, prepared.setup
+    reference = _as_block_layers_compute(prepare(path, precision="float32", compile=False).model)
     assert setup.precision == "blocks"
     assert any(isinstance(m, (BlockLinear, StackedBlockLinear)) for m in loaded.model.modules())
-    got, want = _steps(loaded.model, 4), _steps(reference, 4)
+    got, want = _steps(loaded.model, 4, setup=setup), _steps(reference, 4)
     for have, expected in zip(got, want):
         assert _close(have, expected)
 
@@ -156,9 +160,9 @@ def test_a_gpt2_file_in_blocks_runs_at_int8_by_default_and_refuses_blocks_by_nam
     from tests.models.gguf.test_arch import _source
 
     path = write_gguf(tmp_path / "gpt2.gguf", _source("gpt2"), make_tokenizer(), block_type=Q.Q8_0)
-    assert load_prepared_model(path, precision="auto", compile=False)[1].precision == "int8"
+    assert prepare(path, precision="auto", compile=False).setup.precision == "int8"
     with pytest.raises(QkvError, match="gpt2.gguf is not one: choose auto, int8 or int4"):
-        load_prepared_model(path, precision="blocks", compile=False)
+        prepare(path, precision="blocks", compile=False)
 
 
 @needs_block_products
@@ -171,6 +175,6 @@ def test_the_memory_check_counts_the_blocks_as_stored(tmp_path: Path) -> None:
     file = open_gguf_file(path)
     assert file.stored_bytes < file.read_bytes / 2
     limit = 2 * file.stored_bytes + (1 << 20)  # the blocks and the modules' overhead fit; float32 does not
-    assert load_prepared_model(path, precision="auto", compile=False, max_memory=limit)[1].precision == "blocks"
+    assert prepare(path, precision="auto", compile=False, max_memory=limit).setup.precision == "blocks"
     with pytest.raises(QkvError, match="memory"):
-        load_prepared_model(path, precision="int8", compile=False, max_memory=limit)
+        prepare(path, precision="int8", compile=False, max_memory=limit)

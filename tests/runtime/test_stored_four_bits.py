@@ -10,8 +10,9 @@ import torch
 from gguf.constants import GGMLQuantizationType as Q
 
 from qkv.models.gguf.checkpoint import open_gguf_file
+from qkv.runtime.linear.block import BlockEmbedding
 from qkv.runtime.linear.quantized import Int4Linear, Int8Linear
-from qkv.runtime.prepare import load_prepared_model
+from qkv.runtime.prepare import prepare
 from qkv.attention.stacking import STACKED
 from tests.models.gguf.block_files import write_block_gguf
 
@@ -22,7 +23,8 @@ FOUR_BIT_LAYERS = {"attn_q": Q.Q4_0, "attn_k": Q.Q4_1, "attn_v": Q.Q4_0, "attn_o
 def test_int4_layers_hold_the_files_blocks_exactly(tmp_path: Path) -> None:
     path = write_block_gguf(tmp_path / "q4.gguf", embedding=Q.Q8_0, layer_types=FOUR_BIT_LAYERS)
     stored = open_gguf_file(path).read_stored()
-    loaded, setup = load_prepared_model(path, compile=False)
+    prepared = prepare(path, compile=False)
+    loaded, setup = prepared.loaded, prepared.setup
     assert setup.precision == "int4" and not setup.from_cache
     model = loaded.model
     layers = {name: m for name, m in model.named_modules() if isinstance(m, Int4Linear)}
@@ -39,5 +41,9 @@ def test_int4_layers_hold_the_files_blocks_exactly(tmp_path: Path) -> None:
     else:
         assert isinstance(model.lm_head, Int8Linear)
     ids = torch.tensor([[0, 1, 2, 1]])
+    # the table stays in the file's blocks; a lookup gives the gguf library's values of its rows
+    assert isinstance(model.model.embed_tokens, BlockEmbedding)
+    assert not any(t.dtype == torch.float32 and t.dim() == 2 for t in model.parameters())
+    assert torch.equal(model.model.embed_tokens(ids), embedding[ids])
     with torch.inference_mode():
         assert torch.isfinite(model(ids)).all()

@@ -16,9 +16,7 @@ from torch import Tensor, nn
 
 from qkv.errors import QkvError
 from qkv.generation import generate
-from qkv.models.loader import load_pretrained
-from qkv.models.decoder import CausalDecoder
-from qkv.runtime.prepare import prepare_for_decoding
+from qkv.runtime.prepare import PreparedModel, prepare
 
 
 def transformers_module() -> Any:
@@ -56,12 +54,9 @@ def load_hf(folder: Path, dtype: torch.dtype = torch.float32) -> nn.Module:
     return tf.GPT2LMHeadModel.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa").eval()
 
 
-def load_qkv(folder: Path, *, precision: str = "float32", compile: bool = False) -> CausalDecoder:
-    """qkv's model prepared as `qkv generate --dtype PRECISION` prepares it."""
-    dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
-    model, _ = load_pretrained(folder, dtype)
-    prepare_for_decoding(model, precision=precision, compile=compile)
-    return model
+def load_qkv(folder: Path, *, precision: str = "float32", compile: bool = False) -> PreparedModel:
+    """qkv's model prepared as `qkv generate --dtype PRECISION` prepares it (qkv.runtime.prepare)."""
+    return prepare(folder, precision, compile=compile)
 
 
 def hf_generate(model: nn.Module, ids: Tensor, new_tokens: int, pad_token_id: int = 0) -> Tensor:
@@ -73,5 +68,5 @@ def hf_generate(model: nn.Module, ids: Tensor, new_tokens: int, pad_token_id: in
         )
 
 
-def qkv_generate(model: CausalDecoder, ids: Tensor, new_tokens: int, *, use_cache: bool = True) -> Tensor:
-    return generate(model, ids, new_tokens, use_cache=use_cache)
+def qkv_generate(prepared: PreparedModel, ids: Tensor, new_tokens: int, *, use_cache: bool = True) -> Tensor:
+    return generate(prepared.model, ids, new_tokens, use_cache=use_cache, setup=prepared.setup)

@@ -33,7 +33,7 @@ from qkv.attention.caches.kv_cache import CacheKind, StaticKVCache
 from qkv.attention.caches.sink_cache import SinkKVCache
 from qkv.errors import QkvError
 from qkv.generation import Sampling, continue_from
-from qkv.runtime import DecodeSession, cache_capacity, reusable_prefix
+from qkv.runtime import DecodeSession, DecodeSetup, cache_capacity, reusable_prefix
 from qkv.runtime.session import common_prefix
 from qkv.models.decoder import CausalDecoder
 
@@ -163,8 +163,10 @@ class ChatSession:
         seed: int | None = None,
         notice: Callable[[str], object] | None = None,
         kind: CacheKind = StaticKVCache,
+        setup: DecodeSetup | None = None,
     ) -> None:
         self.chat = chat
+        self.setup = setup  # how the model was prepared (qkv.runtime.prepare): its sessions step as prepared
         self.notice = notice  # told once when the conversation starts streaming
         self.kind = kind  # the cache kind asked for (qkv chat --kv-cache)
         # A kind that evicts old tokens streams from the first turn, and says nothing.
@@ -229,14 +231,14 @@ class ChatSession:
         if self.streams_by_choice:
             return self._open_streaming(self.kind)
         capacity = cache_capacity(needed, self.capacity)
-        self.session = DecodeSession(self.chat.model, capacity=capacity, kind=self.kind).__enter__()
+        self.session = DecodeSession(self.chat.model, capacity=capacity, kind=self.kind, setup=self.setup).__enter__()
         return self.session
 
     def _open_streaming(self, kind: CacheKind) -> DecodeSession:
         """A session with a sink cache of `kind`, empty: the whole conversation goes in next."""
         self.close()
         self.cached_ids = []
-        self.session = DecodeSession(self.chat.model, capacity=self.capacity, kind=kind).__enter__()
+        self.session = DecodeSession(self.chat.model, capacity=self.capacity, kind=kind, setup=self.setup).__enter__()
         self.streaming = True
         return self.session
 

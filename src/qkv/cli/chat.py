@@ -87,14 +87,15 @@ def run(args: argparse.Namespace) -> int:
     threads = apply_threads(args.threads)
     interactive = sys.stdin.isatty()
     kind = kv_cache_kind(args)  # bad cache options are reported before loading
-    loaded, setup = load_for_speed(args, chat=True)
+    prepared = load_for_speed(args, chat=True)
+    loaded, setup = prepared.loaded, prepared.setup
     chat = chat_model_from(loaded)
     if kind is not None:
         check_kind(chat.model, kind)
     announce_speed(chat.model, setup, kind)
     session = ChatSession(chat, system=args.system, max_context=args.max_context, seed=args.seed,
                           notice=lambda line: print(f"qkv chat: {line}", file=sys.stderr),
-                          kind=kind or StaticKVCache)
+                          kind=kind or StaticKVCache, setup=setup)
     sampling = ReplySettings(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
     emit = utf8_writer()
     if interactive:

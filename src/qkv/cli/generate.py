@@ -138,7 +138,8 @@ def _run(args: argparse.Namespace, tp: TensorParallel | None) -> int:
 
         schema = read_schema(args.json_schema)
     if tp is None:
-        loaded, setup = load_for_speed(args, chat=args.chat)
+        prepared = load_for_speed(args, chat=args.chat)
+        loaded, setup = prepared.loaded, prepared.setup
     else:
         from qkv.cli.tensor_parallel import load_rank
         from qkv.models.tensor_parallel.group import shared_seed
@@ -173,7 +174,7 @@ def _run(args: argparse.Namespace, tp: TensorParallel | None) -> int:
         model, input_ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, seed=args.seed, use_cache=not args.no_cache,
         eos_token_id=stop_ids or None, kv_cache=kind or StaticKVCache,
-        on_past_context=lambda note: print(note, file=sys.stderr, flush=True), constraint=constraint,
+        on_past_context=lambda note: print(note, file=sys.stderr, flush=True), constraint=constraint, setup=setup,
     )
     emit = utf8_writer() if not quiet else (lambda text: None)
     if not args.chat:

@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
 def _score(args: argparse.Namespace, cp: ContextParallel | None, tp: TensorParallel | None = None) -> int:
     import torch
 
-    from qkv.runtime.prepare import load_for_generation
+    from qkv.runtime.prepare import prepare
     from qkv.eval.perplexity import perplexity, windows
     from qkv.util.progress import progress_bar
 
@@ -153,8 +153,8 @@ def _score(args: argparse.Namespace, cp: ContextParallel | None, tp: TensorParal
         early_stride = args.stride if args.stride is not None else max(1, args.context_length // 2)
         list(windows(2, args.context_length, early_stride))
     if tp is None:
-        model, tokenizer, _ = load_for_generation(args.model, precision=args.precision, compile=False,
-                                                  max_memory=args.max_memory)
+        prepared = prepare(args.model, args.precision, compile=False, max_memory=args.max_memory)
+        model, tokenizer = prepared.model, prepared.tokenizer
     else:
         from qkv.cli.tensor_parallel import load_rank
 
@@ -186,12 +186,13 @@ def _score_cached(args: argparse.Namespace, kind: CacheKind, text: str, threads:
     import torch
 
     from qkv.generation.cache_kinds import cached_perplexity, check_kind
-    from qkv.runtime.prepare import load_for_generation
+    from qkv.runtime.prepare import prepare
     from qkv.util.progress import progress_bar
 
     if args.chunk < 1:
         raise QkvError(f"--chunk must be at least 1, got {args.chunk}")
-    model, tokenizer, _ = load_for_generation(args.model, precision=args.precision, compile=False, max_memory=args.max_memory)
+    prepared = prepare(args.model, args.precision, compile=False, max_memory=args.max_memory)
+    model, tokenizer = prepared.model, prepared.tokenizer
     ids = torch.tensor(tokenizer.encode(text).ids)  # (N,)
     if ids.numel() < 2:
         raise QkvError(f"{args.data} has fewer than 2 tokens to score")
@@ -218,7 +219,7 @@ def _score_llama_cpp(args: argparse.Namespace, kind: CacheKind | None, cp: Conte
     from qkv.eval.chunked_perplexity import (added_bos, check_chunk_length, chunk_count, chunked_perplexity,
                                         llama_cpp_text, scored_per_chunk)
     from qkv.util.progress import progress_bar
-    from qkv.runtime.prepare import load_for_generation
+    from qkv.runtime.prepare import prepare
 
     for given, option in ((args.stride, "--stride"), (kind, "--kv-cache"), (cp, "--context-parallel")):
         if given is not None:
@@ -226,7 +227,8 @@ def _score_llama_cpp(args: argparse.Namespace, kind: CacheKind | None, cp: Conte
     if args.context_length is not None:
         check_chunk_length(args.context_length)  # bad sizes are reported before loading
     text = llama_cpp_text(_read_text(Path(args.data)))
-    model, tokenizer, _ = load_for_generation(args.model, precision=args.precision, compile=False, max_memory=args.max_memory)
+    prepared = prepare(args.model, args.precision, compile=False, max_memory=args.max_memory)
+    model, tokenizer = prepared.model, prepared.tokenizer
     context_length = args.context_length or min(LLAMA_CPP_CONTEXT, model.context_length)
     ids = torch.tensor(tokenizer.encode(text).ids)  # (N,)
     chunks = chunk_count(ids.numel(), context_length)

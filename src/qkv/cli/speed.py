@@ -12,8 +12,7 @@ from qkv.names import CHOICES, DEFAULT_PRECISION
 if TYPE_CHECKING:
     from qkv.attention.caches.kv_cache import CacheKind
     from qkv.models.decoder import CausalDecoder
-    from qkv.models.loader import LoadedModel
-    from qkv.runtime.prepare import DecodeSetup
+    from qkv.runtime.prepare import DecodeSetup, PreparedModel
 
 
 def add_precision_argument(parser: argparse.ArgumentParser) -> None:
@@ -43,13 +42,12 @@ def add_speed_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def load_for_speed(args: argparse.Namespace, *, chat: bool = False) -> tuple[LoadedModel, DecodeSetup]:
-    """Load `--model` prepared as asked (`--dtype`, `--no-compile`): from the prepared-weights
-    cache when it holds it (qkv.runtime.prepared_cache). Nothing is compiled yet."""
-    from qkv.runtime.prepare import load_prepared_model
+def load_for_speed(args: argparse.Namespace, *, chat: bool = False) -> PreparedModel:
+    """Load `--model` prepared as asked (`--dtype`, `--no-compile`) through
+    `qkv.runtime.prepare`, the path every command and the server share. Nothing is compiled yet."""
+    from qkv.runtime.prepare import prepare
 
-    return load_prepared_model(args.model, precision=args.precision, compile=not args.no_compile,
-                               max_memory=args.max_memory, chat=chat)
+    return prepare(args.model, args.precision, compile=not args.no_compile, max_memory=args.max_memory, chat=chat)
 
 
 def announce_speed(model: CausalDecoder, setup: DecodeSetup, kind: CacheKind | None = None) -> DecodeSetup:
@@ -73,7 +71,7 @@ def announce_speed(model: CausalDecoder, setup: DecodeSetup, kind: CacheKind | N
     elif setup.compiled:
         what = "the layer step" if setup.layer_step is not None else "the decode step (torch.compile)"
         with slow_step(f"compiling {what} for the first token"):
-            seconds = warm_up(model) if kind is None else warm_up(model, kind=kind)
+            seconds = warm_up(model, setup=setup) if kind is None else warm_up(model, kind=kind, setup=setup)
         fallback = setup.layer_step.fallback if setup.layer_step is not None else None
         if setup.layer_step is not None and fallback is None:
             print(f"decode steps run as one call of qkv's kernels per layer (ready in {seconds:.1f} s)",

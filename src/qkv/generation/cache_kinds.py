@@ -26,6 +26,7 @@ from qkv.attention.caches.quantized_cache import QuantizedKVCache
 from qkv.attention.caches.sink_cache import SinkKVCache
 from qkv.errors import QkvError
 from qkv.models.decoder import CausalDecoder
+from qkv.runtime.prepare import DecodeSetup
 from qkv.runtime.session import DecodeSession
 
 KINDS = ("full", "int4", "int2", "sink")
@@ -82,12 +83,14 @@ class CachedPerplexity:
 @torch.no_grad()
 def cached_perplexity(model: CausalDecoder, ids: Tensor, kind: CacheKind, *, capacity: int,
                       chunk: int = 32, slice_tokens: int = 512,
-                      progress: Callable[[int], object] | None = None) -> CachedPerplexity:
-    """Score ids (N,) through caches of `kind` (see the module docstring)."""
+                      progress: Callable[[int], object] | None = None,
+                      setup: DecodeSetup | None = None) -> CachedPerplexity:
+    """Score ids (N,) through caches of `kind` (see the module docstring); `setup`: how the
+    model was prepared (qkv.runtime.prepare), so one-token chunks run its native layers."""
     if chunk < 1:
         raise QkvError(f"the chunk size must be at least 1, got {chunk}")
     nlls: list[Tensor] = []
-    with DecodeSession(model, capacity=capacity, kind=kind, exact_capacity=True) as session:
+    with DecodeSession(model, capacity=capacity, kind=kind, exact_capacity=True, setup=setup) as session:
         n = ids.numel()
         for start in range(0, n - 1, chunk):
             part = ids[start:min(start + chunk, n - 1)]  # (t,)

@@ -36,7 +36,7 @@ from qkv.generation.decode_loop import DecodeLoop, RowRequest
 from qkv.generation.past_context import ContextPlan, plan_past_context
 from qkv.generation.sampling import Sampling
 from qkv.models.decoder import CausalDecoder
-from qkv.runtime import setup_of
+from qkv.runtime.prepare import DecodeSetup
 from qkv.runtime.recompute import RecomputeSession
 from qkv.runtime.session import SMALLEST_CAPACITY, DecodeSession
 
@@ -139,6 +139,7 @@ def stream(
     kv_cache: CacheKind = StaticKVCache,
     on_past_context: Callable[[str], object] | None = None,
     constraint: Constraint | None = None,
+    setup: DecodeSetup | None = None,
 ) -> Iterator[Tensor]:
     """Yield the new tokens (B,) one step at a time; see `generate` for the arguments
     (and `continue_from` for `constraint`, which takes one row).
@@ -163,12 +164,12 @@ def stream(
     if plan.crop and constraint is not None:
         raise QkvError(f"a constrained reply (--json-schema) must fit the context of {model.context_length} tokens: "
                        "ask for fewer new tokens or a shorter prompt")
-    return _generated(model, ids, lengths, max_new_tokens, sampling, stop, plan, use_cache, constraint)
+    return _generated(model, ids, lengths, max_new_tokens, sampling, stop, plan, use_cache, constraint, setup)
 
 
 def _generated(model: CausalDecoder, ids: Tensor, lengths: list[int], max_new_tokens: int, sampling: Sampling,
                stop: tuple[int, ...], plan: ContextPlan, use_cache: bool,
-               constraint: Constraint | None) -> Iterator[Tensor]:
+               constraint: Constraint | None, setup: DecodeSetup | None) -> Iterator[Tensor]:
     """Each prompt row prefilled alone in a session, then the one decode loop. Without a
     cache every step runs each row's sequence again (RecomputeSession); past the context of
     a model with learned positions, the cache serves while the tokens fit and then each step
@@ -188,7 +189,7 @@ def _generated(model: CausalDecoder, ids: Tensor, lengths: list[int], max_new_to
         if cached:
             capacity = min(ids.shape[1] + max_new_tokens, model.context_length)  # a sink cache may go past it
             session: DecodeSession | RecomputeSession = DecodeSession(
-                model, batch_size=b, capacity=capacity, kind=_row_kind(model, plan.kind))
+                model, batch_size=b, capacity=capacity, kind=_row_kind(plan.kind, setup), setup=setup)
         else:
             session = RecomputeSession(model, batch_size=b, window=model.context_length if plan.crop else None)
         with session:
@@ -211,13 +212,12 @@ def _generated(model: CausalDecoder, ids: Tensor, lengths: list[int], max_new_to
                 going = [r for r in going if not ended[r]]
 
 
-def _row_kind(model: CausalDecoder, kind: CacheKind) -> CacheKind:
+def _row_kind(kind: CacheKind, setup: DecodeSetup | None) -> CacheKind:
     """The cache kind a generation's session uses: slots (rows prefilled and decoded alone,
     as a server decodes them) for the full cache, unless Inductor compiled the model's layers,
     whose graphs keep one static shape; other kinds as asked."""
     if kind is not StaticKVCache:
         return kind
-    setup = setup_of(model)
     compiled = setup is not None and setup.layer_step is None and setup.compile is not None and setup.compile.compiled
     return StaticKVCache if compiled else SlotKVCache
 
@@ -237,6 +237,7 @@ def generate(
     kv_cache: CacheKind = StaticKVCache,
     on_past_context: Callable[[str], object] | None = None,
     constraint: Constraint | None = None,
+    setup: DecodeSetup | None = None,
 ) -> Tensor:
     """The prompt ids (B, T) followed by up to max_new_tokens new ones: (B, T + N).
 
@@ -247,12 +248,15 @@ def generate(
     Past the context length generation goes on (qkv.generation.past_context): the line
     saying how goes to `on_past_context`, or is a UserWarning when none is given.
     `constraint` (one row): a grammar the new tokens follow, ending when it is complete.
+    `setup`: how `model` was prepared (`qkv.load_for_generation`'s third value, or
+    `qkv.runtime.prepare_for_decoding`'s), so its decode steps run as prepared (qkv's native
+    layers, Inductor's graphs); None runs the layers as modules, the same numbers to float rounding.
     """
     new = list(
         stream(
             model, input_ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
             seed=seed, use_cache=use_cache, eos_token_id=eos_token_id, attention_mask=attention_mask,
-            kv_cache=kv_cache, on_past_context=on_past_context, constraint=constraint,
+            kv_cache=kv_cache, on_past_context=on_past_context, constraint=constraint, setup=setup,
         )
     )
     if not new:
@@ -260,13 +264,14 @@ def generate(
     return torch.cat([input_ids.long(), torch.stack(new, dim=1).to(input_ids.device)], dim=1)  # (B, T + N)
 
 
-def warm_up(model: CausalDecoder, *, capacity: int = SMALLEST_CAPACITY, kind: CacheKind = StaticKVCache) -> float:
+def warm_up(model: CausalDecoder, *, capacity: int = SMALLEST_CAPACITY, kind: CacheKind = StaticKVCache,
+            setup: DecodeSetup | None = None) -> float:
     """Generate three tokens through a throw-away session of `capacity` positions and caches
     of `kind`, so that a compiled model compiles its decode step (and qkv's kernels are
     ready) before anyone waits on a token. Returns the seconds it took."""
     start = time.perf_counter()
     token = torch.zeros(1, 1, dtype=torch.long, device=next(model.parameters()).device)
-    with DecodeSession(model, capacity=min(capacity, model.context_length), kind=kind) as session:
+    with DecodeSession(model, capacity=min(capacity, model.context_length), kind=kind, setup=setup) as session:
         logits = session.prefill(token)
         for _ in continue_from(session, logits, 3):
             pass

@@ -1,8 +1,9 @@
 """The runtime: the one owner of preparing a model for decoding and of its decode steps.
 
-- `prepare`: `prepare_for_decoding` (precision, kernels, compilation) and the loaders built
-  on it (`load_for_generation`, `load_prepared_model`); `setup_of(model)` says how a model
-  was prepared;
+- `prepare`: `prepare.prepare(source, precision)`, the one way a file or folder becomes a decodable
+  model (`PreparedModel`: the model and how it was prepared) for every command, the server
+  and `load_for_generation`; `prepare_for_decoding` brings a model already in memory to a
+  precision. How a model was prepared is the `DecodeSetup` they return, handed on as a value;
 - `session`: `DecodeSession`, one request, a batch of rows or a server's slots: it owns its
   KV caches and chooses how its steps run (native layers, compiled or plain modules);
 - `layer_step`: a decode step as one call of qkv's C++: every layer and the head.
@@ -12,11 +13,11 @@ Models are pure (qkv.models): they hold weights, never caches or fast paths. Gen
 """
 
 from qkv.runtime.prepare import (
-    DecodeSetup, load_dtype, load_for_generation, load_prepared_model, prepare_for_decoding, setup_of,
+    DecodeSetup, PreparedModel, load_dtype, load_for_generation, prepare_for_decoding,
 )
 from qkv.runtime.session import STEPS, DecodeSession, aligned_parts, cache_capacity, reusable_prefix
 
 __all__ = [
-    "STEPS", "DecodeSession", "DecodeSetup", "aligned_parts", "cache_capacity", "load_dtype", "load_for_generation",
-    "load_prepared_model", "prepare_for_decoding", "reusable_prefix", "setup_of",
+    "STEPS", "DecodeSession", "DecodeSetup", "PreparedModel", "aligned_parts", "cache_capacity", "load_dtype",
+    "load_for_generation", "prepare_for_decoding", "reusable_prefix",
 ]

@@ -55,12 +55,8 @@ from qkv.attention.caches.kv_cache import StaticKVCache
 from qkv.attention.caches.window_cache import WindowKVCache
 from qkv.models.configs.layer_spec import AttentionSpec, LayerSpec, MlpSpec, NormSpec, RopeSpec
 from qkv.runtime.native import native_kernels
-from qkv.runtime.linear.block import BlockLinear, StackedBlockLinear
-from qkv.runtime.linear.float import NativeFloatLinear
+from qkv.runtime.linear.kernel import KernelLinear
 from qkv.runtime.layer_step_spec import declined, layer_vectors, pack, packed_norm
-from qkv.runtime.linear.quantized import Int4Linear, Int8Linear
-
-MAX_STACKED_BLOCKS = 4  # runtime/native/csrc/kernels.h's MAX_PARTS: matrices of different block types in one product
 
 if TYPE_CHECKING:
     from qkv.attention.caches.kv_cache import KVCache
@@ -69,26 +65,9 @@ if TYPE_CHECKING:
 
 
 def linear_tensors(layer: nn.Module) -> list[Tensor] | None:
-    """A linear layer as the kernel reads it (runtime/native/csrc/kernels.h's `Linear`), or None when it is
-    not one qkv's kernels run: float32 [w, bias?], int8 [w, scales, bias?], 4-bit blocks
-    [q, d_bits, m_bits, bias?], a GGUF file's blocks [blocks, type, (blocks, type)..., bias?]."""
-    if isinstance(layer, BlockLinear) and layer.native:
-        parts = [layer.blocks, layer.type_code]
-    elif isinstance(layer, StackedBlockLinear) and layer.native and len(layer.parts) <= MAX_STACKED_BLOCKS:
-        parts = [t for part in layer.parts for t in (part.blocks, part.type_code)]  # type: ignore[union-attr]
-    elif isinstance(layer, Int4Linear) and layer.native:
-        parts = [layer.q, layer.d_bits, layer.m_bits]
-    elif isinstance(layer, Int8Linear) and layer.native and layer.scales.dtype == torch.float32:
-        parts = [layer.weight, layer.scales]
-    elif isinstance(layer, (NativeFloatLinear, nn.Linear)) and layer.weight.dtype == torch.float32:
-        parts = [layer.weight]
-    else:
-        return None
-    bias = layer.bias
-    if bias is not None and bias.dtype != torch.float32:
-        return None
-    parts = parts if bias is None else [*parts, bias]
-    return parts if all(t.is_contiguous() and t.device.type == "cpu" for t in parts) else None
+    """A linear layer as the kernel reads it, as the layer says (`KernelLinear.kernel_tensors`,
+    qkv.runtime.linear.kernel), or None when it is not one qkv's kernels run."""
+    return layer.kernel_tensors() if isinstance(layer, KernelLinear) else None
 
 
 def _norm_weight(norm: nn.Module) -> Tensor | None:

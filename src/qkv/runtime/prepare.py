@@ -1,8 +1,9 @@
-"""One switch for decoding speed, shared by `qkv generate`, `qkv chat`, `qkv perplexity`,
-`qkv bench` and the Python API:
+"""The one way weights become a decodable model, shared by `qkv generate`, `qkv chat`,
+`qkv serve`, `qkv perplexity`, `qkv explain`, `qkv bench` and the Python API:
 
-    setup = prepare_for_decoding(model, precision="int8", compile=True)   # in place
-    model, tokenizer, setup = load_for_generation("smollm2")             # load + prepare
+    prepared = prepare("smollm2", "auto")          # PreparedModel: .model, .tokenizer, .setup
+    model, tokenizer, setup = load_for_generation("smollm2")             # the same, as a tuple
+    setup = prepare_for_decoding(model, precision="int8", compile=True)   # a model in memory, in place
 
 Precisions (the weights, and the activations they run with):
 - "float32": the exact path, the checkpoint's numbers;
@@ -36,19 +37,19 @@ says why. compile=False runs the layers as PyTorch modules (the reference path).
 `qkv.generation.warm_up` runs the compilation before a timed or interactive generation, so
 the first token a user waits for, or a tokens/s figure, does not include it.
 
-The runtime remembers how it prepared each model (`setup_of`), and each decode session
-(`qkv.runtime.DecodeSession`) binds the native layers to its own caches; the model holds
-no fast path. Either way the large weights end on 2 MB pages (`qkv.runtime.huge_pages`). Loading through
-`load_for_generation` (or `load_prepared_model`, what the CLI uses) keeps a model prepared
-at int8 or int4 on disk, and the next load assigns it instead of preparing again
+How a model was prepared is a value, the `DecodeSetup` these functions return (held with
+the model by a `PreparedModel`); a decode session given it (`DecodeSession(model, setup=...)`,
+`qkv.generate(..., setup=...)`) binds its native layers to its own caches. The model holds no
+fast path, and nothing remembers it on the side. Either way the large weights end on 2 MB
+pages (`qkv.runtime.huge_pages`). Loading through `prepare` keeps a model prepared at int8 or
+int4 on disk, and the next load assigns it instead of preparing again
 (`qkv.runtime.prepared_cache`).
 """
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import os
-import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -72,7 +73,9 @@ from qkv.runtime.linear.transposed import store_input_major
 from qkv.names import AUTO, BLOCKS, CHOICES, DEFAULT_PRECISION, QUANTIZED, resolve_precision
 
 if TYPE_CHECKING:
-    from qkv.models.loader import LoadedModel
+    from pathlib import Path
+
+    from qkv.models.loader import LoadedModel, OpenedModel
 
 
 
@@ -156,7 +159,7 @@ def _shape_layers(model: CausalDecoder, precision: str, *, empty: bool = False) 
         model.to(torch.float32 if precision == "float32" else torch.bfloat16)
 
 
-def _finish(model: CausalDecoder, precision: str, *, compile: bool, backend: CompilerBackend,
+def _finish(model: CausalDecoder, precision: str, *, compile: bool, backend: CompilerBackend = "inductor",
             from_cache: bool = False, inductor: bool = True) -> DecodeSetup:
     """Weights on 2 MB pages, then the layer step or Inductor's regions."""
     kernels = native_kernels() if precision in (*QUANTIZED, BLOCKS, "float32") else None  # a first build says so itself
@@ -168,20 +171,24 @@ def _finish(model: CausalDecoder, precision: str, *, compile: bool, backend: Com
         report = compile_decoder(model, backend=backend) if compile and inductor and layer_step is None else None
     if kernels is not None:
         register_native_attention()  # one-query attention on qkv's kernel (qkv.attention.registry)
-    setup = DecodeSetup(precision=precision, compile=report, kernels=kernels, layer_step=layer_step, from_cache=from_cache)
-    _PREPARED[model] = setup
-    return setup
+    return DecodeSetup(precision=precision, compile=report, kernels=kernels, layer_step=layer_step, from_cache=from_cache)
 
 
-# How the runtime prepared each model it prepared: a fact about the model's converted weights
-# that its sessions read to choose their step (qkv.runtime.session). Weak keys: a model
-# that is dropped takes its entry with it; the model itself holds nothing of it.
-_PREPARED: weakref.WeakKeyDictionary[CausalDecoder, DecodeSetup] = weakref.WeakKeyDictionary()
+@dataclass(frozen=True)
+class PreparedModel:
+    """A model ready for decoding, with what came with it (tokenizer, chat template, path) and
+    how it was prepared: what `prepare` gives every entry point."""
 
+    loaded: LoadedModel
+    setup: DecodeSetup
 
-def setup_of(model: CausalDecoder) -> DecodeSetup | None:
-    """How `prepare_for_decoding` prepared `model`, or None for a model it never saw."""
-    return _PREPARED.get(model)
+    @property
+    def model(self) -> CausalDecoder:
+        return self.loaded.model
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.loaded.tokenizer
 
 
 def load_for_generation(
@@ -192,25 +199,29 @@ def load_for_generation(
     max_memory: int | None = None,
 ) -> tuple[CausalDecoder, Any, DecodeSetup]:
     """Load a decoder (a checkpoint folder, a .gguf file or 'smollm2') ready for fast
-    decoding: (model, tokenizer, setup). `precision="float32", compile=False` gives the
-    model exactly as `qkv.load_pretrained` does. A model prepared at a quantized precision
-    is kept on disk and the next load assigns it instead of preparing again
-    (qkv.runtime.prepared_cache; setup.from_cache says which happened)."""
-    loaded, setup = load_prepared_model(source, precision=precision, compile=compile, max_memory=max_memory)
-    return loaded.model, loaded.tokenizer, setup
+    decoding: (model, tokenizer, setup), as `prepare` makes it; hand `setup` to
+    `qkv.generate(..., setup=setup)` so the decode steps run as prepared. A model prepared at a
+    quantized precision is kept on disk and the next load assigns it instead of preparing
+    again (qkv.runtime.prepared_cache; setup.from_cache says which happened)."""
+    prepared = prepare(source, precision, compile=compile, max_memory=max_memory)
+    return prepared.model, prepared.tokenizer, prepared.setup
 
 
-def load_prepared_model(
+def prepare(
     source: str | os.PathLike[str],
-    *,
     precision: str = DEFAULT_PRECISION,
+    *,
     compile: bool = True,
+    inductor: bool = True,
     max_memory: int | None = None,
     chat: bool = False,
-    backend: CompilerBackend = "inductor",
-) -> tuple[LoadedModel, DecodeSetup]:
-    """`load_for_generation` with what the loader gives besides the model (the chat
-    template, the path): what `qkv generate` and `qkv chat` load through."""
+) -> PreparedModel:
+    """The one way a source (a checkpoint folder, a .gguf file, a packaged name) becomes a
+    decodable model, for every command, the server and the Python API. "auto" and "blocks"
+    keep a GGUF file's blocks as stored where qkv's block products run; int4 takes Q4_0/Q4_1
+    blocks byte for byte; int8 and int4 otherwise come from the prepared-weights cache, or are
+    made from the weights and kept there. chat: the model must come with a chat template.
+    inductor=False: never Inductor's graphs (a server, whose batch sizes vary)."""
     from qkv.models.loader import open_model
 
     check_precision(precision)
@@ -223,11 +234,12 @@ def load_prepared_model(
     asked = precision
     precision = resolve_precision(precision, stored_in_four_bits=getattr(opened.source, "stored_in_four_bits", False),
                                   stored_in_blocks=in_blocks and block_products_run())
+    finish = functools.partial(_finish, compile=compile, inductor=inductor)
     if precision == BLOCKS:  # a GGUF file's layers in its own block types (stored_blocks)
         with slow_step("loading the file's stored blocks"):
             blocks = load_stored_blocks(opened) if in_blocks else None
         if blocks is not None:
-            return blocks, _finish(blocks.model, precision, compile=compile, backend=backend)
+            return PreparedModel(blocks, finish(blocks.model, precision))
         if asked == BLOCKS:
             raise QkvError(f"--dtype blocks needs a GGUF file whose layer matrices qkv's models hold as stored "
                            f"blocks (Q4_K, Q8_0...); {opened.source.path} is not one: choose {AUTO}, int8 or int4")
@@ -238,27 +250,12 @@ def load_prepared_model(
         with slow_step("loading the file's stored 4-bit blocks"):
             stored = load_stored_four_bits(opened, lambda model: _shape_layers(model, precision, empty=True))
         if stored is not None:
-            return stored, _finish(stored.model, precision, compile=compile, backend=backend)
+            return PreparedModel(stored, finish(stored.model, precision))
     kept = (prepared_path(opened.files, precision)
             if precision in QUANTIZED and native_kernels().available else None)
-    reading = f"reading the prepared {precision} weights from the cache and checking their digest"
-    with slow_step(reading) if kept is not None else contextlib.nullcontext():
-        state = read_prepared(kept) if kept is not None else None
-        damage = None
-        if state is not None and kept is not None:
-            loaded = opened.skeleton()
-            _shape_layers(loaded.model, precision, empty=True)
-            damage = check_entry(state, loaded.model.state_dict())
-            if damage is None:
-                try:
-                    loaded.model.load_state_dict(state, assign=True, strict=True)
-                except (RuntimeError, ValueError) as error:  # written by another qkv: prepare afresh
-                    damage = str(error).splitlines()[0][:120]
-    if state is not None and kept is not None:
-        if damage is not None:
-            reject(kept, damage)
-        else:
-            return loaded, _finish(loaded.model, precision, compile=compile, backend=backend, from_cache=True)
+    cached = _from_cache(opened, precision, kept) if kept is not None else None
+    if cached is not None:
+        return PreparedModel(cached, finish(cached.model, precision, from_cache=True))
     with slow_step("loading the weights"):
         loaded = opened.build()
     with slow_step(f"preparing the {precision} weights" + (" (kept in the cache for the next run)" if kept else "")):
@@ -266,4 +263,25 @@ def load_prepared_model(
     if kept is not None:
         with slow_step("keeping the prepared weights in the cache"):
             keep_prepared(loaded.model, kept)
-    return loaded, _finish(loaded.model, precision, compile=compile, backend=backend)
+    return PreparedModel(loaded, finish(loaded.model, precision))
+
+
+def _from_cache(opened: OpenedModel, precision: str, kept: Path) -> LoadedModel | None:
+    """The model with its prepared weights assigned from the cache entry `kept`; None when
+    there is none or it is damaged (then rejected, and the caller prepares afresh)."""
+    with slow_step(f"reading the prepared {precision} weights from the cache and checking their digest"):
+        state = read_prepared(kept)
+        if state is None:
+            return None
+        loaded = opened.skeleton()
+        _shape_layers(loaded.model, precision, empty=True)
+        damage = check_entry(state, loaded.model.state_dict())
+        if damage is None:
+            try:
+                loaded.model.load_state_dict(state, assign=True, strict=True)
+            except (RuntimeError, ValueError) as error:  # written by another qkv: prepare afresh
+                damage = str(error).splitlines()[0][:120]
+    if damage is not None:
+        reject(kept, damage)
+        return None
+    return loaded

@@ -11,7 +11,8 @@ touching each other (a server's slots and an explorer's trace side by side).
 
 How a decode step runs is chosen per session, once, when it is entered (`step`):
 "native" runs each layer as one call of qkv's C++ (`qkv.runtime.layer_step`), where the
-model was prepared for it (`qkv.runtime.prepare_for_decoding`) and the cache kind lets it;
+session is given the setup of a model prepared for it (`setup=`, from `qkv.runtime.prepare`)
+and the cache kind lets it;
 "modules" runs the PyTorch modules (compiled where the preparation compiled them); "auto"
 (the default) takes native where it can. A trace, whose hooks must see every module, asks
 for "modules" (and a session entered while any forward hook is on the model runs the
@@ -46,7 +47,7 @@ from qkv.attention.caches.window_cache import cache_kind_for
 from qkv.errors import QkvError
 from qkv.models.decoder import CausalDecoder
 from qkv.runtime.layer_step import NativeLayerStep
-from qkv.runtime.prepare import setup_of
+from qkv.runtime.prepare import DecodeSetup
 
 STEPS = ("auto", "native", "modules")
 
@@ -121,7 +122,9 @@ class DecodeSession:
     """Owns `model`'s caches for the duration of a `with` block (see the module docstring).
 
     capacity: positions each row can hold (default: the model's context length, rounded
-    as `cache_capacity` rounds); kind: the cache kind (qkv.attention.caches.kv_cache).
+    as `cache_capacity` rounds); kind: the cache kind (qkv.attention.caches.kv_cache);
+    setup: how the model was prepared (`qkv.runtime.prepare`), whose native layers the session
+    binds to its caches; None runs the modules.
     """
 
     def __init__(
@@ -134,6 +137,7 @@ class DecodeSession:
         dtype: torch.dtype | None = None,
         step: str = "auto",
         exact_capacity: bool = False,
+        setup: DecodeSetup | None = None,
     ) -> None:
         if batch_size < 1:
             raise QkvError(f"batch_size must be at least 1, got {batch_size}")
@@ -141,6 +145,7 @@ class DecodeSession:
             raise QkvError(f"unknown decode step {step!r}; choose one of {', '.join(STEPS)}")
         self.step = step
         self.model = model
+        self.setup = setup
         self.batch_size = batch_size
         if exact_capacity and capacity is not None:  # a window cache's size, say: not rounded
             self.capacity = capacity
@@ -181,8 +186,7 @@ class DecodeSession:
         """The native layers bound to this session's caches, when its step may use them."""
         if self.step == "modules" or _hooked(self.model):
             return None
-        setup = setup_of(self.model)
-        layer_step = None if setup is None else setup.layer_step
+        layer_step = None if self.setup is None else self.setup.layer_step
         native = None if layer_step is None else layer_step.bound_to(self.model, self.caches)
         if native is None and self.step == "native":
             print("qkv: native decode layers cannot run this session (model not prepared for them, or its "

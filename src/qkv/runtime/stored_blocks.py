@@ -25,13 +25,11 @@ from torch import Tensor, nn
 
 from qkv.attention.stacking import stack_projections, stacked_from
 from qkv.runtime.linear.block import BlockEmbedding, stacked_block_linear
-from qkv.runtime.stored_four_bits import fill_from_state, stacked_values, stored_parts
+from qkv.runtime.stored_four_bits import EMBEDDING, fill_from_state, stacked_values, stored_parts
 
 if TYPE_CHECKING:
     from qkv.models.gguf.stored import StoredBlocks
     from qkv.models.loader import LoadedModel, OpenedModel
-
-EMBEDDING = "model.embed_tokens.weight"
 
 
 def _bias(name: str, state: dict[str, Tensor], module: nn.Linear) -> Tensor | None | bool:

@@ -18,7 +18,7 @@ from qkv.bench.common import Context, Section
 from qkv.bench.gpt2_checkpoint import hf_generate, load_hf, load_qkv, qkv_generate
 from qkv.runtime import DecodeSession
 from qkv.generation import warm_up
-from qkv.models.decoder import CausalDecoder
+from qkv.runtime.prepare import PreparedModel
 from qkv.runtime.huge_pages import huge_ones
 from qkv.bench.measure.timing import alternate, alternate_probed, ratio
 
@@ -33,7 +33,7 @@ class DecodeRun:
     """What the decode section leaves for the roofline section."""
 
     section: Section
-    models: dict[str, CausalDecoder]  # qkv contenders by name
+    models: dict[str, PreparedModel]  # qkv contenders by name
     prefill_s: dict[str, float]  # median prompt time of each
     capacity: int  # the session's capacity (the roofline attaches caches of this size to count them)
     probe_bytes: float  # bytes one probe call reads
@@ -53,11 +53,11 @@ def bandwidth_probe(nbytes: int, sums: int) -> tuple[Callable[[], object], float
     return run, float(probe.numel() * probe.element_size() * sums)
 
 
-def prefill_once(model: CausalDecoder, ids: torch.Tensor, capacity: int) -> Callable[[], object]:
+def prefill_once(prepared: PreparedModel, ids: torch.Tensor, capacity: int) -> Callable[[], object]:
     """The prompt through a fresh session, as generate's first step runs it."""
 
     def run() -> object:
-        with DecodeSession(model, capacity=capacity) as session:
+        with DecodeSession(prepared.model, capacity=capacity, setup=prepared.setup) as session:
             return session.prefill(ids)
 
     return run
@@ -74,7 +74,7 @@ def measure_decode(ctx: Context) -> DecodeRun:
     hf = load_hf(folder)
     models = {COMPILED: load_qkv(folder, compile=True), EAGER: load_qkv(folder, compile=False)}
     ctx.progress("warming up (compiling) qkv")
-    section.facts["compile (warm_up) s"] = round(warm_up(models[COMPILED]), 3)
+    section.facts["compile (warm_up) s"] = round(warm_up(models[COMPILED].model, setup=models[COMPILED].setup), 3)
     reference = hf_generate(hf, ids, s.new_tokens)
     for name, model in models.items():
         out = qkv_generate(model, ids, s.new_tokens)
@@ -93,7 +93,7 @@ def measure_decode(ctx: Context) -> DecodeRun:
     section.measurements.extend(measured.values())
     section.ratios.extend(ratio(measured[name], measured[TRANSFORMERS]) for name in models)
     section.ratios.append(ratio(measured[COMPILED], measured[EAGER]))
-    capacity = DecodeSession(models[COMPILED], capacity=s.prompt + s.new_tokens).capacity
+    capacity = DecodeSession(models[COMPILED].model, capacity=s.prompt + s.new_tokens).capacity
     prompts = alternate({name: prefill_once(model, ids, capacity) for name, model in models.items()},
                         work=s.prompt, unit="tokens", repeats=ctx.options.repeats)
     section.facts["prompt tokens"] = s.prompt

@@ -85,21 +85,21 @@ def _tiny_llama(precision: str) -> Any:
     return model
 
 
-def _load(sizes: KVSizes, precision: str, compile: bool) -> tuple[Any, Callable[[str], torch.Tensor]]:
-    """(model, encode: text -> ids (N,))."""
+def _load(sizes: KVSizes, precision: str, compile: bool) -> tuple[Any, Any, Callable[[str], torch.Tensor]]:
+    """(model, how it was prepared (None: its modules run), encode: text -> ids (N,))."""
     if sizes.model == "tiny":
         model = _tiny_llama(precision)
-        return model, lambda text: torch.tensor([b % 128 for b in text.encode("utf-8")])
-    from qkv.runtime.prepare import load_for_generation
+        return model, None, lambda text: torch.tensor([b % 128 for b in text.encode("utf-8")])
+    from qkv.runtime.prepare import prepare
 
-    model, tokenizer, _ = load_for_generation("smollm2", precision=precision, compile=compile)
-    return model, lambda text: torch.tensor(tokenizer.encode(text).ids)
+    prepared = prepare("smollm2", precision, compile=compile)
+    return prepared.model, prepared.setup, lambda text: torch.tensor(prepared.tokenizer.encode(text).ids)
 
 
 def kv_cache_section(ctx: Context) -> Section:
     sizes = QUICK_KV if ctx.sizes.quality_model == "gpt2" else FULL_KV
     section = Section("kv-cache")
-    model, encode = _load(sizes, "float32", compile=False)
+    model, _, encode = _load(sizes, "float32", compile=False)
     section.facts["model"] = "SmolLM2-135M-Instruct, float32" if sizes.model == "smollm2" else "tiny random Llama"
     texts: dict[str, torch.Tensor] = {}
     if ctx.options.data is not None:
@@ -211,8 +211,8 @@ def _speed(ctx: Context, section: Section, sizes: KVSizes, encode: Callable[[str
     try:
         for label, name in (("full cache", "full"), ("int4 cache", "int4")):
             ctx.progress(f"decode speed at {sizes.speed_context} tokens: prefilling the {label}")
-            model, _ = _load(sizes, DEFAULT_PRECISION, compile=True)
-            session = DecodeSession(model, capacity=capacity, kind=cache_kind(name)).__enter__()
+            model, setup, _ = _load(sizes, DEFAULT_PRECISION, compile=True)
+            session = DecodeSession(model, capacity=capacity, kind=cache_kind(name), setup=setup).__enter__()
             loop = DecodeLoop(session)  # one greedy row, stepped in timed rounds (the one decode loop)
             loop.start(0, session.prefill(ids)[0], RowRequest(max_tokens=sizes.speed_steps * rounds + 1))
             sessions[label] = (session, loop)

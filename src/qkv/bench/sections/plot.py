@@ -25,11 +25,11 @@ def plot_section(ctx: Context) -> Section:
     s = ctx.sizes
     section = Section("plot")
     folder = ctx.gpt2_checkpoint()
-    cached_model, plain_model = load_qkv(folder), load_qkv(folder)
+    prepared, plain_model = load_qkv(folder), load_qkv(folder).model
     ids = torch.randint(1, s.vocab, (1, max(s.plot_lengths) + 1), generator=torch.Generator().manual_seed(6))
     series: dict[str, list[float]] = {"with cache": [], "without cache": []}
     for length in s.plot_lengths:
-        with DecodeSession(cached_model, capacity=length + STEPS + 1) as session:
+        with DecodeSession(prepared.model, capacity=length + STEPS + 1, setup=prepared.setup) as session:
             logits = session.prefill(ids[:, :length])[0]  # once; each timed call truncates back to here
 
             def cached(length: int = length, session: DecodeSession = session, logits: torch.Tensor = logits) -> object:

@@ -19,7 +19,7 @@ def prefill_section(ctx: Context) -> Section:
     folder = ctx.gpt2_checkpoint()
     ids = torch.randint(1, s.vocab, (1, s.prefill), generator=torch.Generator().manual_seed(2))  # (B, T)
     hf = load_hf(folder)
-    ours = load_qkv(folder)
+    ours = load_qkv(folder).model
 
     def run_hf() -> torch.Tensor:
         with torch.inference_mode():

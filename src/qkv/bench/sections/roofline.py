@@ -32,9 +32,9 @@ def roofline_section(ctx: Context) -> Section:
     visible = run.section.facts["prompt tokens"] + new_tokens // 2
     section.facts["cached positions a decode step sees (mean)"] = visible
     by_name = {m.name: m for m in run.section.measurements}
-    for name, model in run.models.items():
-        with DecodeSession(model, capacity=run.capacity) as session:
-            tb = token_bytes(model, session.caches, visible)
+    for name, prepared in run.models.items():
+        with DecodeSession(prepared.model, capacity=run.capacity, setup=prepared.setup) as session:
+            tb = token_bytes(prepared.model, session.caches, visible)
         achieved = [(new_tokens - 1) / (t - run.prefill_s[name]) for t in by_name[name].samples_s]
         gb_per_s = [run.probe_bytes / ((before + after) / 2) / 1e9 for before, after in run.around[name]]
         bounds = [roofline_tokens_per_s(tb.total, gb) for gb in gb_per_s]

@@ -59,8 +59,8 @@ from qkv.runtime.prepare import load_for_generation
 loaded = time.time()
 model, tokenizer, setup = load_for_generation("smollm2")
 loaded = time.time() - loaded
-compile_s = warm_up(model)
-generate(model, torch.tensor([json.loads(sys.argv[2])]), 1)
+compile_s = warm_up(model, setup=setup)
+generate(model, torch.tensor([json.loads(sys.argv[2])]), 1, setup=setup)
 print(json.dumps({"first_token_at": time.time(), "load_s": loaded, "compile_s": compile_s,
                   "setup": setup.describe() + (", prepared weights from the cache" if setup.from_cache else "")}))
 """
@@ -154,11 +154,11 @@ def smollm2_section(ctx: Context) -> Section:
     ctx.progress("loading SmolLM2 as qkv generate does")
     model, tokenizer, setup = load_for_generation("smollm2")
     section.facts["qkv setup"] = setup.describe()
-    section.facts["compile (warm_up) s, this process"] = round(warm_up(model), 3)
+    section.facts["compile (warm_up) s, this process"] = round(warm_up(model, setup=setup), 3)
     ids_list = prompt_ids(tokenizer, s.smollm2_prompt)
     ids = torch.tensor([ids_list])  # (B, T)
     new = s.smollm2_new
-    contenders: dict[str, Callable[[], object]] = {QKV: lambda: generate(model, ids, new)}
+    contenders: dict[str, Callable[[], object]] = {QKV: lambda: generate(model, ids, new, setup=setup)}
     ctx.progress("loading llama.cpp")
     llama = llama_contender(ids_list, new, threads)
     if isinstance(llama, str):
@@ -183,8 +183,8 @@ def smollm2_section(ctx: Context) -> Section:
     if not isinstance(hf, str):
         ctx.progress("qkv float32 (compiled) greedy tokens against transformers'")
         exact, _, exact_setup = load_for_generation("smollm2", precision="float32")
-        warm_up(exact)
-        ours = generate(exact, ids, new)[0, ids.shape[1]:].tolist()
+        warm_up(exact, setup=exact_setup)
+        ours = generate(exact, ids, new, setup=exact_setup)[0, ids.shape[1]:].tolist()
         theirs = hf[0]()
         section.facts[f"qkv float32 ({exact_setup.describe()}) greedy tokens equal to transformers float32"] = (
             ours == theirs)

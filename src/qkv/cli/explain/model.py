@@ -46,7 +46,7 @@ class LoadedModel:
 
 
 def load_model(name: str, *, max_memory: int | None = None) -> LoadedModel:
-    from qkv.models import loader
+    from qkv.runtime.prepare import prepare
 
     exists = Path(name).expanduser().exists()
     if name.lower() == "minilm" and not exists:  # names match as the loader matches them
@@ -54,9 +54,11 @@ def load_model(name: str, *, max_memory: int | None = None) -> LoadedModel:
 
         model, tokenizer = load_minilm()
         return LoadedModel("minilm", model, tokenizer, encoder=True)
-    # A missing folder or file is reported by the loader, in the words `qkv generate` uses.
-    model, tokenizer = loader.load_pretrained(name, max_memory=max_memory)
-    return LoadedModel(name, model.eval(), tokenizer, encoder=False)
+    # Prepared as `qkv generate --dtype float32 --no-compile` prepares it (qkv.runtime.prepare):
+    # the checkpoint's numbers, its layers as PyTorch modules, which a trace's hooks see. A
+    # missing folder or file is reported by the loader, in the words `qkv generate` uses.
+    prepared = prepare(name, "float32", compile=False, max_memory=max_memory)
+    return LoadedModel(name, prepared.model.eval(), prepared.tokenizer, encoder=False)
 
 
 def _plural(count: int, noun: str) -> str:

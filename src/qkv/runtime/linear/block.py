@@ -31,7 +31,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkv.models.gguf.stored import StoredBlocks
+from qkv.runtime.linear.kernel import kernel_list
 
+MAX_STACKED_BLOCKS = 4  # runtime/native/csrc/kernels.h's MAX_PARTS: matrices of different block types in one product
 _said: set[str] = set()
 
 
@@ -87,6 +89,10 @@ class BlockLinear(nn.Module):
         y = block_layer_linear(rows, self.blocks, self.block_type, self.bias)  # (M, N)
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
+    def kernel_tensors(self) -> list[Tensor] | None:
+        """[blocks, type, bias?] for qkv's whole-layer kernel (qkv.runtime.linear.kernel)."""
+        return kernel_list([self.blocks, self.type_code], self.bias) if self.native else None
+
     def extra_repr(self) -> str:
         path = "native" if self.native else "torch reference"
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.block_type.name}, {path}"
@@ -109,6 +115,13 @@ class StackedBlockLinear(nn.Module):
     @property
     def native(self) -> bool:
         return all(part.native for part in self.parts)  # type: ignore[union-attr]
+
+    def kernel_tensors(self) -> list[Tensor] | None:
+        """[blocks, type, (blocks, type)..., bias?] for qkv's whole-layer kernel, which takes up
+        to MAX_STACKED_BLOCKS parts (qkv.runtime.linear.kernel)."""
+        if not self.native or len(self.parts) > MAX_STACKED_BLOCKS:
+            return None
+        return kernel_list([t for part in self.parts for t in (part.blocks, part.type_code)], self.bias)  # type: ignore[union-attr]
 
     def forward(self, x: Tensor) -> Tensor:
         y = torch.cat([part(x) for part in self.parts], dim=-1)  # (..., N_0 + N_1 + ...)

@@ -16,9 +16,11 @@ Shape legend: K input features, N output features, M rows.
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from qkv.runtime.linear.kernel import kernel_list
 from qkv.runtime.native.ops import f32_linear
 from qkv.runtime.linear.quantized import PROMPT_ROWS, replace_linears
 
@@ -40,6 +42,11 @@ class NativeFloatLinear(nn.Module):
             return F.linear(x, self.weight, self.bias)
         y = f32_linear(rows.contiguous(), self.weight, self.bias)  # (M, N)
         return y.reshape(*x.shape[:-1], self.out_features)
+
+    def kernel_tensors(self) -> list[Tensor] | None:
+        """[w, bias?] for qkv's whole-layer kernel (qkv.runtime.linear.kernel); None once the
+        model is cast away from float32."""
+        return kernel_list([self.weight], self.bias) if self.weight.dtype == torch.float32 else None
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, qkv kernel"

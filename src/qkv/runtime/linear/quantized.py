@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkv.runtime.native import native_kernels
+from qkv.runtime.linear.kernel import kernel_list
 from qkv.runtime.native.ops import (BLOCK, dequantize_blocks, int4_linear, int4_linear_reference, int8_linear,
                             int8_linear_reference, pack_blocks, round_activations)
 from qkv.runtime.compile import repeated_layers
@@ -167,6 +168,12 @@ class Int8Linear(nn.Module):
             y = F.linear(rows.float(), self.dequantized(torch.float32)).to(x.dtype)
         return _bias_after(y.reshape(*x.shape[:-1], self.out_features), self.bias, x.dtype)
 
+    def kernel_tensors(self) -> list[Tensor] | None:
+        """[w, scales, bias?] for qkv's whole-layer kernel (qkv.runtime.linear.kernel)."""
+        if not self.native or self.scales.dtype != torch.float32:
+            return None
+        return kernel_list([self.weight, self.scales], self.bias)
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, int8"
 
@@ -236,6 +243,10 @@ class Int4Linear(nn.Module):
         else:  # a prompt: the kernel's math (activations rounded to int8 per block), one float product
             y = F.linear(round_activations(rows), self.dequantized(torch.float32)).to(x.dtype)
         return _bias_after(y.reshape(*x.shape[:-1], self.out_features), self.bias, x.dtype)
+
+    def kernel_tensors(self) -> list[Tensor] | None:
+        """[q, d_bits, m_bits, bias?] for qkv's whole-layer kernel (qkv.runtime.linear.kernel)."""
+        return kernel_list([self.q, self.d_bits, self.m_bits], self.bias) if self.native else None
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

@@ -36,6 +36,10 @@ class InputMajorLinear(nn.Module):
         y = x @ self.weight_t  # (..., K) @ (K, N) -> (..., N)
         return y if self.bias is None else y + self.bias
 
+    def kernel_tensors(self) -> list[Tensor] | None:
+        """None: made only where qkv's kernels cannot be built, it runs as a module (qkv.runtime.linear.kernel)."""
+        return None
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, input-major"
 

@@ -50,6 +50,7 @@ from qkv.errors import QkvError
 from qkv.generation.constraints import Constraint
 from qkv.generation.decode_loop import Alternatives, StepToken, DecodeLoop, RowRequest, scored
 from qkv.generation.sampling import Sampling
+from qkv.runtime.prepare import DecodeSetup
 from qkv.runtime.session import DecodeSession, reusable_prefix
 from qkv.models.decoder import CausalDecoder
 from qkv.serve.engine.prefix_cache import RowPrefixes
@@ -149,13 +150,14 @@ class EngineStats:
 class Engine:
     def __init__(self, model: CausalDecoder, *, max_batch: int = 8, capacity: int | None = None,
                  max_waiting: int | None = None, threads: FollowIdleCores | None = None,
-                 prefix_reuse: bool = True) -> None:
+                 prefix_reuse: bool = True, setup: DecodeSetup | None = None) -> None:
+        """setup: how `model` was prepared (qkv.runtime.prepare), so the slots' steps run as prepared."""
         if max_batch < 1:
             raise QkvError(f"--max-batch must be at least 1, got {max_batch}")
         self.model = model
         self.max_batch = max_batch
         capacity = model.context_length if capacity is None else min(capacity, model.context_length)
-        self.session = DecodeSession(model, batch_size=max_batch, capacity=capacity, kind=SlotKVCache)
+        self.session = DecodeSession(model, batch_size=max_batch, capacity=capacity, kind=SlotKVCache, setup=setup)
         self.loop = DecodeLoop(self.session)  # the one decode loop: rows join and leave between steps
         self.capacity = self.session.capacity  # the slots' cache, rounded up (qkv.runtime.session.cache_capacity)
         self.context = capacity  # what a request may use: --context (at most the model's), never the rounding

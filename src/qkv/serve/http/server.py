@@ -1,7 +1,7 @@
 """Loading what to serve, and running it under uvicorn.
 
     sock = bind_socket("127.0.0.1", 8000)        # a port in use is refused before anything else
-    served = load_served("smollm2", precision="float32", max_batch=8)   # KV memory checked first
+    served = load_served("smollm2", max_batch=8)   # prepared as `qkv generate` prepares it; KV memory checked first
     serve(build_app(served, ...), sock=sock, door=Door())
 """
 
@@ -12,6 +12,7 @@ import socket
 from pathlib import Path
 
 from qkv.errors import QkvError
+from qkv.names import DEFAULT_PRECISION
 from qkv.serve.engine.served import Served
 from qkv.serve.http.connections import bind_socket, run_uvicorn
 from qkv.serve.engine.batching import Engine
@@ -26,36 +27,40 @@ def model_name(source: str) -> str:
     return path.stem if path.suffix == ".gguf" else (path.name or source) if path.exists() else source
 
 
-def load_served(source: str, *, precision: str = "float32", max_batch: int = 8,
+def load_served(source: str, *, precision: str = DEFAULT_PRECISION, max_batch: int = 8,
                 capacity: int | None = None, max_waiting: int | None = None,
                 threads: FollowIdleCores | None = None, prefix_reuse: bool = True) -> Served:
-    """The model (with its chat template when it has one), ready for the engine; what it
-    was loaded from and how it runs (precision, kernels) are kept for the start-up line
-    and /v1/models, since a server's client cannot see its command line."""
+    """The model (with its chat template when it has one), prepared as `qkv generate` prepares
+    it (qkv.runtime.prepare: a GGUF file's blocks stay its blocks), ready for the engine; what
+    it was loaded from and how it runs (precision, kernels) are kept for the start-up line and
+    /v1/models, since a server's client cannot see its command line."""
     from qkv.chat.conversation import ChatTemplate, chat_model_from
-    from qkv.models.loader import load
-    from qkv.runtime.prepare import load_dtype, prepare_for_decoding
+    from qkv.runtime.prepare import prepare
 
-    template: ChatTemplate | None = None
-    try:
-        loaded = load(source, load_dtype(precision), chat=True)
-        chat = chat_model_from(loaded)
-        model, tokenizer, template, stop = chat.model, chat.tokenizer, chat.template, set(chat.stop_ids)
-    except QkvError as error:
-        if "chat template" not in str(error) and "end-of-turn" not in str(error):
-            raise
-        loaded = load(source, load_dtype(precision))
-        model, tokenizer = loaded.model, loaded.tokenizer
-        stop = set(model.eos_token_ids)
     # Decode steps of the occupied slots as one qkv kernel call per layer where the kernels run
-    # the model (float32, int8, int4); not Inductor, whose graphs would follow the batch size.
-    setup = prepare_for_decoding(model, precision=precision, inductor=False)
+    # the model; never Inductor, whose graphs would follow the batch size.
+    try:
+        prepared = prepare(source, precision, inductor=False, chat=True)
+    except QkvError as error:  # no template: refused before any weight is read
+        if "chat template" not in str(error):
+            raise
+        prepared = prepare(source, precision, inductor=False)
+    model, tokenizer, setup = prepared.model, prepared.tokenizer, prepared.setup
+    template: ChatTemplate | None = None
+    stop = set(model.eos_token_ids)
+    if prepared.loaded.chat_template is not None:
+        try:
+            chat = chat_model_from(prepared.loaded)
+            template, stop = chat.template, set(chat.stop_ids)
+        except QkvError as error:
+            if "end-of-turn" not in str(error):
+                raise
     require_kv_memory(model, max_batch=max_batch, capacity=capacity)  # before the engine allocates it
     engine = Engine(model, max_batch=max_batch, capacity=capacity, max_waiting=max_waiting, threads=threads,
-                    prefix_reuse=prefix_reuse)
+                    prefix_reuse=prefix_reuse, setup=setup)
     kernels = setup.kernels.describe() if setup.kernels is not None else "PyTorch's kernels"
     return Served(model_name(source), model, tokenizer, template, frozenset(stop), engine,
-                  precision=setup.precision, kernels=kernels, path=str(loaded.path))
+                  precision=setup.precision, kernels=kernels, path=str(prepared.loaded.path))
 
 
 def describe(served: Served) -> str:
