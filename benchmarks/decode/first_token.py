@@ -10,11 +10,12 @@ weights as a first-ever run does). Phases, in order:
 
 - import: from the process start (interpreter included) to `qkv.cli.generate` and what
   its `run` imports (torch, the loader, generation) imported;
-- header: the GGUF header, config, tensor shapes and tokenizer (`open_gguf_file`);
+- header: the file's header, config, tensor shapes and tokenizer (`qkv.models.loader.open_model`);
 - cached: reading the prepared weights kept by an earlier run (`read_prepared`,
-  qkv.runtime.prepared_cache; 0 on a run that prepares from the file);
-- weights: dequantizing every tensor (`read_tensors`; 0 when the prepared weights were kept);
-- build: the model made and the weights put in (`ModelPlan.build`, or its skeleton);
+  qkv.runtime.prepared_cache; 0 on a run that takes the file's blocks as stored);
+- weights: the model built with its weights: the file's 4-bit or other blocks as stored
+  (`load_stored_four_bits`, `load_stored_blocks`) or every tensor read (`OpenedModel.build`);
+- build: the model made empty for kept weights (`OpenedModel.skeleton`);
 - prepare: fuse and quantize, or make the same layers empty for the kept weights (`_shape_layers`);
 - keep: writing the prepared weights for the next run (`keep_prepared`, the first run only);
 - finish: weights onto 2 MB pages, the fused layers or Inductor's regions (`_finish`);
@@ -51,11 +52,9 @@ import qkv.cli.generate
 # what generate's run() imports first thing (torch and the modules it loads with)
 import torch, qkv.generation, qkv.models.loader, qkv.runtime.prepare, qkv.cli.perplexity
 marks["import"] = time.time() - T0
-from qkv.models import gguf, checkpoint
+from qkv.models import loader
 from qkv.runtime import prepare
-from qkv.runtime.linear import compile as compiling
-from qkv import generation
-import qkv.cli.speed
+import qkv.generation as generation
 
 def timed(owner, name, key):
     original = getattr(owner, name)
@@ -67,10 +66,11 @@ def timed(owner, name, key):
             marks[key] = marks.get(key, 0.0) + time.perf_counter() - start
     setattr(owner, name, wrapper)
 
-timed(gguf, "open_gguf_file", "header")
-timed(gguf.GGUFFile, "read_tensors", "weights")
-timed(checkpoint.ModelPlan, "build", "build")
-timed(checkpoint.ModelPlan, "skeleton", "build")
+timed(loader, "open_model", "header")
+timed(prepare, "load_stored_four_bits", "weights")
+timed(prepare, "load_stored_blocks", "weights")
+timed(loader.OpenedModel, "build", "weights")
+timed(loader.OpenedModel, "skeleton", "build")
 timed(prepare, "read_prepared", "cached")
 timed(prepare, "_shape_layers", "prepare")
 timed(prepare, "keep_prepared", "keep")
