@@ -141,10 +141,9 @@ void for_each_part(const Linear &L, Rows &&rows) {
     });
 }
 
-// block_q8.cpp: a BLOCKS Linear's products on activations rounded per 32 (integer dot products,
-// AVX-512 VNNI); q8_products_run says whether they run for L in the active variant.
-bool q8_products_run(const Linear &L);
-void apply_blocks_q8(const Linear &L, const float *x, float *y, int64_t M, bool simd);
+// block_products.cpp: a BLOCKS Linear's products on activations rounded as each part's block
+// type multiplies them (block_format.h), in the active variant.
+void apply_blocks(const Linear &L, const float *x, float *y, int64_t M);
 
 // y (M, N) = x (M, K) through L, on PyTorch's threads, in the active variant. Each row of y
 // is computed by the same operations whatever M is (batch invariance).
