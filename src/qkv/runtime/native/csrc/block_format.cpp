@@ -259,7 +259,7 @@ int64_t row_bytes_of(int64_t type, int64_t K) {
     return K / t->weights * t->bytes;
 }
 
-Rounded round_activations(const float *x, int64_t M, int64_t K, Activation kind) {
+Rounded round_activations(const float *x, int64_t M, int64_t K, Activation kind, bool simd) {
     const int64_t step = kind == PER32 ? 32 : 256, groups = M * K / step;
     Rounded r;
     r.kind = kind;
@@ -268,6 +268,14 @@ Rounded round_activations(const float *x, int64_t M, int64_t K, Activation kind)
     r.d.resize(static_cast<size_t>(groups));
     if (kind == PER32) r.s.resize(static_cast<size_t>(groups));
     else r.sums.resize(static_cast<size_t>(M * K / 16));
+#if QKV_X86
+    if (simd) {
+        avx2_round_groups(x, groups, step, r.q.data(), r.d.data(), kind == PER32 ? r.s.data() : nullptr,
+                          kind == PER256 ? r.sums.data() : nullptr);
+        return r;
+    }
+#endif
+    (void)simd;
     for (int64_t g = 0; g < groups; g++) {
         const float *b = x + g * step;
         float amax = 0.f;

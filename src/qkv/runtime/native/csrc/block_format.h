@@ -102,7 +102,9 @@ static inline XRow row_of(const Rounded &r, int64_t m) {
             r.kind == PER256 ? r.sums.data() + m * (r.K / 16) : nullptr};
 }
 
-Rounded round_activations(const float *x, int64_t M, int64_t K, Activation kind);
+// `simd`: the x86 variants' rounding (block_x86.h: the same codes, steps and sums, faster).
+Rounded round_activations(const float *x, int64_t M, int64_t K, Activation kind, bool simd);
+void avx2_round_groups(const float *x, int64_t groups, int64_t step, int8_t *q, float *d, float *s, int16_t *sums);
 
 // One row of weights (K / W blocks of `type`) against one row of rounded activations.
 using RowDot = float (*)(const uint8_t *row, const XRow &x, int64_t K);

@@ -40,17 +40,22 @@ void apply_blocks(const Linear &L, const float *x, float *y, int64_t M) {
     using namespace blocks;
     bool per32 = false, per256 = false;
     for (int64_t p = 0; p < L.part_count; p++) (traits_of(L.parts[p].type)->activation == PER32 ? per32 : per256) = true;
-    const Rounded r32 = per32 ? round_activations(x, M, L.K, PER32) : Rounded{};
-    const Rounded r256 = per256 ? round_activations(x, M, L.K, PER256) : Rounded{};
     const Variant variant = active_variant();
+    const Rounded r32 = per32 ? round_activations(x, M, L.K, PER32, variant >= AVX2) : Rounded{};
+    const Rounded r256 = per256 ? round_activations(x, M, L.K, PER256, variant >= AVX2) : Rounded{};
+    std::vector<XRow> rows32(per32 ? M : 0), rows256(per256 ? M : 0);  // each row of x's pointers, made once
+    for (int64_t m = 0; m < M; m++) {
+        if (per32) rows32[m] = row_of(r32, m);
+        if (per256) rows256[m] = row_of(r256, m);
+    }
     for_each_part(L, [&](const BlockPart &part, int64_t n0, int64_t n1, int64_t first) {
         const RowDot dot = dot_of(part.type, variant);
-        const Rounded &r = traits_of(part.type)->activation == PER32 ? r32 : r256;
+        const XRow *xs = traits_of(part.type)->activation == PER32 ? rows32.data() : rows256.data();
         const float *bias = L.bias ? L.bias + first : nullptr;
         for (int64_t n = n0; n < n1; n++) {
             const uint8_t *row = part.blocks + n * part.row_bytes;
             for (int64_t m = 0; m < M; m++) {
-                const float s = dot(row, row_of(r, m), L.K);
+                const float s = dot(row, xs[m], L.K);
                 y[m * L.N + first + n] = bias ? s + bias[n] : s;
             }
         }

@@ -64,49 +64,128 @@ inline __m256i codes32(const uint8_t *b) {
     }
 }
 
+template <int64_t T>
+struct Block32;  // the struct of a 32-block type
+template <> struct Block32<Q4_0> { using B = BlockQ4_0; };
+template <> struct Block32<Q4_1> { using B = BlockQ4_1; };
+template <> struct Block32<Q5_0> { using B = BlockQ5_0; };
+template <> struct Block32<Q5_1> { using B = BlockQ5_1; };
+template <> struct Block32<Q8_0> { using B = BlockQ8_0; };
+template <> struct Block32<IQ4_NL> { using B = BlockIQ4_NL; };
+
+// One 32-block against its 32 activation codes: the block's 8 int32 partial sums as float,
+// times d_w d_x, into acc.
+template <class S, int64_t T>
+inline __m256 block32(const uint8_t *b, const int8_t *c, float dx, __m256 acc) {
+    const __m256i w = codes32<T>(b), x = load(c);
+    uint16_t d;
+    memcpy(&d, b, sizeof d);
+    const __m256i dots = T == Q4_1 || T == Q5_1 ? S::dot4(w, x)
+                                                : S::dot4(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));  // |w| sign(w) x
+    return _mm256_fmadd_ps(_mm256_set1_ps(half(d) * dx), _mm256_cvtepi32_ps(dots), acc);
+}
+
+template <int64_t T>
+inline float minimum_term(const uint8_t *b, const float *s) {  // Q4_1 / Q5_1: m s_x
+    uint16_t m;
+    memcpy(&m, b + 2, sizeof m);
+    return half(m) * *s;
+}
+
 template <class S, int64_t T>
 float dot32(const uint8_t *row, const XRow &x, int64_t K) {
     constexpr bool minimum = T == Q4_1 || T == Q5_1;
-    const Traits &t = *traits_of(T);
-    const int64_t Z = t.bytes, G = K / 32;
-    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    float offset = 0.f;
-    for (int64_t g = 0; g < G; g++) {
-        const uint8_t *b = row + g * Z;
-        const __m256i w = codes32<T>(b), c = load(x.q + 32 * g);
-        uint16_t d;
-        memcpy(&d, b, sizeof d);
-        __m256i dots;
+    constexpr int64_t Z = sizeof(typename Block32<T>::B);
+    const int64_t G = K / 32;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    float offset0 = 0.f, offset1 = 0.f;
+    int64_t g = 0;
+    for (; g + 2 <= G; g += 2) {  // two blocks a step, into two accumulators
+        acc0 = block32<S, T>(row + g * Z, x.q + 32 * g, x.d[g], acc0);
+        acc1 = block32<S, T>(row + (g + 1) * Z, x.q + 32 * (g + 1), x.d[g + 1], acc1);
         if constexpr (minimum) {
-            dots = S::dot4(w, c);
-            uint16_t m;
-            memcpy(&m, b + 2, sizeof m);
-            offset += half(m) * x.s[g];
-        } else {
-            dots = S::dot4(_mm256_sign_epi8(w, w), _mm256_sign_epi8(c, w));  // |w| sign(w) c
+            offset0 += minimum_term<T>(row + g * Z, x.s + g);
+            offset1 += minimum_term<T>(row + (g + 1) * Z, x.s + g + 1);
         }
-        acc[g & 1] = _mm256_fmadd_ps(_mm256_set1_ps(half(d) * x.d[g]), _mm256_cvtepi32_ps(dots), acc[g & 1]);
     }
-    return hsum(_mm256_add_ps(acc[0], acc[1])) + offset;
+    if (g < G) {
+        acc0 = block32<S, T>(row + g * Z, x.q + 32 * g, x.d[g], acc0);
+        if constexpr (minimum) offset0 += minimum_term<T>(row + g * Z, x.s + g);
+    }
+    return hsum(_mm256_add_ps(acc0, acc1)) + (offset0 + offset1);
 }
 
-inline __m256i scale16(int a) { return _mm256_set1_epi16(static_cast<short>(a)); }
+// -- the activations' rounding (block_format.cpp's round_activations, the same codes) ------
+inline __m256i codes8(const float *x, __m256 inverse) {  // to nearest, ties to even (MXCSR's default), as lrintf
+    return _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), inverse));
+}
 
-// Q4_K / Q5_K: per 64 weights, sub-block 2c from the low nibbles and 2c + 1 from the high ones.
+inline int32_t hsum_i32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(s);
+}
+
+// `groups` groups of `step` (32 or 256) inputs: codes q, step d, and s (PER32) or the 16-sums (PER256).
+inline void round_groups(const float *x, int64_t groups, int64_t step, int8_t *q, float *d, float *s, int16_t *sums) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t g = 0; g < groups; g++, x += step, q += step) {
+        __m256 amax = _mm256_setzero_ps();
+        for (int64_t j = 0; j < step; j += 8) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float dg = _mm_cvtss_f32(m4) / 127.f, inv = dg > 0.f ? 1.f / dg : 0.f;
+        const __m256 inverse = _mm256_set1_ps(inv);
+        int32_t total = 0;
+        for (int64_t j = 0; j < step; j += 32) {
+            const __m256i n0 = codes8(x + j, inverse), n1 = codes8(x + j + 8, inverse), n2 = codes8(x + j + 16, inverse),
+                          n3 = codes8(x + j + 24, inverse);
+            // int32 -> int16 -> int8 (|code| <= 127); packs work per 128-bit lane, the permute restores the order
+            const __m256i bytes = _mm256_permutevar8x32_epi32(
+                _mm256_packs_epi16(_mm256_packs_epi32(n0, n1), _mm256_packs_epi32(n2, n3)), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256(reinterpret_cast<__m256i *>(q + j), bytes);
+            const int32_t first = hsum_i32(_mm256_add_epi32(n0, n1)), second = hsum_i32(_mm256_add_epi32(n2, n3));
+            total += first + second;
+            if (sums != nullptr) {
+                sums[g * 16 + j / 16] = static_cast<int16_t>(first);
+                sums[g * 16 + j / 16 + 1] = static_cast<int16_t>(second);
+            }
+        }
+        d[g] = dg;
+        if (s != nullptr) s[g] = dg * static_cast<float>(total);
+    }
+}
+
+// Q4_K / Q5_K's 12 scale bytes as 8 scales (low 8 bytes) and 8 minimums (high 8), six bits each,
+// cut out of three 32-bit words at once (the same bits as scale_min_k4).
+inline __m128i scales_mins_k4(const uint8_t *s) {
+    uint32_t u[3];
+    memcpy(u, s, sizeof u);
+    const uint32_t six = 0x3F3F3F3Fu, four = 0x0F0F0F0Fu, top = 0x30303030u;
+    return _mm_setr_epi32(static_cast<int>(u[0] & six), static_cast<int>((u[2] & four) | ((u[0] >> 2) & top)),
+                          static_cast<int>(u[1] & six), static_cast<int>(((u[2] >> 4) & four) | ((u[1] >> 2) & top)));
+}
+
+// Q4_K / Q5_K: per 64 weights, sub-block 2j from the low nibbles and 2j + 1 from the high ones.
 template <class S, int64_t T>
 float dot_k4(const uint8_t *row, const XRow &x, int64_t K) {
     using B = std::conditional_t<T == Q5_K, BlockQ5_K, BlockQ4_K>;
     const __m256i low4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
     __m256 acc = _mm256_setzero_ps();
-    float mins = 0.f;
+    __m128 mins = _mm_setzero_ps();
     for (int64_t i = 0; i < K / 256; i++) {
         const B &b = *reinterpret_cast<const B *>(row + i * static_cast<int64_t>(sizeof(B)));
         const int8_t *c = x.q + 256 * i;
-        const int16_t *sums = x.sums + 16 * i;
-        uint8_t sc[8], mn[8];
-        scale_min_k4(b.scales, sc, mn);
-        int32_t msum = 0;
-        for (int j = 0; j < 8; j++) msum += mn[j] * (sums[2 * j] + sums[2 * j + 1]);
+        const __m256i both = _mm256_cvtepu8_epi16(scales_mins_k4(b.scales));  // 8 scales, 8 minimums as int16
+        // the minimums times the activations' sums per 32 (pairs of the 16-sums)
+        const __m256i sums = load(x.sums + 16 * i);
+        const __m128i sums32 = _mm_hadd_epi16(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
+        const __m128i msum = _mm_madd_epi16(_mm256_extracti128_si256(both, 1), sums32);
+        const float dx = x.d[i];
+        mins = _mm_fmadd_ps(_mm_set1_ps(half(b.dmin) * dx), _mm_cvtepi32_ps(msum), mins);
+        const __m256i scales = _mm256_permute2x128_si256(both, both, 0x00);  // the 8 scales in both halves
         __m256i sumi = _mm256_setzero_si256();
         [[maybe_unused]] __m256i high;
         if constexpr (T == Q5_K) high = load(b.qh);
@@ -118,14 +197,18 @@ float dot_k4(const uint8_t *row, const XRow &x, int64_t K) {
                 hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(high, 1), one), 4));
                 high = _mm256_srli_epi16(high, 2);
             }
-            const __m256i plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, load(c + 64 * j)), scale16(sc[2 * j]));
-            const __m256i phi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, load(c + 64 * j + 32)), scale16(sc[2 * j + 1]));
+            // scale 2j and 2j + 1 in every int16 lane (bytes 4j, 4j + 1 and 4j + 2, 4j + 3)
+            const __m256i sl = _mm256_shuffle_epi8(scales, _mm256_set1_epi16(static_cast<short>((4 * j) | ((4 * j + 1) << 8))));
+            const __m256i sh = _mm256_shuffle_epi8(scales, _mm256_set1_epi16(static_cast<short>((4 * j + 2) | ((4 * j + 3) << 8))));
+            const __m256i plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, load(c + 64 * j)), sl);
+            const __m256i phi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, load(c + 64 * j + 32)), sh);
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(plo, phi));
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(half(b.d) * x.d[i]), _mm256_cvtepi32_ps(sumi), acc);
-        mins += (half(b.dmin) * x.d[i]) * static_cast<float>(msum);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(half(b.d) * dx), _mm256_cvtepi32_ps(sumi), acc);
     }
-    return hsum(acc) - mins;
+    __m128 m = _mm_add_ps(mins, _mm_movehl_ps(mins, mins));
+    m = _mm_add_ss(m, _mm_movehdup_ps(m));
+    return hsum(acc) - _mm_cvtss_f32(m);
 }
 
 // Q6_K: per half h of 128 weights, the four 32s t from ql's nibbles and qh's 2-bit fields;
@@ -153,7 +236,7 @@ float dot_q6_k(const uint8_t *row, const XRow &x, int64_t K) {
             for (int t = 0; t < 4; t++) {
                 const int s = 8 * h + 2 * t;  // the 32's two sub-blocks of 16: s and s + 1
                 const __m256i scales = _mm256_cvtepi8_epi16(
-                    _mm_unpacklo_epi64(_mm_set1_epi8(b.scales[s]), _mm_set1_epi8(b.scales[s + 1])));
+                    _mm_shuffle_epi8(sc8, _mm_unpacklo_epi64(_mm_set1_epi8(static_cast<char>(s)), _mm_set1_epi8(static_cast<char>(s + 1)))));
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(q[t], load(c + 128 * h + 32 * t)), scales));
             }
         }
