@@ -55,6 +55,16 @@ def test_the_tables_decode_is_the_gguf_librarys(block_type: Q) -> None:
     assert torch.equal(block_ops.block_decode(blocks, block_type, 512).double(), w)
 
 
+def test_the_cpp_block_table_is_the_gguf_packages_and_pythons() -> None:
+    """One block-format table: the C++ one (block_format.cpp) lists exactly the native types with
+    gguf's GGML_QUANT_SIZES, and the activation step qkv's Python rounds with."""
+    table = block_ops.block_table()
+    assert set(table) == set(TYPES)
+    for block_type, (weights, size, step) in table.items():
+        assert (weights, size) == gguf.GGML_QUANT_SIZES[block_type], block_type.name
+        assert step == block_ops.activation_step(block_type), block_type.name
+
+
 def test_the_activation_step_is_the_weight_types() -> None:
     assert {t for t in TYPES if block_ops.activation_step(t) == 256} == K_QUANTS
     x = torch.randn(3, 512, generator=torch.Generator().manual_seed(0)) * 5

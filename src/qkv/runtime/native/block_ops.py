@@ -45,6 +45,12 @@ def block_decode(blocks: Tensor, block_type: Q, k: int) -> Tensor:
     return torch.ops.qkv.block_decode.default(blocks, int(block_type), k)
 
 
+def block_table() -> dict[Q, tuple[int, int, int]]:
+    """The C++ block-format table (block_format.cpp): type -> (weights, bytes a block, activation step)."""
+    rows = torch.ops.qkv.block_table.default(torch.empty(0)).tolist()
+    return {Q(code): (weights, size, step) for code, weights, size, step in rows}
+
+
 def rounded_activations(x: Tensor, block_type: Q) -> Tensor:
     """x (..., K) as the products for `block_type` round it, in float32: per activation_step
     inputs, step d = max|x| / 127 and x ~ d * round(x * (1 / d)), ties to even."""

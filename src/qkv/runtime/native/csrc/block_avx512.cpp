@@ -1,13 +1,13 @@
 // The AVX-512 variant of the block products (block_x86.h with VNNI's vpdpbusd, on the
-// instruction set kernels.h's AVX512 variant means: F, BW, VL and VNNI).
+// instruction set kernels.h's AVX512 variant means: F, BW, DQ, VL and VNNI).
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni"))), apply_to = function)
 #else
 #pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")
 #endif
 
 // GCC 12's own AVX headers warn (maybe-uninitialized) where they are inlined (GCC bug 105593).

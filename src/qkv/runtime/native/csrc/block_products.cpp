@@ -7,6 +7,8 @@
 //       active variant (qkv::set_variant caps it), as qkv's whole-layer kernel runs a block layer
 //   qkv::block_decode(blocks (N, K / W * Z) u8, int block_type, int K) -> (N, K) f32: the table's
 //       generic decode (the gguf library's float32 values)
+//   qkv::block_table(Tensor like) -> (types, 4) i64: the table itself (type id, W, Z, activation
+//       step), which the tests hold against the gguf package's GGML_QUANT_SIZES
 //
 // The product is the dequantized weights times the rounded activations: every block's integer
 // sum is exact, and the generic C++ (the reference), AVX2 and AVX-512 differ only in the order
@@ -103,15 +105,29 @@ Tensor block_decode(Tensor blocks, int64_t block_type, int64_t K) {
     return out;
 }
 
+Tensor block_table(Tensor like) {  // (types, 4) int64: type id, weights, bytes, activation step
+    int64_t count = 0;
+    const blocks::Traits *table = blocks::all_traits(count);
+    Tensor out = torch::stable::new_empty(like, {count, 4}, ScalarType::Long);
+    int64_t *o = static_cast<int64_t *>(out.data_ptr());
+    for (int64_t i = 0; i < count; i++) {
+        const blocks::Traits &t = table[i];
+        o[4 * i] = t.type, o[4 * i + 1] = t.weights, o[4 * i + 2] = t.bytes, o[4 * i + 3] = t.activation == blocks::PER32 ? 32 : 256;
+    }
+    return out;
+}
+
 }  // namespace
 }  // namespace qkv
 
 STABLE_TORCH_LIBRARY_FRAGMENT(qkv, m) {
     m.def("block_linear(Tensor x, Tensor blocks, int block_type, Tensor? bias) -> Tensor");
     m.def("block_decode(Tensor blocks, int block_type, int K) -> Tensor");
+    m.def("block_table(Tensor like) -> Tensor");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(qkv, CPU, m) {
     m.impl("block_linear", TORCH_BOX(&qkv::block_linear));
     m.impl("block_decode", TORCH_BOX(&qkv::block_decode));
+    m.impl("block_table", TORCH_BOX(&qkv::block_table));
 }

@@ -46,7 +46,7 @@ Variant detect() {
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
     const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
     if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c)) return GENERIC;
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
         return AVX512;
     return AVX2;
