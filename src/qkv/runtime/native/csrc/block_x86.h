@@ -246,6 +246,51 @@ float dot_q6_k(const uint8_t *row, const XRow &x, int64_t K) {
     return hsum(acc);
 }
 
+inline __m256i two_scales16(__m128i sc8, int s, bool is_signed) {  // int16 lanes 0..7 scale s, 8..15 scale s + 1
+    const __m128i pair = _mm_shuffle_epi8(sc8, _mm_unpacklo_epi64(_mm_set1_epi8(static_cast<char>(s)), _mm_set1_epi8(static_cast<char>(s + 1))));
+    return is_signed ? _mm256_cvtepi8_epi16(pair) : _mm256_cvtepu8_epi16(pair);
+}
+
+// Q2_K / Q3_K: weight 128 h + 32 t + r from bits 2t of qs[32 h + r]; Q3_K adds 4 where bit 4h + t of
+// hmask[r] is set and takes the 4 off as 4 sum(scale * the activations' 16-sums), as Q6_K its 32.
+template <class S, int64_t T>
+float dot_k2(const uint8_t *row, const XRow &x, int64_t K) {
+    using B = std::conditional_t<T == Q3_K, BlockQ3_K, BlockQ2_K>;
+    const __m256i three = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+    __m256 acc = _mm256_setzero_ps(), mins = _mm256_setzero_ps();
+    for (int64_t i = 0; i < K / 256; i++) {
+        const B &b = *reinterpret_cast<const B *>(row + i * static_cast<int64_t>(sizeof(B)));
+        const int8_t *c = x.q + 256 * i;
+        const __m256i sums = load(x.sums + 16 * i);
+        __m128i sc8;
+        [[maybe_unused]] __m256i hm;
+        if constexpr (T == Q2_K) {
+            const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i *>(b.scales));
+            sc8 = _mm_and_si128(packed, _mm_set1_epi8(15));
+            const __m256i mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(15)));
+            mins = _mm256_fmadd_ps(_mm256_set1_ps(half(b.dmin) * x.d[i]), _mm256_cvtepi32_ps(_mm256_madd_epi16(mn, sums)), mins);
+        } else {
+            int8_t sc[16];
+            for (int s = 0; s < 16; s++) sc[s] = static_cast<int8_t>(q3_scale(b.scales, s) - 32);
+            sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i *>(sc));
+            hm = load(b.hmask);
+        }
+        __m256i sumi = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256i bits = load(b.qs + 32 * h);
+            for (int t = 0; t < 4; t++) {
+                __m256i q = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * t), three);
+                if constexpr (T == Q3_K) q = _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + t), one), 2));
+                const __m256i p16 = _mm256_maddubs_epi16(q, load(c + 128 * h + 32 * t));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, two_scales16(sc8, 8 * h + 2 * t, T == Q3_K)));
+            }
+        }
+        if constexpr (T == Q3_K) sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(_mm256_madd_epi16(sums, _mm256_cvtepi8_epi16(sc8)), 2));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(half(b.d) * x.d[i]), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum(acc) - hsum(mins);
+}
+
 template <class S>
 RowDot dot_for(int64_t type) {
     switch (type) {
@@ -258,7 +303,9 @@ RowDot dot_for(int64_t type) {
         case Q4_K: return dot_k4<S, Q4_K>;
         case Q5_K: return dot_k4<S, Q5_K>;
         case Q6_K: return dot_q6_k<S>;
-        default: return generic_dot(type);  // Q2_K, Q3_K: the generic C++ (the same integers, the same order)
+        case Q2_K: return dot_k2<S, Q2_K>;
+        case Q3_K: return dot_k2<S, Q3_K>;
+        default: return nullptr;
     }
 }
 
