@@ -14,6 +14,7 @@ as Q4_K) do not fit in cache, as in a decode step; the 2048 x 2048 ones nearly d
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -58,12 +59,13 @@ def qkv_us(block_type: Q, n: int, k: int, threads: int, variant: str, calls: int
     return harness.median(samples) * 1e6
 
 
-def ggml_binary() -> Path | None:
-    """ggml_mul_mat.c built against the peers' llama.cpp build, or None where that is missing."""
-    lib, include = llama_tools.BIN, llama_tools.PEERS / "src" / "llama_cpp_python-0.3.36" / "vendor" / "llama.cpp" / "ggml" / "include"
+def ggml_binary(lib: Path) -> Path | None:
+    """ggml_mul_mat.c built against the libggml in `lib` (the peers' llama.cpp build by default),
+    or None where that is missing."""
+    include = llama_tools.PEERS / "src" / "llama_cpp_python-0.3.36" / "vendor" / "llama.cpp" / "ggml" / "include"
     if not (lib / "libggml.so").exists() or not include.is_dir():
         return None
-    target = Path(os.environ.get("TMPDIR", "/tmp")) / "qkv_ggml_mul_mat"
+    target = Path(os.environ.get("TMPDIR", "/tmp")) / f"qkv_ggml_mul_mat_{hashlib.sha1(str(lib.resolve()).encode()).hexdigest()[:12]}"
     command = ["cc", "-O2", str(GGML_BENCH), f"-I{include}", f"-L{lib}", "-lggml", "-lggml-base", "-lggml-cpu",
                f"-Wl,-rpath,{lib}", "-o", str(target)]
     done = subprocess.run(command, capture_output=True, text=True)
@@ -86,6 +88,8 @@ def main() -> None:
     parser.add_argument("--types", help="comma-separated block types (default: all)")
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--shapes", help="comma-separated NxK (default: SmolLM2's and a 1B Llama's)")
+    parser.add_argument("--ggml-lib", type=Path, default=llama_tools.BIN,
+                        help="the folder of the libggml*.so to time (default: the peers' build, %(default)s)")
     args = parser.parse_args()
     reason = block_products_status()
     if reason is not None:
@@ -93,9 +97,9 @@ def main() -> None:
     facts = harness.header("block products per type: qkv's variants against ggml's mul_mat", packages=("gguf",))
     types = [Q[name] for name in args.types.split(",")] if args.types else TYPES
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES
-    binary = ggml_binary()
+    binary = ggml_binary(args.ggml_lib)
     if binary is None:
-        print("ggml's side left out: no llama.cpp build at", llama_tools.BIN, flush=True)
+        print("ggml's side left out: no llama.cpp build at", args.ggml_lib, flush=True)
     rows = []
     for block_type in types:
         for n, k in shapes:
