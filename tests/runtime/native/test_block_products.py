@@ -107,6 +107,18 @@ def test_a_row_gets_the_same_bits_whatever_rows_are_beside_it(block_type: Q) -> 
         assert torch.equal(together, alone), variant
 
 
+@pytest.mark.parametrize("block_type", TYPES, ids=lambda t: t.name)
+def test_an_output_gets_the_same_bits_whatever_rows_of_blocks_are_beside_it(block_type: Q) -> None:
+    """The kernels that multiply four rows of blocks at once (block_x86.h's rows32) run each row's
+    own operations: a matrix's outputs equal each row's product alone, bit for bit."""
+    blocks, _ = matrix(block_type, 11, 512, 4)  # two groups of four and three left over
+    x = torch.randn(2, 512, generator=torch.Generator().manual_seed(5))
+    for variant in variants():
+        whole = run(x, blocks, block_type, variant)
+        alone = torch.cat([run(x, blocks[n : n + 1].contiguous(), block_type, variant) for n in range(11)], dim=1)
+        assert torch.equal(whole, alone), variant
+
+
 def test_a_zero_group_of_activations_rounds_to_zero() -> None:
     blocks, w = matrix(Q.Q4_K, 4, 512, 3)
     x = torch.zeros(1, 512)

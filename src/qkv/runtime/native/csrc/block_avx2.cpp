@@ -27,6 +27,7 @@ struct Avx2 {
 }  // namespace
 
 RowDot avx2_dot(int64_t type) { return dot_for<Avx2>(type); }
+RowsDot avx2_rows(int64_t type) { return rows_for<Avx2>(type); }
 
 void avx2_round_groups(const float *x, int64_t groups, int64_t step, int8_t *q, float *d, float *s, int16_t *sums) {
     round_groups(x, groups, step, q, d, s, sums);

@@ -26,6 +26,7 @@ struct Avx512 {
 }  // namespace
 
 RowDot avx512_dot(int64_t type) { return dot_for<Avx512>(type); }
+RowsDot avx512_rows(int64_t type) { return rows_for<Avx512>(type); }
 
 }  // namespace blocks
 }  // namespace qkv

@@ -111,5 +111,10 @@ using RowDot = float (*)(const uint8_t *row, const XRow &x, int64_t K);
 
 RowDot generic_dot(int64_t type);  // the reference (block_format.cpp)
 
+// FOUR rows of weights (row, row + row_bytes, ...) against one row of x, out[0 .. 4): each computed
+// by exactly the operations the type's RowDot runs for it alone.
+constexpr int FOUR = 4;
+using RowsDot = void (*)(const uint8_t *row, int64_t row_bytes, const XRow &x, int64_t K, float *out);
+
 }  // namespace blocks
 }  // namespace qkv

@@ -25,7 +25,18 @@ namespace blocks {
 #if QKV_X86
 RowDot avx2_dot(int64_t type);    // block_avx2.cpp
 RowDot avx512_dot(int64_t type);  // block_avx512.cpp
+RowsDot avx2_rows(int64_t type);
+RowsDot avx512_rows(int64_t type);
 #endif
+
+RowsDot rows_of(int64_t type, Variant v) {  // nullptr where the variant has no FOUR-row kernel for the type
+#if QKV_X86
+    if (v >= AVX512) return avx512_rows(type);
+    if (v >= AVX2) return avx2_rows(type);
+#endif
+    (void)type, (void)v;
+    return nullptr;
+}
 
 RowDot dot_of(int64_t type, Variant v) {
 #if QKV_X86
@@ -52,9 +63,20 @@ void apply_blocks(const Linear &L, const float *x, float *y, int64_t M) {
     }
     for_each_part(L, [&](const BlockPart &part, int64_t n0, int64_t n1, int64_t first) {
         const RowDot dot = dot_of(part.type, variant);
+        const RowsDot several = rows_of(part.type, variant);
         const XRow *xs = traits_of(part.type)->activation == PER32 ? rows32.data() : rows256.data();
         const float *bias = L.bias ? L.bias + first : nullptr;
-        for (int64_t n = n0; n < n1; n++) {
+        int64_t n = n0;
+        if (several != nullptr)
+            for (; n + FOUR <= n1; n += FOUR) {
+                const uint8_t *row = part.blocks + n * part.row_bytes;
+                for (int64_t m = 0; m < M; m++) {
+                    float s[FOUR];
+                    several(row, part.row_bytes, xs[m], L.K, s);
+                    for (int r = 0; r < FOUR; r++) y[m * L.N + first + n + r] = bias ? s[r] + bias[n + r] : s[r];
+                }
+            }
+        for (; n < n1; n++) {
             const uint8_t *row = part.blocks + n * part.row_bytes;
             for (int64_t m = 0; m < M; m++) {
                 const float s = dot(row, xs[m], L.K);

@@ -115,6 +115,40 @@ float dot32(const uint8_t *row, const XRow &x, int64_t K) {
     return hsum(_mm256_add_ps(acc0, acc1)) + (offset0 + offset1);
 }
 
+// NR rows of 32-blocks (row_bytes apart) against one row of x, out[0 .. NR): each row runs the
+// operations dot32 runs for it alone (the same two accumulators and the same order), the
+// activations' codes and steps loaded once for all NR.
+template <class S, int64_t T, int NR>
+void rows32(const uint8_t *row, int64_t row_bytes, const XRow &x, int64_t K, float *out) {
+    constexpr bool minimum = T == Q4_1 || T == Q5_1;
+    constexpr int64_t Z = sizeof(typename Block32<T>::B);
+    const int64_t G = K / 32;
+    __m256 acc0[NR], acc1[NR];
+    float offset0[NR], offset1[NR];
+    for (int r = 0; r < NR; r++) {
+        acc0[r] = acc1[r] = _mm256_setzero_ps();
+        offset0[r] = offset1[r] = 0.f;
+    }
+    int64_t g = 0;
+    for (; g + 2 <= G; g += 2)
+        for (int r = 0; r < NR; r++) {
+            const uint8_t *b = row + r * row_bytes + g * Z;
+            acc0[r] = block32<S, T>(b, x.q + 32 * g, x.d[g], acc0[r]);
+            acc1[r] = block32<S, T>(b + Z, x.q + 32 * (g + 1), x.d[g + 1], acc1[r]);
+            if constexpr (minimum) {
+                offset0[r] += minimum_term<T>(b, x.s + g);
+                offset1[r] += minimum_term<T>(b + Z, x.s + g + 1);
+            }
+        }
+    if (g < G)
+        for (int r = 0; r < NR; r++) {
+            const uint8_t *b = row + r * row_bytes + g * Z;
+            acc0[r] = block32<S, T>(b, x.q + 32 * g, x.d[g], acc0[r]);
+            if constexpr (minimum) offset0[r] += minimum_term<T>(b, x.s + g);
+        }
+    for (int r = 0; r < NR; r++) out[r] = hsum(_mm256_add_ps(acc0[r], acc1[r])) + (offset0[r] + offset1[r]);
+}
+
 // -- the activations' rounding (block_format.cpp's round_activations, the same codes) ------
 inline __m256i codes8(const float *x, __m256 inverse) {  // to nearest, ties to even (MXCSR's default), as lrintf
     return _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), inverse));
@@ -289,6 +323,20 @@ float dot_k2(const uint8_t *row, const XRow &x, int64_t K) {
         acc = _mm256_fmadd_ps(_mm256_set1_ps(half(b.d) * x.d[i]), _mm256_cvtepi32_ps(sumi), acc);
     }
     return hsum(acc) - hsum(mins);
+}
+
+// FOUR rows of blocks at once where that measured faster (the nibble types: 8-20% on a 2048 x 2048
+// and an 8192 x 2048 decode product, benchmarks/kernels/block_types.py); Q8_0 and Q5_1 measured
+// slower that way, and the K-quants' two-row version too (registers run out): nullptr.
+template <class S>
+RowsDot rows_for(int64_t type) {
+    switch (type) {
+        case Q4_0: return rows32<S, Q4_0, FOUR>;
+        case Q4_1: return rows32<S, Q4_1, FOUR>;
+        case Q5_0: return rows32<S, Q5_0, FOUR>;
+        case IQ4_NL: return rows32<S, IQ4_NL, FOUR>;
+        default: return nullptr;
+    }
 }
 
 template <class S>
