@@ -198,3 +198,20 @@ def test_one_linear_interface() -> None:
     step = [target for target, _ in _imports(PACKAGE / "runtime" / "layer_step.py")
             if target.startswith("qkv.runtime.linear")]
     assert step == ["qkv.runtime.linear.kernel"]
+
+
+def test_one_block_format_table() -> None:
+    """GGUF's block layouts are written once per language: in C++ one struct per block type and
+    one traits table (runtime/native/csrc/block_format.h, .cpp), in Python the formats of
+    qkv.models.gguf.dequantize (sizes from the gguf package); IQ4_NL's code book once in each,
+    and the block sizes' magic numbers nowhere else in the C++."""
+    csrc = PACKAGE / "runtime" / "native" / "csrc"
+    sources = {path.name: path.read_text() for path in csrc.iterdir() if path.suffix in (".h", ".cpp")}
+    book = "-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113"
+    assert [name for name, text in sources.items() if book in text] == ["block_format.h"]
+    python = [str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py") if book in path.read_text()]
+    assert python == ["models/gguf/kquants.py"]
+    assert [name for name, text in sources.items() if "struct BlockQ4_K" in text] == ["block_format.h"]
+    assert [name for name, text in sources.items() if "enum Variant" in text] == ["kernels.h"]
+    detections = [name for name, text in sources.items() if "__builtin_cpu_supports(\"" in text]
+    assert detections == ["products.cpp"], "one CPU detection (kernels.h's best_variant)"

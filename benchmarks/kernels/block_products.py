@@ -163,9 +163,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     facts = harness.header("products from GGUF blocks against F.linear on float32", packages=("gguf",))
-    from qkv.runtime.native.block_ops import available_isas
+    from qkv.runtime.native.ops import active_variant
 
-    print(f"native block products: {available_isas()[-1]} variant", flush=True)
+    print(f"native block products: {active_variant()} variant", flush=True)
     results: dict = {"products": products()}
     if SMOLLM2_Q4_K_M.is_file():
         results["model_pass"] = [model_pass(SMOLLM2_Q4_K_M, threads) for threads in (1, 2)]

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from gguf.constants import GGMLQuantizationType as Q
 
 from qkv.attention.caches.kv_cache import SlotKVCache
 from qkv.errors import QkvError
-from qkv.runtime.native.block_ops import layers_round_activations, rounded_activations
+from qkv.runtime.native.block_ops import rounded_activations
 from qkv.runtime.linear.block import BlockEmbedding, BlockLinear, StackedBlockLinear, native_reason
 from qkv.runtime import DecodeSession, prepare_for_decoding
 from qkv.runtime.prepare import prepare
@@ -26,23 +27,36 @@ needs_block_products = pytest.mark.skipif(native_reason() is not None, reason="q
 PROMPT = torch.tensor([[0, 1, 2, 2, 1, 0, 1]])
 
 
-def _as_block_layers_compute(reference: torch.nn.Module) -> torch.nn.Module:
-    """The float32 reading with every linear layer's input rounded as qkv's block layers round
-    it where they do (AVX-512 VNNI: qkv.runtime.native.block_ops.rounded_activations), so that it
-    computes the blocks' math: dequantized weights times the layers' activations."""
-    if layers_round_activations():
-        for module in reference.modules():
-            if hasattr(module, "in_features") and not list(module.children()):  # nn.Linear, qkv's float32 layers
-                module.register_forward_pre_hook(lambda _, args: (rounded_activations(args[0]),))
+def _as_block_layers_compute(reference: torch.nn.Module, blocks: torch.nn.Module) -> torch.nn.Module:
+    """The float32 reading with every linear layer computing the blocks' math: its input rounded
+    as the block layer of the same name rounds it for each of its parts' weight types
+    (qkv.runtime.native.block_ops.rounded_activations: per 32 inputs, per 256 for K-quants), times
+    the dequantized weights of those rows."""
+    kept = dict(blocks.named_modules())
+
+    def parts_of(name: str) -> list[tuple[int, Q]]:  # (rows, block type) of each stacked part
+        layer = kept[name]
+        members = layer.parts if isinstance(layer, StackedBlockLinear) else [layer]
+        return [(part.out_features, part.block_type) for part in members]
+
+    def as_blocks(parts: list[tuple[int, Q]]):
+        def hook(module: torch.nn.Module, args: tuple[torch.Tensor, ...], _output: torch.Tensor) -> torch.Tensor:
+            weights = module.weight.split([rows for rows, _ in parts])  # (N_i, K) each
+            y = torch.cat([F.linear(rounded_activations(args[0], t), w) for w, (_, t) in zip(weights, parts)], dim=-1)
+            return y if getattr(module, "bias", None) is None else y + module.bias
+        return hook
+
+    hooked = [module.register_forward_hook(as_blocks(parts_of(name))) for name, module in reference.named_modules()
+              if isinstance(kept.get(name), (BlockLinear, StackedBlockLinear))]
+    assert hooked, "no layer of the reference has a block layer of its name"
     return reference
 
 
 def _close(have: torch.Tensor, want: torch.Tensor) -> bool:
-    # where activations are rounded, a float-rounding difference upstream (another summation order,
-    # a compiled norm) can move one activation by a step, 1/127 of its block's largest: the int4
-    # tests' bound (tests/runtime/test_layer_step.py). Without rounding the two agree to 1e-4.
-    scale = 2e-2 if layers_round_activations() else 1e-4
-    return torch.allclose(have, want, rtol=0, atol=scale * (1 + float(want.abs().max())))
+    # activations are rounded: a float-rounding difference upstream (another summation order, a
+    # compiled norm) can move one activation by a step, 1/127 of its group's largest: the int4
+    # tests' bound (tests/runtime/test_layer_step.py)
+    return torch.allclose(have, want, rtol=0, atol=2e-2 * (1 + float(want.abs().max())))
 
 
 def _steps(model, steps: int = 5, **session) -> list[torch.Tensor]:
@@ -62,8 +76,8 @@ def test_auto_keeps_the_files_blocks_and_gives_the_dequantized_logits(tmp_path: 
     path = write_block_gguf(tmp_path / "mix.gguf", tied=tied, embedding=Q.Q8_0)
     prepared = prepare(path, precision="auto", compile=False)
     loaded, setup = prepared.loaded, prepared.setup
-    reference = _as_block_layers_compute(prepare(path, precision="float32", compile=False).model)
     model = loaded.model
+    reference = _as_block_layers_compute(prepare(path, precision="float32", compile=False).model, model)
     assert setup.precision == "blocks"
     attention, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
     # q, k and v are Q4_K, Q6_K and Q5_0 in this file: one stacked layer of three block types
@@ -143,7 +157,7 @@ def test_every_architecture_in_q8_0_decodes_from_its_blocks_as_dequantized(kind:
     path = write_gguf(tmp_path / f"{kind}.gguf", _source(kind), make_tokenizer(), block_type=Q.Q8_0)
     prepared = prepare(path, precision="auto", compile=True)
     loaded, setup = prepared.loaded, prepared.setup
-    reference = _as_block_layers_compute(prepare(path, precision="float32", compile=False).model)
+    reference = _as_block_layers_compute(prepare(path, precision="float32", compile=False).model, loaded.model)
     assert setup.precision == "blocks"
     assert any(isinstance(m, (BlockLinear, StackedBlockLinear)) for m in loaded.model.modules())
     got, want = _steps(loaded.model, 4, setup=setup), _steps(reference, 4)

@@ -1,5 +1,6 @@
 """qkv.runtime.linear.block: a linear layer on GGUF blocks as stored, native and torch reference,
-against F.linear on the gguf library's dequantized weights; a whole model on such
+against F.linear of the activations rounded as the weight type multiplies them (per 32, per 256
+for K-quants) and the gguf library's dequantized weights; a whole model on such
 layers (tests/runtime/test_stored_blocks.py: the runtime's mapping of a whole file)."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from gguf.constants import GGMLQuantizationType as Q
 
 from qkv.models.gguf.stored import StoredBlocks
 from qkv.runtime.native import native_kernels
-from qkv.runtime.native.block_ops import layers_round_activations, rounded_activations
+from qkv.runtime.native.block_ops import product_bound, rounded_activations
 from qkv.runtime.linear.block import BlockLinear, stacked_block_linear
 from tests.models.gguf.block_files import random_blocks
 
@@ -27,10 +28,11 @@ def stored(block_type: Q, rows: int = 40, cols: int = 512, seed: int = 0) -> Sto
     return StoredBlocks(torch.from_numpy(raw.copy()), block_type, (rows, cols))
 
 
-def within_rounding(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> bool:
-    exact = x.double().reshape(-1, w.shape[1]) @ w.double().t()
-    bound = 2 * w.shape[1] * torch.finfo(torch.float32).eps * (x.double().abs().reshape(-1, w.shape[1]) @ w.double().abs().t())
-    return bool(((y.double().reshape(exact.shape) - exact).abs() <= bound).all())
+def within_rounding(y: torch.Tensor, rounded: torch.Tensor, w: torch.Tensor) -> bool:
+    """y is the product of the rounded activations and w up to float32 rounding of the block sums."""
+    rows = rounded.double().reshape(-1, w.shape[1])
+    exact = rows @ w.double().t()
+    return bool(((y.double().reshape(exact.shape) - exact).abs() <= product_bound(rows, w.double(), w.shape[1])).all())
 
 
 @native
@@ -41,20 +43,23 @@ def test_native_layer_is_the_dequantized_product_within_rounding(block_type: Q) 
     x = torch.randn(2, 3, 512, generator=torch.Generator().manual_seed(1))  # (B, T, K)
     y = layer(x)
     assert y.shape == (2, 3, 40) and y.dtype == torch.float32
-    # where the block layers round their activations (AVX-512 VNNI), the product is of the rounded ones
-    assert within_rounding(y, rounded_activations(x) if layers_round_activations() else x, blocks.dequantize())
+    # on every CPU the product is of the activations rounded as the weight type multiplies them
+    assert within_rounding(y, rounded_activations(x, block_type), blocks.dequantize())
+    # and the torch reference (machines without the native kernels) is the same math
+    assert within_rounding(BlockLinear(blocks, native=False)(x), rounded_activations(x, block_type), blocks.dequantize())
     # a row's numbers do not depend on the other rows of the batch
     assert torch.equal(layer(x[1:, 2:]), y[1:, 2:])
 
 
 @pytest.mark.parametrize("block_type", [Q.Q4_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
 def test_reference_layer_is_f_linear_on_the_gguf_weights(block_type: Q) -> None:
-    """The path of machines without the native kernels: the same weights, F.linear's product."""
+    """The path of machines without the native kernels: the same weights and rounded
+    activations, F.linear's product."""
     blocks = stored(block_type)
     bias = torch.randn(40)
     layer = BlockLinear(blocks, bias, native=False)
     x = torch.randn(5, 512)
-    assert not layer.native and torch.equal(layer(x), F.linear(x, blocks.dequantize(), bias))
+    assert not layer.native and torch.equal(layer(x), F.linear(rounded_activations(x, block_type), blocks.dequantize(), bias))
     assert torch.equal(layer.dequantized_weight(), blocks.dequantize())
 
 
@@ -92,7 +97,8 @@ def test_stacked_matrices_give_the_stacked_outputs() -> None:
 
 def test_without_the_native_kernels_the_reference_runs_and_says_so_once(tmp_path: Path) -> None:
     """QKV_NATIVE=0 stands for a machine without a compiler: the layers run F.linear on the
-    dequantized weights (the same numbers within rounding) and one line on stderr says why."""
+    dequantized weights and the rounded activations (the same numbers within rounding) and one
+    line on stderr says why."""
     import os
     import subprocess
     import sys
@@ -107,7 +113,8 @@ def test_without_the_native_kernels_the_reference_runs_and_says_so_once(tmp_path
         "layers = [BlockLinear(s), BlockLinear(s)]\n"
         "x = torch.randn(2, 256)\n"
         "assert not any(l.native for l in layers)\n"
-        "assert torch.equal(layers[0](x), torch.nn.functional.linear(x, s.dequantize()))\n"
+        "from qkv.runtime.native.block_ops import rounded_activations\n"
+        "assert torch.equal(layers[0](x), torch.nn.functional.linear(rounded_activations(x, Q.Q4_K), s.dequantize()))\n"
         "print('ok')\n"
     )
     root = Path(__file__).resolve().parents[3]

@@ -20,7 +20,6 @@ from qkv.runtime.linear.kernel import KernelLinear
 from qkv.runtime.linear.quantized import Int4Linear, Int8Linear
 from qkv.runtime.linear.transposed import InputMajorLinear
 from qkv.runtime.native import native_kernels
-from qkv.runtime.native.block_ops import layers_round_activations
 from qkv.runtime.prepare import prepare, prepare_for_decoding
 from tests.models.gguf.block_files import write_block_gguf
 
@@ -102,8 +101,8 @@ def _steps(model: nn.Module, setup: DecodeSetup, step: str, n: int = 5) -> list[
 def test_the_layer_step_through_the_interface_decodes_as_the_modules(kind: str, tmp_path: Path) -> None:
     model, setup = _prepared(kind, tmp_path)
     native, modules = _steps(model, setup, "native"), _steps(model, setup, "modules")
-    # int4 and (where activations are rounded) blocks: an activation on a rounding step's
-    # boundary may move one step (tests/runtime/test_layer_step.py's bound); else float rounding
-    rounded = kind == "int4" or (kind == "blocks" and layers_round_activations())
+    # int4 and blocks round activations: one on a rounding step's boundary may move one step
+    # (tests/runtime/test_layer_step.py's bound); else float rounding
+    rounded = kind in ("int4", "blocks")
     for have, want in zip(native, modules):
         assert torch.allclose(have, want, rtol=0, atol=(2e-2 if rounded else 1e-4) * (1 + float(want.abs().max())))

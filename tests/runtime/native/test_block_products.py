@@ -1,5 +1,10 @@
-"""qkv::block_linear (block_products.cpp) against the gguf library's dequantized weights: every
-block type, every instruction-set variant this CPU runs, any batch size."""
+"""qkv::block_linear (block_products.cpp) and the block-format table (block_format.cpp): a GGUF
+matrix times activations rounded as its weight type multiplies them (per 32 inputs for
+32-weight blocks, per 256 for the K-quants). The reference is the gguf library's dequantized
+weights (`gguf.quants.dequantize`) times activations rounded here in numpy, in float64: every
+variant this CPU runs (generic C++, AVX2, AVX-512) must agree with it to float32 rounding of
+the per-block sums' combination, with the generic variant likewise, and give each row the
+same bits whatever the other rows are."""
 
 from __future__ import annotations
 
@@ -11,88 +16,133 @@ from gguf.constants import GGMLQuantizationType as Q
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qkv.models.gguf import dequantize as gguf_blocks
-from qkv.runtime.native import native_kernels
 from qkv.runtime.native import block_ops
+from qkv.runtime.native.ops import use_variant, variants
+from tests.models.gguf.block_files import random_blocks
 
-pytestmark = pytest.mark.skipif(not native_kernels().available,
-                                reason=f"qkv's kernels are not available here: {native_kernels().reason}")
+pytestmark = pytest.mark.skipif(block_ops.block_products_status() is not None, reason="qkv's block products do not build here")
 
 TYPES = sorted(block_ops.NATIVE_TYPES, key=int)
+K_QUANTS = {Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K}
 
 
-def random_matrix(block_type: Q, rows: int, cols: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(blocks (N, bytes) uint8 of random bytes with finite float16 scales, the gguf library's
-    float32 weights (N, K) for them)."""
-    form = gguf_blocks.BLOCK_FORMATS[block_type]
-    rng = np.random.default_rng(seed)
-    raw = rng.integers(0, 256, size=(rows * cols // form.weights, form.size), dtype=np.uint8)
-    for start in form.halves:
-        raw[:, start : start + 2] = rng.normal(scale=0.1, size=(raw.shape[0], 1)).astype(np.float16).view(np.uint8)
-    blocks = torch.from_numpy(raw.reshape(rows, -1).copy())
-    return blocks, torch.from_numpy(gguf.quants.dequantize(blocks.numpy(), block_type)).reshape(rows, cols)
+def matrix(block_type: Q, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(blocks (N, bytes) uint8, random bytes with finite float16 scales; the gguf library's
+    weights (N, K) for them, float64)."""
+    raw = np.ascontiguousarray(random_blocks(block_type, (n, k), np.random.default_rng(seed)))
+    return torch.from_numpy(raw), torch.from_numpy(gguf.quants.dequantize(raw, block_type)).reshape(n, k).double()
 
 
-def rounding_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """How far a float32 sum of K products may lie from the exact one: K eps sum |x w| (twice, for slack)."""
-    k = x.shape[1]
-    return 2 * k * torch.finfo(torch.float32).eps * (x.double().abs() @ w.double().abs().t())
+def numpy_rounded(x: torch.Tensor, step_size: int) -> torch.Tensor:
+    """x rounded per `step_size` inputs as llama.cpp's Q8_0 / Q8_K do in spirit: step max|x| / 127
+    in float32, codes x * (1 / step) rounded to nearest, ties to even (numpy's rint)."""
+    groups = x.numpy().astype(np.float32).reshape(x.shape[0], -1, step_size)
+    step = (np.abs(groups).max(-1, keepdims=True) / np.float32(127)).astype(np.float32)
+    inverse = np.where(step > 0, np.float32(1) / np.where(step > 0, step, 1), 0).astype(np.float32)
+    codes = np.rint(groups * inverse)
+    assert np.abs(codes).max() <= 127
+    return torch.from_numpy((codes * step).reshape(x.shape).astype(np.float64))
 
 
-@pytest.mark.parametrize("block_type", TYPES, ids=lambda t: t.name)
-def test_unit_inputs_give_the_gguf_librarys_weights_exactly(block_type: Q) -> None:
-    """x = the identity: y[k, n] is weight (n, k) as the kernel decoded it, which must be the
-    gguf library's value (so no step of the decoding is rounded differently)."""
-    blocks, w = random_matrix(block_type, 5, 512, seed=int(block_type))
-    eye = torch.eye(512)
-    for isa in block_ops.available_isas():
-        assert torch.equal(block_ops.block_linear(eye, blocks, block_type, isa=isa).t(), w), isa
-        # a decode step (one row: weights decoded in registers) reads the same weights
-        assert torch.equal(block_ops.block_linear(eye[300:301], blocks, block_type, isa=isa)[0], w[:, 300]), isa
+def run(x: torch.Tensor, blocks: torch.Tensor, block_type: Q, variant: str, bias: torch.Tensor | None = None) -> torch.Tensor:
+    with use_variant(variant):
+        return block_ops.block_linear(x, blocks, block_type, bias)
 
 
 @pytest.mark.parametrize("block_type", TYPES, ids=lambda t: t.name)
-def test_products_are_the_dequantized_product_within_float_rounding(block_type: Q) -> None:
-    blocks, w = random_matrix(block_type, 24, 768, seed=3)
-    x = torch.randn(6, 768, generator=torch.Generator().manual_seed(0))
-    bias = torch.randn(24, generator=torch.Generator().manual_seed(1))
-    exact = x.double() @ w.double().t()
-    y = block_ops.block_linear(x, blocks, block_type)
-    assert ((y.double() - exact).abs() <= rounding_bound(x, w)).all()
-    with_bias = block_ops.block_linear(x, blocks, block_type, bias)
-    assert torch.equal(with_bias, y + bias)  # one rounding: the sum, then the bias added
+def test_the_tables_decode_is_the_gguf_librarys(block_type: Q) -> None:
+    blocks, w = matrix(block_type, 5, 512, seed=int(block_type))
+    assert torch.equal(block_ops.block_decode(blocks, block_type, 512).double(), w)
 
 
-@settings(max_examples=40, deadline=None)
-@given(block_type=st.sampled_from(TYPES), blocks_per_row=st.integers(1, 9), rows=st.integers(1, 9),
-       batch=st.integers(1, 7), seed=st.integers(0, 2**31))
-def test_every_variant_and_batch_size_gives_the_same_bits(block_type: Q, blocks_per_row: int, rows: int,
-                                                           batch: int, seed: int) -> None:
-    """One summation order: the generic C++, AVX2 and AVX-512 agree bit for bit, and a row of
-    x gets the same numbers alone as in any batch (decode steps and prefill alike)."""
-    cols = blocks_per_row * gguf_blocks.BLOCK_FORMATS[block_type].weights
-    blocks, w = random_matrix(block_type, rows, cols, seed)
-    x = torch.randn(batch, cols, generator=torch.Generator().manual_seed(seed))
-    generic = block_ops.block_linear(x, blocks, block_type, isa="generic")
-    assert ((generic.double() - x.double() @ w.double().t()).abs() <= rounding_bound(x, w)).all()
-    for isa in block_ops.available_isas():
-        assert torch.equal(block_ops.block_linear(x, blocks, block_type, isa=isa), generic), isa
-    alone = torch.cat([block_ops.block_linear(x[i : i + 1], blocks, block_type) for i in range(batch)])
-    assert torch.equal(alone, generic)
+def test_the_cpp_block_table_is_the_gguf_packages_and_pythons() -> None:
+    """One block-format table: the C++ one (block_format.cpp) lists exactly the native types with
+    gguf's GGML_QUANT_SIZES, and the activation step qkv's Python rounds with."""
+    table = block_ops.block_table()
+    assert set(table) == set(TYPES)
+    for block_type, (weights, size, step) in table.items():
+        assert (weights, size) == gguf.GGML_QUANT_SIZES[block_type], block_type.name
+        assert step == block_ops.activation_step(block_type), block_type.name
+
+
+def test_the_activation_step_is_the_weight_types() -> None:
+    assert {t for t in TYPES if block_ops.activation_step(t) == 256} == K_QUANTS
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(0)) * 5
+    for block_type in (Q.Q4_0, Q.Q6_K):
+        assert torch.equal(block_ops.rounded_activations(x, block_type).double(),
+                           numpy_rounded(x, block_ops.activation_step(block_type)))
+
+
+@settings(max_examples=80, deadline=None)
+@given(block_type=st.sampled_from(TYPES), rows=st.integers(1, 6), outputs=st.integers(1, 11),
+       blocks_of_256=st.integers(0, 3), blocks_of_32=st.integers(0, 7), scale=st.sampled_from([1e-3, 1.0, 40.0]),
+       seed=st.integers(0, 2**16))
+def test_every_variant_is_the_dequantized_weights_times_the_rounded_activations(
+        block_type: Q, rows: int, outputs: int, blocks_of_256: int, blocks_of_32: int, scale: float, seed: int) -> None:
+    # every kernel's paths: pairs of 32-blocks and a lone one (K = 32, 96, ...), one or more super-blocks
+    k = 256 * max(blocks_of_256, 1) if block_type in K_QUANTS else 256 * blocks_of_256 + 32 * blocks_of_32 or 32
+    blocks, w = matrix(block_type, outputs, k, seed)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(seed)) * scale
+    bias = torch.randn(outputs, generator=torch.Generator().manual_seed(seed + 1))
+    rounded = numpy_rounded(x, block_ops.activation_step(block_type))
+    expected = rounded @ w.t() + bias.double()
+    bound = block_ops.product_bound(rounded, w, k) + 4 * torch.finfo(torch.float32).eps * bias.double().abs()
+    generic = run(x, blocks, block_type, "generic", bias).double()
+    assert bool(((generic - expected).abs() <= bound).all())
+    results = {variant: run(x, blocks, block_type, variant, bias) for variant in variants()}
+    for variant, got in results.items():
+        assert bool(((got.double() - expected).abs() <= bound).all()), variant
+        assert bool(((got.double() - generic).abs() <= 2 * bound).all()), variant
+    if "avx512" in results:  # the same kernels (block_x86.h): vpdpbusd sums what vpmaddubsw + vpmaddwd sum
+        assert torch.equal(results["avx512"], results["avx2"])
+
+
+@pytest.mark.parametrize("block_type", TYPES, ids=lambda t: t.name)
+def test_a_row_gets_the_same_bits_whatever_rows_are_beside_it(block_type: Q) -> None:
+    blocks, _ = matrix(block_type, 40, 512, 1)
+    x = torch.randn(5, 512, generator=torch.Generator().manual_seed(2))
+    for variant in variants():
+        together = run(x, blocks, block_type, variant)
+        alone = torch.cat([run(x[i : i + 1], blocks, block_type, variant) for i in range(5)])
+        assert torch.equal(together, alone), variant
+
+
+@pytest.mark.parametrize("block_type", TYPES, ids=lambda t: t.name)
+def test_an_output_gets_the_same_bits_whatever_rows_of_blocks_are_beside_it(block_type: Q) -> None:
+    """The kernels that multiply four rows of blocks at once (block_x86.h's rows32) run each row's
+    own operations: a matrix's outputs equal each row's product alone, bit for bit."""
+    blocks, _ = matrix(block_type, 11, 512, 4)  # two groups of four and three left over
+    x = torch.randn(2, 512, generator=torch.Generator().manual_seed(5))
+    for variant in variants():
+        whole = run(x, blocks, block_type, variant)
+        alone = torch.cat([run(x, blocks[n : n + 1].contiguous(), block_type, variant) for n in range(11)], dim=1)
+        assert torch.equal(whole, alone), variant
+
+
+def test_a_zero_group_of_activations_rounds_to_zero() -> None:
+    blocks, w = matrix(Q.Q4_K, 4, 512, 3)
+    x = torch.zeros(1, 512)
+    x[0, 40] = 1.0  # one nonzero input: the other super-block's step is 0
+    for variant in variants():
+        assert torch.allclose(run(x, blocks, Q.Q4_K, variant).double(), numpy_rounded(x, 256) @ w.t(), rtol=1e-6, atol=1e-7)
+        assert torch.equal(run(torch.zeros(2, 512), blocks, Q.Q4_K, variant), torch.zeros(2, 4))
 
 
 def test_bad_arguments_are_refused_by_name() -> None:
-    blocks, _ = random_matrix(Q.Q4_K, 2, 256, seed=0)
+    blocks, _ = matrix(Q.Q4_K, 2, 256, seed=0)
     with pytest.raises(RuntimeError, match="blocks must be contiguous uint8"):
         block_ops.block_linear(torch.randn(1, 512), blocks, Q.Q4_K)  # K of another matrix
     with pytest.raises(RuntimeError, match="not a GGUF block type"):
-        torch.ops.qkv.block_linear.default(torch.randn(1, 256), blocks, 9, None, 0)  # Q8_1
+        torch.ops.qkv.block_linear.default(torch.randn(1, 256), blocks, 9, None)  # Q8_1
+    with pytest.raises(RuntimeError, match="K must be whole blocks"):
+        block_ops.block_linear(torch.randn(1, 128), blocks[:, :72].contiguous(), Q.Q4_K)
     with pytest.raises(RuntimeError, match="x must be a contiguous float32"):
         block_ops.block_linear(torch.randn(1, 256).double(), blocks, Q.Q4_K)
     with pytest.raises(RuntimeError, match="bias must be"):
         block_ops.block_linear(torch.randn(1, 256), blocks, Q.Q4_K, torch.zeros(3))
+    with pytest.raises(RuntimeError, match="block_decode: blocks must be"):
+        block_ops.block_decode(blocks, Q.Q4_K, 512)
 
 
-def test_the_self_test_passes_and_the_variants_are_listed() -> None:
+def test_the_self_test_passes() -> None:
     assert block_ops.block_products_status() is None
-    assert block_ops.available_isas()[0] == "generic"

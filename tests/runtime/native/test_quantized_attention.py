@@ -121,6 +121,19 @@ def test_an_empty_cache_attends_to_nothing_and_wrong_variants_are_refused() -> N
     torch.testing.assert_close(odd.attend(q), expected(odd, q), atol=2e-5, rtol=1e-4)  # best: the generic one
 
 
+@needs_kernels
+def test_best_is_the_active_variant_under_the_cap() -> None:
+    """One variant numbering and detection for every op: "best" runs what qkv::set_variant allows
+    (kernels.h's active variant), so capping the library caps the attention too."""
+    from qkv.runtime.native.ops import use_variant
+
+    cache = filled(make_cache(bits=4), 64, seed=3)
+    q = queries(cache, heads=6, seed=3)
+    for variant in VARIANTS:
+        with use_variant(variant):
+            assert torch.equal(cache.attend(q, variant="best"), cache.attend(q, variant=variant)), variant
+
+
 def test_a_decode_step_writes_then_attends_like_update_and_reduction_attention() -> None:
     """With or without the kernel, `decode_attention` is `update` then attention of the query at
     the newest position (the path a model's layer takes at each decode step)."""

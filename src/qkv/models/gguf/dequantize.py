@@ -34,12 +34,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as Q
 from torch import Tensor
 
 from qkv.models.gguf import kquants as kq
 
-BLOCK = 32  # weights per block, in every format below
+BLOCK = 32  # weights per block of the 32-weight formats below
 
 
 def _f16(blocks: Tensor, start: int) -> Tensor:
@@ -114,18 +115,26 @@ class BlockFormat:
     halves: tuple[int, ...]  # byte offsets of the block's float16 scales (and minimums)
 
 
+def _format(block_type: Q, decode: Callable[[Tensor], Tensor], halves: tuple[int, ...]) -> BlockFormat:
+    """A block type's format, its sizes from the gguf package's GGML_QUANT_SIZES (the one table
+    of them on the Python side; runtime/native/csrc/block_format.cpp is the C++ one, and a test
+    holds the two together)."""
+    weights, size = GGML_QUANT_SIZES[block_type]
+    return BlockFormat(weights, size, decode, halves)
+
+
 BLOCK_FORMATS: dict[Q, BlockFormat] = {
-    Q.Q8_0: BlockFormat(BLOCK, 34, _q8_0, (0,)),
-    Q.Q4_0: BlockFormat(BLOCK, 18, _q4_0, (0,)),
-    Q.Q4_1: BlockFormat(BLOCK, 20, _q4_1, (0, 2)),
-    Q.Q5_0: BlockFormat(BLOCK, 22, _q5_0, (0,)),
-    Q.Q5_1: BlockFormat(BLOCK, 24, _q5_1, (0, 2)),
-    Q.Q2_K: BlockFormat(kq.QK_K, 84, kq.q2_k, (80, 82)),
-    Q.Q3_K: BlockFormat(kq.QK_K, 110, kq.q3_k, (108,)),
-    Q.Q4_K: BlockFormat(kq.QK_K, 144, kq.q4_k, (0, 2)),
-    Q.Q5_K: BlockFormat(kq.QK_K, 176, kq.q5_k, (0, 2)),
-    Q.Q6_K: BlockFormat(kq.QK_K, 210, kq.q6_k, (208,)),
-    Q.IQ4_NL: BlockFormat(BLOCK, 18, kq.iq4_nl, (0,)),
+    Q.Q8_0: _format(Q.Q8_0, _q8_0, (0,)),
+    Q.Q4_0: _format(Q.Q4_0, _q4_0, (0,)),
+    Q.Q4_1: _format(Q.Q4_1, _q4_1, (0, 2)),
+    Q.Q5_0: _format(Q.Q5_0, _q5_0, (0,)),
+    Q.Q5_1: _format(Q.Q5_1, _q5_1, (0, 2)),
+    Q.Q2_K: _format(Q.Q2_K, kq.q2_k, (80, 82)),
+    Q.Q3_K: _format(Q.Q3_K, kq.q3_k, (108,)),
+    Q.Q4_K: _format(Q.Q4_K, kq.q4_k, (0, 2)),
+    Q.Q5_K: _format(Q.Q5_K, kq.q5_k, (0, 2)),
+    Q.Q6_K: _format(Q.Q6_K, kq.q6_k, (208,)),
+    Q.IQ4_NL: _format(Q.IQ4_NL, kq.iq4_nl, (0,)),
 }
 PLAIN = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}
 

@@ -7,16 +7,16 @@ Holding the file's blocks (4.5 bits a weight for Q4_K, 6.6 for Q6_K) instead of 
 weights keeps memory and the bytes a decode step streams at the file's size, and runs on
 exactly the weights llama.cpp runs on: no float32 round trip, no re-quantization (a Q4_0
 block is multiplied as Q4_0, not re-fit). The product is what qkv's whole-layer kernel runs
-for the layer (`qkv::block_layer_linear`, qkv.runtime.native.block_ops): on AVX-512 VNNI the
-activations are rounded per 32 inputs as llama.cpp and qkv's int4 layers round them and the
-weights' codes meet them in integer dot products (runtime/native/csrc/block_q8.cpp: the dequantized
-weights times the rounded activations, up to float32 summation order); elsewhere the
-activations stay float32 (`qkv::block_linear`: the dequantized product). Either way each row
+for the layer (`qkv::block_linear`, qkv.runtime.native.block_ops): the activations are
+rounded as the weight type multiplies them (per 32 inputs for 32-weight blocks, per 256 for
+the K-quants, as llama.cpp rounds them) and the weights' codes meet them in exact integer
+dot products, the same math on every CPU (runtime/native/csrc/block_format.h: the
+dequantized weights times the rounded activations, up to float32 summation order). Each row
 is computed in one fixed order whatever the batch, so a row's numbers do not depend on the
-other rows. Where the native kernels are not available (no
-compiler, another CPU, QKV_NATIVE=0, a failed self-test) the layer runs the torch reference,
-`F.linear` on the dequantized weights (made once, on first use, and kept): the same weights
-and the same product up to summation order, more slowly, and said once on stderr.
+other rows. Where the native kernels are not available (no compiler, another CPU,
+QKV_NATIVE=0, a failed self-test) the layer runs the torch reference, `F.linear` of the same
+rounded activations and the dequantized weights (made once, on first use, and kept): the
+same product up to summation order, more slowly, and said once on stderr.
 
 Shape legend: N outputs (rows of the matrix), K inputs.
 """
@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from qkv.models.gguf.stored import StoredBlocks
 from qkv.runtime.linear.kernel import kernel_list
+from qkv.runtime.native.block_ops import block_linear, block_products_status, rounded_activations
 
 MAX_STACKED_BLOCKS = 4  # runtime/native/csrc/kernels.h's MAX_PARTS: matrices of different block types in one product
 _said: set[str] = set()
@@ -39,8 +40,6 @@ _said: set[str] = set()
 
 def native_reason() -> str | None:
     """None when the native block products run here, else why not (in a few words)."""
-    from qkv.runtime.native.block_ops import block_products_status
-
     return block_products_status()
 
 
@@ -82,11 +81,10 @@ class BlockLinear(nn.Module):
         if x.shape[-1] != self.in_features:
             raise ValueError(f"input of {x.shape[-1]} features for a layer of {self.in_features}")
         if not self.native:
-            return F.linear(x.float(), self.dequantized_weight(), self.bias).to(x.dtype)
-        from qkv.runtime.native.block_ops import block_layer_linear
-
+            rounded = rounded_activations(x, self.block_type)
+            return F.linear(rounded, self.dequantized_weight(), self.bias).to(x.dtype)
         rows = x.reshape(-1, self.in_features).float().contiguous()  # (..., K) -> (M, K)
-        y = block_layer_linear(rows, self.blocks, self.block_type, self.bias)  # (M, N)
+        y = block_linear(rows, self.blocks, self.block_type, self.bias)  # (M, N)
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def kernel_tensors(self) -> list[Tensor] | None:

@@ -1,11 +1,14 @@
-"""`qkv::block_linear` (block_products.cpp) as a Python function, its fake implementation
-(what torch.compile traces), and its own self-test, so that a library whose block products
-compute wrong is never used for them.
+"""`qkv::block_linear` and `qkv::block_decode` (block_products.cpp) as Python functions, the
+activations' rounding they multiply by written in torch (the tests' and the torch
+reference's), the op's fake implementation (what torch.compile traces) and its self-test, so
+that a library whose block products compute wrong is never used for them.
 
-The op multiplies float32 activations by a matrix kept in a GGUF block type, decoding each
-weight row into the gguf library's float32 values: the result is the dequantized product up
-to float32 summation order. Its summation order is one fixed order (block_products.cpp), the
-same in the generic C++ and the AVX2 and AVX-512 variants and whatever the number of rows.
+The activation rounding belongs to the weight type (block_format.h): a matrix of 32-weight
+blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) multiplies activations rounded per 32 inputs, a
+K-quant (Q2_K .. Q6_K, super-blocks of 256) activations rounded per 256, each with the step
+max|x| / 127 and codes round(x / step), ties to even. The product is the dequantized weights
+times those rounded activations, up to float32 summation order, on every CPU: the generic
+C++, AVX2 and AVX-512 variants compute the same exact integer sums per block.
 
 Shape legend: M rows of x, K inputs, N outputs.
 """
@@ -18,95 +21,85 @@ import torch
 from gguf.constants import GGMLQuantizationType as Q
 from torch import Tensor
 
+from qkv.models.gguf.dequantize import BLOCK_FORMATS
+
 # every block type qkv decodes (qkv.models.gguf.dequantize.BLOCK_FORMATS) has a native product
-NATIVE_TYPES = frozenset({Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL})
-ISAS = {"best": 0, "generic": 1, "avx2": 2, "avx512": 3}  # the op's `isa` argument
+NATIVE_TYPES = frozenset(BLOCK_FORMATS)
 
 
-def block_linear(x: Tensor, blocks: Tensor, block_type: Q, bias: Tensor | None = None, isa: str = "best") -> Tensor:
-    """x (M, K) float32 @ w^T + bias, w (N, K) stored as `blocks` (N, K / W * Z) uint8 of `block_type`."""
-    return torch.ops.qkv.block_linear.default(x, blocks, int(block_type), bias, ISAS[isa])
+def activation_step(block_type: Q) -> int:
+    """How many inputs share one activation step for `block_type`: 256 for the K-quants'
+    super-blocks, 32 for the 32-weight blocks."""
+    return 256 if BLOCK_FORMATS[block_type].weights == 256 else 32
 
 
-def block_linear_q8(x: Tensor, blocks: Tensor, block_type: Q, bias: Tensor | None = None, isa: str = "best") -> Tensor:
-    """The same product on x rounded per 32 inputs (block_q8.cpp: integer dot products), what
-    qkv's whole-layer kernel runs for block layers on AVX-512 VNNI; isa "best", "generic" or
-    "avx512"."""
-    return torch.ops.qkv.block_linear_q8.default(x, blocks, int(block_type), bias, ISAS[isa])
+def block_linear(x: Tensor, blocks: Tensor, block_type: Q, bias: Tensor | None = None) -> Tensor:
+    """x (M, K) float32, rounded as `block_type` multiplies it, @ w^T + bias, w (N, K) stored as
+    `blocks` (N, K / W * Z) uint8 of `block_type`; in the active variant (ops.use_variant caps
+    it), exactly what qkv's whole-layer kernel computes for a block layer."""
+    return torch.ops.qkv.block_linear.default(x, blocks, int(block_type), bias)
 
 
-def block_layer_linear(x: Tensor, blocks: Tensor, block_type: Q, bias: Tensor | None = None) -> Tensor:
-    """What qkv's whole-layer kernel computes for a block layer: `block_linear_q8` where the active
-    variant is AVX-512 VNNI, else `block_linear` (the modules call this, so both agree)."""
-    return torch.ops.qkv.block_layer_linear.default(x, blocks, int(block_type), bias)
+def block_decode(blocks: Tensor, block_type: Q, k: int) -> Tensor:
+    """The (N, K) float32 weights of `blocks` (N, K / W * Z) as the C++ block table decodes them."""
+    return torch.ops.qkv.block_decode.default(blocks, int(block_type), k)
 
 
-def layers_round_activations() -> bool:
-    """Whether block layers run `block_linear_q8` here (the active variant is AVX-512 VNNI)."""
-    return block_products_status() is None and torch.ops.qkv.active_variant.default() == "avx512"
+def block_table() -> dict[Q, tuple[int, int, int]]:
+    """The C++ block-format table (block_format.cpp): type -> (weights, bytes a block, activation step)."""
+    rows = torch.ops.qkv.block_table.default(torch.empty(0)).tolist()
+    return {Q(code): (weights, size, step) for code, weights, size, step in rows}
 
 
-def rounded_activations(x: Tensor) -> Tensor:
-    """x (..., K) as block_linear_q8 rounds it, in float32: per 32 inputs, step d = max|x| / 127
-    and x ~ d * round(x / d), ties to even (products.cpp's round_activations)."""
-    blocks = x.float().reshape(*x.shape[:-1], -1, 32)  # (..., K / 32, 32)
-    step = blocks.abs().amax(-1, keepdim=True) / 127
+def rounded_activations(x: Tensor, block_type: Q) -> Tensor:
+    """x (..., K) as the products for `block_type` round it, in float32: per activation_step
+    inputs, step d = max|x| / 127 and x ~ d * round(x * (1 / d)), ties to even."""
+    step_size = activation_step(block_type)
+    groups = x.float().reshape(*x.shape[:-1], -1, step_size)  # (..., K / step, step)
+    step = groups.abs().amax(-1, keepdim=True) / 127
     inverse = torch.where(step > 0, 1 / step, torch.zeros_like(step))
-    return (torch.round(blocks * inverse) * step).reshape(x.shape)
-
-
-def available_isas() -> list[str]:
-    """The variants this CPU runs, generic first; none where the block products are not usable
-    (block_products_status says why)."""
-    return [] if block_products_status() is not None else _isas()
-
-
-def _isas() -> list[str]:
-    best = torch.ops.qkv.block_linear_best_isa.default(torch.empty(0))
-    return [name for name, code in ISAS.items() if 1 <= code <= best]
+    return (torch.round(groups * inverse) * step).reshape(x.shape)
 
 
 @functools.cache
 def register_fake() -> None:
     @torch.library.register_fake("qkv::block_linear")
-    def _block_linear(x: Tensor, blocks: Tensor, block_type: int, bias: Tensor | None, isa: int) -> Tensor:
+    def _block_linear(x: Tensor, blocks: Tensor, block_type: int, bias: Tensor | None) -> Tensor:
         return x.new_empty(x.shape[0], blocks.shape[0])
 
-    @torch.library.register_fake("qkv::block_layer_linear")
-    def _block_layer_linear(x: Tensor, blocks: Tensor, block_type: int, bias: Tensor | None) -> Tensor:
-        return x.new_empty(x.shape[0], blocks.shape[0])
+
+def product_bound(rounded: Tensor, w: Tensor, k: int) -> Tensor:
+    """How far a block product may lie from the exact product of the rounded activations
+    (M, K) and the weights (N, K), both float64: float32 rounding of the per-block sums'
+    combination, a few eps per block and per accumulation, relative to sum |x' w|."""
+    blocks = k // 32 + 8
+    return 2 * blocks * torch.finfo(torch.float32).eps * (rounded.abs() @ w.abs().t()) + 1e-30
 
 
 def _self_test() -> str | None:
-    """Every native type on a few random rows against the dequantized product (float64), and
-    every variant bit-identical to the generic one; None when all pass, else what failed."""
-    from qkv.models.gguf import dequantize as gguf_blocks
+    """Every native type on a few random rows, in every variant, against the dequantized
+    weights times the rounded activations (float64); None when all pass, else what failed."""
+    from qkv.runtime.native.ops import use_variant, variants
 
     generator = torch.Generator().manual_seed(0)
     for block_type in sorted(NATIVE_TYPES, key=int):
-        form = gguf_blocks.BLOCK_FORMATS[block_type]
+        form = BLOCK_FORMATS[block_type]
         k = 2 * 256
         raw = torch.randint(0, 256, (5, k // form.weights, form.size), dtype=torch.uint8, generator=generator)
         for start in form.halves:  # finite, small float16 scales
             raw[:, :, start : start + 2] = (torch.rand(5, k // form.weights, 1, generator=generator) / 16).half().view(torch.uint8)
         blocks = raw.reshape(5, -1).contiguous()
-        w = gguf_blocks.dequantize_blocks([blocks.numpy()], block_type).reshape(5, k).double()
+        w = form.decode(raw.reshape(-1, form.size)).reshape(5, k).double()
+        if not torch.equal(block_decode(blocks, block_type, k).double(), w):
+            return f"the {block_type.name} block decode differs from the gguf library's"
         x = torch.randn(3, k, generator=generator)
-        expected = x.double() @ w.t()
-        bound = 2 * k * torch.finfo(torch.float32).eps * (x.double().abs() @ w.abs().t()) + 1e-30
-        generic = block_linear(x, blocks, block_type, isa="generic")
-        if not bool(((generic.double() - expected).abs() <= bound).all()):
-            return f"the {block_type.name} block product's self-test failed"
-        for isa in _isas()[1:]:
-            if not torch.equal(block_linear(x, blocks, block_type, isa=isa), generic):
-                return f"the {isa} {block_type.name} block product differs from the generic one"
-        rounded = rounded_activations(x).double()  # the rounded-activation products, every variant
-        expected, bound = rounded @ w.t(), 2 * k * torch.finfo(torch.float32).eps * (rounded.abs() @ w.abs().t()) + 1e-30
-        vnni = "avx512" in torch.ops.qkv.variants.default().split(",")  # qkv's AVX-512 variant has VNNI
-        for isa in ["generic", *(["avx512"] if vnni else [])]:
-            got = block_linear_q8(x, blocks, block_type, isa=isa).double()
+        rounded = rounded_activations(x, block_type).double()
+        expected, bound = rounded @ w.t(), product_bound(rounded, w, k)
+        for variant in variants():
+            with use_variant(variant):
+                got = block_linear(x, blocks, block_type).double()
             if not bool(((got - expected).abs() <= bound).all()):
-                return f"the {isa} {block_type.name} product on rounded activations failed its self-test"
+                return f"the {variant} {block_type.name} block product failed its self-test"
     return None
 
 
@@ -119,7 +112,7 @@ def block_products_status() -> str | None:
     status = native_kernels()
     if not status.available:
         return status.reason or "qkv's kernels are not loaded"
-    if not hasattr(torch.ops.qkv, "block_linear"):
+    if not hasattr(torch.ops.qkv, "block_decode"):
         return "the loaded kernels have no block products (an older build)"
     try:
         register_fake()

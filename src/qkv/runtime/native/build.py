@@ -47,13 +47,14 @@ from qkv.util.progress import slow_step
 
 HERE = Path(__file__).parent / "csrc"  # the C++ sources, shipped with the package
 # Compiled together, in this order: the products, attention, the layer and the whole stack of
-# layers with the head (sharing kernels.h);
-# products straight from GGUF's stored blocks (block_products.cpp, its AVX2 and AVX-512
-# variants sharing block_kernels.h); attention over a quantized KV cache's packed codes.
+# layers with the head (sharing kernels.h); products straight from GGUF's stored blocks
+# (block_format.cpp: the block-format table and the generic reference; block_products.cpp: the
+# op and the dispatch; block_avx2.cpp and block_avx512.cpp: the x86 variants, sharing
+# block_x86.h); attention over a quantized KV cache's packed codes.
 SOURCES: tuple[str, ...] = ("products.cpp", "products_x86.cpp", "attention.cpp", "layer.cpp", "stack.cpp",
-                            "block_products.cpp", "block_avx2.cpp", "block_avx512.cpp", "block_q8.cpp", "block_q8_avx512.cpp",
+                            "block_format.cpp", "block_products.cpp", "block_avx2.cpp", "block_avx512.cpp",
                             "quantized_attention.cpp")
-HEADERS: tuple[str, ...] = ("kernels.h", "block_kernels.h", "block_q8.h", "quantized_attention_simd.h")
+HEADERS: tuple[str, ...] = ("kernels.h", "block_format.h", "block_x86.h", "quantized_attention_simd.h")
 FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-ffp-contract=off", "-Wall", "-Wextra")
 VARIANTS = ("generic", "avx2", "avx512")  # slowest first, the names qkv::set_variant takes
 VARIANT_NAMES = {"generic": "generic C++", "avx2": "AVX2", "avx512": "AVX-512 VNNI"}

@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-VARIANTS = {"best": 0, "generic": 1, "avx2": 2, "avx512": 3}  # the kernel's `variant` codes
+# the kernel's `variant` codes: -1 the active variant, else kernels.h's Variant (build.VARIANTS' order)
+VARIANTS = {"best": -1, "generic": 0, "avx2": 1, "avx512": 2}
 
 
 def quantized_decode_attention(q: Tensor, k_codes: Tensor, k_scale: Tensor, k_zero: Tensor, v_codes: Tensor,

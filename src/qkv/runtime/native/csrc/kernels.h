@@ -28,7 +28,7 @@
 #define QKV_X86 1
 #include <immintrin.h>
 #define QKV_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define QKV_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+#define QKV_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
 #else
 #define QKV_X86 0
 #endif
@@ -40,7 +40,9 @@ using torch::stable::Tensor;
 constexpr int64_t ROWS = 4;    // output features computed together (they share x's loads)
 constexpr int64_t BLOCK = 32;  // int4 block and activation-rounding block
 
-// The variants, slowest first: a variant runs where the CPU has it and the cap allows it.
+// The variants, slowest first: a variant runs where the CPU has it and the cap allows it. The one
+// CPU detection of the library (products.cpp's best_variant) and the one numbering every op uses:
+// AVX2 means AVX2 + FMA + F16C, AVX512 means AVX-512 F, BW, DQ, VL and VNNI.
 enum Variant : int64_t { GENERIC = 0, AVX2 = 1, AVX512 = 2 };
 
 Variant best_variant();    // the fastest this CPU runs (cpuid), fixed for the process
@@ -141,10 +143,9 @@ void for_each_part(const Linear &L, Rows &&rows) {
     });
 }
 
-// block_q8.cpp: a BLOCKS Linear's products on activations rounded per 32 (integer dot products,
-// AVX-512 VNNI); q8_products_run says whether they run for L in the active variant.
-bool q8_products_run(const Linear &L);
-void apply_blocks_q8(const Linear &L, const float *x, float *y, int64_t M, bool simd);
+// block_products.cpp: a BLOCKS Linear's products on activations rounded as each part's block
+// type multiplies them (block_format.h), in the active variant.
+void apply_blocks(const Linear &L, const float *x, float *y, int64_t M);
 
 // y (M, N) = x (M, K) through L, on PyTorch's threads, in the active variant. Each row of y
 // is computed by the same operations whatever M is (batch invariance).

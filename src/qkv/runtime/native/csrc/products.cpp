@@ -22,7 +22,7 @@
 //
 // Shape legend: M rows of x (batch x tokens), K input features, N output features.
 #include "kernels.h"
-#include "block_kernels.h"
+#include "block_format.h"
 
 #include <math.h>
 
@@ -46,7 +46,7 @@ Variant detect() {
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
     const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
     if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c)) return GENERIC;
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
         return AVX512;
     return AVX2;
@@ -138,18 +138,8 @@ void generic_int4_rows(const int8_t *xq, const float *xd, const float *xsum, con
 }
 
 // -- the dispatch ----------------------------------------------------------------------
-// A GGUF file's own blocks: each stacked matrix through block_kernels::block_rows into its
-// columns of y, outputs split over the threads (each output computed alike whatever M is).
-static void apply_blocks(const Linear &L, const float *x, float *y, int64_t M) {
-    const int64_t isa = block_kernels::isa_of_variant(active_variant());
-    for_each_part(L, [&](const BlockPart &part, int64_t n0, int64_t n1, int64_t first) {
-        block_kernels::block_rows(part.type, part.blocks, part.row_bytes, x, M, L.K, L.N, n0, n1,
-                                  L.bias ? L.bias + first : nullptr, isa, y + first);
-    });
-}
-
 void apply(const Linear &L, const float *x, float *y, int64_t M) {
-    if (L.kind == Linear::BLOCKS) return q8_products_run(L) ? apply_blocks_q8(L, x, y, M, true) : apply_blocks(L, x, y, M);
+    if (L.kind == Linear::BLOCKS) return apply_blocks(L, x, y, M);
     const int64_t N = L.N, K = L.K, blocks = (N + ROWS - 1) / ROWS;
     const Variant variant = active_variant();
     if (L.kind == Linear::INT4) {
@@ -286,7 +276,7 @@ static Linear blocks_of(const std::vector<Tensor> &parts, int64_t K, const char 
         check(L.part_count < MAX_PARTS && type.dim() == 1 && type.size(0) == 1 && type.is_contiguous(), message);
         BlockPart &part = L.parts[L.part_count++];
         part.type = *static_cast<const int64_t *>(type.data_ptr());
-        part.row_bytes = block_kernels::row_bytes_of(part.type, K);
+        part.row_bytes = blocks::row_bytes_of(part.type, K);
         check(part.row_bytes > 0 && blocks.scalar_type() == ScalarType::Byte && blocks.dim() == 2 &&
                   blocks.is_contiguous() && blocks.size(1) == part.row_bytes && blocks.size(0) > 0,
               message);

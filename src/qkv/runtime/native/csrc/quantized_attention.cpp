@@ -23,11 +23,14 @@
 //
 // Three variants of the same math: `attend_generic` (plain C++, the reference, and what runs
 // where the sizes do not fit the vectors), AVX2 and AVX-512 (quantized_attention_simd.h, one
-// body for both). variant: 0 = the best this CPU runs (chosen at run time), 1 = generic,
-// 2 = AVX2, 3 = AVX-512 (refused where the CPU lacks it); the tests compare them all.
+// body for both). variant: -1 = the active one (kernels.h's detection under qkv::set_variant's
+// cap), else kernels.h's numbering: 0 = generic, 1 = AVX2, 2 = AVX-512 (refused where the CPU
+// lacks it); the tests compare them all.
 //
 // Shape legend: B batch, H query heads, H_kv KV heads, D head size of keys, D_v of values,
 // N group slots, G tokens per key group, C_k / C_v channels per statistic, N_s sinks, P tail rows.
+#include "kernels.h"
+
 #include <immintrin.h>
 #include <stdint.h>
 #include <math.h>
@@ -292,15 +295,6 @@ struct Lanes {
 }  // namespace avx512
 #pragma GCC pop_options
 
-bool cpu_has_avx2() {
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-}
-
-bool cpu_has_avx512() {
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-}
-
 // Whether the sizes fit vectors of `lanes` floats (else the generic reference runs).
 bool fits(const View &w, int64_t lanes) {
     const bool keys = w.cos ? (w.D / 2) % lanes == 0 : w.D % lanes == 0;
@@ -373,11 +367,17 @@ Tensor quantized_decode_attention(Tensor q, Tensor k_codes, Tensor k_scale, Tens
         w.cos = floats(*rope_cos, dtypes), w.sin = floats(*rope_sin, dtypes);
     }
     w.scale = static_cast<float>(scale);
-    require(variant >= 0 && variant <= 3, "qkv::quantized_decode_attention: variant is 0 (best), 1, 2 or 3");
-    require(variant != 3 || cpu_has_avx512(), "qkv::quantized_decode_attention: this CPU has no AVX-512");
-    require(variant != 2 || cpu_has_avx2(), "qkv::quantized_decode_attention: this CPU has no AVX2");
-    if (variant == 0) variant = cpu_has_avx512() && fits(w, 16) ? 3 : cpu_has_avx2() && fits(w, 8) ? 2 : 1;
-    require(variant == 1 || fits(w, variant == 3 ? 16 : 8),
+    // variant: -1 the active one (kernels.h: the CPU's best under qkv::set_variant's cap, narrower where
+    // the head sizes do not fit its vectors), else kernels.h's Variant (0 generic, 1 AVX2, 2 AVX-512)
+    require(variant >= -1 && variant <= qkv::AVX512,
+            "qkv::quantized_decode_attention: variant is -1 (active), 0 (generic), 1 (avx2) or 2 (avx512)");
+    require(variant <= qkv::best_variant(), "qkv::quantized_decode_attention: this CPU does not run that variant");
+    if (variant == -1) {
+        variant = qkv::active_variant();
+        if (variant == qkv::AVX512 && !fits(w, 16)) variant = qkv::AVX2;
+        if (variant == qkv::AVX2 && !fits(w, 8)) variant = qkv::GENERIC;
+    }
+    require(variant == qkv::GENERIC || fits(w, variant == qkv::AVX512 ? 16 : 8),
             "qkv::quantized_decode_attention: these head sizes do not fit that variant's vectors");
 
     Tensor out = torch::stable::new_empty(q, {B, w.H, w.Dv});
@@ -397,8 +397,8 @@ Tensor quantized_decode_attention(Tensor q, Tensor k_codes, Tensor k_scale, Tens
             const int64_t bk = t / spans, s0 = (t % spans) * SPAN, s1 = std::min(S, s0 + SPAN);
             const float *qh = w.q + bk * w.group * w.D;
             const Part part{outs.data() + t * w.group * w.Dv, tops.data() + t * w.group, totals.data() + t * w.group};
-            if (variant == 3) avx512::attend_heads(w, bk, s0, s1, qh, part, scores.data());
-            else if (variant == 2) avx2::attend_heads(w, bk, s0, s1, qh, part, scores.data());
+            if (variant == qkv::AVX512) avx512::attend_heads(w, bk, s0, s1, qh, part, scores.data());
+            else if (variant == qkv::AVX2) avx2::attend_heads(w, bk, s0, s1, qh, part, scores.data());
             else attend_generic(w, bk, s0, s1, qh, part, scores.data());
         }
     });

@@ -1,0 +1,120 @@
+// GGUF's block types, defined once: one struct per block type (its bytes, field by field), one
+// traits table (weights and bytes a block, the activation rounding it multiplies with, its
+// generic decode), and the activations rounded as the block types multiply them.
+//
+// The activation rounding belongs to the weight type, so a product is the same math on every
+// CPU (the generic C++ is the reference; block_x86.h's AVX2 and AVX-512 kernels compute the
+// same integer sums):
+//   - blocks of 32 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) meet activations rounded per 32
+//     (Q8_0-style, PER32): step d = max|x| / 127, codes round(x / d) ties to even, and the
+//     block's d * sum(codes) (what a minimum, Q4_1 / Q5_1's m, multiplies);
+//   - super-blocks of 256 (Q2_K .. Q6_K) meet activations rounded per 256 (Q8_K-style, PER256):
+//     one step a 256, the same codes, and the codes' sums per 16 (what the minimums multiply).
+// Each block's integer dot product of weight codes and activation codes is exact; the block's
+// float scales multiply it once (a K-quant super-block: once per 256 weights).
+//
+// Shape legend: K inputs; a row of K weights is K / W blocks of Z bytes.
+#pragma once
+
+#include <stdint.h>
+
+#include <vector>
+
+namespace qkv {
+namespace blocks {
+
+enum Type : int64_t {  // GGML's type ids
+    Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14,
+    IQ4_NL = 20,
+};
+enum Activation : int64_t { PER32 = 0, PER256 = 1 };  // how the activations a type multiplies are rounded
+
+// -- the blocks, as stored (float16 fields as their bits) ----------------------------------
+struct BlockQ4_0 { uint16_t d; uint8_t qs[16]; };                           // w = d (q - 8)
+struct BlockQ4_1 { uint16_t d, m; uint8_t qs[16]; };                        // w = d q + m
+struct BlockQ5_0 { uint16_t d; uint8_t qh[4], qs[16]; };                    // w = d (q - 16), bit 4 in qh
+struct BlockQ5_1 { uint16_t d, m; uint8_t qh[4], qs[16]; };                 // w = d q + m
+struct BlockQ8_0 { uint16_t d; int8_t qs[32]; };                            // w = d q
+struct BlockIQ4_NL { uint16_t d; uint8_t qs[16]; };                         // w = d IQ4_NL_VALUES[q]
+struct BlockQ2_K { uint8_t scales[16], qs[64]; uint16_t d, dmin; };         // w = d sc q - dmin m, per 16
+struct BlockQ3_K { uint8_t hmask[32], qs[64], scales[12]; uint16_t d; };   // w = d (sc - 32) (q - 4 (1 - h))
+struct BlockQ4_K { uint16_t d, dmin; uint8_t scales[12], qs[128]; };        // w = d sc q - dmin m, per 32
+struct BlockQ5_K { uint16_t d, dmin; uint8_t scales[12], qh[32], qs[128]; };
+struct BlockQ6_K { uint8_t ql[128], qh[64]; int8_t scales[16]; uint16_t d; };  // w = d sc (q - 32), per 16
+
+// IQ4_NL's non-linear code book (GGML's kvalues_iq4nl).
+constexpr int8_t IQ4_NL_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+struct Traits {
+    Type type;
+    const char *name;
+    int64_t weights, bytes;  // W, Z
+    Activation activation;
+    void (*decode)(const uint8_t *block, float *out);  // the gguf library's float32 values, out[0 .. W)
+};
+
+// The type's traits, or nullptr for a type qkv's block products do not read.
+const Traits *traits_of(int64_t type);
+const Traits *all_traits(int64_t &count);
+
+// Bytes of one row of K weights in `type`, or 0 when the type is not in the table or K is not
+// whole blocks of it (nor of the 32 inputs an activation step spans).
+int64_t row_bytes_of(int64_t type, int64_t K);
+
+// (The inline helpers here are static: the x86 variants compile this header under their own
+// target pragmas, and one copy must never stand in for another.)
+// Q4_K / Q5_K: 8 six-bit scales and minimums from 12 bytes (gguf's get_scale_min_k4).
+static inline void scale_min_k4(const uint8_t *s, uint8_t *sc, uint8_t *mn) {
+    for (int j = 0; j < 4; j++) {
+        sc[j] = s[j] & 63;
+        mn[j] = s[4 + j] & 63;
+        sc[4 + j] = (s[8 + j] & 0x0F) | ((s[j] >> 2) & 0x30);
+        mn[4 + j] = (s[8 + j] >> 4) | ((s[4 + j] >> 2) & 0x30);
+    }
+}
+
+// Q3_K: the 16 six-bit scales (before the -32) from 12 bytes.
+static inline int q3_scale(const uint8_t *sc, int s) {
+    const int low = s < 8 ? sc[s] & 15 : sc[s - 8] >> 4, high = (sc[8 + s % 4] >> (2 * (s / 4))) & 3;
+    return low | (high << 4);
+}
+
+// -- the activations, rounded as the block types multiply them -----------------------------
+// M rows of K inputs: codes q (M, K); PER32: step d (M, K / 32), d * sum(codes) s (M, K / 32);
+// PER256: step d (M, K / 256), the codes' sums per 16 (M, K / 16).
+struct Rounded {
+    Activation kind = PER32;
+    int64_t K = 0;
+    std::vector<int8_t> q;
+    std::vector<float> d, s;
+    std::vector<int16_t> sums;
+};
+
+struct XRow {  // one row of a Rounded
+    const int8_t *q;
+    const float *d, *s;
+    const int16_t *sums;
+};
+
+static inline XRow row_of(const Rounded &r, int64_t m) {
+    const int64_t step = r.kind == PER32 ? 32 : 256;
+    return {r.q.data() + m * r.K, r.d.data() + m * (r.K / step), r.kind == PER32 ? r.s.data() + m * (r.K / 32) : nullptr,
+            r.kind == PER256 ? r.sums.data() + m * (r.K / 16) : nullptr};
+}
+
+// `simd`: the x86 variants' rounding (block_x86.h: the same codes, steps and sums, faster).
+Rounded round_activations(const float *x, int64_t M, int64_t K, Activation kind, bool simd);
+void avx2_round_groups(const float *x, int64_t groups, int64_t step, int8_t *q, float *d, float *s, int16_t *sums);
+
+// One row of weights (K / W blocks of `type`) against one row of rounded activations.
+using RowDot = float (*)(const uint8_t *row, const XRow &x, int64_t K);
+
+RowDot generic_dot(int64_t type);  // the reference (block_format.cpp)
+
+// FOUR rows of weights (row, row + row_bytes, ...) against one row of x, out[0 .. 4): each computed
+// by exactly the operations the type's RowDot runs for it alone.
+constexpr int FOUR = 4;
+using RowsDot = void (*)(const uint8_t *row, int64_t row_bytes, const XRow &x, int64_t K, float *out);
+
+}  // namespace blocks
+}  // namespace qkv
