@@ -10,7 +10,7 @@ import torch
 from gguf.constants import GGMLQuantizationType as Q
 
 from qkv.models.gguf.checkpoint import open_gguf_file
-from qkv.runtime.linear.block import BlockEmbedding
+from qkv.runtime.linear.block import BlockEmbedding, BlockLinear, native_reason
 from qkv.runtime.linear.quantized import Int4Linear, Int8Linear
 from qkv.runtime.prepare import prepare
 from qkv.attention.stacking import STACKED
@@ -38,6 +38,10 @@ def test_int4_layers_hold_the_files_blocks_exactly(tmp_path: Path) -> None:
     embedding = stored.state["model.embed_tokens.weight"]
     if head is not None:
         assert (head.dequantized() - embedding).abs().max() < embedding.abs().max() / 7  # within a 4-bit step
+    elif native_reason() is None:  # the tied head is the table's own Q8_0 blocks, the same bytes: nothing converted
+        assert isinstance(model.lm_head, BlockLinear) and model.lm_head.block_type == Q.Q8_0
+        assert model.lm_head.blocks.data_ptr() == model.model.embed_tokens.blocks.data_ptr()
+        assert torch.equal(model.lm_head.dequantized_weight(), embedding)
     else:
         assert isinstance(model.lm_head, Int8Linear)
     ids = torch.tensor([[0, 1, 2, 1]])

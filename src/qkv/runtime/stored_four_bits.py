@@ -11,8 +11,11 @@ cost of that round trip.
     loaded = load_stored_four_bits(opened)   # None when the file's layers are not all Q4_0/Q4_1
 
 Stacked layers (q/k/v, a SwiGLU's gate and up: qkv.attention.stacking) concatenate the rows
-of their parts' blocks. The output head keeps int8 (as GGUF's Q4 files keep it at 8 bits),
-quantized from its stored values. The embedding table stays in the file's blocks
+of their parts' blocks. The output head (GGUF's Q4 files keep it at 8 bits, Q8_0, or Q6_K) is
+the file's own blocks too (`BlockLinear`, multiplied by qkv's block products), the same bytes
+as the embedding table when the two are tied: nothing is dequantized or re-quantized at load.
+Where the block products cannot run, it is int8 quantized from its stored values. The
+embedding table stays in the file's blocks
 (`BlockEmbedding`: a lookup decodes only its rows, the gguf library's values), not float32:
 SmolLM2's is 108 MiB as float32, more than the whole file's 94.
 
@@ -28,7 +31,7 @@ from torch import Tensor, nn
 
 from qkv.attention.stacking import stacked_from
 from qkv.models.gguf.dequantize import Q
-from qkv.runtime.linear.block import BlockEmbedding
+from qkv.runtime.linear.block import BlockEmbedding, BlockLinear, native_reason
 from qkv.runtime.linear.quantized import Int4Linear, Int8Linear, quantize_groups, quantize_rows
 
 if TYPE_CHECKING:
@@ -95,8 +98,12 @@ def _fill(model: nn.Module, state: dict[str, Tensor], blocks: dict[str, StoredBl
     """Every prepared layer from `blocks` (int4) or `state` (the head, norms, embeddings);
     False when something has no source (the caller then prepares the usual way)."""
     embedding = blocks.get(EMBEDDING)
+    head = blocks.get("lm_head.weight", embedding if "lm_head.weight" not in state else None)  # a tied head: the table
+    if head is not None and native_reason() is None and isinstance(model.get_submodule("lm_head"), Int8Linear):
+        model.set_submodule("lm_head", BlockLinear(head))  # the file's blocks, multiplied as stored
     tied = state.get(EMBEDDING)  # what a tied head's rows are
-    if tied is None and embedding is not None and "lm_head.weight" not in state and "lm_head.weight" not in blocks:
+    if tied is None and embedding is not None and isinstance(model.get_submodule("lm_head"), Int8Linear) \
+            and "lm_head.weight" not in state and "lm_head.weight" not in blocks:
         tied = embedding.dequantize()  # only while the head is quantized from it
     for name, module in list(model.named_modules()):
         if isinstance(module, Int4Linear):
