@@ -86,6 +86,8 @@ def test_auto_keeps_the_files_blocks_and_gives_the_dequantized_logits(tmp_path: 
     assert isinstance(attention.o_proj, BlockLinear) and attention.o_proj.block_type == Q.Q8_0
     assert isinstance(mlp.down_proj, BlockLinear) and mlp.down_proj.block_type == Q.Q4_1
     assert isinstance(model.model.embed_tokens, BlockEmbedding) and isinstance(model.lm_head, BlockLinear)
+    if tied:  # the head multiplies the table's own bytes: one copy of them in memory
+        assert model.lm_head.blocks.data_ptr() == model.model.embed_tokens.blocks.data_ptr()
     assert not any(p.dtype == torch.float32 and p.dim() == 2 for p in model.parameters())  # no float32 matrix kept
     with torch.inference_mode():
         got, want = model(PROMPT), reference(PROMPT)

@@ -76,6 +76,8 @@ class StoredBlocks:
         if any(p.block_type != first.block_type or p.shape[1] != first.shape[1] for p in parts):
             kinds = ", ".join(f"{p.block_type.name} {p.shape}" for p in parts)
             raise ValueError(f"only matrices of one block type and one column count stack by rows, got {kinds}")
+        if len(parts) == 1:  # nothing to stack: the same bytes (a tied head keeps sharing the table's)
+            return first
         rows = sum(p.shape[0] for p in parts)
         return StoredBlocks(torch.cat([p.blocks for p in parts]), first.block_type, (rows, first.shape[1]))
 
