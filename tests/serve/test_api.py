@@ -78,6 +78,29 @@ def test_stream_matches_whole_answer_with_usage(server) -> None:
     assert chunks[-2]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_streamed_completion_text_and_offsets_equal_the_whole_answer(server, seed: int) -> None:
+    """Sampled tokens of a byte-level tokenizer split characters over tokens; the streamed
+    pieces (qkv.generation.detokenize) join to the whole answer, which is the decoding of its
+    tokens, stop strings and logprob offsets included."""
+    body = {"model": server.served.name, "prompt": "The cat", "max_tokens": 24, "temperature": 1.5,
+            "seed": seed, "logprobs": 1, "logit_bias": {str(t): -100 for t in server.served.stop_ids}}
+    plain = _post(server, "/v1/completions", body).json()["choices"][0]
+    tokens = plain["logprobs"]["tokens"]
+    stop = plain["text"][5:7] if len(plain["text"]) > 8 else None
+    for stops in (None, stop):
+        request = {**body, "stop": stops} if stops else body
+        whole = _post(server, "/v1/completions", request).json()["choices"][0]
+        with httpx.stream("POST", server.url + "/v1/completions", headers=AUTH, timeout=60,
+                          json={**request, "stream": True}) as r:
+            chunks = [json.loads(line[6:])["choices"][0] for line in r.iter_lines() if line.startswith("data: {")]
+        assert "".join(c["text"] for c in chunks) == whole["text"]
+        offsets = [o for c in chunks if c["logprobs"] for o in c["logprobs"]["text_offset"]]
+        assert offsets == whole["logprobs"]["text_offset"]
+        assert chunks[-1]["finish_reason"] == whole["finish_reason"]
+    assert len(tokens) == 24 and any(t == "\ufffd" for t in tokens)  # some token held part of a character
+
+
 def test_stop_string_cuts_the_text(server) -> None:
     full = _post(server, "/v1/completions", {"model": server.served.name, "prompt": "The cat",
                                              "max_tokens": 12, "temperature": 0}).json()["choices"][0]["text"]
