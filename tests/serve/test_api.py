@@ -46,12 +46,16 @@ def test_health_models_and_metrics(server) -> None:
     assert httpx.get(server.url + "/metrics").status_code == 401  # behind --api-key like /v1
     text = httpx.get(server.url + "/metrics", headers=AUTH).text
     for name in ("qkv_requests_total", "qkv_batch_occupancy", "qkv_time_to_first_token_seconds_bucket",
-                 "qkv_tokens_per_second", "qkv_completion_tokens_total"):
+                 "qkv_tokens_per_second", "qkv_completion_tokens_total", "qkv_prefill_chunks_total"):
         assert name in text
+    for name in ("qkv_queue_seconds", "qkv_prefill_seconds", "qkv_inter_token_seconds"):
+        assert f'{name}_bucket{{le="+Inf"}}' in text and f"{name}_count" in text
 
 
 def test_concurrent_greedy_completions_equal_generate_alone(server) -> None:
     prompts = ["The cat", "Attention is all", "Keys, queries", "The mat.", "values", "they said", "A", "sat on"]
+    counts = {name: _metric(server, name + "_count") for name in
+              ("qkv_queue_seconds", "qkv_prefill_seconds", "qkv_inter_token_seconds")}
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda p: _post(server, "/v1/completions", {
             "model": server.served.name, "prompt": p, "max_tokens": 10, "temperature": 0}).json(), prompts))
@@ -60,6 +64,10 @@ def test_concurrent_greedy_completions_equal_generate_alone(server) -> None:
         assert answer["choices"][0]["text"] == reference_text(server, prompt, 10)
         assert answer["usage"]["prompt_tokens"] == len(server.served.tokenizer.encode(prompt).ids)
     assert _metric(server, "qkv_batch_occupancy") == 0
+    grown = {name: _metric(server, name + "_count") - n for name, n in counts.items()}
+    tokens = sum(a["usage"]["completion_tokens"] for a in answers)
+    assert grown["qkv_queue_seconds"] == grown["qkv_prefill_seconds"] == len(prompts)
+    assert grown["qkv_inter_token_seconds"] >= tokens - len(prompts)  # every token after a request's first
 
 
 def test_stream_matches_whole_answer_with_usage(server) -> None:
