@@ -62,6 +62,38 @@ def test_a_long_prompt_is_prefilled_between_the_steps_of_a_running_stream(tiny_f
     assert tokens["long"] == _alone(model, long, 6, ()) and tokens["stream"] == _alone(model, stream, 30, ())
 
 
+def test_while_streams_run_a_long_prompt_takes_one_part_per_step(tiny_folder: Path) -> None:
+    """The default budget (PREFILL_BUDGET) when nothing decodes, one part while a stream does."""
+    model, tokenizer = load_pretrained(tiny_folder)
+    stream, long = tokenizer.encode("The cat").ids, _long_prompt(200, model.cfg.vocab_size)
+    engine = Engine(model, max_batch=2, capacity=256)
+    log: list[str] = []
+    first, done = threading.Event(), threading.Event()
+    left = [2]
+
+    def emitter(name: str):
+        def emit(event) -> None:
+            if isinstance(event, Finished):
+                left[0] -= 1
+                if left[0] == 0:
+                    done.set()
+                return
+            log.append(name)
+            first.set()
+        return emit
+
+    engine.start()
+    try:
+        engine.submit_jobs([Job(stream, 40, Sampling(), frozenset(), emitter("stream"))])
+        assert first.wait(60)
+        submitted = len(log)
+        engine.submit_jobs([Job(long, 4, Sampling(), frozenset(), emitter("long"))])
+        assert done.wait(120)
+    finally:
+        engine.stop()
+    assert log[submitted:log.index("long")].count("stream") >= 200 // PREFILL_ALIGN  # a token per part
+
+
 def test_a_short_prompt_is_not_stuck_behind_a_long_one(tiny_folder: Path) -> None:
     model, tokenizer = load_pretrained(tiny_folder)
     long = _long_prompt(230, model.cfg.vocab_size)

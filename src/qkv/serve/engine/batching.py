@@ -11,7 +11,8 @@
 
 The engine owns one `DecodeSession` of kind `SlotKVCache`: batch row r is slot r. A new
 request takes a free row, and its prompt is prefilled in pieces between decode steps, at
-most PREFILL_BUDGET prompt tokens per step, the prompt with the fewest tokens left first
+most PREFILL_BUDGET prompt tokens per step (one PREFILL_ALIGN part while other rows decode),
+the prompt with the fewest tokens left first
 (qkv.serve.engine.prefill): a long prompt never stalls the running streams, and a short one
 is not stuck behind it. Then the decoding rows (only those) decode one token per step, each
 at its own position, all rows' tokens chosen in one pass (qkv.generation.sampling.choose_rows),
@@ -55,7 +56,7 @@ from qkv.errors import QkvError
 from qkv.generation.constraints import Constraint
 from qkv.generation.decode_loop import Alternatives, StepToken, DecodeLoop, RowRequest, scored
 from qkv.generation.sampling import Sampling
-from qkv.runtime.session import DecodeSession, reusable_prefix
+from qkv.runtime.session import PREFILL_ALIGN, DecodeSession, reusable_prefix
 from qkv.models.decoder import CausalDecoder
 from qkv.serve.engine.prefill import Prefilling, next_piece
 from qkv.serve.engine.prefix_cache import RowPrefixes
@@ -63,7 +64,8 @@ from qkv.serve.engine.stats import EngineStats
 from qkv.util.threads import FollowIdleCores
 
 
-PREFILL_BUDGET = 256  # prompt tokens prefilled between two decode steps (qkv.serve.engine.prefill)
+PREFILL_BUDGET = 256  # prompt tokens prefilled between two decode steps (qkv.serve.engine.prefill) ...
+STREAMING_PREFILL_BUDGET = PREFILL_ALIGN  # ... and while some rows decode: one part, so no stream waits long
 
 
 class EngineFull(QkvError):
@@ -355,9 +357,11 @@ class Engine:
 
     def _prefill_pieces(self) -> None:
         """Prefill prompt pieces within the step's budget, the fewest tokens left first
-        (qkv.serve.engine.prefill); a prompt done joins the decode loop."""
-        budget = self.prefill_budget
-        while (piece := next_piece(self._prefilling, budget, first=budget == self.prefill_budget)) is not None:
+        (qkv.serve.engine.prefill); a prompt done joins the decode loop. While rows decode,
+        the budget is one part at most: a stream's next token waits for one part's prefill."""
+        budget = whole = (min(self.prefill_budget, STREAMING_PREFILL_BUDGET) if self.loop.running
+                          else self.prefill_budget)
+        while (piece := next_piece(self._prefilling, budget, first=budget == whole)) is not None:
             row, end = piece
             state = self._prefilling[row]
             job = state.job

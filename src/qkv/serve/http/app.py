@@ -53,6 +53,8 @@ class LoopOutbox:
         self.loop = loop
 
     def post(self, events: list[tuple[Any, Event]]) -> None:
+        if self.loop.is_closed():  # the server has stopped: no one is there to read them
+            return
         self.loop.call_soon_threadsafe(_deliver, events)
 
 
