@@ -14,7 +14,6 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import qkv
-from qkv.cli.generate import text_chunks
 from qkv.cli.main import main
 from qkv.models.gpt2 import GPTConfig, GPT2Decoder
 
@@ -104,16 +103,6 @@ def test_sampling_repeats_with_a_seed(folder: Path, capsys) -> None:
     again = run(capsys, *args, "--seed", "5")[1]
     other = run(capsys, *args, "--seed", "6")[1]
     assert first == again and first != other
-
-
-def test_text_chunks_hold_back_partial_characters() -> None:
-    tokenizer = byte_tokenizer()
-    text = " ünïcödé ✓ déjà vu"
-    ids = tokenizer.encode(text).ids
-    assert len(ids) > len(text)  # several characters span more than one token
-    chunks = list(text_chunks(tokenizer, tokenizer.encode("Your").ids, ids))
-    assert all("\ufffd" not in c for c in chunks)
-    assert "".join(chunks) == text
 
 
 # ---- bad input: one line on stderr, exit code 2 -------------------------------------------

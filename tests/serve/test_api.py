@@ -46,12 +46,16 @@ def test_health_models_and_metrics(server) -> None:
     assert httpx.get(server.url + "/metrics").status_code == 401  # behind --api-key like /v1
     text = httpx.get(server.url + "/metrics", headers=AUTH).text
     for name in ("qkv_requests_total", "qkv_batch_occupancy", "qkv_time_to_first_token_seconds_bucket",
-                 "qkv_tokens_per_second", "qkv_completion_tokens_total"):
+                 "qkv_tokens_per_second", "qkv_completion_tokens_total", "qkv_prefill_chunks_total"):
         assert name in text
+    for name in ("qkv_queue_seconds", "qkv_prefill_seconds", "qkv_inter_token_seconds"):
+        assert f'{name}_bucket{{le="+Inf"}}' in text and f"{name}_count" in text
 
 
 def test_concurrent_greedy_completions_equal_generate_alone(server) -> None:
     prompts = ["The cat", "Attention is all", "Keys, queries", "The mat.", "values", "they said", "A", "sat on"]
+    counts = {name: _metric(server, name + "_count") for name in
+              ("qkv_queue_seconds", "qkv_prefill_seconds", "qkv_inter_token_seconds")}
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda p: _post(server, "/v1/completions", {
             "model": server.served.name, "prompt": p, "max_tokens": 10, "temperature": 0}).json(), prompts))
@@ -60,6 +64,10 @@ def test_concurrent_greedy_completions_equal_generate_alone(server) -> None:
         assert answer["choices"][0]["text"] == reference_text(server, prompt, 10)
         assert answer["usage"]["prompt_tokens"] == len(server.served.tokenizer.encode(prompt).ids)
     assert _metric(server, "qkv_batch_occupancy") == 0
+    grown = {name: _metric(server, name + "_count") - n for name, n in counts.items()}
+    tokens = sum(a["usage"]["completion_tokens"] for a in answers)
+    assert grown["qkv_queue_seconds"] == grown["qkv_prefill_seconds"] == len(prompts)
+    assert grown["qkv_inter_token_seconds"] >= tokens - len(prompts)  # every token after a request's first
 
 
 def test_stream_matches_whole_answer_with_usage(server) -> None:
@@ -76,6 +84,29 @@ def test_stream_matches_whole_answer_with_usage(server) -> None:
     assert text and text == whole["choices"][0]["message"]["content"]
     assert chunks[-1]["usage"] == whole["usage"] and chunks[-1]["choices"] == []
     assert chunks[-2]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_streamed_completion_text_and_offsets_equal_the_whole_answer(server, seed: int) -> None:
+    """Sampled tokens of a byte-level tokenizer split characters over tokens; the streamed
+    pieces (qkv.generation.detokenize) join to the whole answer, which is the decoding of its
+    tokens, stop strings and logprob offsets included."""
+    body = {"model": server.served.name, "prompt": "The cat", "max_tokens": 24, "temperature": 1.5,
+            "seed": seed, "logprobs": 1, "logit_bias": {str(t): -100 for t in server.served.stop_ids}}
+    plain = _post(server, "/v1/completions", body).json()["choices"][0]
+    tokens = plain["logprobs"]["tokens"]
+    stop = plain["text"][5:7] if len(plain["text"]) > 8 else None
+    for stops in (None, stop):
+        request = {**body, "stop": stops} if stops else body
+        whole = _post(server, "/v1/completions", request).json()["choices"][0]
+        with httpx.stream("POST", server.url + "/v1/completions", headers=AUTH, timeout=60,
+                          json={**request, "stream": True}) as r:
+            chunks = [json.loads(line[6:])["choices"][0] for line in r.iter_lines() if line.startswith("data: {")]
+        assert "".join(c["text"] for c in chunks) == whole["text"]
+        offsets = [o for c in chunks if c["logprobs"] for o in c["logprobs"]["text_offset"]]
+        assert offsets == whole["logprobs"]["text_offset"]
+        assert chunks[-1]["finish_reason"] == whole["finish_reason"]
+    assert len(tokens) == 24 and any(t == "\ufffd" for t in tokens)  # some token held part of a character
 
 
 def test_stop_string_cuts_the_text(server) -> None:

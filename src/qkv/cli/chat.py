@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from qkv.cli.speed import add_speed_arguments, announce_speed, load_for_speed
-from qkv.cli.generate import utf8_writer, text_chunks
+from qkv.cli.generate import utf8_writer
 from qkv.cli.numbers import add_max_memory_argument, integer, probability, seed, temperature
 from qkv.errors import QkvError
 from qkv.util.threads import add_threads_argument, apply_threads
@@ -149,9 +149,13 @@ def _stream_reply(emit: Callable[[str], None], tokenizer: Any, context: list[int
             count += 1
             yield token
 
+    from qkv.generation.detokenize import TextStream
+
+    text = TextStream(tokenizer, context=context)
     try:
-        for chunk in text_chunks(tokenizer, context, counted()):
-            emit(chunk)
+        for token in counted():
+            emit(text.push(token))
+        emit(text.flush())
     except KeyboardInterrupt:
         tokens.close()  # type: ignore[attr-defined]  (a generator)
         emit(" [interrupted]")

@@ -1,7 +1,7 @@
 """`qkv generate`: continue a prompt with a decoder, streaming the text as it is made.
 
 The text goes to stdout as UTF-8, written only in complete characters even when a
-character spans several tokens; the speed goes to stderr at the end.
+character spans several tokens (qkv.generation.detokenize); the speed goes to stderr at the end.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 
 from typing import TYPE_CHECKING
 
@@ -66,36 +66,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
-def text_chunks(tokenizer: "Tokenizer", prompt_ids: list[int], new_ids: Iterable[int]) -> Iterator[str]:
-    """Decoded text for the new tokens, each chunk ending on a complete character.
-
-    Each step decodes a short window of tokens twice, without and with the newest ones;
-    the difference is new text unless it ends in U+FFFD, the mark of a character whose
-    remaining bytes are still to come, in which case it waits. The window starts inside
-    the prompt so spacing at the boundary is what decoding the whole sequence gives. At
-    the end whatever is held back is written as it decodes.
-    """
-    ids = list(prompt_ids)
-    prefix = max(0, len(ids) - 4)  # window start: a few tokens of context
-    read = len(ids)  # tokens already turned into text
-    for token in new_ids:
-        ids.append(token)
-        before = tokenizer.decode(ids[prefix:read], skip_special_tokens=True)
-        after = tokenizer.decode(ids[prefix:], skip_special_tokens=True)
-        if len(after) > len(before) and not after.endswith("\ufffd"):
-            yield after[len(before):]
-            prefix, read = read, len(ids)
-    if read < len(ids):
-        before = tokenizer.decode(ids[prefix:read], skip_special_tokens=True)
-        yield tokenizer.decode(ids[prefix:], skip_special_tokens=True)[len(before):]
-
-
 def utf8_writer() -> Callable[[str], None]:
     """Write and flush model text to stdout as UTF-8, whatever the terminal's locale says,
     with control characters escaped (qkv.util.terminal_text)."""
     binary = getattr(sys.stdout, "buffer", None)
 
     def emit(text: str) -> None:
+        if not text:
+            return
         text = escape_controls(text)
         if binary is None:
             sys.stdout.write(text)
@@ -127,6 +105,7 @@ def _run(args: argparse.Namespace, tp: TensorParallel | None) -> int:
         from qkv.cli.perplexity import kv_cache_kind
         from qkv.generation.cache_kinds import check_kind
         from qkv.generation import check_request, stream
+        from qkv.generation.detokenize import TextStream
 
     threads = apply_threads(args.threads)
     kind = kv_cache_kind(args)  # bad cache options are reported before loading
@@ -191,8 +170,10 @@ def _run(args: argparse.Namespace, tp: TensorParallel | None) -> int:
                 return
             yield token
 
-    for chunk in text_chunks(tokenizer, prompt_ids, counted()):
-        emit(chunk)
+    text = TextStream(tokenizer, context=prompt_ids[-4:])  # the prompt's end: spacing as in the whole text
+    for token in counted():
+        emit(text.push(token))
+    emit(text.flush())
     elapsed = time.perf_counter() - start
     emit("\n")
     rate = count / elapsed if elapsed > 0 else float("inf")

@@ -1,7 +1,8 @@
 """Text generation: one decode loop on the runtime's sessions (qkv.runtime), that every command shares.
 
 - `sampling`: `Sampling` (temperature, top-k, top-p, seed; checked once) and `sample`;
-- `loop`: `continue_from` (sample, stop, decode, repeat), `stream` and `generate`.
+- `loop`: `continue_from` (sample, stop, decode, repeat), `stream` and `generate`;
+- `detokenize`: `TextStream`, the one incremental detokenizer (ids -> text, stop strings).
 
 Every model step runs under torch.inference_mode(); sampling draws from its own
 torch.Generator, never the global RNG.

@@ -40,12 +40,16 @@ from qkv.errors import QkvError
 from qkv.generation.schema_limits import bounded, check_schema
 
 
+def forbidden_tokens(bitmask: Tensor, vocab_size: int) -> Tensor:
+    """(V,) bool: the tokens whose bit is 0 in bitmask (W,) int32. Bit i of word w is token 32 w + i."""
+    bits = np.unpackbits(bitmask.numpy().view(np.uint8), bitorder="little")[:vocab_size]  # (V,) 0 or 1
+    return torch.from_numpy(bits == 0)
+
+
 def apply_bitmask(logits: Tensor, bitmask: Tensor) -> Tensor:
     """logits (..., V) with the tokens whose bit is 0 in bitmask (W,) int32 set to -inf (a
-    new tensor: the logits may be inference tensors). Bit i of word w is token 32 w + i."""
-    v = logits.shape[-1]
-    bits = np.unpackbits(bitmask.numpy().view(np.uint8), bitorder="little")[:v]  # (V,) 0 or 1
-    return logits.masked_fill(torch.from_numpy(bits == 0), -torch.inf)
+    new tensor: the logits may be inference tensors)."""
+    return logits.masked_fill(forbidden_tokens(bitmask, logits.shape[-1]), -torch.inf)
 
 
 # JSON as json.dumps writes it: ", " and ": ", no other whitespace (so a model cannot pad a
@@ -94,10 +98,14 @@ class Constraint:
 
     def mask(self, logits: Tensor) -> Tensor:
         """logits (..., V) -> the same with every token the grammar forbids now at -inf."""
+        return logits.masked_fill(self.forbidden(logits.shape[-1]), -torch.inf)
+
+    def forbidden(self, vocab_size: int) -> Tensor:
+        """(V,) bool: the tokens the grammar forbids now (what the decode loop masks in place)."""
         self._check()
         self._matcher.unsafe_compute_mask_ptr(self._bitmask.data_ptr(), self._bitmask.numel() * 4)
         self._check()
-        return apply_bitmask(logits, self._bitmask)
+        return forbidden_tokens(self._bitmask, vocab_size)
 
     def accept(self, token: int) -> None:
         """Advance by the sampled token (a forbidden one is an error that names it)."""

@@ -6,9 +6,10 @@
 
 `qkv generate`, `qkv chat`, the Python API (`qkv.generation.stream`), `qkv explain
 --generate`, the server's engine and the benchmarks all run it, so one rule decides what a
-row does next (`choose_next`): the logits are masked by the row's grammar (if any), biased
-and penalised (`adjust_logits`), sampled with the row's own generator; a stop token, a
-complete grammar or the row's token budget ends it. A row that ends is not decoded again
+row does next: the logits of every running row are chosen from in one pass
+(`qkv.generation.sampling.choose_rows`: masked by each row's grammar, if any, biased and
+penalised, sampled with each row's own generator); a stop token, a complete grammar or the
+row's token budget ends it (`_ended`). A row that ends is not decoded again
 (and, in a session of slots, its row is released); the rows that go on step together in
 one call of the session, each at its own position. Rows join (`start`) and leave
 (`finish`) between steps: a server's continuous batch is this loop plus a queue.
@@ -30,7 +31,7 @@ from torch import Tensor
 
 from qkv.errors import QkvError
 from qkv.generation.constraints import Constraint
-from qkv.generation.sampling import Sampling, choose
+from qkv.generation.sampling import RowSampling, Sampling, choose_rows
 
 Alternatives = tuple[tuple[int, float], ...]  # (token id, logprob), most likely first
 
@@ -97,25 +98,14 @@ class _Row:
     counts: Tensor | None = None  # (V,) generated tokens, for the penalties
 
 
-def choose_next(row: int, state: _Row) -> StepToken:
-    """The one stop rule (module docstring): row `row`'s next token from its logits."""
-    request, logits = state.request, state.logits
-    assert logits is not None
-    if request.sampling.penalised and state.counts is None:
-        state.counts = torch.zeros(logits.shape[-1], device=logits.device)  # (V,)
-    counts = None if state.counts is None else state.counts[None]  # (1, V)
+def _ended(row: int, state: _Row, token: int, logprob: float | None, top: Alternatives) -> StepToken:
+    """The one stop rule (module docstring), once row `row` chose `token`."""
+    request = state.request
     try:
-        allowed = logits if request.constraint is None else request.constraint.mask(logits)  # (1, V)
-        token = int(choose(allowed, request.sampling, request.generator, counts)[0])
         if request.constraint is not None and token not in request.stop_ids:
             request.constraint.accept(token)
     except QkvError as error:  # this row's grammar failed: the other rows go on
         return StepToken(row, -1, end="error", message=str(error))
-    logprob, top = None, ()
-    if request.logprobs is not None:
-        picked, alternatives = scored(torch.log_softmax(logits.float(), dim=-1),
-                                      torch.tensor([token], device=logits.device), request.logprobs)
-        logprob, top = picked[0], alternatives[0]
     if token in request.stop_ids:
         return StepToken(row, token, logprob, top, end="stop", stop_token=True)
     state.produced += 1
@@ -135,6 +125,7 @@ class DecodeLoop:
         self.session = session
         self._rows: dict[int, _Row] = {}
         self._last = [0] * session.batch_size  # each row's newest token (what an idle row feeds)
+        self._batch: tuple[list[int], Tensor] | None = None  # the last decode: its rows and logits (b, V)
 
     @property
     def running(self) -> list[int]:
@@ -151,30 +142,82 @@ class DecodeLoop:
         if not 0 <= row < self.session.batch_size or row in self._rows:
             raise QkvError(f"row {row} is not a free row of this session (0..{self.session.batch_size - 1})")
         self._rows[row] = _Row(request, logits.reshape(1, -1))
+        self._batch = None
 
     def finish(self, row: int) -> None:
         """Row `row` leaves now (a cancelled request); in a session of slots its row is freed."""
+        self._batch = None
         if self._rows.pop(row, None) is not None and self.session.decodes_rows:
             self.session.release_row(row)
 
     def step(self) -> list[StepToken]:
-        """Each running row's next token (`choose_next`), then one decode call for the rows
-        that go on, which gives their next logits."""
-        choices = [choose_next(row, self._rows[row]) for row in self.running]
+        """Each running row's next token (`choose_rows`, all rows in one pass), then one
+        decode call for the rows that go on, which gives their next logits."""
+        running = self.running
+        if not running:
+            return []
+        states = [self._rows[row] for row in running]
+        logits = self._logits(running, states)  # (b, V)
+        failed: dict[int, str] = {}
+        choosing = []
+        for i, state in enumerate(states):
+            request = state.request
+            if request.sampling.penalised and state.counts is None:
+                state.counts = torch.zeros(logits.shape[-1], device=logits.device)  # (V,)
+            forbidden = None
+            if request.constraint is not None:
+                try:
+                    forbidden = request.constraint.forbidden(logits.shape[-1])
+                except QkvError as error:  # this row's grammar failed: the other rows go on
+                    failed[i] = str(error)
+            choosing.append(RowSampling(request.sampling, request.generator,
+                                        None if state.counts is None else state.counts[None], forbidden))
+        tokens = choose_rows(logits, choosing)  # (b,)
+        chosen = tokens.tolist()
+        scores = self._scores(logits, tokens, states)
+        choices = []
+        for i, (row, state) in enumerate(zip(running, states)):
+            if i in failed:
+                choices.append(StepToken(row, -1, end="error", message=failed[i]))
+            else:
+                choices.append(_ended(row, state, chosen[i], *scores.get(i, (None, ()))))
         going = [c for c in choices if c.end is None]
         for choice in choices:
             if choice.end is not None:
                 self.finish(choice.row)
             else:
                 self._last[choice.row] = choice.token
+        self._batch = None
         if going:
             if self.session.decodes_rows:
                 rows = [c.row for c in going]
-                logits = self.session.decode(torch.tensor([c.token for c in going]), rows=rows)  # (b, V)
+                step_tokens = tokens if len(going) == len(running) else torch.tensor([c.token for c in going])
+                logits = self.session.decode(step_tokens, rows=rows)  # (b, V)
             else:  # every row steps; a row that has ended feeds its last token and is not read
                 rows = list(range(self.session.batch_size))
                 logits = self.session.decode(torch.tensor(self._last))  # (B, V)
             for i, row in enumerate(rows):
                 if row in self._rows:
                     self._rows[row].logits = logits[i:i + 1]
+            self._batch = (rows, logits)
         return choices
+
+    def _logits(self, running: list[int], states: list[_Row]) -> Tensor:
+        """The running rows' logits (b, V): the last decode's output as it is when those rows
+        are the ones it stepped, else one copy of each row's."""
+        if self._batch is not None and self._batch[0] == running:
+            return self._batch[1]
+        parts = [state.logits for state in states]
+        assert all(part is not None for part in parts)
+        return torch.cat(parts)  # type: ignore[arg-type]
+
+    @staticmethod
+    def _scores(logits: Tensor, tokens: Tensor, states: list[_Row]) -> dict[int, tuple[float, Alternatives]]:
+        """For the rows that asked for logprobs: the model's own log-softmax (before the grammar,
+        bias, penalties and temperature) of the chosen token and the k best, in one pass."""
+        asking = [i for i, state in enumerate(states) if state.request.logprobs is not None]
+        if not asking:
+            return {}
+        k = max(states[i].request.logprobs or 0 for i in asking)
+        picked, top = scored(torch.log_softmax(logits[asking].float(), dim=-1), tokens[asking], k)
+        return {i: (p, t[:states[i].request.logprobs or 0]) for i, p, t in zip(asking, picked, top)}

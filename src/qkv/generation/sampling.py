@@ -2,11 +2,12 @@
 then greedy, temperature, top-k and top-p.
 
 `Sampling` holds the choices, checked once when it is made; `adjust_logits` applies the
-bias and penalties (OpenAI's definitions) to the model's logits, `sample` the rest, and
-`choose` does both. Sampling draws from its own torch.Generator (`Sampling.generator`),
+bias and penalties (OpenAI's definitions) to the model's logits, `sample` the rest; the
+decode loop chooses every row of a step at once with `choose_rows`, which computes for each
+row what those two give it alone (a test says so). Sampling draws from its own torch.Generator (`Sampling.generator`),
 never from the global RNG, so a seed repeats a generation exactly.
 
-Shape legend: B batch, V vocabulary.
+Shape legend: B batch, b rows of a step, s of them sampled, V vocabulary.
 """
 
 from __future__ import annotations
@@ -127,8 +128,64 @@ def adjust_logits(logits: Tensor, sampling: Sampling, counts: Tensor | None = No
     return scores
 
 
-def choose(logits: Tensor, sampling: Sampling, generator: torch.Generator | None,
-           counts: Tensor | None = None) -> Tensor:
-    """`adjust_logits`, then `sample` with the choices of `sampling`: (B, V) -> (B,)."""
-    return sample(adjust_logits(logits, sampling, counts), temperature=sampling.temperature,
-                  top_k=sampling.top_k, top_p=sampling.top_p, generator=generator)
+@dataclass
+class RowSampling:
+    """One row of `choose_rows`: its choices, its own generator (None when greedy), how often
+    it generated each token so far (V,) for the penalties, and the tokens its grammar
+    forbids now (V,) bool, if any."""
+
+    sampling: Sampling
+    generator: torch.Generator | None = None
+    counts: Tensor | None = None
+    forbidden: Tensor | None = None
+
+
+def choose_rows(logits: Tensor, rows: list[RowSampling]) -> Tensor:
+    """Next tokens (b,) for logits (b, V), row i chosen as `rows[i]` says, in one pass.
+
+    Row i's token is what `sample(adjust_logits(masked row i, ...))` gives it alone, with its
+    own generator: grammar masks, bias and penalties are written into one copy of the logits
+    (only when some row has them), the greedy rows take one argmax, the sampled rows are
+    divided by their temperatures, cut by their top-k and top-p (only the rows that ask) and
+    turned into probabilities together, and each draws from its own generator, so a seeded
+    row draws the same whatever else is in the batch.
+    """
+    b, vocab = logits.shape
+    if any(r.forbidden is not None or r.sampling.logit_bias or (r.counts is not None and r.sampling.penalised)
+           for r in rows):
+        logits = logits.float().clone()  # (b, V): written in place below, the model's logits kept
+        for i, row in enumerate(rows):
+            if row.forbidden is not None:
+                logits[i].masked_fill_(row.forbidden, -torch.inf)
+            if row.sampling.logit_bias or (row.counts is not None and row.sampling.penalised):
+                logits[i:i + 1] = adjust_logits(logits[i:i + 1], row.sampling, row.counts)
+    if all(row.sampling.greedy for row in rows):
+        return logits.argmax(dim=-1)
+    tokens = torch.empty(b, dtype=torch.long, device=logits.device)  # (b,)
+    greedy = [i for i, row in enumerate(rows) if row.sampling.greedy]
+    if greedy:
+        tokens[greedy] = logits[greedy].argmax(dim=-1)
+    drawn = [i for i, row in enumerate(rows) if not row.sampling.greedy]
+    if not drawn:
+        return tokens
+    picked = [rows[i].sampling for i in drawn]
+    temperatures = torch.tensor([[s.temperature] for s in picked], dtype=torch.float32, device=logits.device)
+    scores = logits[drawn].float() / temperatures  # (s, V)
+    cut_k = [j for j, s in enumerate(picked) if s.top_k is not None and s.top_k < vocab]
+    if cut_k:
+        ks = torch.tensor([picked[j].top_k - 1 for j in cut_k], device=logits.device)[:, None]  # (k, 1)
+        part = scores[cut_k]
+        kth = torch.topk(part, int(ks.max()) + 1, dim=-1).values.gather(1, ks)  # (k, 1) each row's k-th best
+        scores[cut_k] = part.masked_fill(part < kth, -torch.inf)
+    cut_p = [j for j, s in enumerate(picked) if s.top_p is not None and s.top_p < 1.0]
+    if cut_p:
+        ps = torch.tensor([[picked[j].top_p] for j in cut_p], dtype=torch.float32, device=logits.device)  # (p, 1)
+        sorted_scores, order = scores[cut_p].sort(dim=-1, descending=True)  # (p, V)
+        probs = sorted_scores.softmax(dim=-1)
+        mass_before = probs.cumsum(dim=-1) - probs  # probability of the more likely tokens
+        sorted_scores = sorted_scores.masked_fill(mass_before >= ps, -torch.inf)
+        scores[cut_p] = torch.full_like(sorted_scores, -torch.inf).scatter(-1, order, sorted_scores)
+    probs = scores.softmax(dim=-1)  # (s, V)
+    for j, i in enumerate(drawn):  # each row's own generator: one draw each
+        tokens[i] = torch.multinomial(probs[j:j + 1], 1, generator=rows[i].generator)[0, 0]
+    return tokens

@@ -156,6 +156,9 @@ class DecodeSession:
         self.device = next(model.parameters()).device
         self.lengths = [0] * batch_size  # positions held per row (Python ints: no reads back)
         self._next: Tensor | None = None  # (B, 1) or (1,): the positions of the next decode step
+        # The last decode on some rows: those rows, their lengths after it, and its rows (b,) and
+        # positions (b, 1) tensors, reused (positions moved on in place) while the same rows step on.
+        self._row_step: tuple[tuple[int, ...], list[int], Tensor, Tensor] | None = None
         self._was_training = model.training
         self._open = False
         self.caches: list[KVCache] = []
@@ -388,25 +391,34 @@ class DecodeSession:
         if tokens.shape != (b,) or len(set(rows)) != b or not all(0 <= r < self.batch_size for r in rows):
             raise QkvError(f"decode on rows {rows} takes distinct rows in 0..{self.batch_size - 1} and one token "
                            f"per row, shape ({b},); got {tuple(tokens.shape)}")
-        reach = max(self.lengths[r] for r in rows) + 1
+        lengths = [self.lengths[r] for r in rows]
+        reach = max(lengths) + 1
         self._need(reach)
-        positions = torch.tensor([self.lengths[r] for r in rows], device=self.device)[:, None]  # (b, 1)
-        with self._on_rows(rows, reach=reach), torch.inference_mode():
+        key = tuple(rows)
+        step = self._row_step
+        if step is not None and step[0] == key and step[1] == lengths:  # the same rows, one step on
+            rows_tensor, positions = step[2], step[3]
+        else:
+            rows_tensor = torch.tensor(rows, device=self.device)  # (b,)
+            positions = torch.tensor(lengths, device=self.device)[:, None]  # (b, 1)
+        with self._on_rows(rows_tensor, reach=reach), torch.inference_mode():
             logits = self._forward(tokens.to(self.device)[:, None], positions)  # (b, 1, V)
         for r in rows:
             self.lengths[r] += 1
+        positions.add_(1)  # in place: the next step of the same rows reuses both tensors
+        self._row_step = (key, [n + 1 for n in lengths], rows_tensor, positions)
         self._next = None
         return logits[:, -1]  # (b, V)
 
     @contextlib.contextmanager
-    def _on_rows(self, rows: list[int], reach: int) -> Iterator[None]:
+    def _on_rows(self, rows: list[int] | Tensor, reach: int) -> Iterator[None]:
         """The slot caches carry only `rows` for the calls made inside, and attention reads
         the first `reach` positions, rounded up to a multiple of ROW_REACH_STEP (a few
         shapes, not one per length) rather than the whole capacity."""
         if self.kind is not SlotKVCache:
             raise QkvError("calls on some rows of the batch need a session with kind=SlotKVCache")
         selection = self._selection
-        selection.rows = torch.tensor(rows, device=self.device)  # (b,)
+        selection.rows = rows if isinstance(rows, Tensor) else torch.tensor(rows, device=self.device)  # (b,)
         selection.limit = -(-reach // ROW_REACH_STEP) * ROW_REACH_STEP
         try:
             yield

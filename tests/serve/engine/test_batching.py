@@ -11,7 +11,7 @@ import torch
 from qkv.generation import generate
 from qkv.generation.sampling import Sampling
 from qkv.models.loader import load_pretrained
-from qkv.serve.engine.batching import Engine, EngineFull, Finished
+from qkv.serve.engine.batching import Engine, EngineFull, Finished, Job
 
 PROMPTS = ["The cat", "Attention is all you need, they", "Keys", "The mat. The cat sat on",
            "queries and values", "A"]
@@ -103,3 +103,84 @@ def test_the_engine_follows_the_idle_cores_between_steps(tiny_folder: Path, monk
     finally:
         engine.stop()
         torch.set_num_threads(before)
+
+
+def _run_jobs(engine: Engine, jobs: list[tuple[list[int], Sampling]], n: int) -> list[list[int]]:
+    """Submit every job at once; each one's tokens (end tokens kept out)."""
+    got: list[list[int]] = [[] for _ in jobs]
+    left = [len(jobs)]
+    done = threading.Event()
+
+    def emitter(i: int):
+        def emit(item):
+            if isinstance(item, Finished):
+                left[0] -= 1
+                if left[0] == 0:
+                    done.set()
+            elif not item.stop:
+                got[i].append(item.id)
+        return emit
+
+    engine.submit_jobs([Job(ids, n, sampling, frozenset(), emitter(i)) for i, (ids, sampling) in enumerate(jobs)])
+    assert done.wait(60)
+    return got
+
+
+def test_a_seeded_request_samples_the_same_whatever_runs_beside_it(tiny_folder: Path) -> None:
+    """One batched sampler for all rows, yet each row draws from its own generator."""
+    model, tokenizer = load_pretrained(tiny_folder)
+    prompt = tokenizer.encode("The cat").ids
+    mine = Sampling(temperature=1.2, top_p=0.95, seed=11)
+    engine = Engine(model, max_batch=4, capacity=64)
+    engine.start()
+    try:
+        alone = _run_jobs(engine, [(prompt, mine)], 16)[0]
+        others = [(tokenizer.encode("Keys").ids, Sampling()),
+                  (tokenizer.encode("Attention is").ids, Sampling(temperature=0.7, seed=3)),
+                  (prompt, Sampling(temperature=1.0, seed=12, presence_penalty=1.0))]
+        beside = _run_jobs(engine, [others[0], (prompt, mine), *others[1:]], 16)
+    finally:
+        engine.stop()
+    assert beside[1] == alone and len(alone) == 16
+    assert beside[0] == _alone(model, others[0][0], 16, ())  # the greedy neighbour is qkv.generate's answer
+
+
+class RecordingOutbox:
+    """An Outbox (qkv.serve.engine.batching) that keeps each hand-off."""
+
+    def __init__(self) -> None:
+        self.posts: list[list] = []
+
+    def post(self, events) -> None:
+        self.posts.append([event for _, event in events])
+        for emit, event in events:
+            emit(event)
+
+
+def test_each_step_hands_off_every_jobs_events_at_once(tiny_folder: Path) -> None:
+    model, tokenizer = load_pretrained(tiny_folder)
+    prompts = [tokenizer.encode(p).ids for p in PROMPTS[:3]]
+    outbox = RecordingOutbox()
+    got: list[list[int]] = [[] for _ in prompts]
+    done = threading.Event()
+
+    def emitter(i: int):
+        def emit(item):
+            if isinstance(item, Finished):
+                if i == len(prompts) - 1:
+                    done.set()
+            else:
+                got[i].append(item.id)
+        return emit
+
+    engine = Engine(model, max_batch=3, capacity=64)
+    engine.start()
+    try:
+        engine.submit_jobs([Job(ids, 8, Sampling(), frozenset(), emitter(i), outbox=outbox)
+                            for i, ids in enumerate(prompts)])
+        assert done.wait(60)
+    finally:
+        engine.stop()
+    tokens = [[e for e in post if not isinstance(e, Finished)] for post in outbox.posts]
+    assert [len(t) for t in tokens] == [3] * 8  # one post per step, a token of every job in it
+    assert got == [_alone(model, ids, 8, ()) for ids in prompts]

@@ -26,11 +26,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from qkv.generation.detokenize import TextStream
 from qkv.serve.engine.batching import Alternatives, Finished, PromptScores, Token
 from qkv.serve.errors import ApiError
 from qkv.serve.api.schemas import CompletionRequest
 from qkv.serve.api.structured import Plan
-from qkv.serve.engine.text import TextStream
 from qkv.serve.api.tokens import TokenTexts
 
 
@@ -91,7 +91,7 @@ class Choice:
             self._add(self.stream.flush())
             if self.stream.stopped and self.finish == "length":  # the held-back text completed a stop string
                 self.finish = "stop"
-            end = self.offset + len(self.stream.text)
+            end = self.offset + self.stream.text_length
             self.entries += [e for e in self._pending if not self.stream.stopped or e.start < end]
             self._pending = []
             return
@@ -102,22 +102,22 @@ class Choice:
             return
         if event.stop:
             if self.req.logprobs is not None and not self.chat:
-                start = self.offset + len(self.stream.text)
+                start = self.offset + self.stream.text_length
                 self._pending.append(_Entry(event.id, event.logprob, event.top, start))
             return
         self.tokens += 1
         if self.req.logprobs is not None:
-            start = self.offset + len(self.texts.tokenizer.decode(self.stream.ids, skip_special_tokens=True))
+            start = self.offset + self.stream.decoded_length  # the text of the tokens before this one
             self._pending.append(_Entry(event.id, event.logprob, event.top, start))
         self._add(self.stream.push(event.id))
         if self.stream.stopped:
             self.finish = "stop"
-            end = self.offset + len(self.stream.text)
+            end = self.offset + self.stream.text_length
             self.entries += [e for e in self._pending if e.start < end]
             self._pending = []
             return
         sent = self.offset + self.stream.sent
-        held = len(self.stream.text) > self.stream.sent
+        held = self.stream.text_length > self.stream.sent
         while self._pending and (self._pending[0].start < sent or not held):
             self.entries.append(self._pending.pop(0))
 

@@ -3,17 +3,22 @@
     engine = Engine(model, max_batch=8, capacity=2048)
     engine.start()
     job = engine.submit(prompt_ids, max_tokens=64, sampling=Sampling(), stop_ids={eos}, emit=fn)
-    ...                      # emit(Token) per new token, then emit(Finished(reason))
+    ...                      # emit(Token) per new token, then emit(Finished(reason)), after each step
+    Job(..., outbox=box)     # or: each step's events of all such jobs in one box.post(events)
     engine.submit_jobs([Job(...), Job(...)])   # several at once (all queued, or none)
     job.cancel()             # a closed connection: the slot is freed at the next step
     engine.stop()
 
 The engine owns one `DecodeSession` of kind `SlotKVCache`: batch row r is slot r. A new
-request is prefilled into a free row (`prefill_row`) between two steps, as many as fit in
-PREFILL_BUDGET new tokens (requests arriving together start together); then the occupied
-rows (only those) decode one token per step, each at its own position, and a request
-leaves as soon as it stops, reaches max_tokens or is cancelled. Requests beyond the free
-slots wait in a bounded queue; `submit` refuses one more (EngineFull).
+request takes a free row, and its prompt is prefilled in pieces between decode steps, at
+most PREFILL_BUDGET prompt tokens per step (one PREFILL_ALIGN part while other rows decode),
+the prompt with the fewest tokens left first
+(qkv.serve.engine.prefill): a long prompt never stalls the running streams, and a short one
+is not stuck behind it. Then the decoding rows (only those) decode one token per step, each
+at its own position, all rows' tokens chosen in one pass (qkv.generation.sampling.choose_rows),
+and a request leaves as soon as it stops, reaches max_tokens or is cancelled. Each step's
+events are handed off once, after the step (an `Outbox` per event loop, or `emit` per job).
+Requests beyond the free slots wait in a bounded queue; `submit` refuses one more (EngineFull).
 
 A freed row keeps its keys and values: a new request takes the free row that shares the
 longest prefix with its prompt and prefills only the rest (qkv.serve.engine.prefix_cache; not for
@@ -42,6 +47,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -51,13 +57,16 @@ from qkv.generation.constraints import Constraint
 from qkv.generation.decode_loop import Alternatives, StepToken, DecodeLoop, RowRequest, scored
 from qkv.generation.sampling import Sampling
 from qkv.runtime.prepare import DecodeSetup
-from qkv.runtime.session import DecodeSession, reusable_prefix
+from qkv.runtime.session import PREFILL_ALIGN, DecodeSession, reusable_prefix
 from qkv.models.decoder import CausalDecoder
+from qkv.serve.engine.prefill import Prefilling, next_piece
 from qkv.serve.engine.prefix_cache import RowPrefixes
+from qkv.serve.engine.stats import EngineStats
 from qkv.util.threads import FollowIdleCores
 
 
-PREFILL_BUDGET = 256  # new prompt tokens prefilled between two decode steps (beyond the first request)
+PREFILL_BUDGET = 256  # prompt tokens prefilled between two decode steps (qkv.serve.engine.prefill) ...
+STREAMING_PREFILL_BUDGET = PREFILL_ALIGN  # ... and while some rows decode: one part, so no stream waits long
 
 
 class EngineFull(QkvError):
@@ -99,6 +108,13 @@ class PromptScores:
 Event = Token | PromptScores | Finished
 
 
+class Outbox(Protocol):
+    """Where a step's events go in one hand-off (the HTTP side: one call onto its event loop
+    per step, not one per token), each as `emit(event)` on the outbox's own thread."""
+
+    def post(self, events: list[tuple[Callable[[Event], None], Event]]) -> None: ...
+
+
 @dataclass
 class SharedPrompt:
     """What jobs answering one prompt share: its last logits (V,) once prefilled, its scores,
@@ -107,6 +123,7 @@ class SharedPrompt:
     logits: torch.Tensor | None = None
     scores: PromptScores | None = None
     rows: set[int] = field(default_factory=set)
+    prefilling: bool = False  # one job's prefill of it is under way: the others wait to copy it
 
 
 @dataclass
@@ -121,39 +138,29 @@ class Job:
     share: SharedPrompt | None = None
     submitted: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
+    last_token_at: float = 0.0
     produced: int = 0
     cancelled: bool = False
     row: int = -1
     last: int = 0
     generator: torch.Generator | None = None
     constraint: Constraint | None = None  # a grammar the reply must follow (response_format, tools)
+    outbox: Outbox | None = None  # None: `emit` is called on the engine thread, after each step
 
     def cancel(self) -> None:
         self.cancelled = True
 
 
-@dataclass
-class EngineStats:
-    """Counters the metrics page reads (written by the engine thread only)."""
-
-    slots: int = 0
-    occupied: int = 0
-    waiting: int = 0
-    steps: int = 0
-    prompt_tokens: int = 0
-    prompt_tokens_reused: int = 0  # of prompt_tokens: taken from a slot's cache, not prefilled
-    completion_tokens: int = 0
-    ttft: list[float] = field(default_factory=list)  # seconds, one per request (drained by metrics)
-    tokens_per_second: float = 0.0
-
-
 class Engine:
     def __init__(self, model: CausalDecoder, *, max_batch: int = 8, capacity: int | None = None,
                  max_waiting: int | None = None, threads: FollowIdleCores | None = None,
-                 prefix_reuse: bool = True, setup: DecodeSetup | None = None) -> None:
+                 prefix_reuse: bool = True, prefill_budget: int = PREFILL_BUDGET,
+                 setup: DecodeSetup | None = None) -> None:
         """setup: how `model` was prepared (qkv.runtime.prepare), so the slots' steps run as prepared."""
         if max_batch < 1:
             raise QkvError(f"--max-batch must be at least 1, got {max_batch}")
+        if prefill_budget < 1:
+            raise QkvError(f"the prefill budget must be at least 1 token per step, got {prefill_budget}")
         self.model = model
         self.max_batch = max_batch
         capacity = model.context_length if capacity is None else min(capacity, model.context_length)
@@ -166,7 +173,10 @@ class Engine:
         self._waiting: collections.deque[Job] = collections.deque()
         self._calls: collections.deque[tuple[Callable[[], object], concurrent.futures.Future[object]]] = (
             collections.deque())
-        self._rows: list[Job | None] = [None] * max_batch
+        self._rows: list[Job | None] = [None] * max_batch  # a row's job: prefilling, then in the decode loop
+        self._prefilling: dict[int, Prefilling[Job]] = {}  # rows whose prompt is being prefilled
+        self.prefill_budget = prefill_budget
+        self._outgoing: list[tuple[Job, Event]] = []  # this step's events, handed off after it
         self.prefixes = RowPrefixes(max_batch, enabled=prefix_reuse)
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -253,13 +263,30 @@ class Engine:
                 for row, job in enumerate(self._rows):
                     if job is not None:
                         self._finish(row, Finished("error", f"{type(error).__name__}: {error}"))
+            self._hand_off()
         for row, job in enumerate(self._rows):
             if job is not None:
                 self._finish(row, Finished("cancelled", "the server is shutting down"))
         for job in self._waiting:
-            job.emit(Finished("cancelled", "the server is shutting down"))
+            self._emit(job, Finished("cancelled", "the server is shutting down"))
+        self._hand_off()
         for _, future in self._calls:
             future.cancel()
+
+    def _emit(self, job: Job, event: Event) -> None:
+        self._outgoing.append((job, event))
+
+    def _hand_off(self) -> None:
+        """This step's events, in order: one post per outbox, the rest emitted here."""
+        outgoing, self._outgoing = self._outgoing, []
+        boxes: dict[int, tuple[Outbox, list[tuple[Callable[[Event], None], Event]]]] = {}
+        for job, event in outgoing:
+            if job.outbox is None:
+                job.emit(event)
+            else:
+                boxes.setdefault(id(job.outbox), (job.outbox, []))[1].append((job.emit, event))
+        for outbox, events in boxes.values():
+            outbox.post(events)
 
     def _step(self) -> None:
         # Drop cancelled requests (a closed connection frees its slot here, before any work).
@@ -267,7 +294,8 @@ class Engine:
             if job is not None and job.cancelled:
                 self._finish(row, Finished("cancelled"))
         self._admit_waiting()
-        self.stats.occupied = len(self.loop.running)
+        self._prefill_pieces()
+        self.stats.occupied = sum(job is not None for job in self._rows)
         if not self.loop.running:
             return
         start = time.perf_counter()
@@ -281,23 +309,22 @@ class Engine:
         self.stats.tokens_per_second = len(choices) / elapsed if elapsed > 0 else 0.0
 
     def _admit_waiting(self) -> None:
-        """Waiting jobs take free rows: prefills while they fit in PREFILL_BUDGET new tokens
-        (at least one), so a long prompt never stalls the others for more than one prefill,
-        and any number of copies of a prompt some row holds."""
-        budget = PREFILL_BUDGET
+        """Waiting jobs take free rows, first come first served: each starts a chunked prefill
+        (`_prefill_pieces`), or copies a prompt some row holds. A job whose shared prompt is
+        being prefilled waits for it, then copies it."""
         while True:
             with self._wake:
                 free = [row for row, job in enumerate(self._rows) if job is None]
                 job = self._waiting[0] if self._waiting and free else None
                 share = job.share if job is not None else None
                 source = min(share.rows) if share is not None and share.rows else None
-                if job is None or not job.cancelled and source is None and budget <= 0:
+                if job is None or not job.cancelled and source is None and share is not None and share.prefilling:
                     self.stats.waiting = len(self._waiting)
                     return
                 self._waiting.popleft()
                 self.stats.waiting = len(self._waiting)
             if job.cancelled:
-                job.emit(Finished("cancelled"))
+                self._emit(job, Finished("cancelled"))
             elif source is not None:
                 self._admit_copy(self.prefixes.pick(free, job.prompt)[0], job, source)
             else:
@@ -307,7 +334,6 @@ class Engine:
                 if job.score_prompt or kept == 0:  # every prompt position's logits are needed: prefill it whole
                     donor, kept = row, 0
                 self._admit(row, job, donor, kept)
-                budget -= len(job.prompt) - kept
 
     def _start(self, row: int, job: Job) -> None:
         job.row = row
@@ -315,7 +341,8 @@ class Engine:
         self._rows[row] = job
 
     def _admit(self, row: int, job: Job, donor: int, kept: int) -> None:
-        """Prefill `job` into `row`, its first `kept` positions taken from row `donor`."""
+        """`job` takes `row`, its first `kept` positions copied from row `donor`; the rest is
+        prefilled piece by piece between the decode steps (`_prefill_pieces`)."""
         self._start(row, job)
         self.stats.prompt_tokens += len(job.prompt)
         self.stats.prompt_tokens_reused += kept
@@ -325,18 +352,49 @@ class Engine:
                 self.session.copy_row(donor, row, kept)
             except NotImplementedError:  # a sliding-window ring that has dropped those keys: prefill it all
                 kept = 0
-        ids = torch.tensor(job.prompt, dtype=torch.long)  # (T,)
-        logits = self.session.prefill_row_all(row, ids[kept:], start=kept)  # (T - kept, V)
+        now = time.perf_counter()
+        self.stats.queue.observe(now - job.submitted)
+        self._prefilling[row] = Prefilling(job, len(job.prompt), kept, now)
+        if job.share is not None:
+            job.share.prefilling = True
+
+    def _prefill_pieces(self) -> None:
+        """Prefill prompt pieces within the step's budget, the fewest tokens left first
+        (qkv.serve.engine.prefill); a prompt done joins the decode loop. While rows decode,
+        the budget is one part at most: a stream's next token waits for one part's prefill."""
+        budget = whole = (min(self.prefill_budget, STREAMING_PREFILL_BUDGET) if self.loop.running
+                          else self.prefill_budget)
+        while (piece := next_piece(self._prefilling, budget, first=budget == whole)) is not None:
+            row, end = piece
+            state = self._prefilling[row]
+            job = state.job
+            ids = torch.tensor(job.prompt[state.done:end], dtype=torch.long)  # (t,)
+            logits = self.session.prefill_row_all(row, ids, start=state.done)  # (t, V)
+            self.stats.prefill_chunks += 1
+            budget -= end - state.done
+            state.done = end
+            if job.score_prompt:
+                state.pieces.append(logits)
+            if state.left == 0:
+                del self._prefilling[row]
+                self._prefilled(row, state, logits[-1:])
+
+    def _prefilled(self, row: int, state: Prefilling[Job], last: torch.Tensor) -> None:
+        """Row `row` holds its whole prompt; `last` (1, V) are its last token's logits."""
+        job = state.job
+        self.stats.prefill.observe(time.perf_counter() - state.admitted)
         self.prefixes.hold(row, job.prompt)
         scores = None
-        if job.score_prompt:  # kept == 0 here
-            k = job.logprobs or 0
-            picked, top = scored(torch.log_softmax(logits[:-1].float(), dim=-1), ids[1:].to(logits.device), k)
+        if job.score_prompt:  # prefilled whole, from position 0
+            logits = torch.cat(state.pieces)  # (T, V)
+            ids = torch.tensor(job.prompt, dtype=torch.long, device=logits.device)  # (T,)
+            picked, top = scored(torch.log_softmax(logits[:-1].float(), dim=-1), ids[1:], job.logprobs or 0)
             scores = PromptScores([None, *picked], [(), *top])
         if job.share is not None:
-            job.share.logits, job.share.scores = logits[-1].clone(), scores
+            job.share.logits, job.share.scores = last[0].clone(), scores
             job.share.rows.add(row)
-        self._begin(row, job, logits[-1:], scores)
+            job.share.prefilling = False
+        self._begin(row, job, last, scores)
 
     def _admit_copy(self, row: int, job: Job, source: int) -> None:
         """A job whose prompt row `source` holds: copy its positions instead of prefilling."""
@@ -355,7 +413,7 @@ class Engine:
 
     def _begin(self, row: int, job: Job, logits: torch.Tensor, scores: PromptScores | None) -> None:
         if job.score_prompt and scores is not None:
-            job.emit(scores)
+            self._emit(job, scores)
         if job.max_tokens == 0:
             self._finish(row, Finished("length"))
             return
@@ -367,24 +425,30 @@ class Engine:
         if choice.end == "error":  # the row's grammar could not go on: the request's structure, not the server
             self._finish(choice.row, Finished("grammar", choice.message))
             return
+        now = time.perf_counter()
         if job.first_token_at is None:
-            job.first_token_at = time.perf_counter()
-            self.stats.ttft.append(job.first_token_at - job.submitted)
+            job.first_token_at = now
+            self.stats.ttft.observe(now - job.submitted)
+        else:
+            self.stats.inter_token.observe(now - job.last_token_at)
+        job.last_token_at = now
         if not choice.stop_token:
             job.last = choice.token
             job.produced += 1
             self.stats.completion_tokens += 1
-        job.emit(Token(choice.token, choice.logprob, choice.top, stop=choice.stop_token))
+        self._emit(job, Token(choice.token, choice.logprob, choice.top, stop=choice.stop_token))
         if choice.end is not None:
             self._finish(choice.row, Finished(choice.end))
 
     def _finish(self, row: int, event: Finished) -> None:
         job = self._rows[row]
         self._rows[row] = None
+        if self._prefilling.pop(row, None) is not None and job is not None and job.share is not None:
+            job.share.prefilling = False  # a waiting copy of its prompt prefills it itself
         self.loop.finish(row)
         self.session.release_row(row)
         if job is not None and job.share is not None:
             job.share.rows.discard(row)
         self.stats.occupied = sum(job is not None for job in self._rows)
         if job is not None:
-            job.emit(event)
+            self._emit(job, event)

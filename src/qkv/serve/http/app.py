@@ -45,12 +45,31 @@ def _error(error: ApiError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
+class LoopOutbox:
+    """Hands each engine step's events to one event loop in a single call
+    (qkv.serve.engine.batching.Outbox): the events of every running request, in order."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+
+    def post(self, events: list[tuple[Any, Event]]) -> None:
+        if self.loop.is_closed():  # the server has stopped: no one is there to read them
+            return
+        self.loop.call_soon_threadsafe(_deliver, events)
+
+
+def _deliver(events: list[tuple[Any, Event]]) -> None:
+    for emit, event in events:
+        emit(event)
+
+
 class Api:
     def __init__(self, served: Served, *, limits: Limits, api_key: str | None, metrics: Metrics) -> None:
         self.served, self.limits, self.api_key, self.metrics = served, limits, api_key, metrics
         self.prompts = PromptWorker()  # build_app gives it the door's prompt deadline
         self.texts = TokenTexts(served.tokenizer)
         self.vocab_size = int(served.model.cfg.vocab_size)
+        self._outbox: LoopOutbox | None = None
 
     # -- plumbing ------------------------------------------------------------------------
     def check_key(self, request: Request) -> None:
@@ -130,7 +149,7 @@ class Api:
         return out
 
     def _jobs(self, req: CompletionRequest, chat: bool, prompts: list[tuple[list[int], str]],
-              emit: Any, plan: Plan) -> tuple[list[Job], Answer]:
+              emit: Any, plan: Plan, outbox: LoopOutbox) -> tuple[list[Job], Answer]:
         limit = self.served.max_model_len  # --context, at most the model's own context length
         answer = Answer(req, chat, self.served.name, sum(len(ids) for ids, _ in prompts))
         base = Sampling(temperature=req.temperature, top_p=req.top_p, seed=req.seed,
@@ -156,7 +175,7 @@ class Api:
                 jobs.append(Job(ids, req.max_tokens, sampling, self.served.stop_ids,
                                 emit=functools.partial(emit, choice.index), logprobs=logprobs,
                                 score_prompt=req.echo and req.logprobs is not None, share=share,
-                                constraint=plan.constraint()))
+                                constraint=plan.constraint(), outbox=outbox))
         return jobs, answer
 
     async def read_body(self, request: Request) -> Any:
@@ -174,12 +193,14 @@ class Api:
         plan = await self.prompts.run(Plan.for_request, req, self.served) if structured else Plan()
         prompts = await self.prompts.run(self._prompts, req, chat, plan)  # off the event loop, with a deadline
         loop = asyncio.get_running_loop()
+        if self._outbox is None or self._outbox.loop is not loop:
+            self._outbox = LoopOutbox(loop)  # every request's events: one call onto the loop per step
         queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
 
-        def emit(index: int, event: Event) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, (index, event))
+        def emit(index: int, event: Event) -> None:  # on the event loop (LoopOutbox)
+            queue.put_nowait((index, event))
 
-        jobs, answer = self._jobs(req, chat, prompts, emit, plan)
+        jobs, answer = self._jobs(req, chat, prompts, emit, plan, self._outbox)
         try:
             self.served.engine.submit_jobs(jobs)
         except EngineFull as error:

@@ -1,6 +1,7 @@
-"""Prometheus text for /metrics: requests, tokens, batch occupancy, time to first token,
-tokens per second. Counters live here (requests, written on the event loop) and in the
-engine's EngineStats (tokens, slots, written by the engine thread).
+"""Prometheus text for /metrics: requests, tokens, batch occupancy, tokens per second, and
+histograms of time to first token, queue time, prefill time and inter-token time. Counters
+live here (requests, written on the event loop) and in the engine's EngineStats
+(qkv.serve.engine.stats: tokens, slots, the histograms; written by the engine thread).
 
 Request labels come from a fixed set of routes (`route_label`): a path no route serves is
 counted as "other", so no client can make the page grow a label per path it invents; and
@@ -12,9 +13,8 @@ from __future__ import annotations
 import collections
 import threading
 
-from qkv.serve.engine.batching import EngineStats
+from qkv.serve.engine.stats import EngineStats, Histogram
 
-TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 ROUTES = frozenset({"/", "/explorer/trace", "/explorer/why", "/health", "/metrics", "/v1/models",
                     "/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/tokenizer_info"})
 MODEL_ROUTE = "/v1/models/{model}"
@@ -36,8 +36,6 @@ def escape_label(value: str) -> str:
 class Metrics:
     def __init__(self) -> None:
         self.requests: collections.Counter[tuple[str, int]] = collections.Counter()
-        self.ttft_counts = [0] * (len(TTFT_BUCKETS) + 1)
-        self.ttft_sum = 0.0
         self._lock = threading.Lock()
 
     def count(self, path: str, status: int) -> None:
@@ -51,11 +49,6 @@ class Metrics:
 
     def render(self, stats: EngineStats) -> str:
         with self._lock:
-            while stats.ttft:
-                seconds = stats.ttft.pop()
-                self.ttft_sum += seconds
-                bucket = next((i for i, edge in enumerate(TTFT_BUCKETS) if seconds <= edge), len(TTFT_BUCKETS))
-                self.ttft_counts[bucket] += 1
             lines = ["# HELP qkv_requests_total HTTP requests answered, by path and status.",
                      "# TYPE qkv_requests_total counter"]
             for (path, status), n in sorted(self.requests.items()):
@@ -76,16 +69,24 @@ class Metrics:
                 f"qkv_queue_waiting {stats.waiting}",
                 "# HELP qkv_decode_steps_total Batched decode steps run.", "# TYPE qkv_decode_steps_total counter",
                 f"qkv_decode_steps_total {stats.steps}",
+                "# HELP qkv_prefill_chunks_total Prompt pieces prefilled between decode steps.",
+                "# TYPE qkv_prefill_chunks_total counter", f"qkv_prefill_chunks_total {stats.prefill_chunks}",
                 "# HELP qkv_tokens_per_second Tokens per second of the latest decode step (all slots).",
                 "# TYPE qkv_tokens_per_second gauge",
                 f"qkv_tokens_per_second {stats.tokens_per_second:.3f}",
-                "# HELP qkv_time_to_first_token_seconds From submission to the first token.",
-                "# TYPE qkv_time_to_first_token_seconds histogram",
             ]
-            cumulative = 0
-            for edge, n in zip((*TTFT_BUCKETS, "+Inf"), self.ttft_counts):
-                cumulative += n
-                lines.append(f'qkv_time_to_first_token_seconds_bucket{{le="{edge}"}} {cumulative}')
-            lines += [f"qkv_time_to_first_token_seconds_sum {self.ttft_sum:.6f}",
-                      f"qkv_time_to_first_token_seconds_count {cumulative}"]
+        for name, what, histogram in (
+                ("qkv_time_to_first_token_seconds", "From submission to the first token.", stats.ttft),
+                ("qkv_queue_seconds", "From submission to a slot (waiting for one).", stats.queue),
+                ("qkv_prefill_seconds", "From a slot to the prompt prefilled (its chunks between decode steps).",
+                 stats.prefill),
+                ("qkv_inter_token_seconds", "Between two tokens of one answer.", stats.inter_token)):
+            lines += _histogram(name, what, histogram)
         return "\n".join(lines) + "\n"
+
+
+def _histogram(name: str, what: str, histogram: Histogram) -> list[str]:
+    counts, total = histogram.snapshot()
+    lines = [f"# HELP {name} {what}", f"# TYPE {name} histogram"]
+    lines += [f'{name}_bucket{{le="{edge}"}} {n}' for edge, n in zip((*histogram.buckets, "+Inf"), counts)]
+    return [*lines, f"{name}_sum {total:.6f}", f"{name}_count {counts[-1]}"]

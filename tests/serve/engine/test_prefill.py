@@ -1,0 +1,121 @@
+"""Chunked prefill between decode steps (qkv.serve.engine.prefill): a long prompt never stalls
+the running streams, a short prompt is not stuck behind it, and every answer is what the
+request alone gives through qkv.generate. Counted in events and steps, never in wall time."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import torch
+
+from qkv.generation.sampling import Sampling
+from qkv.models.loader import load_pretrained
+from qkv.runtime.session import PREFILL_ALIGN
+from qkv.serve.engine.batching import Engine, Finished, Job
+from qkv.serve.engine.prefill import Prefilling, next_piece
+
+from .test_batching import _alone
+
+
+def _long_prompt(n: int, vocab: int) -> list[int]:
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+
+
+def _run(engine: Engine, jobs: list[tuple[str, list[int], int]]) -> tuple[list[tuple[str, int]], dict[str, list[int]]]:
+    """Submit the jobs together; the events in the order the engine handed them off, and the tokens."""
+    log: list[tuple[str, int]] = []
+    tokens: dict[str, list[int]] = {name: [] for name, _, _ in jobs}
+    left = [len(jobs)]
+    done = threading.Event()
+
+    def emitter(name: str):
+        def emit(event) -> None:
+            if isinstance(event, Finished):
+                left[0] -= 1
+                if left[0] == 0:
+                    done.set()
+                return
+            log.append((name, event.id))
+            tokens[name].append(event.id)
+        return emit
+
+    engine.submit_jobs([Job(ids, n, Sampling(), frozenset(), emitter(name)) for name, ids, n in jobs])
+    assert done.wait(120)
+    return log, tokens
+
+
+def test_a_long_prompt_is_prefilled_between_the_steps_of_a_running_stream(tiny_folder: Path) -> None:
+    model, tokenizer = load_pretrained(tiny_folder)
+    stream = tokenizer.encode("The cat").ids
+    long = _long_prompt(200, model.cfg.vocab_size)  # 4 pieces of PREFILL_ALIGN tokens at most
+    engine = Engine(model, max_batch=2, capacity=256, prefill_budget=PREFILL_ALIGN)
+    engine.start()
+    try:
+        log, tokens = _run(engine, [("long", long, 6), ("stream", stream, 30)])
+    finally:
+        engine.stop()
+    first_long = log.index(("long", tokens["long"][0]))
+    before = sum(1 for name, _ in log[:first_long] if name == "stream")
+    assert before >= 3  # a token of the stream at each step while the long prompt's pieces were prefilled
+    assert engine.stats.prefill_chunks >= 4
+    assert tokens["long"] == _alone(model, long, 6, ()) and tokens["stream"] == _alone(model, stream, 30, ())
+
+
+def test_while_streams_run_a_long_prompt_takes_one_part_per_step(tiny_folder: Path) -> None:
+    """The default budget (PREFILL_BUDGET) when nothing decodes, one part while a stream does."""
+    model, tokenizer = load_pretrained(tiny_folder)
+    stream, long = tokenizer.encode("The cat").ids, _long_prompt(200, model.cfg.vocab_size)
+    engine = Engine(model, max_batch=2, capacity=256)
+    log: list[str] = []
+    first, done = threading.Event(), threading.Event()
+    left = [2]
+
+    def emitter(name: str):
+        def emit(event) -> None:
+            if isinstance(event, Finished):
+                left[0] -= 1
+                if left[0] == 0:
+                    done.set()
+                return
+            log.append(name)
+            first.set()
+        return emit
+
+    engine.start()
+    try:
+        engine.submit_jobs([Job(stream, 40, Sampling(), frozenset(), emitter("stream"))])
+        assert first.wait(60)
+        submitted = len(log)
+        engine.submit_jobs([Job(long, 4, Sampling(), frozenset(), emitter("long"))])
+        assert done.wait(120)
+    finally:
+        engine.stop()
+    assert log[submitted:log.index("long")].count("stream") >= 200 // PREFILL_ALIGN  # a token per part
+
+
+def test_a_short_prompt_is_not_stuck_behind_a_long_one(tiny_folder: Path) -> None:
+    model, tokenizer = load_pretrained(tiny_folder)
+    long = _long_prompt(230, model.cfg.vocab_size)
+    short = tokenizer.encode("Keys").ids
+    engine = Engine(model, max_batch=2, capacity=256, prefill_budget=2 * PREFILL_ALIGN)
+    engine.start()
+    try:
+        log, tokens = _run(engine, [("long", long, 4), ("short", short, 4)])  # the long one came first
+    finally:
+        engine.stop()
+    assert log[0][0] == "short"  # its first token came at the first step, before the long prompt was done
+    assert tokens["long"] == _alone(model, long, 4, ()) and tokens["short"] == _alone(model, short, 4, ())
+
+
+def test_the_pieces_end_on_the_parts_a_whole_prefill_computes() -> None:
+    def state(length: int, done: int) -> Prefilling[str]:
+        return Prefilling("job", length, done, 0.0)
+
+    assert next_piece({}, 256, first=True) is None
+    assert next_piece({0: state(1000, 0)}, 256, first=True) == (0, 256)
+    assert next_piece({0: state(1000, 10)}, 256, first=True) == (0, 256)  # back on the boundary
+    assert next_piece({0: state(1000, 0)}, 40, first=True) == (0, PREFILL_ALIGN)  # one part at least
+    assert next_piece({0: state(1000, 0)}, 40, first=False) is None  # unless something went before
+    assert next_piece({0: state(1000, 0), 1: state(30, 0)}, 256, first=True) == (1, 30)  # the shortest first
+    assert next_piece({0: state(300, 256)}, 256, first=True) == (0, 300)
