@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from qkv.models.gguf.checkpoint import open_gguf_file
+from qkv.runtime.linear.block import BlockLinear, native_reason
 from qkv.runtime.linear.quantized import Int4Linear, Int8Linear
 from qkv.names import AUTO, DEFAULT_PRECISION, PRECISIONS, resolve_precision
 
@@ -42,4 +43,5 @@ def test_smollm2_decodes_in_int4_by_default() -> None:
     assert setup.precision == "int4" and model.stored_in_four_bits
     layers = [m for m in model.modules() if isinstance(m, (Int4Linear, Int8Linear))]
     assert sum(isinstance(m, Int4Linear) for m in layers) == 30 * 4  # stacked qkv, o, gate_up, down
-    assert isinstance(model.lm_head, Int8Linear)  # the head stays at 8 bits
+    # the head stays at 8 bits: the file's own Q8_0 blocks where qkv's block products run, else int8
+    assert isinstance(model.lm_head, BlockLinear if native_reason() is None else Int8Linear)

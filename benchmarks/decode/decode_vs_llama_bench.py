@@ -61,10 +61,10 @@ def qkv_seconds(model: torch.nn.Module, setup: DecodeSetup, tokens: int) -> floa
     return seconds
 
 
-def qkv_prefill_seconds(model: torch.nn.Module, tokens: int) -> float:
+def qkv_prefill_seconds(model: torch.nn.Module, setup: DecodeSetup, tokens: int) -> float:
     """Seconds of one `tokens`-token prompt through a session (qkv generate's prefill)."""
     prompt = torch.randint(0, 1000, (tokens,), generator=torch.Generator().manual_seed(0))
-    with DecodeSession(model, capacity=tokens + 8, kind=SlotKVCache) as session:
+    with DecodeSession(model, capacity=tokens + 8, kind=SlotKVCache, setup=setup) as session:
         start = time.perf_counter()
         session.prefill_row(0, prompt)
         seconds = time.perf_counter() - start
@@ -92,12 +92,20 @@ def main() -> None:
     parser.add_argument("--dtype", choices=CHOICES, default=DEFAULT_PRECISION,
                         help="qkv's decode precision, as `qkv generate --dtype` (default: the file's)")
     parser.add_argument("--prefill", type=int, default=512, help="prompt tokens of the prefill row (0: skip it)")
+    parser.add_argument("--variant", choices=("generic", "avx2", "avx512"),
+                        help="cap qkv's kernels at this variant (an AVX2-only CPU's path on an AVX-512 one; pair it "
+                             "with an AVX2-only llama-bench)")
     args = parser.parse_args()
     bench = llama_tools.tool("llama-bench", args.llama_bench)
     path = str(smollm2_path()) if named_model(args.model) else args.model
     torch.set_num_threads(args.threads)
     facts = harness.header("decode: qkv's default path against llama-bench -p 0 -n 128 on the same file")
     model, _, setup = load_for_generation(path, precision=args.dtype)
+    if args.variant is not None:
+        from qkv.runtime.native.ops import active_variant
+
+        torch.ops.qkv.set_variant.default(args.variant)  # for the whole process (what use_variant does in a block)
+        print(f"qkv: kernels capped at {active_variant()}", flush=True)
     warm_up(model, capacity=TOKENS + 8, setup=setup)
     print(f"qkv: {setup.describe()}; {os.cpu_count()} cores, {args.threads} threads; {path}", flush=True)
     measured = harness.self_timed({"qkv": lambda: qkv_seconds(model, setup, TOKENS),
@@ -118,7 +126,7 @@ def main() -> None:
     result["bandwidth"] = {"gb_per_s": bandwidth.gb_per_s, "qkv_bytes_per_token": qkv_bytes,
                            "llama_bytes_per_token": llama_bytes, "share": shares}
     if args.prefill > 0:
-        prefill = harness.self_timed({"qkv": lambda: qkv_prefill_seconds(model, args.prefill),
+        prefill = harness.self_timed({"qkv": lambda: qkv_prefill_seconds(model, setup, args.prefill),
                                       "llama-bench": lambda: llama_prefill_seconds(bench, path, args.threads, args.prefill)},
                                      work=args.prefill, unit="tokens", rounds=args.rounds)
         prefill_ratios = harness.ratios_over(prefill, "llama-bench")

@@ -93,8 +93,13 @@ def test_one_rank_is_the_plain_command(llama: Path, capsysbinary, monkeypatch) -
 
 
 @pytest.mark.slow
-def test_smollm2_over_its_three_kv_heads_writes_the_one_process_text(capsysbinary) -> None:
-    args = ["generate", "--model", "smollm2", "--prompt", "The capital of France is", "--max-new-tokens", "16"]
+@pytest.mark.parametrize(("dtype", "tokens"), [("float32", 16), ("auto", 8)])
+def test_smollm2_over_its_three_kv_heads_writes_the_one_process_text(capsysbinary, dtype: str, tokens: int) -> None:
+    """float32 ranks give one process's logits to 1e-5; at the default int4 the ranks' sums round
+    apart by a float ulp that a rounded activation can turn into a step, so the text is compared
+    over the tokens before SmolLM2's first near-tie on this prompt (a number, at token 16)."""
+    args = ["generate", "--model", "smollm2", "--prompt", "The capital of France is", "--max-new-tokens",
+            str(tokens), "--dtype", dtype]
     assert main(args) == 0
     one = capsysbinary.readouterr().out.decode()
     done = torchrun(3, *args, "--tensor-parallel", "3", timeout=300)

@@ -51,6 +51,8 @@ def main() -> None:
         for precision in precisions.split(","):
             prepared = open_rank(open_model(model, load_dtype(precision), keep_blocks=True), tp)
             loaded, _ = prepare_rank(prepared, precision)
+            with torch.no_grad():
+                results[f"logits/{precision}"] = loaded.model(IDS)
             results[f"greedy/{precision}"] = generate(loaded.model, IDS, 8)
             results[f"sampled/{precision}"] = generate(loaded.model, IDS, 8, temperature=1.0, seed=7)
             results[f"block_layers/{precision}"] = torch.tensor(
