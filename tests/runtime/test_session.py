@@ -81,3 +81,23 @@ def test_a_copied_row_continues_as_its_own_prefill_would() -> None:
         session.prefill_row(1, prompt)
         fresh = session.decode(torch.tensor([11]), rows=[1])[0]
     torch.testing.assert_close(copied, fresh, atol=1e-5, rtol=1e-5)
+
+
+def test_a_prompts_next_token_logits_are_computed_alone_as_they_are_among_all() -> None:
+    """prefill_row runs the head on the last position only: the same numbers as the last row of
+    prefill_row_all, which scores every position, and the same cache for what follows."""
+    from qkv.models.configs.gpt2 import GPTConfig
+    from qkv.models.gpt2 import GPT2Decoder
+
+    torch.manual_seed(0)
+    gpt2 = GPT2Decoder(GPTConfig(vocab_size=97, context_length=128, emb_dim=32, n_heads=4, n_layers=2,
+                                 drop_rate=0.0, qkv_bias=True)).eval()
+    ids = torch.randint(0, 97, (100,))  # more than one aligned piece (runtime.session.PREFILL_ALIGN)
+    for model in (tiny_llama(), gpt2):
+        with DecodeSession(model, batch_size=2, capacity=120, kind=SlotKVCache) as session:
+            last = session.prefill_row(0, ids)
+            every = session.prefill_row_all(1, ids)
+            assert every.shape == (100, 97) and last.shape == (97,)
+            torch.testing.assert_close(last, every[-1], rtol=0, atol=1e-5)
+            step = session.decode(torch.tensor([7, 7]))  # (2, V): both rows continue alike
+            torch.testing.assert_close(step[0], step[1], rtol=0, atol=1e-5)

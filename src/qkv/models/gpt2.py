@@ -135,13 +135,14 @@ class GPT2Decoder(CausalDecoder):
 
     def forward(
         self, input_ids: Tensor, *, positions: Tensor | None = None, mask: Tensor | None = None,
-        caches: Sequence[KVCache] | None = None,
+        caches: Sequence[KVCache] | None = None, last_only: bool = False,
     ) -> Tensor:
+        """Logits (B, T, V); last_only: the last position's only, (B, 1, V) (a prompt's next token)."""
         positions, mask = self.call_arguments(input_ids, positions, mask, caches)  # (T,) or (B, T); bool
         x = self.embed(input_ids, positions)  # (B, T, C)
         for index, block in enumerate(self.trf_blocks):
             x = block(x, mask=mask, positions=positions, cache=None if caches is None else caches[index])
-        return self.head(x)  # (B, T, V)
+        return self.head(x[:, -1:] if last_only else x)  # (B, T, V) or (B, 1, V)
 
 
 def __getattr__(name: str) -> type:

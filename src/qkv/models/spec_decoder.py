@@ -229,8 +229,9 @@ class SpecDecoder(CausalDecoder):
 
     def forward(
         self, input_ids: Tensor, *, positions: Tensor | None = None, mask: Tensor | None = None,
-        caches: Sequence[KVCache] | None = None,
+        caches: Sequence[KVCache] | None = None, last_only: bool = False,
     ) -> Tensor:
+        """Logits (B, T, V); last_only: the last position's only, (B, 1, V) (a prompt's next token)."""
         positions, mask = self.call_arguments(input_ids, positions, mask, caches)  # (T,) or (B, T); bool
         x = self.embed(input_ids, positions)  # (B, T, C)
         rope_positions = self.rope_positions(positions, caches)
@@ -239,4 +240,4 @@ class SpecDecoder(CausalDecoder):
             cos, sin = (None, None) if rope is None else tables[rope]
             x = layer(x, cos=cos, sin=sin, mask=mask, positions=positions,
                       cache=None if caches is None else caches[index])
-        return self.head(x)  # (B, T, V)
+        return self.head(x[:, -1:] if last_only else x)  # (B, T, V) or (B, 1, V)

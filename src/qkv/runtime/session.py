@@ -212,13 +212,16 @@ class DecodeSession:
         """Whether this session's decode steps run qkv's native layers."""
         return self._native is not None
 
-    def _forward(self, ids: Tensor, positions: Tensor) -> Tensor:
-        """The model on `ids` (B, T) at `positions` with this session's caches -> logits (B, T, V)."""
+    def _forward(self, ids: Tensor, positions: Tensor, *, last_only: bool = False) -> Tensor:
+        """The model on `ids` (B, T) at `positions` with this session's caches -> logits (B, T, V),
+        or the last position's, (B, 1, V), with last_only (models take `last_only` then)."""
         native = self._native
         if native is not None and ids.shape[1] == 1:
             x = self.model.embed(ids, positions)  # (B, 1, C)
             if native.takes(x, positions, None):
                 return native(x, positions)  # (B, 1, V): every layer and the head in one native call
+        if last_only:
+            return self.model(ids, positions=positions, caches=self.caches, last_only=True)
         return self.model(ids, positions=positions, caches=self.caches)
 
     def cache_nbytes(self) -> int:
@@ -316,13 +319,19 @@ class DecodeSession:
         """Start row `row` afresh with one request's prompt ids (T,), leaving the other rows
         as they are (a continuous batch: needs kind=SlotKVCache). Returns the logits of its
         last token, (V,). start: see `prefill_row_all`."""
-        return self.prefill_row_all(row, ids, start=start)[-1]
+        return self._prefill_row(row, ids, start, last_only=True)[-1]
 
     def prefill_row_all(self, row: int, ids: Tensor, *, start: int = 0) -> Tensor:
         """`prefill_row`, returning the logits at every prompt position, (T, V): row t
         scores the token after ids[t] (a server scoring a prompt's own tokens needs them).
         The ids go at positions [start, start + T): start > 0 keeps the row's first `start`
         positions (a prompt prefix the row holds already, qkv.serve.engine.prefix_cache)."""
+        return self._prefill_row(row, ids, start, last_only=False)
+
+    def _prefill_row(self, row: int, ids: Tensor, start: int, *, last_only: bool) -> Tensor:
+        """The prompt through the model in aligned pieces; last_only: only the last position's
+        logits are computed (the head over a 512-token prompt is most of a prefill's work on a
+        large vocabulary), (1, V); else (T, V)."""
         self._check_open()
         if not 0 <= row < self.batch_size or ids.dim() != 1 or ids.shape[0] < 1 or start < 0:
             raise QkvError(f"prefill_row takes a row in 0..{self.batch_size - 1}, ids (T,) and start >= 0, got row "
@@ -334,9 +343,12 @@ class DecodeSession:
             for begin, stop in aligned_parts(start, end):  # positions [begin, stop)
                 positions = torch.arange(begin, stop, device=self.device)  # (t',)
                 with self._on_rows([row], reach=stop):
-                    pieces.append(self._forward(ids[begin - start:stop - start].to(self.device)[None], positions)[0])
+                    pieces.append(self._forward(ids[begin - start:stop - start].to(self.device)[None], positions,
+                                                last_only=last_only and stop == end)[0])
         self.lengths[row] = end
         self._next = None
+        if last_only:
+            return pieces[-1]  # (1, V); the pieces before it are the prompt's, their logits unused
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces)  # (T, V)
 
     def copy_row(self, source: int, target: int, length: int) -> None:
