@@ -369,7 +369,10 @@ class Engine:
             state = self._prefilling[row]
             job = state.job
             ids = torch.tensor(job.prompt[state.done:end], dtype=torch.long)  # (t,)
-            logits = self.session.prefill_row_all(row, ids, start=state.done)  # (t, V)
+            if job.score_prompt:  # the prompt's own tokens are scored: every position's logits
+                logits = self.session.prefill_row_all(row, ids, start=state.done)  # (t, V)
+            else:  # only the next token's: the head runs on the last position alone
+                logits = self.session.prefill_row(row, ids, start=state.done)[None]  # (1, V)
             self.stats.prefill_chunks += 1
             budget -= end - state.done
             state.done = end
