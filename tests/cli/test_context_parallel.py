@@ -6,11 +6,7 @@ is one line and exit code 2, never a hang."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,24 +16,14 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import qkv
 from qkv.cli.main import main
+from tests.cli.torchrun import torchrun
 from qkv.models.gpt2 import GPTConfig, GPT2Decoder
 
 VERDICT = Path(__file__).resolve().parents[3] / "shared" / "data" / "the-verdict.txt"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
-def torchrun(n: int, *argv: str, timeout: int = 120) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "--master_addr",
-         "127.0.0.1", "--master_port", str(free_port()), "-m", "qkv", *argv],
-        env=env, capture_output=True, text=True, timeout=timeout,
-    )
 
 
 @pytest.fixture(scope="module")

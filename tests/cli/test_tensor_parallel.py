@@ -5,28 +5,18 @@ line and exit code 2, never a hang."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from qkv.cli.main import main
+from tests.cli.torchrun import torchrun
 from tests.models.conftest import save_tiny
-from tests.models.tensor_parallel.ranks import free_port
 
 PROMPT = "Keys, queries and values"
 
 
-def torchrun(n: int, *argv: str, timeout: int = 120) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--master-addr",
-         "127.0.0.1", "--master-port", str(free_port()), "-m", "qkv", *argv],
-        env=env, capture_output=True, text=True, timeout=timeout,
-    )
 
 
 @pytest.fixture(scope="module")
