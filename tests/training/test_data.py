@@ -212,6 +212,7 @@ def _peak_rss(argv: list[str]) -> int:
     return usage.ru_maxrss * 1024
 
 
+@pytest.mark.slow  # two `qkv train` processes over a 64 MB corpus: 26-40 s on a loaded machine
 def test_a_large_corpus_trains_in_memory_a_small_fraction_of_its_size(tmp_path: Path) -> None:
     big, small = tmp_path / "big.txt", tmp_path / "small.txt"
     _write_corpus(big, BIG_BYTES)
