@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from qkv.errors import QkvError
 from qkv.models.configs.decoder_spec import DecoderSpec
 from qkv.models.spec_decoder import SpecDecoder
 from qkv.models.tensor_parallel.assignment import RankShare
@@ -60,6 +61,11 @@ class TensorParallelDecoder(SpecDecoder):
         self.cfg = spec if cfg is None else cfg
         self.share = share
         self.tp = tp
+        # Rank 0 of a server (qkv.runtime.tensor_parallel_steps): the other ranks run only the
+        # steps it shares with them, so a model call outside one (an explorer trace) is refused
+        # with this reason instead of waiting on collectives no other rank makes.
+        self.unshared_refusal: str | None = None
+        self.in_shared_step = False
         for layer in self.model.layers:
             layer.self_attn.register_forward_hook(self._reduce_attention)
             layer.mlp.register_forward_hook(self._reduce_mlp)
@@ -75,6 +81,8 @@ class TensorParallelDecoder(SpecDecoder):
         return None
 
     def embed(self, input_ids: Tensor, positions: Tensor) -> Tensor:
+        if self.unshared_refusal is not None and not self.in_shared_step:
+            raise QkvError(self.unshared_refusal)
         vocab = self.share.vocabulary
         mine = (input_ids >= vocab.start) & (input_ids < vocab.stop)  # (B, T)
         local = torch.where(mine, input_ids - vocab.start, torch.zeros_like(input_ids))
