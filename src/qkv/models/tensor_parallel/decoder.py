@@ -9,14 +9,16 @@ that make its outputs the whole model's.
 
 Row-parallel products (o_proj, down_proj) give partial sums, which the all-reduce adds up
 before anything non-linear (Gemma's post-norms) reads them; a bias of theirs is held by rank 0
-only (the others hold zeros). The collectives hang on the attention and MLP modules as forward
+only (the others hold zeros). A q/k norm over every head at once (OLMo 2) is a `SplitRMSNorm`:
+one more all-reduce, of its sum of squares, in each layer's attention. The collectives hang on the attention and MLP modules as forward
 hooks, modules no preparation replaces (preparation swaps the linear layers inside them), and
 a model with forward hooks runs its modules, not the whole-layer native step
 (qkv.runtime.session), which would step past them. The soft-cap of the logits is applied to
 each rank's stretch before the gather, so every rank holds the same bytes of logits and
 samples the same token from the same seed.
 
-Shape legend: B batch, T tokens, C hidden size, V vocabulary, V_r a rank's vocabulary rows.
+Shape legend: B batch, T tokens, C hidden size, V vocabulary, V_r a rank's vocabulary rows, W_r a rank's
+channels of a split q/k norm.
 """
 
 from __future__ import annotations
@@ -48,6 +50,22 @@ def rank_spec(spec: DecoderSpec, share: RankShare) -> DecoderSpec:
     return dataclasses.replace(spec, layers=layers, vocab_size=len(share.vocabulary))
 
 
+class SplitRMSNorm(nn.Module):
+    """An RMS norm over a width split across the ranks (OLMo 2's q/k norm spans every head):
+    each rank holds its heads' channels and their weights; the sum of squares is all-reduced,
+    so every rank divides by the whole width's statistic, as `RMSNorm` over all of it does."""
+
+    def __init__(self, norm: nn.Module, width: int, tp: TensorParallel) -> None:
+        super().__init__()
+        self.weight = norm.weight
+        self.eps, self.width, self.tp = norm.eps, width, tp
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, T, W_r) -> (B, T, W_r)
+        x32 = x.float()
+        squares = self.tp.all_reduce(x32.pow(2).sum(-1, keepdim=True), "all-reduce of the q/k norm's statistic")
+        return self.weight * (x32 * torch.rsqrt(squares / self.width + self.eps)).to(x.dtype)
+
+
 class TensorParallelDecoder(SpecDecoder):
     """forward(input_ids (B, T), ...) -> the whole model's logits (B, T, V) on every rank, from
     this rank's slice (module docstring). `spec` and `cfg` describe the whole model (what
@@ -66,7 +84,14 @@ class TensorParallelDecoder(SpecDecoder):
         # with this reason instead of waiting on collectives no other rank makes.
         self.unshared_refusal: str | None = None
         self.in_shared_step = False
-        for layer in self.model.layers:
+        for layer, whole in zip(self.model.layers, spec.layers):
+            attention = layer.self_attn
+            if whole.attention.qk_norm is not None and whole.attention.qk_norm_over == "all":
+                if getattr(attention.q_norm, "weight_offset", 0.0):
+                    raise AssertionError("a q/k norm over all heads with a weight offset: no family has one")
+                a = whole.attention
+                attention.q_norm = SplitRMSNorm(attention.q_norm, a.num_heads * a.head_dim, tp)
+                attention.k_norm = SplitRMSNorm(attention.k_norm, a.num_kv_heads * a.head_dim, tp)
             layer.self_attn.register_forward_hook(self._reduce_attention)
             layer.mlp.register_forward_hook(self._reduce_mlp)
 
