@@ -115,7 +115,8 @@ def _hooked(model: CausalDecoder) -> bool:
 
     if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
         return True
-    return any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    own = getattr(model, "own_hooks", frozenset())  # a tensor-parallel rank's collectives, which its native step makes too
+    return any(set(m._forward_hooks) - own or m._forward_pre_hooks for m in model.modules())
 
 
 class DecodeSession:

@@ -1,5 +1,6 @@
 """2 and 3 ranks on loopback give what one process gives: float32 logits within 1e-5, and the
-same greedy and seeded-sampled tokens at float32, int8, int4 and blocks, on checkpoints built
+same greedy and seeded-sampled tokens at float32, int8, int4 and blocks (greedy also through
+each rank's native layer step, split at the all-reduces, against one process's layer step), on checkpoints built
 here (transformers' save_pretrained; GGUF files written with the gguf package); a rank that
 dies stops the others with one line; ranks on different files are refused."""
 
@@ -68,10 +69,11 @@ def _one_process(model: Path, precisions: list[str]) -> dict[str, torch.Tensor]:
     with torch.no_grad():
         want = {"logits": reference(IDS)}
     for precision in precisions:
-        prepared, _, _ = load_for_generation(model, precision=precision, compile=False)
+        prepared, _, setup = load_for_generation(model, precision=precision, compile=False)
         with torch.no_grad():
             want[f"logits/{precision}"] = prepared(IDS)
         want[f"greedy/{precision}"] = generate(prepared, IDS, 8)
+        want[f"native/{precision}"] = generate(prepared, IDS, 8, setup=setup)  # one process's layer step
         want[f"sampled/{precision}"] = generate(prepared, IDS, 8, temperature=1.0, seed=7)
     return want
 
@@ -114,6 +116,8 @@ def test_ranks_give_one_process_logits_and_tokens(models: Any, tmp_path: Path, n
                 # where one process rounds them per block of the whole row: the same model to the
                 # rounding step (the logits above), not token for token through a near-tie
                 assert got[key].shape == want[key].shape and torch.equal(got[key][:, :IDS.shape[1]], IDS)
+        for precision in precisions.split(","):  # the ranks stepped on qkv's native layers (not OLMo 2: module docstring)
+            assert got[f"layer_step/{precision}"] == ("olmo2" not in name), (rank, precision)
         first = torch.load(tmp_path / "rank0.pt")
         for precision in precisions.split(","):  # a seed drawn by rank 0 samples the same tokens everywhere
             assert torch.equal(got[f"unseeded/{precision}"], first[f"unseeded/{precision}"]), (rank, precision)

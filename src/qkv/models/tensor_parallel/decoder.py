@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from qkv.errors import QkvError
 from qkv.models.configs.decoder_spec import DecoderSpec
+from qkv.models.decoder import LayerParts
 from qkv.models.spec_decoder import SpecDecoder
 from qkv.models.tensor_parallel.assignment import RankShare
 from qkv.models.tensor_parallel.group import TensorParallel
@@ -84,6 +85,7 @@ class TensorParallelDecoder(SpecDecoder):
         # with this reason instead of waiting on collectives no other rank makes.
         self.unshared_refusal: str | None = None
         self.in_shared_step = False
+        own: list[int] = []
         for layer, whole in zip(self.model.layers, spec.layers):
             attention = layer.self_attn
             if whole.attention.qk_norm is not None and whole.attention.qk_norm_over == "all":
@@ -92,8 +94,10 @@ class TensorParallelDecoder(SpecDecoder):
                 a = whole.attention
                 attention.q_norm = SplitRMSNorm(attention.q_norm, a.num_heads * a.head_dim, tp)
                 attention.k_norm = SplitRMSNorm(attention.k_norm, a.num_kv_heads * a.head_dim, tp)
-            layer.self_attn.register_forward_hook(self._reduce_attention)
-            layer.mlp.register_forward_hook(self._reduce_mlp)
+            hooks = (layer.self_attn.register_forward_hook(self._reduce_attention),
+                     layer.mlp.register_forward_hook(self._reduce_mlp))
+            own.extend(hook.id for hook in hooks)
+        self.own_hooks = frozenset(own)  # not a caller's hooks: a session may still run the native step
 
     def _reduce_attention(self, module: nn.Module, args: Any, output: Tensor) -> Tensor:
         return self.tp.all_reduce(output, "all-reduce after attention")
@@ -102,8 +106,15 @@ class TensorParallelDecoder(SpecDecoder):
         return self.tp.all_reduce(output, "all-reduce after the MLP")
 
     def layer_parts(self) -> None:
-        """None: the whole-layer native step would step past the all-reduces."""
+        """None: the whole-layer native step would step past the all-reduces (a rank runs each
+        layer's native call in two parts instead: qkv.runtime.tensor_parallel)."""
         return None
+
+    def rank_layer_parts(self) -> list[LayerParts]:
+        """What this rank's layers hand the native layer step (SpecDecoder's `layer_parts`)."""
+        parts = super().layer_parts()
+        assert parts is not None
+        return parts
 
     def embed(self, input_ids: Tensor, positions: Tensor) -> Tensor:
         if self.unshared_refusal is not None and not self.in_shared_step:
