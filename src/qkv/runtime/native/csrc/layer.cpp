@@ -394,6 +394,7 @@ Tensor decoder_layer(Tensor x, Tensor spec, std::vector<Tensor> vectors, std::ve
     using torch::headeronly::ScalarType;
     check(x.dim() == 2 && x.scalar_type() == ScalarType::Float && x.is_contiguous(),
           "qkv::decoder_layer takes x (B, C) contiguous float32");
+    check(part >= WHOLE_LAYER && part <= MLP_PART, "qkv::decoder_layer: part is 0 (whole), 1 (attention) or 2 (MLP)");
     const int64_t M = x.size(0), C = x.size(1);
     const LayerCall call = layer_call(C, spec, vectors, qkv, o, up, down, k_cache, v_cache, lengths, key_positions);
     const int64_t *row_of = nullptr;  // row r of x is cache row rows[r] (or r)
@@ -410,7 +411,6 @@ Tensor decoder_layer(Tensor x, Tensor spec, std::vector<Tensor> vectors, std::ve
     Tensor out = torch::stable::new_empty(x, {M, C});
     float *y = static_cast<float *>(out.data_ptr());
     std::copy(static_cast<const float *>(x.data_ptr()), static_cast<const float *>(x.data_ptr()) + M * C, y);
-    check(part >= WHOLE_LAYER && part <= MLP_PART, "qkv::decoder_layer: part is 0 (whole), 1 (attention) or 2 (MLP)");
     run_layer(call, y, M, pos, row_of, part);
     return out;
 }
