@@ -2,9 +2,11 @@
 
     session = LeadSession(model, tp, batch_size=8, capacity=1024, kind=SlotKVCache)  # rank 0's engine steps it
     follow(model, tp)                     # every other rank, until rank 0 stops (qkv serve --tensor-parallel)
+    LeadSession(model, tp, capacity=512, stop_on_close=False)   # a chat's sessions; then stop_followers(tp)
 
 Every call that runs the model or changes the caches (opening the session, prefill_row,
-prefill_row_all, decode on some rows, copy_row, release_row, closing) is first broadcast by
+prefill_row_all, decode on some rows, copy_row, release_row, prefill, decode, truncate, reset,
+closing) is first broadcast by
 rank 0 as a plan, then run; each follower receives the plan and runs the same call on its
 own session over its slice of the model, so the calls, and the all-reduces inside them, come
 in the same order on every rank. The engine's batching (which rows, prefill pieces, prefix
@@ -36,12 +38,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from qkv.attention.caches.kv_cache import SlotKVCache
+from qkv.attention.caches.kv_cache import SlotKVCache, StaticKVCache
 from qkv.errors import QkvError
 from qkv.models.tensor_parallel.group import RankLost, TensorParallel
 from qkv.runtime.session import DecodeSession
 
-IDLE, STOP, OPEN, PREFILL_ROW, PREFILL_ROW_ALL, DECODE_ROWS, COPY_ROW, RELEASE_ROW = range(8)
+IDLE, STOP, OPEN, CLOSE, PREFILL_ROW, PREFILL_ROW_ALL, DECODE_ROWS, COPY_ROW, RELEASE_ROW, PREFILL, DECODE, \
+    TRUNCATE, RESET = range(13)
+KINDS = (SlotKVCache, StaticKVCache)  # the cache kinds a shared session holds, by their index in a plan
 HEADER = 5  # op, a, b, c, n
 REFUSAL = ("this server runs --tensor-parallel: its other ranks run only the decode steps rank 0 shares with "
            "them, so the explorer cannot trace the model here; run `qkv serve` on one process to trace")
@@ -53,14 +57,20 @@ def _plan(op: int, a: int = 0, b: int = 0, c: int = 0, payload: list[int] | Tens
 
 
 class LeadSession(DecodeSession):
-    """Rank 0's session of slots: each call is shared with the followers, then run (module docstring)."""
+    """Rank 0's session: each call is shared with the followers, then run (module docstring).
+    `stop_on_close`: closing it ends the followers (a server's one session); else they close
+    theirs and wait for the next (a chat opens a larger one as the conversation grows), and
+    `stop_followers` ends them."""
 
     def __init__(self, model: Any, tp: TensorParallel, *, on_lost: Callable[[RankLost], None] | None = None,
-                 heartbeat_s: float | None = None, **options: Any) -> None:
-        if options.pop("kind", SlotKVCache) is not SlotKVCache:
-            raise QkvError("a tensor-parallel server's session holds slots (kind=SlotKVCache)")
-        super().__init__(model, kind=SlotKVCache, **options)
+                 heartbeat_s: float | None = None, stop_on_close: bool = True, **options: Any) -> None:
+        kind = options.pop("kind", StaticKVCache)
+        if kind not in KINDS:
+            raise QkvError("under --tensor-parallel the KV cache is the plain one (no --kv-cache options, no "
+                           "streaming past the context); start over with /reset, or run on one process")
+        super().__init__(model, kind=kind, **options)
         self.tp = tp
+        self.stop_on_close = stop_on_close
         self.on_lost = on_lost
         self.lost: RankLost | None = None
         timeout = tp.timeout.total_seconds()
@@ -117,7 +127,7 @@ class LeadSession(DecodeSession):
 
     # -- what the engine calls ---------------------------------------------------------
     def __enter__(self) -> LeadSession:
-        self._shared(_plan(OPEN, self.batch_size, self.capacity), super().__enter__)
+        self._shared(_plan(OPEN, self.batch_size, self.capacity, KINDS.index(self.kind)), super().__enter__)
         self._beating = threading.Thread(target=self._beat, name="qkv-tensor-parallel-heartbeat", daemon=True)
         self._beating.start()
         return self
@@ -130,7 +140,7 @@ class LeadSession(DecodeSession):
         with self._lock:
             if self.lost is None and self._open:
                 try:
-                    self._send(*_plan(STOP))
+                    self._send(*_plan(STOP if self.stop_on_close else CLOSE))
                 except RankLost as error:
                     self._lose(error)
         super().close()
@@ -143,9 +153,20 @@ class LeadSession(DecodeSession):
         return self._shared(_plan(PREFILL_ROW_ALL, row, start, payload=ids),
                             lambda: super(LeadSession, self).prefill_row_all(row, ids, start=start))
 
+    def prefill(self, ids: Tensor, *, lengths: list[int] | None = None) -> Tensor:
+        b, t = ids.shape
+        return self._shared(_plan(PREFILL, b, t, int(lengths is not None), [*ids.reshape(-1).tolist(), *(lengths or [])]),
+                            lambda: super(LeadSession, self).prefill(ids, lengths=lengths))
+
+    def truncate(self, length: int) -> None:
+        self._shared(_plan(TRUNCATE, length), lambda: super(LeadSession, self).truncate(length))
+
+    def reset(self) -> None:
+        self._shared(_plan(RESET), super().reset)
+
     def decode(self, tokens: Tensor, rows: list[int] | None = None) -> Tensor:
         if rows is None:
-            raise QkvError("a tensor-parallel server decodes some rows of its slots at a time (rows=...)")
+            return self._shared(_plan(DECODE, payload=tokens), lambda: super(LeadSession, self).decode(tokens))
         return self._shared(_plan(DECODE_ROWS, len(rows), payload=[*rows, *tokens.tolist()]),
                             lambda: super(LeadSession, self).decode(tokens, rows=rows))
 
@@ -176,6 +197,14 @@ def _replay(session: DecodeSession, op: int, a: int, b: int, c: int, body: Tenso
         session.copy_row(a, b, c)
     elif op == RELEASE_ROW:
         session.release_row(a)
+    elif op == PREFILL:
+        session.prefill(body[:a * b].view(a, b), lengths=body[a * b:].tolist() if c else None)
+    elif op == DECODE:
+        session.decode(body)
+    elif op == TRUNCATE:
+        session.truncate(a)
+    elif op == RESET:
+        session.reset()
     else:
         raise AssertionError(f"unknown tensor-parallel step {op}")
 
@@ -193,8 +222,13 @@ def follow(model: Any, tp: TensorParallel, *, setup: Any = None) -> None:
             if op == STOP:
                 return
             if op == OPEN:
-                session = DecodeSession(model, batch_size=a, capacity=b, kind=SlotKVCache, exact_capacity=True,
+                session = DecodeSession(model, batch_size=a, capacity=b, kind=KINDS[c], exact_capacity=True,
                                         setup=setup).__enter__()
+                continue
+            if op == CLOSE:
+                if session is not None:
+                    session.close()
+                session = None
                 continue
             if session is None:
                 raise AssertionError("rank 0 shared a step before opening its session")
@@ -207,3 +241,8 @@ def follow(model: Any, tp: TensorParallel, *, setup: Any = None) -> None:
     finally:
         if session is not None:
             session.close()
+
+
+def stop_followers(tp: TensorParallel) -> None:
+    """The plan that ends every follower's `follow` (once rank 0's sessions are closed)."""
+    tp.broadcast(_plan(STOP)[0], "broadcast of the stop")
