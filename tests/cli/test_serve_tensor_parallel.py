@@ -65,7 +65,8 @@ def serve_ranks(model: Path, tmp_path: Path, *flags: str, n: int = 2) -> Iterato
                 break
             except httpx.TransportError:
                 if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                    raise RuntimeError("the ranks did not start: " + " | ".join(log.read_text()[-2000:] for log in logs))
+                    said = " | ".join(log.read_text()[-2000:] for log in logs)
+                    raise RuntimeError(f"the ranks did not start: {said}")
                 time.sleep(0.2)
         yield Ranks(url, procs, logs)
     finally:

@@ -107,7 +107,8 @@ def _run(args: argparse.Namespace, tp: Any) -> int:
         from qkv.cli.tensor_parallel import load_rank
 
         if kind is not None:
-            raise QkvError("--tensor-parallel keeps the conversation in the plain KV cache; drop the --kv-cache options")
+            raise QkvError("--tensor-parallel keeps the conversation in the plain KV cache; "
+                           "drop the --kv-cache options")
         loaded, setup = load_rank(args, tp, chat=True)
     chat = chat_model_from(loaded)
     if kind is not None:

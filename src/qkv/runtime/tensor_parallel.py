@@ -128,7 +128,8 @@ class TensorParallelLayerStep:
         rows = self._cache.kernel_rows()  # (B,) cache rows, or None: row r is cache row r
         layer_op = torch.ops.qkv.decoder_layer.default
         for (arguments, ring), layer in zip(self._layers, model.model.layers):
-            part = tp.all_reduce(layer_op(h, *arguments, where, rows, ring, ATTENTION_PART), "all-reduce after attention")
+            part = layer_op(h, *arguments, where, rows, ring, ATTENTION_PART)  # (B, C): this rank's partial sum
+            part = tp.all_reduce(part, "all-reduce after attention")
             h = h + layer.norm("attn_post_norm", part)  # (B, C)
             part = tp.all_reduce(layer_op(h, *arguments, where, rows, ring, MLP_PART), "all-reduce after the MLP")
             h = h + layer.norm("mlp_post_norm", part)

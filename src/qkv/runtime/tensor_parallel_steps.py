@@ -155,7 +155,8 @@ class LeadSession(DecodeSession):
 
     def prefill(self, ids: Tensor, *, lengths: list[int] | None = None) -> Tensor:
         b, t = ids.shape
-        return self._shared(_plan(PREFILL, b, t, int(lengths is not None), [*ids.reshape(-1).tolist(), *(lengths or [])]),
+        payload = [*ids.reshape(-1).tolist(), *(lengths or [])]
+        return self._shared(_plan(PREFILL, b, t, int(lengths is not None), payload),
                             lambda: super(LeadSession, self).prefill(ids, lengths=lengths))
 
     def truncate(self, length: int) -> None:

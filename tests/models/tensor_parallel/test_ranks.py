@@ -116,7 +116,7 @@ def test_ranks_give_one_process_logits_and_tokens(models: Any, tmp_path: Path, n
                 # where one process rounds them per block of the whole row: the same model to the
                 # rounding step (the logits above), not token for token through a near-tie
                 assert got[key].shape == want[key].shape and torch.equal(got[key][:, :IDS.shape[1]], IDS)
-        for precision in precisions.split(","):  # the ranks stepped on qkv's native layers (not OLMo 2: module docstring)
+        for precision in precisions.split(","):  # the ranks stepped on qkv's native layers (OLMo 2: the modules)
             assert got[f"layer_step/{precision}"] == ("olmo2" not in name), (rank, precision)
         first = torch.load(tmp_path / "rank0.pt")
         for precision in precisions.split(","):  # a seed drawn by rank 0 samples the same tokens everywhere

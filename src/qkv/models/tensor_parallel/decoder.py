@@ -10,10 +10,11 @@ that make its outputs the whole model's.
 Row-parallel products (o_proj, down_proj) give partial sums, which the all-reduce adds up
 before anything non-linear (Gemma's post-norms) reads them; a bias of theirs is held by rank 0
 only (the others hold zeros). A q/k norm over every head at once (OLMo 2) is a `SplitRMSNorm`:
-one more all-reduce, of its sum of squares, in each layer's attention. The collectives hang on the attention and MLP modules as forward
-hooks, modules no preparation replaces (preparation swaps the linear layers inside them), and
-a model with forward hooks runs its modules, not the whole-layer native step
-(qkv.runtime.session), which would step past them. The soft-cap of the logits is applied to
+one more all-reduce, of its sum of squares, in each layer's attention. The collectives hang on
+the attention and MLP modules as forward hooks, modules no preparation replaces (preparation
+swaps the linear layers inside them); the model names them (`own_hooks`), so a session still
+runs a decode step natively, as qkv.runtime.tensor_parallel splits the layer at the same
+all-reduces, where a caller's hooks would make it run the modules. The soft-cap of the logits is applied to
 each rank's stretch before the gather, so every rank holds the same bytes of logits and
 samples the same token from the same seed.
 
