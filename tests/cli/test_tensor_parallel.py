@@ -112,3 +112,10 @@ def test_chat_over_smollm2s_three_kv_heads_writes_the_one_process_replies() -> N
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout == one.stdout and one.stdout.count("\n") == 2
     assert done.stderr.count("decode steps run") == 1  # rank 0 says how it decodes; the others follow quietly
+
+
+def test_chat_with_a_kv_cache_option_is_refused_by_name(llama: Path, capsys, monkeypatch) -> None:
+    monkeypatch.delenv("WORLD_SIZE", raising=False)  # one rank, no group: the same checks
+    code = main(["chat", "--model", str(llama), "--tensor-parallel", "1", "--kv-cache", "sink"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "drop the --kv-cache options" in err, err
