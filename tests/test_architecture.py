@@ -181,7 +181,8 @@ def test_one_decode_loop() -> None:
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "decode"
                     and "session" in ast.unparse(node.func.value).lower()):
                 steppers.append(str(path.relative_to(PACKAGE)))
-    assert sorted(set(steppers)) == ["generation/decode_loop.py"]
+    # A follower rank of a tensor-parallel server replays the steps rank 0's decode loop shares with it.
+    assert sorted(set(steppers)) == ["generation/decode_loop.py", "runtime/tensor_parallel_steps.py"]
 
 
 def test_one_linear_interface() -> None:

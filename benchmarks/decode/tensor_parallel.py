@@ -9,8 +9,9 @@ as torchrun sets them; N = 1 is one process with no group) and each:
   - times every collective it makes (the all-reduces after the embedding, attention and MLP,
     and the gather of the logits) over the same decode steps;
   - reports its peak RSS (getrusage) and the bytes of its weights.
-N = 1 runs the same rank code with no collectives: the eager modules every rank runs. "one
-process" is what `qkv generate` runs (the whole-layer native step where it applies).
+N = 1 runs the same rank code with no collectives. A rank decodes on qkv's native layer split
+at the all-reduces (--step native, where its layers allow) or its modules (--step modules).
+"one process" is what `qkv generate` runs (the whole-layer native step where it applies).
 Threads: --threads split evenly over the ranks (at least one each).
 
     .venv/bin/python benchmarks/decode/tensor_parallel.py --model smollm2 --ranks 1 3
@@ -38,19 +39,20 @@ def _rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
-def _decode_seconds(model, ids, tokens: int, rounds: int, spent: list[float]) -> tuple[float, float]:
-    """Median seconds per decoded token, and the collectives' seconds in it."""
+def _decode_seconds(model, ids, tokens: int, rounds: int, spent: list[float], setup=None) -> tuple[float, float]:
+    """Median seconds per decoded token, and the collectives' seconds in it (`setup`: how the
+    model was prepared, so its decode steps run the layer step it has; None: the modules)."""
     from qkv.generation.loop import generate
 
     per_token, per_collective = [], []
     for _ in range(rounds + 1):  # the first round warms up
         spent[0] = 0.0
         start = time.perf_counter()
-        generate(model, ids, 1)
+        generate(model, ids, 1, setup=setup)
         prefill, prefill_collective = time.perf_counter() - start, spent[0]
         spent[0] = 0.0
         start = time.perf_counter()
-        generate(model, ids, tokens + 1)
+        generate(model, ids, tokens + 1, setup=setup)
         whole, whole_collective = time.perf_counter() - start, spent[0]
         per_token.append((whole - prefill) / tokens)
         per_collective.append((whole_collective - prefill_collective) / tokens)
@@ -96,8 +98,10 @@ def rank_main(args) -> None:
     load_s = time.perf_counter() - start
     weights = sum(t.nbytes for t in [*loaded.model.parameters(), *loaded.model.buffers()])
     ids = torch.tensor([loaded.tokenizer.encode(PROMPT).ids])
-    step, collective = _decode_seconds(loaded.model, ids, args.tokens, args.rounds, spent)
+    native = setup if args.step == "native" else None
+    step, collective = _decode_seconds(loaded.model, ids, args.tokens, args.rounds, spent, native)
     print(json.dumps({"rank": tp.rank, "world": world, "precision": setup.precision, "load_s": load_s,
+                      "native": native is not None and setup.layer_step is not None,
                       "decode_ms": 1e3 * step, "collective_ms": 1e3 * collective,
                       "peak_rss_mib": _rss_mib(), "weights_mib": weights / 2**20}), flush=True)
     os._exit(0)
@@ -110,7 +114,7 @@ def one_process(args) -> dict:
             f"torch.set_num_threads({args.threads})\n"
             f"model, tok, setup = load_for_generation({args.model!r}, precision={args.dtype!r})\n"
             "ids = torch.tensor([tok.encode(t.PROMPT).ids])\n"
-            f"step, _ = t._decode_seconds(model, ids, {args.tokens}, {args.rounds}, [0.0])\n"
+            f"step, _ = t._decode_seconds(model, ids, {args.tokens}, {args.rounds}, [0.0], setup)\n"
             "w = sum(x.nbytes for x in [*model.parameters(), *model.buffers()])\n"
             "print(json.dumps({'precision': setup.precision, 'how': setup.describe(), 'decode_ms': 1e3 * step,"
             " 'peak_rss_mib': t._rss_mib(), 'weights_mib': w / 2**20}))\n")
@@ -155,6 +159,8 @@ def main() -> None:
     made.add_argument("--dtype", default="auto")
     made.add_argument("--ranks", type=int, nargs="+", default=[1, 3])
     made.add_argument("--tokens", type=int, default=16)
+    made.add_argument("--step", choices=("native", "modules"), default="native",
+                      help="a rank's decode step: qkv's layer in two calls split at the all-reduces, or the modules")
     made.add_argument("--timeout", type=float, default=900)
     made.add_argument("--rank-of", action="store_true", help=argparse_hidden())
     made.add_argument("--rank-threads", type=int, default=1, help=argparse_hidden())
@@ -163,7 +169,7 @@ def main() -> None:
     args = made.parse_args()
     if args.rank_of:
         return rank_main(args)
-    facts = harness.header(f"tensor parallel on loopback: {args.model} at {args.dtype}")
+    facts = harness.header(f"tensor parallel on loopback: {args.model} at {args.dtype}, ranks' step: {args.step}")
     one = one_process(args)
     print(f"one process ({one['how']}, {args.threads} threads): {one['decode_ms']:.1f} ms/token, "
           f"peak RSS {one['peak_rss_mib']:.0f} MiB, weights {one['weights_mib']:.0f} MiB")

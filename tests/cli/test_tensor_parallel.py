@@ -1,11 +1,13 @@
 """`--tensor-parallel N` from the command line, under torchrun on loopback: `qkv generate` writes
-the one-process text once (rank 0) and `qkv perplexity` prints the one-process figure; bad
-input (N that does not divide the KV heads, no torchrun, options that do not combine) is one
+the one-process text once (rank 0), `qkv perplexity` prints the one-process figure and `qkv chat`
+the one-process replies; bad input (N that does not divide the KV heads, no torchrun, options that do not combine) is one
 line and exit code 2, never a hang."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -95,3 +97,25 @@ def test_smollm2_over_its_three_kv_heads_writes_the_one_process_text(capsysbinar
     done = torchrun(3, *args, "--tensor-parallel", "3", timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout == one
+
+
+@pytest.mark.slow
+def test_chat_over_smollm2s_three_kv_heads_writes_the_one_process_replies() -> None:
+    """Rank 0 reads the piped messages and writes the replies; its sessions share each step
+    (prefill, decode, truncate between turns) with ranks 1 and 2 (qkv.runtime.tensor_parallel_steps)."""
+    messages = "Hello there\nWhat is two plus two?\n"
+    args = ["chat", "--model", "smollm2", "--temperature", "0", "--max-new-tokens", "12", "--dtype", "float32"]
+    one = subprocess.run([sys.executable, "-m", "qkv", *args], input=messages, capture_output=True, text=True,
+                         timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    done = torchrun(3, *args, "--tensor-parallel", "3", timeout=300, stdin=messages)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == one.stdout and one.stdout.count("\n") == 2
+    assert done.stderr.count("decode steps run") == 1  # rank 0 says how it decodes; the others follow quietly
+
+
+def test_chat_with_a_kv_cache_option_is_refused_by_name(llama: Path, capsys, monkeypatch) -> None:
+    monkeypatch.delenv("WORLD_SIZE", raising=False)  # one rank, no group: the same checks
+    code = main(["chat", "--model", str(llama), "--tensor-parallel", "1", "--kv-cache", "sink"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "drop the --kv-cache options" in err, err

@@ -10,10 +10,10 @@ import sys
 from tests.models.tensor_parallel.ranks import free_port
 
 
-def torchrun(n: int, *argv: str, timeout: int = 120) -> subprocess.CompletedProcess[str]:
+def torchrun(n: int, *argv: str, timeout: int = 120, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--master-addr",
          "127.0.0.1", "--master-port", str(free_port()), "-m", "qkv", *argv],
-        env=env, capture_output=True, text=True, timeout=timeout,
+        env=env, capture_output=True, text=True, timeout=timeout, input=stdin,
     )

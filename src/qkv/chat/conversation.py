@@ -164,9 +164,11 @@ class ChatSession:
         notice: Callable[[str], object] | None = None,
         kind: CacheKind = StaticKVCache,
         setup: DecodeSetup | None = None,
+        session_type: Callable[..., DecodeSession] = DecodeSession,
     ) -> None:
         self.chat = chat
         self.setup = setup  # how the model was prepared (qkv.runtime.prepare): its sessions step as prepared
+        self.session_type = session_type  # tensor parallel: sessions that share each step with the other ranks
         self.notice = notice  # told once when the conversation starts streaming
         self.kind = kind  # the cache kind asked for (qkv chat --kv-cache)
         # A kind that evicts old tokens streams from the first turn, and says nothing.
@@ -231,14 +233,16 @@ class ChatSession:
         if self.streams_by_choice:
             return self._open_streaming(self.kind)
         capacity = cache_capacity(needed, self.capacity)
-        self.session = DecodeSession(self.chat.model, capacity=capacity, kind=self.kind, setup=self.setup).__enter__()
+        self.session = self.session_type(self.chat.model, capacity=capacity, kind=self.kind,
+                                         setup=self.setup).__enter__()
         return self.session
 
     def _open_streaming(self, kind: CacheKind) -> DecodeSession:
         """A session with a sink cache of `kind`, empty: the whole conversation goes in next."""
         self.close()
         self.cached_ids = []
-        self.session = DecodeSession(self.chat.model, capacity=self.capacity, kind=kind, setup=self.setup).__enter__()
+        self.session = self.session_type(self.chat.model, capacity=self.capacity, kind=kind,
+                                         setup=self.setup).__enter__()
         self.streaming = True
         return self.session
 

@@ -18,6 +18,7 @@ from typing import Any
 from qkv.cli.speed import add_speed_arguments, announce_speed, load_for_speed
 from qkv.cli.generate import utf8_writer
 from qkv.cli.numbers import add_max_memory_argument, integer, probability, seed, temperature
+from qkv.cli.tensor_parallel import add_tensor_parallel_argument
 from qkv.errors import QkvError
 from qkv.util.threads import add_threads_argument, apply_threads
 
@@ -56,6 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_speed_arguments(parser)
     add_threads_argument(parser)
     add_max_memory_argument(parser)
+    add_tensor_parallel_argument(parser)
     parser.set_defaults(run=run)
 
 
@@ -78,7 +80,18 @@ def _messages(interactive: bool):
 
 
 def run(args: argparse.Namespace) -> int:
-    from qkv.chat.conversation import ChatSession, ReplySettings, chat_model_from
+    if args.tensor_parallel is not None:  # rank 0 reads the messages and leads, the others follow its steps
+        from qkv.cli.tensor_parallel import under_tensor_parallel
+
+        return under_tensor_parallel(args, "chat", _run, barrier=False)
+    return _run(args, None)
+
+
+def _run(args: argparse.Namespace, tp: Any) -> int:
+    """The conversation, alone (tp None) or as one rank of --tensor-parallel N: rank 0 reads
+    the messages and writes the replies; its sessions share every step with the other ranks,
+    which follow them (qkv.runtime.tensor_parallel_steps) until rank 0 says stop."""
+    from qkv.chat.conversation import chat_model_from
 
     from qkv.attention.caches.kv_cache import StaticKVCache
     from qkv.cli.perplexity import kv_cache_kind
@@ -87,15 +100,57 @@ def run(args: argparse.Namespace) -> int:
     threads = apply_threads(args.threads)
     interactive = sys.stdin.isatty()
     kind = kv_cache_kind(args)  # bad cache options are reported before loading
-    prepared = load_for_speed(args, chat=True)
-    loaded, setup = prepared.loaded, prepared.setup
+    if tp is None:
+        prepared = load_for_speed(args, chat=True)
+        loaded, setup = prepared.loaded, prepared.setup
+    else:
+        from qkv.cli.tensor_parallel import load_rank
+
+        if kind is not None:
+            raise QkvError("--tensor-parallel keeps the conversation in the plain KV cache; "
+                           "drop the --kv-cache options")
+        loaded, setup = load_rank(args, tp, chat=True)
     chat = chat_model_from(loaded)
     if kind is not None:
         check_kind(chat.model, kind)
-    announce_speed(chat.model, setup, kind)
+    if tp is None or tp.rank == 0:
+        announce_speed(chat.model, setup, kind)
+    else:  # the warm-up step makes the all-reduces too, so every rank runs it; rank 0 says it
+        import contextlib
+        import io
+
+        with contextlib.redirect_stderr(io.StringIO()):
+            announce_speed(chat.model, setup, kind)
+    session_type: Any = None
+    if tp is not None:
+        import functools
+        import signal
+
+        from qkv.runtime.tensor_parallel_steps import LeadSession, follow
+
+        if tp.rank != 0:
+            for stop in (signal.SIGINT, signal.SIGTERM):  # a follower stops on rank 0's word, not on a signal
+                signal.signal(stop, signal.SIG_IGN)
+            follow(chat.model, tp, setup=setup)
+            return 0
+        session_type = functools.partial(LeadSession, tp=tp, stop_on_close=False)
+    try:
+        return _converse(args, chat, setup, kind or StaticKVCache, threads, interactive, session_type)
+    finally:
+        if tp is not None:
+            from qkv.runtime.tensor_parallel_steps import stop_followers
+
+            stop_followers(tp)
+
+
+def _converse(args: argparse.Namespace, chat: Any, setup: Any, kind: Any, threads: int, interactive: bool,
+              session_type: Any) -> int:
+    from qkv.chat.conversation import ChatSession, ReplySettings
+
+    options = {} if session_type is None else {"session_type": session_type}
     session = ChatSession(chat, system=args.system, max_context=args.max_context, seed=args.seed,
                           notice=lambda line: print(f"qkv chat: {line}", file=sys.stderr),
-                          kind=kind or StaticKVCache, setup=setup)
+                          kind=kind, setup=setup, **options)
     sampling = ReplySettings(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
     emit = utf8_writer()
     if interactive:

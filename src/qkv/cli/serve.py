@@ -7,6 +7,7 @@ import argparse
 
 from qkv.cli.serve_flags import add_front_door_arguments, check_serve_flags
 from qkv.cli.speed import add_precision_argument
+from qkv.cli.tensor_parallel import add_tensor_parallel_argument
 from qkv.util.threads import FollowIdleCores, add_threads_argument, apply_threads
 
 
@@ -37,6 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "already holds (the keys and values of earlier requests)")
     parser.add_argument("--api-key", metavar="KEY",
                         help="require 'Authorization: Bearer KEY' on /v1, /metrics and the explorer")
+    add_tensor_parallel_argument(parser)
     add_front_door_arguments(parser)
     add_precision_argument(parser)
     add_threads_argument(parser)
@@ -46,6 +48,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     apply_threads(args.threads)
     door = check_serve_flags(args)  # every flag in range before anything loads or binds
+    if args.tensor_parallel is not None:  # rank 0 serves, the others follow its steps
+        from qkv.cli.tensor_parallel import serve_rank, under_tensor_parallel
+
+        return under_tensor_parallel(args, "serve", lambda a, tp: serve_rank(a, tp, door), barrier=False)
     from qkv.serve.http.app import build_app
     from qkv.serve.http.connections import bind_socket
     from qkv.serve.http.metrics import Metrics

@@ -1,6 +1,8 @@
-"""`--tensor-parallel N` for `qkv generate` and `qkv perplexity`: under torchrun, every process
-holds a slice of every layer (qkv.models.tensor_parallel) and runs the same command; rank 0
-writes the output. Importing this module imports no torch.
+"""`--tensor-parallel N` for `qkv generate`, `qkv perplexity` and `qkv serve`: under torchrun,
+every process holds a slice of every layer (qkv.models.tensor_parallel) and runs the same
+command; rank 0 writes the output. Under `qkv serve` rank 0 serves HTTP and the others follow
+the steps its engine shares with them (`serve_rank`, qkv.runtime.tensor_parallel_steps).
+Importing this module imports no torch.
 
 Before anything loads, each rank opens the file's headers and checks that torchrun started N
 processes and that every rank opened the same bytes (content digests). A refusal (N does not
@@ -15,7 +17,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from qkv.errors import QkvError
 
@@ -34,13 +36,15 @@ def add_tensor_parallel_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def under_tensor_parallel(args: argparse.Namespace, command: str,
-                          body: Callable[[argparse.Namespace, TensorParallel], int]) -> int:
+                          body: Callable[[argparse.Namespace, TensorParallel], int], *, barrier: bool = True) -> int:
     """Run `body(args, tp)` as one rank of --tensor-parallel N (module docstring).
 
     A rank of a group leaves with `os._exit` once its output is flushed: a process that ran
     qkv's native kernels and gloo aborts in C++ teardown at interpreter exit ("terminate called
     without an active exception"), after its work is done; exiting at once keeps the exit code
-    the command's. Without a group (N = 1, no torchrun) it returns and raises as any command."""
+    the command's. `barrier`: no rank leaves before every rank's body has returned (a server's
+    ranks leave on rank 0's stop plan instead). Without a group (N = 1, no torchrun) it
+    returns and raises as any command."""
     from qkv.models.tensor_parallel.group import RankLost, join_tensor_parallel
 
     tp = join_tensor_parallel(args.tensor_parallel)
@@ -49,7 +53,8 @@ def under_tensor_parallel(args: argparse.Namespace, command: str,
     code = 2
     try:
         code = body(args, tp)
-        tp.barrier()  # no rank leaves while another is still in a collective
+        if barrier:
+            tp.barrier()  # no rank leaves while another is still in a collective
     except QkvError as error:
         if tp.rank == 0 or isinstance(error, RankLost):  # a refusal is the same everywhere: rank 0 says it
             print(f"qkv {command}: error: {error}", file=sys.stderr)
@@ -76,7 +81,8 @@ def load_rank(args: argparse.Namespace, tp: TensorParallel, *, chat: bool = Fals
 
     precision = args.precision
     keep_blocks = precision == BLOCKS or (precision == AUTO and block_products_run())
-    budget = args.max_memory if args.max_memory is not None else available_memory()
+    given = getattr(args, "max_memory", None)  # qkv serve has no --max-memory
+    budget = given if given is not None else available_memory()
     limit = None if budget is None else budget * tp.world  # each rank holds 1/N of the weights
     with slow_step(f"opening {args.model}"):
         opened = open_model(args.model, load_dtype(precision), max_memory=limit, chat=chat, keep_blocks=keep_blocks)
@@ -91,3 +97,83 @@ def load_rank(args: argparse.Namespace, tp: TensorParallel, *, chat: bool = Fals
         print(f"tensor parallel: {len(decoded)} block matrices ({', '.join(kinds)}) are split inside their blocks "
               f"over {tp.world} ranks; each rank holds its slice of them as float32", file=sys.stderr, flush=True)
     return prepared
+
+
+def _load_for_serving(args: argparse.Namespace, tp: TensorParallel) -> tuple[LoadedModel, DecodeSetup]:
+    """`load_rank` with the chat template where the model has one (as `load_served` loads)."""
+    try:
+        return load_rank(args, tp, chat=True)
+    except QkvError as error:  # no template: the same on every rank, refused before any weight is read
+        if "chat template" not in str(error):
+            raise
+        return load_rank(args, tp)
+
+
+def serve_rank(args: argparse.Namespace, tp: TensorParallel, door: Any) -> int:
+    """`qkv serve` as one rank: rank 0 binds the port, serves HTTP and leads every step;
+    the others follow its steps until its stop plan (or until they find it gone: RankLost).
+    A port rank 0 cannot bind is said by rank 0 and ends every rank before anything loads."""
+    import signal
+
+    from qkv.runtime.tensor_parallel_steps import follow
+
+    sock, refusal = None, None
+    if tp.rank == 0:
+        from qkv.serve.http.connections import bind_socket
+
+        try:
+            sock = bind_socket(args.host, args.port)
+        except QkvError as error:
+            refusal = str(error)
+    refusal = tp.gather_objects(refusal, "check that rank 0 could bind its port")[0]
+    if refusal is not None:
+        raise QkvError(str(refusal))
+    if tp.rank != 0:
+        loaded, setup = _load_for_serving(args, tp)
+        for stop in (signal.SIGINT, signal.SIGTERM):  # a follower stops on rank 0's word, not on a signal
+            signal.signal(stop, signal.SIG_IGN)
+        follow(loaded.model, tp, setup=setup)
+        return 0
+    assert sock is not None
+    try:
+        return _lead_server(args, tp, door, sock)
+    finally:
+        sock.close()
+
+
+def _lead_server(args: argparse.Namespace, tp: TensorParallel, door: Any, sock: Any) -> int:
+    import functools
+    import signal
+
+    from qkv.runtime.tensor_parallel_steps import LeadSession
+    from qkv.serve.api.schemas import Limits
+    from qkv.serve.http.app import build_app
+    from qkv.serve.http.metrics import Metrics
+    from qkv.serve.http.server import serve, served_from
+    from qkv.util.threads import FollowIdleCores
+
+    loaded, setup = _load_for_serving(args, tp)
+    lost: list[QkvError] = []
+
+    def on_lost(error: QkvError) -> None:  # a follower is gone: answer errors, then stop the server
+        lost.append(error)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    session_type = functools.partial(LeadSession, tp=tp, on_lost=on_lost)
+    follow_cores = FollowIdleCores() if args.threads is None else None
+    served = served_from(args.model, loaded, setup, max_batch=args.max_batch, capacity=args.context,
+                         max_waiting=args.max_waiting, threads=follow_cores, prefix_reuse=args.prefix_reuse,
+                         session_type=session_type)
+    served.kernels += f", tensor-parallel over {tp.world} processes"
+    metrics = Metrics()
+    app = build_app(served, limits=Limits(max_tokens=args.max_tokens), api_key=args.api_key, door=door,
+                    metrics=metrics)
+    try:
+        serve(app, sock=sock, door=door, served=served, metrics=metrics)
+    except KeyboardInterrupt:
+        if lost:
+            raise lost[0] from None
+        raise
+    if lost:
+        raise lost[0]
+    return 0

@@ -108,7 +108,7 @@ def spec_of(parts: LayerParts, rotary: RotaryEmbedding | None) -> LayerSpec | No
         rope=rope, attn_norm=norm, mlp_norm=norm)
 
 
-def _cache_buffers(cache: KVCache) -> tuple[Tensor, ...] | None:
+def cache_buffers(cache: KVCache) -> tuple[Tensor, ...] | None:
     """What the kernel writes and reads of one layer's cache: (keys, values, lengths) of a cache
     that stores position p at slot p (`kernel_buffers`), (keys, values, lengths, key_positions)
     of a sliding-window ring (`WindowKVCache.kernel_ring`), or None for other kinds."""
@@ -117,7 +117,7 @@ def _cache_buffers(cache: KVCache) -> tuple[Tensor, ...] | None:
     return cache.kernel_buffers()
 
 
-def _layer_arguments(parts: LayerParts, spec: LayerSpec | None,
+def layer_arguments(parts: LayerParts, spec: LayerSpec | None,
                      buffers: tuple[Tensor, ...]) -> tuple[tuple[Any, ...], Tensor | None] | None:
     """The op's arguments before `positions` (qkv::decoder_layer's) and a ring's key_positions
     (None: a cache of slot p), or None when the layer cannot run natively: no description, one
@@ -203,9 +203,9 @@ class NativeLayerStep:
         layers: list[tuple[tuple[Any, ...], Tensor | None]] | None = []
         for index, part in enumerate(parts or []):
             cache = caches[index] if index < len(caches) else None
-            buffers = _cache_buffers(cache) if cache is not None else None
+            buffers = cache_buffers(cache) if cache is not None else None
             spec = specs[index] if index < len(specs) else None
-            arguments = None if buffers is None else _layer_arguments(part, spec, buffers)
+            arguments = None if buffers is None else layer_arguments(part, spec, buffers)
             if arguments is None or layers is None:
                 layers = None
                 break

@@ -16,8 +16,8 @@ and the cache kind lets it;
 "modules" runs the PyTorch modules (compiled where the preparation compiled them); "auto"
 (the default) takes native where it can. A trace, whose hooks must see every module, asks
 for "modules" (and a session entered while any forward hook is on the model runs the
-modules). Asked for "native" where it cannot run, the session says so in one line and
-runs the modules. It carries the
+modules, but for a tensor-parallel rank's own collectives, `own_hooks`). Asked for "native"
+where it cannot run, the session says so in one line and runs the modules. It carries the
 positions as tensors: a prefill writes positions [n, n + T) of every row; a decode step
 writes each row's next position. Rows may have different lengths (a batch of prompts laid
 out with their padding at the end, `lengths` giving the real ones): positions are then
@@ -115,7 +115,8 @@ def _hooked(model: CausalDecoder) -> bool:
 
     if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
         return True
-    return any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    own = getattr(model, "own_hooks", frozenset())  # a tensor-parallel rank's collectives: its native step makes them too
+    return any(set(m._forward_hooks) - own or m._forward_pre_hooks for m in model.modules())
 
 
 class DecodeSession:

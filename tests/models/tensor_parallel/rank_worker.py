@@ -3,7 +3,8 @@
 Usage: python rank_worker.py MODEL PRECISION[,PRECISION...] OUT_DIR [die]
        python rank_worker.py FOLDER mismatch OUT_DIR      (rank r checks FOLDER/file{r})
 Each rank saves the logits of its model built from its float slices (unprepared: the float32
-reference), the greedy and seeded-sampled tokens of its model prepared at each PRECISION, and how
+reference), the greedy and seeded-sampled tokens of its model prepared at each PRECISION (through
+the modules, and greedy through the native layer step split at the all-reduces), and how
 many of its linear layers multiply stored blocks and which block matrices it holds decoded, and
 tokens sampled from a seed rank 0 drew. With `die`, rank 1 exits after the first
 forward pass; the others must stop with one line, within the 20 s timeout of every collective.
@@ -50,11 +51,14 @@ def main() -> None:
     try:
         for precision in precisions.split(","):
             prepared = open_rank(open_model(model, load_dtype(precision), keep_blocks=True), tp)
-            loaded, _ = prepare_rank(prepared, precision)
+            loaded, setup = prepare_rank(prepared, precision)
             with torch.no_grad():
                 results[f"logits/{precision}"] = loaded.model(IDS)
             results[f"greedy/{precision}"] = generate(loaded.model, IDS, 8)
             results[f"sampled/{precision}"] = generate(loaded.model, IDS, 8, temperature=1.0, seed=7)
+            # the decode steps on qkv's native layer, two calls a layer split at the all-reduces
+            results[f"native/{precision}"] = generate(loaded.model, IDS, 8, setup=setup)
+            results[f"layer_step/{precision}"] = setup.layer_step is not None  # type: ignore[assignment]
             results[f"block_layers/{precision}"] = torch.tensor(
                 sum("Block" in type(m).__name__ for m in loaded.model.modules()))
             results[f"decoded/{precision}"] = list(prepared.source.decoded)  # type: ignore[assignment]

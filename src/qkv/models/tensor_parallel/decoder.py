@@ -9,14 +9,17 @@ that make its outputs the whole model's.
 
 Row-parallel products (o_proj, down_proj) give partial sums, which the all-reduce adds up
 before anything non-linear (Gemma's post-norms) reads them; a bias of theirs is held by rank 0
-only (the others hold zeros). The collectives hang on the attention and MLP modules as forward
-hooks, modules no preparation replaces (preparation swaps the linear layers inside them), and
-a model with forward hooks runs its modules, not the whole-layer native step
-(qkv.runtime.session), which would step past them. The soft-cap of the logits is applied to
+only (the others hold zeros). A q/k norm over every head at once (OLMo 2) is a `SplitRMSNorm`:
+one more all-reduce, of its sum of squares, in each layer's attention. The collectives hang on
+the attention and MLP modules as forward hooks, modules no preparation replaces (preparation
+swaps the linear layers inside them); the model names them (`own_hooks`), so a session still
+runs a decode step natively, as qkv.runtime.tensor_parallel splits the layer at the same
+all-reduces, where a caller's hooks would make it run the modules. The soft-cap of the logits is applied to
 each rank's stretch before the gather, so every rank holds the same bytes of logits and
 samples the same token from the same seed.
 
-Shape legend: B batch, T tokens, C hidden size, V vocabulary, V_r a rank's vocabulary rows.
+Shape legend: B batch, T tokens, C hidden size, V vocabulary, V_r a rank's vocabulary rows, W_r a rank's
+channels of a split q/k norm.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from qkv.errors import QkvError
 from qkv.models.configs.decoder_spec import DecoderSpec
+from qkv.models.decoder import LayerParts
 from qkv.models.spec_decoder import SpecDecoder
 from qkv.models.tensor_parallel.assignment import RankShare
 from qkv.models.tensor_parallel.group import TensorParallel
@@ -47,6 +52,22 @@ def rank_spec(spec: DecoderSpec, share: RankShare) -> DecoderSpec:
     return dataclasses.replace(spec, layers=layers, vocab_size=len(share.vocabulary))
 
 
+class SplitRMSNorm(nn.Module):
+    """An RMS norm over a width split across the ranks (OLMo 2's q/k norm spans every head):
+    each rank holds its heads' channels and their weights; the sum of squares is all-reduced,
+    so every rank divides by the whole width's statistic, as `RMSNorm` over all of it does."""
+
+    def __init__(self, norm: nn.Module, width: int, tp: TensorParallel) -> None:
+        super().__init__()
+        self.weight = norm.weight
+        self.eps, self.width, self.tp = norm.eps, width, tp
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, T, W_r) -> (B, T, W_r)
+        x32 = x.float()
+        squares = self.tp.all_reduce(x32.pow(2).sum(-1, keepdim=True), "all-reduce of the q/k norm's statistic")
+        return self.weight * (x32 * torch.rsqrt(squares / self.width + self.eps)).to(x.dtype)
+
+
 class TensorParallelDecoder(SpecDecoder):
     """forward(input_ids (B, T), ...) -> the whole model's logits (B, T, V) on every rank, from
     this rank's slice (module docstring). `spec` and `cfg` describe the whole model (what
@@ -60,9 +81,24 @@ class TensorParallelDecoder(SpecDecoder):
         self.cfg = spec if cfg is None else cfg
         self.share = share
         self.tp = tp
-        for layer in self.model.layers:
-            layer.self_attn.register_forward_hook(self._reduce_attention)
-            layer.mlp.register_forward_hook(self._reduce_mlp)
+        # Rank 0 of a server (qkv.runtime.tensor_parallel_steps): the other ranks run only the
+        # steps it shares with them, so a model call outside one (an explorer trace) is refused
+        # with this reason instead of waiting on collectives no other rank makes.
+        self.unshared_refusal: str | None = None
+        self.in_shared_step = False
+        own: list[int] = []
+        for layer, whole in zip(self.model.layers, spec.layers):
+            attention = layer.self_attn
+            if whole.attention.qk_norm is not None and whole.attention.qk_norm_over == "all":
+                if getattr(attention.q_norm, "weight_offset", 0.0):
+                    raise AssertionError("a q/k norm over all heads with a weight offset: no family has one")
+                a = whole.attention
+                attention.q_norm = SplitRMSNorm(attention.q_norm, a.num_heads * a.head_dim, tp)
+                attention.k_norm = SplitRMSNorm(attention.k_norm, a.num_kv_heads * a.head_dim, tp)
+            hooks = (layer.self_attn.register_forward_hook(self._reduce_attention),
+                     layer.mlp.register_forward_hook(self._reduce_mlp))
+            own.extend(hook.id for hook in hooks)
+        self.own_hooks = frozenset(own)  # not a caller's hooks: a session may still run the native step
 
     def _reduce_attention(self, module: nn.Module, args: Any, output: Tensor) -> Tensor:
         return self.tp.all_reduce(output, "all-reduce after attention")
@@ -71,10 +107,19 @@ class TensorParallelDecoder(SpecDecoder):
         return self.tp.all_reduce(output, "all-reduce after the MLP")
 
     def layer_parts(self) -> None:
-        """None: the whole-layer native step would step past the all-reduces."""
+        """None: the whole-layer native step would step past the all-reduces (a rank runs each
+        layer's native call in two parts instead: qkv.runtime.tensor_parallel)."""
         return None
 
+    def rank_layer_parts(self) -> list[LayerParts]:
+        """What this rank's layers hand the native layer step (SpecDecoder's `layer_parts`)."""
+        parts = super().layer_parts()
+        assert parts is not None
+        return parts
+
     def embed(self, input_ids: Tensor, positions: Tensor) -> Tensor:
+        if self.unshared_refusal is not None and not self.in_shared_step:
+            raise QkvError(self.unshared_refusal)
         vocab = self.share.vocabulary
         mine = (input_ids >= vocab.start) & (input_ids < vocab.stop)  # (B, T)
         local = torch.where(mine, input_ids - vocab.start, torch.zeros_like(input_ids))

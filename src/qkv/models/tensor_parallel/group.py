@@ -2,7 +2,8 @@
 
 Every collective a rank makes goes through `TensorParallel`: an all-reduce after attention and
 one after the MLP (sums of the ranks' partial products), one after the embedding lookup, and
-an all-gather of the output head's vocabulary stretches. Each is bounded by the group's timeout,
+an all-gather of the output head's vocabulary stretches (and, under `qkv serve`, the broadcast
+of rank 0's step plans: qkv.runtime.tensor_parallel_steps). Each is bounded by the group's timeout,
 and a peer that died or stopped answering becomes one `RankLost` line (a QkvError) instead
 of a hang or a backend traceback.
 
@@ -59,6 +60,16 @@ class TensorParallel:
         try:
             dist.all_reduce(x, group=self.group)
         except (RuntimeError, ValueError) as error:  # gloo/nccl report a dead peer or a timeout so
+            raise self._lost(what, error) from None
+        return x
+
+    def broadcast(self, x: Tensor, what: str = "broadcast") -> Tensor:
+        """Rank 0's `x` on every rank (in place, and returned)."""
+        if self.group is None:
+            return x
+        try:
+            dist.broadcast(x, src=0, group=self.group)
+        except (RuntimeError, ValueError) as error:
             raise self._lost(what, error) from None
         return x
 

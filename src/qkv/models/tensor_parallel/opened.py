@@ -40,6 +40,7 @@ from qkv.util.empty_init import parameters_on_meta
 
 EMBEDDING, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 _LAYER = re.compile(r"model\.layers\.\d+\.(self_attn|mlp)\.(\w+)\.(weight|bias)")
+_STACKABLE = re.compile(r"(model\.layers\.(\d+)\.)(?:self_attn\.([qkv])_proj|mlp\.(gate|up)_proj)\.(weight|bias)")
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,35 @@ class Part:
     zeros: bool = False
 
 
-def part_of(name: str, share: RankShare) -> Part:
-    """Rank `share.rank`'s part of the checkpoint tensor `name` (qkv.models.tensor_parallel.decoder)."""
+def stored_as(name: str, spec: Any) -> tuple[str, int]:
+    """The checkpoint tensor that holds the model's tensor `name`, and the row where `name`'s
+    rows begin in it: itself at row 0, but Phi-3 stores q/k/v stacked as self_attn.qkv_proj
+    (queries, keys, values) and gate/up as mlp.gate_up_proj (gate, up), so a rank's q, k, v,
+    gate and up rows are each one stretch of rows of the stacked tensor."""
+    match = _STACKABLE.fullmatch(name)
+    if match is None:
+        return name, 0
+    prefix, index, qkv, gate_up, kind = match.groups()
+    layer = spec.layers[int(index)]
+    if qkv is not None and spec.stacked_qkv:
+        a = layer.attention
+        queries, keys = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+        return f"{prefix}self_attn.qkv_proj.{kind}", {"q": 0, "k": queries, "v": queries + keys}[qkv]
+    if gate_up is not None and spec.stacked_gate_up:
+        return f"{prefix}mlp.gate_up_proj.{kind}", 0 if gate_up == "gate" else layer.mlp.intermediate_size
+    return name, 0
+
+
+def _shifted(part: Part, rows: int) -> Part:
+    if rows == 0 or part.slice.rows is None:
+        return part
+    held = part.slice.rows
+    return Part(TensorSlice(range(held.start + rows, held.stop + rows), part.slice.cols), part.zeros)
+
+
+def part_of(name: str, share: RankShare, *, qk_norm_over_all: bool = False) -> Part:
+    """Rank `share.rank`'s part of the checkpoint tensor `name` (qkv.models.tensor_parallel.decoder);
+    qk_norm_over_all: the q/k norms span every head (OLMo 2), so a rank holds its heads' channels."""
     if name in (EMBEDDING, HEAD):
         return Part(TensorSlice(rows=share.vocabulary))
     match = _LAYER.fullmatch(name)
@@ -68,6 +96,8 @@ def part_of(name: str, share: RankShare) -> Part:
         if kind == "bias":  # added once, after the sum: rank 0's
             return Part(TensorSlice(), zeros=share.rank != 0)
         return Part(TensorSlice(cols=share.query_rows if module == "o_proj" else share.features))
+    if qk_norm_over_all and module in ("q_norm", "k_norm"):
+        return Part(TensorSlice(rows=share.query_rows if module == "q_norm" else share.kv_rows))
     return Part(TensorSlice())  # per-head q/k norms
 
 
@@ -79,14 +109,7 @@ def whole_spec(opened: OpenedModel) -> tuple[Any, Any]:
     if not isinstance(skeleton, SpecDecoder):
         raise QkvError(f"{where}: tensor parallelism splits the decoders described by a layer spec (Llama, Qwen, "
                        f"Mistral, Gemma, OLMo 2, SmolLM3), not {type(skeleton).__name__}")
-    spec = skeleton.spec
-    if spec.stacked_qkv or spec.stacked_gate_up:
-        raise QkvError(f"{where}: its checkpoint stores q/k/v or gate/up stacked (Phi-3), which tensor parallelism "
-                       "does not slice yet; run it on one process")
-    if any(l.attention.qk_norm is not None and l.attention.qk_norm_over == "all" for l in spec.layers):
-        raise QkvError(f"{where}: its q/k norm spans every head at once (OLMo 2), which needs every rank's heads; "
-                       "run it on one process")
-    return spec, skeleton.cfg
+    return skeleton.spec, skeleton.cfg
 
 
 class RankSource:
@@ -111,6 +134,10 @@ class RankSource:
     def names(self) -> list[str]:
         """The model's tensor names, the tied head left out (it is the embedding's rows)."""
         return [n for n in spec_shapes(self.spec) if not (n == HEAD and self.spec.tie_word_embeddings)]
+
+    def _part(self, name: str) -> Part:
+        return part_of(name, self.share, qk_norm_over_all=any(
+            l.attention.qk_norm is not None and l.attention.qk_norm_over == "all" for l in self.spec.layers))
 
     def _check(self, name: str, value: Tensor | StoredBlocks) -> None:
         shape = tuple(value.shape)
@@ -137,11 +164,12 @@ class RankSource:
 
     def _read_folder(self, dtype: torch.dtype) -> dict[str, Tensor]:
         rename = self.opened.plan.family.rename(self.whole.shapes)
-        stored_as = {rename(k): k for k in self.whole.shapes}
+        stored_names = {rename(k): k for k in self.whole.shapes}
         state: dict[str, Tensor] = {}
         for name in self.names():
-            part = part_of(name, self.share)
-            file_name = stored_as.get(name)
+            source, rows = stored_as(name, self.spec)
+            part = _shifted(self._part(name), rows)
+            file_name = stored_names.get(source)
             if file_name is None:
                 raise QkvError(f"{self.path}: lacks {name}")
             if part.zeros:
@@ -165,11 +193,12 @@ class RankSource:
         self.decoded = []
         try:
             for name in self.names():
-                part = part_of(name, self.share)
+                source, rows = stored_as(name, self.spec)
+                part = _shifted(self._part(name), rows)
                 if part.zeros:
                     state[name] = torch.zeros(self.local_shapes[name], dtype=dtype)
                     continue
-                tensor = by_name[name]
+                tensor = by_name[source]
                 heads = rope_heads(name, file.config, arch)
                 if heads is not None:  # the slice's own heads, reordered within each
                     heads = len(self.share.query_heads if "q_proj" in name else self.share.kv_heads)

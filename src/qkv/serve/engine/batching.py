@@ -155,8 +155,10 @@ class Engine:
     def __init__(self, model: CausalDecoder, *, max_batch: int = 8, capacity: int | None = None,
                  max_waiting: int | None = None, threads: FollowIdleCores | None = None,
                  prefix_reuse: bool = True, prefill_budget: int = PREFILL_BUDGET,
-                 setup: DecodeSetup | None = None) -> None:
-        """setup: how `model` was prepared (qkv.runtime.prepare), so the slots' steps run as prepared."""
+                 setup: DecodeSetup | None = None, session_type: Callable[..., DecodeSession] = DecodeSession) -> None:
+        """setup: how `model` was prepared (qkv.runtime.prepare), so the slots' steps run as prepared;
+        session_type: what holds the slots (tensor parallel: one that shares each step with the
+        other ranks, qkv.runtime.tensor_parallel_steps)."""
         if max_batch < 1:
             raise QkvError(f"--max-batch must be at least 1, got {max_batch}")
         if prefill_budget < 1:
@@ -164,7 +166,7 @@ class Engine:
         self.model = model
         self.max_batch = max_batch
         capacity = model.context_length if capacity is None else min(capacity, model.context_length)
-        self.session = DecodeSession(model, batch_size=max_batch, capacity=capacity, kind=SlotKVCache, setup=setup)
+        self.session = session_type(model, batch_size=max_batch, capacity=capacity, kind=SlotKVCache, setup=setup)
         self.loop = DecodeLoop(self.session)  # the one decode loop: rows join and leave between steps
         self.capacity = self.session.capacity  # the slots' cache, rounded up (qkv.runtime.session.cache_capacity)
         self.context = capacity  # what a request may use: --context (at most the model's), never the rounding

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from qkv.errors import QkvError
 from qkv.names import DEFAULT_PRECISION
@@ -19,7 +21,12 @@ from qkv.serve.engine.batching import Engine
 from qkv.serve.http.front_door import Door
 from qkv.serve.http.metrics import Metrics
 from qkv.serve.engine.kv_memory import require_kv_memory
+from qkv.runtime.session import DecodeSession
 from qkv.util.threads import FollowIdleCores
+
+if TYPE_CHECKING:
+    from qkv.models.loader import LoadedModel
+    from qkv.runtime.prepare import DecodeSetup
 
 
 def model_name(source: str) -> str:
@@ -34,7 +41,6 @@ def load_served(source: str, *, precision: str = DEFAULT_PRECISION, max_batch: i
     it (qkv.runtime.prepare: a GGUF file's blocks stay its blocks), ready for the engine; what
     it was loaded from and how it runs (precision, kernels) are kept for the start-up line and
     /v1/models, since a server's client cannot see its command line."""
-    from qkv.chat.conversation import ChatTemplate, chat_model_from
     from qkv.runtime.prepare import prepare
 
     # Decode steps of the occupied slots as one qkv kernel call per layer where the kernels run
@@ -45,22 +51,34 @@ def load_served(source: str, *, precision: str = DEFAULT_PRECISION, max_batch: i
         if "chat template" not in str(error):
             raise
         prepared = prepare(source, precision, inductor=False)
-    model, tokenizer, setup = prepared.model, prepared.tokenizer, prepared.setup
+    return served_from(source, prepared.loaded, prepared.setup, max_batch=max_batch, capacity=capacity,
+                       max_waiting=max_waiting, threads=threads, prefix_reuse=prefix_reuse)
+
+
+def served_from(source: str, loaded: LoadedModel, setup: DecodeSetup, *, max_batch: int = 8,
+                capacity: int | None = None, max_waiting: int | None = None,
+                threads: FollowIdleCores | None = None, prefix_reuse: bool = True,
+                session_type: Callable[..., DecodeSession] = DecodeSession) -> Served:
+    """A loaded and prepared model (one process's, or rank 0's slice under --tensor-parallel,
+    whose `session_type` shares each step with the other ranks) with its engine."""
+    from qkv.chat.conversation import ChatTemplate, chat_model_from
+
+    model, tokenizer = loaded.model, loaded.tokenizer
     template: ChatTemplate | None = None
     stop = set(model.eos_token_ids)
-    if prepared.loaded.chat_template is not None:
+    if loaded.chat_template is not None:
         try:
-            chat = chat_model_from(prepared.loaded)
+            chat = chat_model_from(loaded)
             template, stop = chat.template, set(chat.stop_ids)
         except QkvError as error:
             if "end-of-turn" not in str(error):
                 raise
     require_kv_memory(model, max_batch=max_batch, capacity=capacity)  # before the engine allocates it
     engine = Engine(model, max_batch=max_batch, capacity=capacity, max_waiting=max_waiting, threads=threads,
-                    prefix_reuse=prefix_reuse, setup=setup)
+                    prefix_reuse=prefix_reuse, setup=setup, session_type=session_type)
     kernels = setup.kernels.describe() if setup.kernels is not None else "PyTorch's kernels"
     return Served(model_name(source), model, tokenizer, template, frozenset(stop), engine,
-                  precision=setup.precision, kernels=kernels, path=str(prepared.loaded.path))
+                  precision=setup.precision, kernels=kernels, path=str(loaded.path))
 
 
 def describe(served: Served) -> str:

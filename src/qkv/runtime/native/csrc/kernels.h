@@ -238,6 +238,11 @@ LayerCall layer_call(int64_t C, const Tensor &spec, const std::vector<Tensor> &v
 void check_step(const LayerCall &call, int64_t M, const int64_t *positions, const int64_t *rows);
 
 // y (M, C) through the layer, in place; the cache rows take the new keys and values.
-void run_layer(const LayerCall &call, float *y, int64_t M, const int64_t *positions, const int64_t *rows);
+// part (tensor parallelism, qkv.runtime.tensor_parallel): WHOLE_LAYER, or ATTENTION_PART (y
+// becomes the attention's o_proj product, no shortcut: a rank's partial sum) or MLP_PART (the
+// feed-forward's down_proj product of y, no shortcut); the caller all-reduces and adds them.
+enum LayerPart : int64_t { WHOLE_LAYER = 0, ATTENTION_PART = 1, MLP_PART = 2 };
+void run_layer(const LayerCall &call, float *y, int64_t M, const int64_t *positions, const int64_t *rows,
+               int64_t part = WHOLE_LAYER);
 
 }  // namespace qkv

@@ -271,14 +271,17 @@ void check_step(const LayerCall &call, int64_t M, const int64_t *pos, const int6
               "qkv::decoder_layer: a position lies outside the KV cache");
 }
 
-void run_layer(const LayerCall &call, float *y, int64_t M, const int64_t *pos, const int64_t *row_of) {
+namespace {
+
+// res (M, C) = o_proj(attention(norm(y))); the cache rows take the new keys and values.
+void attention_part(const LayerCall &call, const float *y, float *res, int64_t M, const int64_t *pos,
+                    const int64_t *row_of) {
     const LayerDesc &L = call.L;
-    const int64_t C = call.C, H = L.heads, Hkv = L.kv_heads, D = L.head_dim, S = call.S, F = call.F;
+    const int64_t C = call.C, H = L.heads, Hkv = L.kv_heads, D = L.head_dim, S = call.S;
     const int64_t Q = H * D, KV = Hkv * D, P = Q + 2 * KV, W = S - 1;
     int64_t *ring = call.ring;
     std::vector<float> h(static_cast<size_t>(M * C)), proj(static_cast<size_t>(M * P)),
-        context(static_cast<size_t>(M * Q)), res(static_cast<size_t>(M * C));
-    // attention
+        context(static_cast<size_t>(M * Q));
     for (int64_t r = 0; r < M; r++) {
         if (L.attn_norm.kind != NO_NORM) normalize(L.attn_norm, y + r * C, h.data() + r * C);
         else std::copy(y + r * C, y + (r + 1) * C, h.data() + r * C);
@@ -343,9 +346,14 @@ void run_layer(const LayerCall &call, float *y, int64_t M, const int64_t *pos, c
                        L.sinks ? L.sinks + hq : nullptr, w.data());
         }
     });
-    apply(call.o, context.data(), res.data(), M);
-    add_shortcut(L.attn_post_norm, y, res.data(), M, C);
-    // feed-forward
+    apply(call.o, context.data(), res, M);
+}
+
+// res (M, C) = down_proj(activation(up(norm(y)))).
+void mlp_part(const LayerCall &call, const float *y, float *res, int64_t M) {
+    const LayerDesc &L = call.L;
+    const int64_t C = call.C, F = call.F;
+    std::vector<float> h(static_cast<size_t>(M * C));
     for (int64_t r = 0; r < M; r++) {
         if (L.mlp_norm.kind != NO_NORM) normalize(L.mlp_norm, y + r * C, h.data() + r * C);
         else std::copy(y + r * C, y + (r + 1) * C, h.data() + r * C);
@@ -353,8 +361,28 @@ void run_layer(const LayerCall &call, float *y, int64_t M, const int64_t *pos, c
     std::vector<float> hidden(static_cast<size_t>(M * call.up.N)), act(static_cast<size_t>(M * F));
     apply(call.up, h.data(), hidden.data(), M);
     for (int64_t r = 0; r < M; r++) activate(L.activation, L.gated, hidden.data() + r * call.up.N, act.data() + r * F, F);
-    apply(call.down, act.data(), res.data(), M);
-    add_shortcut(L.mlp_post_norm, y, res.data(), M, C);
+    apply(call.down, act.data(), res, M);
+}
+
+}  // namespace
+
+void run_layer(const LayerCall &call, float *y, int64_t M, const int64_t *pos, const int64_t *row_of, int64_t part) {
+    const int64_t C = call.C;
+    std::vector<float> res(static_cast<size_t>(M * C));
+    if (part != MLP_PART) {
+        attention_part(call, y, res.data(), M, pos, row_of);
+        if (part == ATTENTION_PART) {
+            std::copy(res.begin(), res.end(), y);
+            return;
+        }
+        add_shortcut(call.L.attn_post_norm, y, res.data(), M, C);
+    }
+    mlp_part(call, y, res.data(), M);
+    if (part == MLP_PART) {
+        std::copy(res.begin(), res.end(), y);
+        return;
+    }
+    add_shortcut(call.L.mlp_post_norm, y, res.data(), M, C);
 }
 
 namespace {
@@ -362,10 +390,11 @@ namespace {
 Tensor decoder_layer(Tensor x, Tensor spec, std::vector<Tensor> vectors, std::vector<Tensor> qkv,
                      std::vector<Tensor> o, std::vector<Tensor> up, std::vector<Tensor> down, Tensor k_cache,
                      Tensor v_cache, Tensor lengths, Tensor positions, std::optional<Tensor> rows,
-                     std::optional<Tensor> key_positions) {
+                     std::optional<Tensor> key_positions, int64_t part) {
     using torch::headeronly::ScalarType;
     check(x.dim() == 2 && x.scalar_type() == ScalarType::Float && x.is_contiguous(),
           "qkv::decoder_layer takes x (B, C) contiguous float32");
+    check(part >= WHOLE_LAYER && part <= MLP_PART, "qkv::decoder_layer: part is 0 (whole), 1 (attention) or 2 (MLP)");
     const int64_t M = x.size(0), C = x.size(1);
     const LayerCall call = layer_call(C, spec, vectors, qkv, o, up, down, k_cache, v_cache, lengths, key_positions);
     const int64_t *row_of = nullptr;  // row r of x is cache row rows[r] (or r)
@@ -382,7 +411,7 @@ Tensor decoder_layer(Tensor x, Tensor spec, std::vector<Tensor> vectors, std::ve
     Tensor out = torch::stable::new_empty(x, {M, C});
     float *y = static_cast<float *>(out.data_ptr());
     std::copy(static_cast<const float *>(x.data_ptr()), static_cast<const float *>(x.data_ptr()) + M * C, y);
-    run_layer(call, y, M, pos, row_of);
+    run_layer(call, y, M, pos, row_of, part);
     return out;
 }
 
@@ -392,7 +421,7 @@ Tensor decoder_layer(Tensor x, Tensor spec, std::vector<Tensor> vectors, std::ve
 STABLE_TORCH_LIBRARY_FRAGMENT(qkv, m) {
     m.def("decoder_layer(Tensor x, Tensor spec, Tensor[] vectors, Tensor[] qkv, Tensor[] o, Tensor[] up, "
           "Tensor[] down, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor(c!) lengths, Tensor positions, "
-          "Tensor? rows, Tensor(d!)? key_positions=None) -> Tensor");
+          "Tensor? rows, Tensor(d!)? key_positions=None, int part=0) -> Tensor");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(qkv, CPU, m) {
