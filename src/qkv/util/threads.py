@@ -20,6 +20,7 @@ Importing this module does not import torch; `apply_threads` does, when it is ca
 from __future__ import annotations
 
 import argparse
+import ctypes
 import math
 import os
 import time
@@ -100,3 +101,39 @@ def apply_threads(requested: int | None, *, processes: int = 1) -> int:
 
     torch.set_num_threads(threads)
     return threads
+
+
+def _openmp_runtime() -> ctypes.CDLL | None:
+    """The OpenMP runtime this process has loaded (torch's libgomp, or an LLVM/Intel libomp),
+    found in the process's own memory map; None where there is none or it cannot be read."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            paths = {line.split()[-1] for line in maps if line.rstrip().endswith((".so", ".so.1", ".so.5"))}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        if os.path.basename(path).startswith(("libgomp", "libiomp", "libomp")):
+            try:
+                return ctypes.CDLL(path)
+            except OSError:
+                continue
+    return None
+
+
+def release_openmp_workers() -> bool:
+    """Let the OpenMP worker threads of the calling thread's parallel regions exit
+    (`omp_pause_resource_all`); returns whether they could be released.
+
+    Why: a server prepares its model on one thread and decodes it on another (the engine's),
+    so two teams of OpenMP workers exist, and libgomp, seeing more of its threads than cores,
+    stops spinning between parallel regions ("throttled" waits, as OMP_WAIT_POLICY=passive
+    would): every one of a decode step's few hundred short regions then wakes its workers
+    through the kernel, 2-3x the step's time on two cores. The thread that hands the model to
+    another calls this, and the decoding thread's team is the only one left. A parallel region
+    the calling thread runs later starts its workers again."""
+    runtime = _openmp_runtime()
+    pause = getattr(runtime, "omp_pause_resource_all", None) if runtime is not None else None
+    if pause is None:
+        return False
+    pause.argtypes, pause.restype = [ctypes.c_int], ctypes.c_int
+    return pause(1) == 0  # omp_pause_soft: the threads go, the runtime stays usable

@@ -62,7 +62,7 @@ from qkv.models.decoder import CausalDecoder
 from qkv.serve.engine.prefill import Prefilling, next_piece
 from qkv.serve.engine.prefix_cache import RowPrefixes
 from qkv.serve.engine.stats import EngineStats
-from qkv.util.threads import FollowIdleCores
+from qkv.util.threads import FollowIdleCores, release_openmp_workers
 
 
 PREFILL_BUDGET = 256  # prompt tokens prefilled between two decode steps (qkv.serve.engine.prefill) ...
@@ -185,7 +185,11 @@ class Engine:
 
     # -- outside the engine thread -------------------------------------------------------
     def start(self) -> None:
+        """Start the engine thread; the calling thread (the one that prepared the model, as a
+        rule) lets its OpenMP workers go, so the engine's are the only team and keep spinning
+        between a step's parallel regions (qkv.util.threads.release_openmp_workers)."""
         self.session.__enter__()
+        release_openmp_workers()
         self._running = True
         self._thread = threading.Thread(target=self._run, name="qkv-engine", daemon=True)
         self._thread.start()
