@@ -3,7 +3,7 @@
     engine = Engine(model, max_batch=8, capacity=2048)
     engine.start()
     job = engine.submit(prompt_ids, max_tokens=64, sampling=Sampling(), stop_ids={eos}, emit=fn)
-    ...                      # emit(Token) per new token, then emit(Finished(reason)), after each step
+    ...                      # emit(Token) per new token, then emit(Finished(reason)), once per step
     Job(..., outbox=box)     # or: each step's events of all such jobs in one box.post(events)
     engine.submit_jobs([Job(...), Job(...)])   # several at once (all queued, or none)
     job.cancel()             # a closed connection: the slot is freed at the next step
@@ -17,7 +17,9 @@ the prompt with the fewest tokens left first
 is not stuck behind it. Then the decoding rows (only those) decode one token per step, each
 at its own position, all rows' tokens chosen in one pass (qkv.generation.sampling.choose_rows),
 and a request leaves as soon as it stops, reaches max_tokens or is cancelled. Each step's
-events are handed off once, after the step (an `Outbox` per event loop, or `emit` per job).
+events are handed off once (an `Outbox` per event loop, or `emit` per job), as soon as its
+tokens are chosen: the clients stream them while the decode call computes the next logits,
+rather than one step later (a request's first token comes one step sooner).
 Requests beyond the free slots wait in a bounded queue; `submit` refuses one more (EngineFull).
 
 A freed row keeps its keys and values: a new request takes the free row that shares the
@@ -145,7 +147,7 @@ class Job:
     last: int = 0
     generator: torch.Generator | None = None
     constraint: Constraint | None = None  # a grammar the reply must follow (response_format, tools)
-    outbox: Outbox | None = None  # None: `emit` is called on the engine thread, after each step
+    outbox: Outbox | None = None  # None: `emit` is called on the engine thread, once per step
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -303,11 +305,8 @@ class Engine:
         if not self.loop.running:
             return
         start = time.perf_counter()
-        choices = self.loop.step()  # each running row's next token, then one decode call for those going on
-        for choice in choices:  # (decoded tokens are no reusable prefix: qkv.runtime.reusable_prefix)
-            job = self._rows[choice.row]
-            assert job is not None
-            self._deliver(job, choice)
+        # each running row's next token, handed off before the decode call of those going on
+        choices = self.loop.step(chosen=self._deliver_all)
         elapsed = time.perf_counter() - start
         self.stats.steps += 1
         self.stats.tokens_per_second = len(choices) / elapsed if elapsed > 0 else 0.0
@@ -426,6 +425,15 @@ class Engine:
             return
         self.loop.start(row, logits, RowRequest(job.sampling, job.stop_ids, job.max_tokens, job.generator,
                                                 job.constraint, job.logprobs))
+
+    def _deliver_all(self, choices: list[StepToken]) -> None:
+        """This step's tokens to their jobs, handed off at once: the clients get them while the
+        next decode call runs (decoded tokens are no reusable prefix: qkv.runtime.reusable_prefix)."""
+        for choice in choices:
+            job = self._rows[choice.row]
+            assert job is not None
+            self._deliver(job, choice)
+        self._hand_off()
 
     def _deliver(self, job: Job, choice: StepToken) -> None:
         """Hand row `choice.row`'s new token to its job; a row that ended leaves the loop."""
