@@ -11,10 +11,10 @@
 
 The engine owns one `DecodeSession` of kind `SlotKVCache`: batch row r is slot r. A new
 request takes a free row, and its prompt is prefilled in pieces between decode steps, at
-most PREFILL_BUDGET prompt tokens per step (one PREFILL_ALIGN part while other rows decode),
-the prompt with the fewest tokens left first
-(qkv.serve.engine.prefill): a long prompt never stalls the running streams, and a short one
-is not stuck behind it. Then the decoding rows (only those) decode one token per step, each
+most PREFILL_BUDGET prompt tokens per step (one PREFILL_ALIGN part), the prompt with the
+fewest tokens left first (qkv.serve.engine.prefill): a long prompt never stalls the running
+streams, a short one is not stuck behind it, and of prompts that arrive together the first
+prefilled gets its first token after its own prefill, not after all of theirs. Then the decoding rows (only those) decode one token per step, each
 at its own position, all rows' tokens chosen in one pass (qkv.generation.sampling.choose_rows),
 and a request leaves as soon as it stops, reaches max_tokens or is cancelled. Each step's
 events are handed off once (an `Outbox` per event loop, or `emit` per job), as soon as its
@@ -67,8 +67,10 @@ from qkv.serve.engine.stats import EngineStats
 from qkv.util.threads import FollowIdleCores, release_openmp_workers
 
 
-PREFILL_BUDGET = 256  # prompt tokens prefilled between two decode steps (qkv.serve.engine.prefill) ...
-STREAMING_PREFILL_BUDGET = PREFILL_ALIGN  # ... and while some rows decode: one part, so no stream waits long
+# Prompt tokens prefilled between two decode steps (qkv.serve.engine.prefill): one part, so no
+# stream waits long for its next token, and a prompt prefilled hands its first token off at once
+# (with more, prompts that arrive together would all wait for the last of them).
+PREFILL_BUDGET = PREFILL_ALIGN
 
 
 class EngineFull(QkvError):
@@ -363,10 +365,9 @@ class Engine:
 
     def _prefill_pieces(self) -> None:
         """Prefill prompt pieces within the step's budget, the fewest tokens left first
-        (qkv.serve.engine.prefill); a prompt done joins the decode loop. While rows decode,
-        the budget is one part at most: a stream's next token waits for one part's prefill."""
-        budget = whole = (min(self.prefill_budget, STREAMING_PREFILL_BUDGET) if self.loop.running
-                          else self.prefill_budget)
+        (qkv.serve.engine.prefill); a prompt done joins the decode loop, and its first token
+        is chosen and handed off in this step's decode."""
+        budget = whole = self.prefill_budget
         while (piece := next_piece(self._prefilling, budget, first=budget == whole)) is not None:
             row, end = piece
             state = self._prefilling[row]
