@@ -72,3 +72,29 @@ def test_the_count_follows_the_load_while_a_process_lives(monkeypatch) -> None:
     assert slow.poll() == usable_cores()  # the first poll looks
     load[0] = float(usable_cores())
     assert slow.poll() == torch.get_num_threads() == usable_cores()  # not yet time to look again
+
+
+def test_release_openmp_workers_lets_the_calling_threads_team_go() -> None:
+    """A thread that ran a parallel region holds OpenMP workers (threads of this process);
+    release_openmp_workers ends them, and a later region starts them again and computes the
+    same sum (a fresh process: the count of its threads is this test's to read)."""
+    probe = """
+import os, torch
+from qkv.util.threads import release_openmp_workers
+torch.set_num_threads(3)
+before = len(os.listdir("/proc/self/task"))
+x = torch.arange(4_000_000, dtype=torch.float64)
+first = float(x.sin().sum())
+with_team = len(os.listdir("/proc/self/task"))
+released = release_openmp_workers()
+after = len(os.listdir("/proc/self/task"))
+again = float(x.sin().sum())
+print(before, with_team, released, after, first == again, len(os.listdir("/proc/self/task")))
+"""
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    before, with_team, released, after, same, restarted = result.stdout.split()
+    if released != "True":
+        pytest.skip("this torch's OpenMP runtime has no omp_pause_resource_all")
+    assert int(with_team) >= int(before) + 2  # two workers beside the calling thread
+    assert int(after) == int(with_team) - 2 and same == "True" and int(restarted) == int(with_team)

@@ -3,6 +3,7 @@
     loop = DecodeLoop(session)                        # a runtime session (qkv.runtime)
     loop.start(row, logits (V,), RowRequest(...))     # a row whose prompt is prefilled
     for choice in loop.step(): ...                    # each running row's next token, then one decode call
+    loop.step(chosen=deliver)                         # deliver(choices) runs before that decode call
 
 `qkv generate`, `qkv chat`, the Python API (`qkv.generation.stream`), `qkv explain
 --generate`, the server's engine and the benchmarks all run it, so one rule decides what a
@@ -22,7 +23,7 @@ Shape legend: V vocabulary, b running rows.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -150,9 +151,12 @@ class DecodeLoop:
         if self._rows.pop(row, None) is not None and self.session.decodes_rows:
             self.session.release_row(row)
 
-    def step(self) -> list[StepToken]:
+    def step(self, chosen: Callable[[list[StepToken]], None] | None = None) -> list[StepToken]:
         """Each running row's next token (`choose_rows`, all rows in one pass), then one
-        decode call for the rows that go on, which gives their next logits."""
+        decode call for the rows that go on, which gives their next logits. `chosen(choices)`
+        runs in between, the ended rows already finished: a server hands the tokens to its
+        clients while the step computes the next ones, not a step later. It may `finish` rows
+        (a row finished there is not decoded)."""
         running = self.running
         if not running:
             return []
@@ -173,14 +177,14 @@ class DecodeLoop:
             choosing.append(RowSampling(request.sampling, request.generator,
                                         None if state.counts is None else state.counts[None], forbidden))
         tokens = choose_rows(logits, choosing)  # (b,)
-        chosen = tokens.tolist()
+        picked = tokens.tolist()
         scores = self._scores(logits, tokens, states)
         choices = []
         for i, (row, state) in enumerate(zip(running, states)):
             if i in failed:
                 choices.append(StepToken(row, -1, end="error", message=failed[i]))
             else:
-                choices.append(_ended(row, state, chosen[i], *scores.get(i, (None, ()))))
+                choices.append(_ended(row, state, picked[i], *scores.get(i, (None, ()))))
         going = [c for c in choices if c.end is None]
         for choice in choices:
             if choice.end is not None:
@@ -188,6 +192,9 @@ class DecodeLoop:
             else:
                 self._last[choice.row] = choice.token
         self._batch = None
+        if chosen is not None:
+            chosen(choices)
+            going = [c for c in going if c.row in self._rows]
         if going:
             if self.session.decodes_rows:
                 rows = [c.row for c in going]

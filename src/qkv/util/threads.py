@@ -14,12 +14,17 @@ started while the machine was busy would run on one thread for its whole life.
 load average counts this process's own running threads too, it subtracts this process's
 own CPU use, averaged the way the kernel averages the load (over a minute).
 
+A process that prepares a model on one thread and decodes it on another (`qkv serve`)
+calls `release_openmp_workers` on the first when it hands the model over, so that only the
+decoding thread keeps a team of OpenMP workers (why: its docstring).
+
 Importing this module does not import torch; `apply_threads` does, when it is called.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import math
 import os
 import time
@@ -100,3 +105,42 @@ def apply_threads(requested: int | None, *, processes: int = 1) -> int:
 
     torch.set_num_threads(threads)
     return threads
+
+
+def _openmp_runtimes() -> list[ctypes.CDLL]:
+    """The OpenMP runtimes this process has loaded (torch's libgomp, an LLVM or Intel libomp),
+    found in the process's own memory map; none where it cannot be read."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            paths = {line.split()[-1] for line in maps if line.rstrip().endswith((".so", ".so.1", ".so.5"))}
+    except OSError:
+        return []
+    runtimes = []
+    for path in sorted(paths):
+        if os.path.basename(path).startswith(("libgomp", "libiomp", "libomp")):
+            try:
+                runtimes.append(ctypes.CDLL(path))
+            except OSError:
+                continue
+    return runtimes
+
+
+def release_openmp_workers() -> bool:
+    """Let the OpenMP worker threads of the calling thread's parallel regions exit
+    (`omp_pause_resource_all`, in every OpenMP runtime loaded); returns whether any could be.
+
+    Why: a server prepares its model on one thread and decodes it on another (the engine's),
+    so two teams of OpenMP workers exist, and libgomp, seeing more of its threads than cores,
+    stops spinning between parallel regions ("throttled" waits, as OMP_WAIT_POLICY=passive
+    would): every one of a decode step's few hundred short regions then wakes its workers
+    through the kernel, 2-3x the step's time on two cores. The thread that hands the model to
+    another calls this, and the decoding thread's team is the only one left. A parallel region
+    the calling thread runs later starts its workers again."""
+    released = False
+    for runtime in _openmp_runtimes():
+        pause = getattr(runtime, "omp_pause_resource_all", None)
+        if pause is None:
+            continue
+        pause.argtypes, pause.restype = [ctypes.c_int], ctypes.c_int
+        released = pause(1) == 0 or released  # omp_pause_soft: the threads go, the runtime stays usable
+    return released

@@ -184,3 +184,48 @@ def test_each_step_hands_off_every_jobs_events_at_once(tiny_folder: Path) -> Non
     tokens = [[e for e in post if not isinstance(e, Finished)] for post in outbox.posts]
     assert [len(t) for t in tokens] == [3] * 8  # one post per step, a token of every job in it
     assert got == [_alone(model, ids, 8, ()) for ids in prompts]
+
+
+def test_a_steps_tokens_are_handed_off_before_its_decode_call(tiny_folder: Path) -> None:
+    """The clients get a step's tokens while the next logits are computed, not a step later:
+    each post comes before the decode call that follows it (the answers as each prompt alone)."""
+    model, tokenizer = load_pretrained(tiny_folder)
+    prompts = [tokenizer.encode(p).ids for p in PROMPTS[:2]]
+    log: list[str] = []
+
+    class LoggingOutbox:
+        def post(self, events) -> None:
+            log.append("post")
+            for emit, event in events:
+                emit(event)
+
+    got: list[list[int]] = [[] for _ in prompts]
+    done = threading.Event()
+
+    def emitter(i: int):
+        def emit(item):
+            if isinstance(item, Finished):
+                if i == len(prompts) - 1:
+                    done.set()
+            else:
+                got[i].append(item.id)
+        return emit
+
+    engine = Engine(model, max_batch=2, capacity=64)
+    decode = engine.session.decode
+
+    def logged(tokens, rows=None):
+        log.append("decode")
+        return decode(tokens, rows=rows)
+
+    engine.session.decode = logged  # the real step, its calls written down
+    outbox = LoggingOutbox()  # one event loop's: one post a step for both jobs
+    engine.start()
+    try:
+        engine.submit_jobs([Job(ids, 5, Sampling(), frozenset(), emitter(i), outbox=outbox)
+                            for i, ids in enumerate(prompts)])
+        assert done.wait(60)
+    finally:
+        engine.stop()
+    assert got == [_alone(model, ids, 5, ()) for ids in prompts]
+    assert log == ["post", "decode"] * 4 + ["post"]  # 5 tokens: 4 decode calls, each after its tokens went out

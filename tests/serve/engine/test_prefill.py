@@ -63,7 +63,7 @@ def test_a_long_prompt_is_prefilled_between_the_steps_of_a_running_stream(tiny_f
 
 
 def test_while_streams_run_a_long_prompt_takes_one_part_per_step(tiny_folder: Path) -> None:
-    """The default budget (PREFILL_BUDGET) when nothing decodes, one part while a stream does."""
+    """The default budget (PREFILL_BUDGET): one part per step."""
     model, tokenizer = load_pretrained(tiny_folder)
     stream, long = tokenizer.encode("The cat").ids, _long_prompt(200, model.cfg.vocab_size)
     engine = Engine(model, max_batch=2, capacity=256)
@@ -119,3 +119,36 @@ def test_the_pieces_end_on_the_parts_a_whole_prefill_computes() -> None:
     assert next_piece({0: state(1000, 0)}, 40, first=False) is None  # unless something went before
     assert next_piece({0: state(1000, 0), 1: state(30, 0)}, 256, first=True) == (1, 30)  # the shortest first
     assert next_piece({0: state(300, 256)}, 256, first=True) == (0, 300)
+
+
+def test_of_prompts_sent_together_the_first_prefilled_gets_its_token_before_the_others_are(
+        tiny_folder: Path) -> None:
+    """Three prompts of more than half a part each, sent at once: one is prefilled per step, and
+    each one's first token is handed off before the next prompt's prefill (counted in the
+    engine's prefill pieces), not after all three; the answers are each prompt's alone."""
+    model, _ = load_pretrained(tiny_folder)
+    prompts = {name: _long_prompt(n, model.cfg.vocab_size) for name, n in (("a", 40), ("b", 41), ("c", 42))}
+    engine = Engine(model, max_batch=3, capacity=256)
+    pieces_at_first: dict[str, int] = {}
+    tokens: dict[str, list[int]] = {name: [] for name in prompts}
+    done = threading.Event()
+
+    def emitter(name: str):
+        def emit(event) -> None:
+            if isinstance(event, Finished):
+                if len(tokens) == 3 and all(len(t) == 3 for t in tokens.values()):
+                    done.set()
+                return
+            pieces_at_first.setdefault(name, engine.stats.prefill_chunks)
+            tokens[name].append(event.id)
+        return emit
+
+    engine.start()
+    try:
+        engine.submit_jobs([Job(ids, 3, Sampling(), frozenset(), emitter(name)) for name, ids in prompts.items()])
+        assert done.wait(60)
+    finally:
+        engine.stop()
+    assert sorted(pieces_at_first.values()) == [1, 2, 3]  # the fewest tokens left first: a, then b, then c
+    assert pieces_at_first["a"] == 1
+    assert tokens == {name: _alone(model, ids, 3, ()) for name, ids in prompts.items()}

@@ -3,7 +3,7 @@
     engine = Engine(model, max_batch=8, capacity=2048)
     engine.start()
     job = engine.submit(prompt_ids, max_tokens=64, sampling=Sampling(), stop_ids={eos}, emit=fn)
-    ...                      # emit(Token) per new token, then emit(Finished(reason)), after each step
+    ...                      # emit(Token) per new token, then emit(Finished(reason)), once per step
     Job(..., outbox=box)     # or: each step's events of all such jobs in one box.post(events)
     engine.submit_jobs([Job(...), Job(...)])   # several at once (all queued, or none)
     job.cancel()             # a closed connection: the slot is freed at the next step
@@ -11,13 +11,15 @@
 
 The engine owns one `DecodeSession` of kind `SlotKVCache`: batch row r is slot r. A new
 request takes a free row, and its prompt is prefilled in pieces between decode steps, at
-most PREFILL_BUDGET prompt tokens per step (one PREFILL_ALIGN part while other rows decode),
-the prompt with the fewest tokens left first
-(qkv.serve.engine.prefill): a long prompt never stalls the running streams, and a short one
-is not stuck behind it. Then the decoding rows (only those) decode one token per step, each
+most PREFILL_BUDGET prompt tokens per step (one PREFILL_ALIGN part), the prompt with the
+fewest tokens left first (qkv.serve.engine.prefill): a long prompt never stalls the running
+streams, a short one is not stuck behind it, and of prompts that arrive together the first
+prefilled gets its first token after its own prefill, not after all of theirs. Then the decoding rows (only those) decode one token per step, each
 at its own position, all rows' tokens chosen in one pass (qkv.generation.sampling.choose_rows),
 and a request leaves as soon as it stops, reaches max_tokens or is cancelled. Each step's
-events are handed off once, after the step (an `Outbox` per event loop, or `emit` per job).
+events are handed off once (an `Outbox` per event loop, or `emit` per job), as soon as its
+tokens are chosen: the clients stream them while the decode call computes the next logits,
+rather than one step later (a request's first token comes one step sooner).
 Requests beyond the free slots wait in a bounded queue; `submit` refuses one more (EngineFull).
 
 A freed row keeps its keys and values: a new request takes the free row that shares the
@@ -62,11 +64,13 @@ from qkv.models.decoder import CausalDecoder
 from qkv.serve.engine.prefill import Prefilling, next_piece
 from qkv.serve.engine.prefix_cache import RowPrefixes
 from qkv.serve.engine.stats import EngineStats
-from qkv.util.threads import FollowIdleCores
+from qkv.util.threads import FollowIdleCores, release_openmp_workers
 
 
-PREFILL_BUDGET = 256  # prompt tokens prefilled between two decode steps (qkv.serve.engine.prefill) ...
-STREAMING_PREFILL_BUDGET = PREFILL_ALIGN  # ... and while some rows decode: one part, so no stream waits long
+# Prompt tokens prefilled between two decode steps (qkv.serve.engine.prefill): one part, so no
+# stream waits long for its next token, and a prompt prefilled hands its first token off at once
+# (with more, prompts that arrive together would all wait for the last of them).
+PREFILL_BUDGET = PREFILL_ALIGN
 
 
 class EngineFull(QkvError):
@@ -145,7 +149,7 @@ class Job:
     last: int = 0
     generator: torch.Generator | None = None
     constraint: Constraint | None = None  # a grammar the reply must follow (response_format, tools)
-    outbox: Outbox | None = None  # None: `emit` is called on the engine thread, after each step
+    outbox: Outbox | None = None  # None: `emit` is called on the engine thread, once per step
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -187,7 +191,11 @@ class Engine:
 
     # -- outside the engine thread -------------------------------------------------------
     def start(self) -> None:
+        """Start the engine thread; the calling thread (the one that prepared the model, as a
+        rule) lets its OpenMP workers go, so the engine's are the only team and keep spinning
+        between a step's parallel regions (qkv.util.threads.release_openmp_workers)."""
         self.session.__enter__()
+        release_openmp_workers()
         self._running = True
         self._thread = threading.Thread(target=self._run, name="qkv-engine", daemon=True)
         self._thread.start()
@@ -301,11 +309,8 @@ class Engine:
         if not self.loop.running:
             return
         start = time.perf_counter()
-        choices = self.loop.step()  # each running row's next token, then one decode call for those going on
-        for choice in choices:  # (decoded tokens are no reusable prefix: qkv.runtime.reusable_prefix)
-            job = self._rows[choice.row]
-            assert job is not None
-            self._deliver(job, choice)
+        # each running row's next token, handed off before the decode call of those going on
+        choices = self.loop.step(chosen=self._deliver_all)
         elapsed = time.perf_counter() - start
         self.stats.steps += 1
         self.stats.tokens_per_second = len(choices) / elapsed if elapsed > 0 else 0.0
@@ -362,10 +367,9 @@ class Engine:
 
     def _prefill_pieces(self) -> None:
         """Prefill prompt pieces within the step's budget, the fewest tokens left first
-        (qkv.serve.engine.prefill); a prompt done joins the decode loop. While rows decode,
-        the budget is one part at most: a stream's next token waits for one part's prefill."""
-        budget = whole = (min(self.prefill_budget, STREAMING_PREFILL_BUDGET) if self.loop.running
-                          else self.prefill_budget)
+        (qkv.serve.engine.prefill); a prompt done joins the decode loop, and its first token
+        is chosen and handed off in this step's decode."""
+        budget = whole = self.prefill_budget
         while (piece := next_piece(self._prefilling, budget, first=budget == whole)) is not None:
             row, end = piece
             state = self._prefilling[row]
@@ -424,6 +428,15 @@ class Engine:
             return
         self.loop.start(row, logits, RowRequest(job.sampling, job.stop_ids, job.max_tokens, job.generator,
                                                 job.constraint, job.logprobs))
+
+    def _deliver_all(self, choices: list[StepToken]) -> None:
+        """This step's tokens to their jobs, handed off at once: the clients get them while the
+        next decode call runs (decoded tokens are no reusable prefix: qkv.runtime.reusable_prefix)."""
+        for choice in choices:
+            job = self._rows[choice.row]
+            assert job is not None
+            self._deliver(job, choice)
+        self._hand_off()
 
     def _deliver(self, job: Job, choice: StepToken) -> None:
         """Hand row `choice.row`'s new token to its job; a row that ended leaves the loop."""

@@ -230,14 +230,17 @@ async def _events(answer: Answer, jobs: list[Job], queue: asyncio.Queue[tuple[in
     open_jobs = len(jobs)
     checked = time.monotonic()
     while open_jobs:
-        if request is not None and time.monotonic() - checked >= DISCONNECT_POLL_S:
-            if await request.is_disconnected():
-                return
-            checked = time.monotonic()
-        try:
-            index, event = await asyncio.wait_for(queue.get(), timeout=DISCONNECT_POLL_S)
-        except asyncio.TimeoutError:
-            continue
+        if request is None:  # a stream: its response notices a closed connection itself
+            index, event = await queue.get()  # no timer per token (a wait_for's is most of the loop's work)
+        else:
+            if time.monotonic() - checked >= DISCONNECT_POLL_S:
+                if await request.is_disconnected():
+                    return
+                checked = time.monotonic()
+            try:
+                index, event = await asyncio.wait_for(queue.get(), timeout=DISCONNECT_POLL_S)
+            except asyncio.TimeoutError:
+                continue
         choice = answer.choices[index]
         choice.take(event)
         if isinstance(event, Finished):
