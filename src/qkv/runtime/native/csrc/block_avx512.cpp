@@ -14,6 +14,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include "block_x86.h"
+#include "block_tiles_x86.h"
 
 namespace qkv {
 namespace blocks {
@@ -27,6 +28,7 @@ struct Avx512 {
 
 RowDot avx512_dot(int64_t type) { return dot_for<Avx512>(type); }
 RowsDot avx512_rows(int64_t type) { return rows_for<Avx512>(type); }
+Tile avx512_tile(int64_t type) { return tile_for<Avx512, 4, 4>(type); }
 
 }  // namespace blocks
 }  // namespace qkv

@@ -17,6 +17,7 @@
 //
 // Shape legend: M rows of x, K inputs, N outputs.
 #include "block_format.h"
+#include "block_tiles.h"
 #include "kernels.h"
 
 namespace qkv {
@@ -66,23 +67,33 @@ void apply_blocks(const Linear &L, const float *x, float *y, int64_t M) {
         const RowsDot several = rows_of(part.type, variant);
         const XRow *xs = traits_of(part.type)->activation == PER32 ? rows32.data() : rows256.data();
         const float *bias = L.bias ? L.bias + first : nullptr;
-        int64_t n = n0;
-        if (several != nullptr)
-            for (; n + FOUR <= n1; n += FOUR) {
+        // outputs [na, nb) of rows [ma, mb) by the one-row kernels
+        auto one_row = [&](int64_t na, int64_t nb, int64_t ma, int64_t mb) {
+            int64_t n = na;
+            if (several != nullptr)
+                for (; n + FOUR <= nb; n += FOUR) {
+                    const uint8_t *row = part.blocks + n * part.row_bytes;
+                    for (int64_t m = ma; m < mb; m++) {
+                        float s[FOUR];
+                        several(row, part.row_bytes, xs[m], L.K, s);
+                        for (int r = 0; r < FOUR; r++) y[m * L.N + first + n + r] = bias ? s[r] + bias[n + r] : s[r];
+                    }
+                }
+            for (; n < nb; n++) {
                 const uint8_t *row = part.blocks + n * part.row_bytes;
-                for (int64_t m = 0; m < M; m++) {
-                    float s[FOUR];
-                    several(row, part.row_bytes, xs[m], L.K, s);
-                    for (int r = 0; r < FOUR; r++) y[m * L.N + first + n + r] = bias ? s[r] + bias[n + r] : s[r];
+                for (int64_t m = ma; m < mb; m++) {
+                    const float s = dot(row, xs[m], L.K);
+                    y[m * L.N + first + n] = bias ? s + bias[n] : s;
                 }
             }
-        for (; n < n1; n++) {
-            const uint8_t *row = part.blocks + n * part.row_bytes;
-            for (int64_t m = 0; m < M; m++) {
-                const float s = dot(row, xs[m], L.K);
-                y[m * L.N + first + n] = bias ? s + bias[n] : s;
-            }
-        }
+        };
+        // whole tiles where the variant has them (block_tiles.h: the same bits), the one-row kernels around them
+        const Tile tile = tile_of(part.type, variant);
+        const int64_t m_tiled = tile.run ? M / tile.mr * tile.mr : 0;
+        const int64_t n_tiled = m_tiled > 0 ? n0 + (n1 - n0) / tile.nr * tile.nr : n0;
+        if (n_tiled > n0) run_tiles(tile, part.blocks, part.row_bytes, n0, n_tiled, xs, m_tiled, L.K, bias, y + first, L.N);
+        one_row(n0, n_tiled, m_tiled, M);
+        one_row(n_tiled, n1, 0, M);
     });
 }
 
