@@ -54,7 +54,7 @@ HERE = Path(__file__).parent / "csrc"  # the C++ sources, shipped with the packa
 SOURCES: tuple[str, ...] = ("products.cpp", "products_x86.cpp", "attention.cpp", "layer.cpp", "stack.cpp",
                             "block_format.cpp", "block_products.cpp", "block_tiles.cpp", "block_avx2.cpp", "block_avx512.cpp",
                             "quantized_attention.cpp")
-HEADERS: tuple[str, ...] = ("kernels.h", "block_format.h", "block_x86.h", "block_tiles.h", "block_tiles_x86.h", "quantized_attention_simd.h")
+HEADERS: tuple[str, ...] = ("kernels.h", "block_format.h", "block_x86.h", "block_tiles.h", "block_tiles_x86.h", "block_tiles_avx512.h", "quantized_attention_simd.h")
 FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-ffp-contract=off", "-Wall", "-Wextra")
 VARIANTS = ("generic", "avx2", "avx512")  # slowest first, the names qkv::set_variant takes
 VARIANT_NAMES = {"generic": "generic C++", "avx2": "AVX2", "avx512": "AVX-512 VNNI"}

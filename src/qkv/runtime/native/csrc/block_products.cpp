@@ -62,38 +62,33 @@ void apply_blocks(const Linear &L, const float *x, float *y, int64_t M) {
         if (per32) rows32[m] = row_of(r32, m);
         if (per256) rows256[m] = row_of(r256, m);
     }
+    PreparedParts prepared;
+    prepare_parts(L, rows32.data(), rows256.data(), M, variant, prepared);
     for_each_part(L, [&](const BlockPart &part, int64_t n0, int64_t n1, int64_t first) {
         const RowDot dot = dot_of(part.type, variant);
         const RowsDot several = rows_of(part.type, variant);
         const XRow *xs = traits_of(part.type)->activation == PER32 ? rows32.data() : rows256.data();
         const float *bias = L.bias ? L.bias + first : nullptr;
-        // outputs [na, nb) of rows [ma, mb) by the one-row kernels
-        auto one_row = [&](int64_t na, int64_t nb, int64_t ma, int64_t mb) {
-            int64_t n = na;
-            if (several != nullptr)
-                for (; n + FOUR <= nb; n += FOUR) {
-                    const uint8_t *row = part.blocks + n * part.row_bytes;
-                    for (int64_t m = ma; m < mb; m++) {
-                        float s[FOUR];
-                        several(row, part.row_bytes, xs[m], L.K, s);
-                        for (int r = 0; r < FOUR; r++) y[m * L.N + first + n + r] = bias ? s[r] + bias[n + r] : s[r];
-                    }
-                }
-            for (; n < nb; n++) {
+        // whole tiles where the variant has them (block_tiles.h: the same bits), the one-row kernels past them
+        const Tile tile = tile_of(part.type, variant);
+        int64_t n = tile.run && M >= TILE_ROWS ? n0 + (n1 - n0) / tile.nr * tile.nr : n0;
+        if (n > n0) run_tiles(tile, part.blocks, part.row_bytes, n0, n, xs, M, L.K, prepared.at[&part - L.parts], bias, y + first, L.N);
+        if (several != nullptr)
+            for (; n + FOUR <= n1; n += FOUR) {
                 const uint8_t *row = part.blocks + n * part.row_bytes;
-                for (int64_t m = ma; m < mb; m++) {
-                    const float s = dot(row, xs[m], L.K);
-                    y[m * L.N + first + n] = bias ? s + bias[n] : s;
+                for (int64_t m = 0; m < M; m++) {
+                    float s[FOUR];
+                    several(row, part.row_bytes, xs[m], L.K, s);
+                    for (int r = 0; r < FOUR; r++) y[m * L.N + first + n + r] = bias ? s[r] + bias[n + r] : s[r];
                 }
             }
-        };
-        // whole tiles where the variant has them (block_tiles.h: the same bits), the one-row kernels around them
-        const Tile tile = tile_of(part.type, variant);
-        const int64_t m_tiled = tile.run ? M / tile.mr * tile.mr : 0;
-        const int64_t n_tiled = m_tiled > 0 ? n0 + (n1 - n0) / tile.nr * tile.nr : n0;
-        if (n_tiled > n0) run_tiles(tile, part.blocks, part.row_bytes, n0, n_tiled, xs, m_tiled, L.K, bias, y + first, L.N);
-        one_row(n0, n_tiled, m_tiled, M);
-        one_row(n_tiled, n1, 0, M);
+        for (; n < n1; n++) {
+            const uint8_t *row = part.blocks + n * part.row_bytes;
+            for (int64_t m = 0; m < M; m++) {
+                const float s = dot(row, xs[m], L.K);
+                y[m * L.N + first + n] = bias ? s + bias[n] : s;
+            }
+        }
     });
 }
 

@@ -21,71 +21,114 @@ namespace blocks {
 namespace {
 
 // -- 32-blocks: dot32's two accumulators (even blocks, odd blocks) and offsets per output ----
-template <int MR, int NR>
-struct Acc32 {
-    __m256 acc[MR][NR];
-    float offset[MR][NR];
+// A chunk of CHUNK blocks of the NR rows is unpacked once, then every row of the band takes it
+// with its accumulators in registers.
+constexpr int64_t CHUNK = 8;
+
+template <int64_t T, int NR, bool VNNI>
+struct Chunk32 {
+    __m256i u[CHUNK][NR];  // the codes a dot product multiplies: unsigned (minimum types; VNNI: w + c), or |w|
+    __m256i w[CHUNK][NR];  // the signed codes (their signs), without VNNI
+    __m256 dw[CHUNK][NR];  // half(d) in every lane
+    float mw[CHUNK][NR];   // half(m) (minimum types)
 };
 
-// The signed codes' int32 lanes sum(w x) as block32 computes them (|w| times sign(w) x): the
-// same integers, whatever instructions give them.
-template <class S, int64_t T>
-inline __m256i signed_dots(__m256i w, __m256i magnitude, __m256i x) {
-    return S::dot4(magnitude, _mm256_sign_epi8(x, w));
-}
+// VNNI's signed types: u = w + c (unsigned) and the activations' c sum4(x) taken off again.
+template <int64_t T>
+constexpr int vnni_offset() { return T == Q4_0 ? 8 : T == Q5_0 ? 16 : 128; }
 
-// One 32-block g of NR weight rows into one accumulator set, for MR rows of x.
-template <class S, int64_t T, int MR, int NR>
-inline __attribute__((always_inline)) void step32(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t g,
-                                                 Acc32<MR, NR> &a) {
+template <int64_t T, int NR, bool VNNI>
+inline void unpack32(const uint8_t *row, int64_t row_bytes, int64_t g0, int64_t count, Chunk32<T, NR, VNNI> &c) {
     constexpr bool minimum = T == Q4_1 || T == Q5_1;
     constexpr int64_t Z = sizeof(typename Block32<T>::B);
-    __m256i w[NR], magnitude[NR];
-    __m256 dw[NR];
-    float mw[NR];
-    for (int n = 0; n < NR; n++) {
-        const uint8_t *b = row + n * row_bytes + g * Z;
-        w[n] = codes32<T>(b);
-        if constexpr (!minimum) magnitude[n] = _mm256_sign_epi8(w[n], w[n]);
-        uint16_t d;
-        memcpy(&d, b, sizeof d);
-        dw[n] = _mm256_set1_ps(half(d));
-        if constexpr (minimum) {
-            uint16_t m;
-            memcpy(&m, b + 2, sizeof m);
-            mw[n] = half(m);
-        }
-    }
-    for (int m = 0; m < MR; m++) {
-        const __m256i x = load(xs[m].q + 32 * g);
-        const __m256 dx = _mm256_set1_ps(xs[m].d[g]);
+    for (int64_t j = 0; j < count; j++)
         for (int n = 0; n < NR; n++) {
-            const __m256i dots = minimum ? S::dot4(w[n], x) : signed_dots<S, T>(w[n], magnitude[n], x);
-            // half(d) * dx in every lane: the scalar product block32 broadcasts
-            a.acc[m][n] = _mm256_fmadd_ps(_mm256_mul_ps(dw[n], dx), _mm256_cvtepi32_ps(dots), a.acc[m][n]);
-            if constexpr (minimum) a.offset[m][n] += mw[n] * xs[m].s[g];
+            const uint8_t *b = row + n * row_bytes + (g0 + j) * Z;
+            const __m256i w = codes32<T>(b);
+            if constexpr (minimum) c.u[j][n] = w;
+            else if constexpr (VNNI) c.u[j][n] = _mm256_add_epi8(w, _mm256_set1_epi8(static_cast<char>(vnni_offset<T>())));
+            else {
+                c.u[j][n] = _mm256_sign_epi8(w, w);
+                c.w[j][n] = w;
+            }
+            uint16_t d;
+            memcpy(&d, b, sizeof d);
+            c.dw[j][n] = _mm256_set1_ps(half(d));
+            if constexpr (minimum) {
+                uint16_t m;
+                memcpy(&m, b + 2, sizeof m);
+                c.mw[j][n] = half(m);
+            }
         }
+}
+
+// Block g0 + j of the chunk into one accumulator set of row x: block32's operations (the int32
+// lanes sum(w x) by whichever instructions, the same integers).
+template <class S, int64_t T, int NR, bool VNNI>
+inline __attribute__((always_inline)) void take32(const Chunk32<T, NR, VNNI> &c, int64_t j, const XRow &x, int64_t g,
+                                                 __m256 *acc, float *offset) {
+    constexpr bool minimum = T == Q4_1 || T == Q5_1;
+    const __m256i codes = load(x.q + 32 * g);
+    const __m256 dx = _mm256_set1_ps(x.d[g]);
+    [[maybe_unused]] __m256i base;  // VNNI: -c sum4(x) in each lane
+    if constexpr (VNNI && !minimum)
+        base = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                S::dot4(_mm256_set1_epi8(static_cast<char>(vnni_offset<T>())), codes));
+    for (int n = 0; n < NR; n++) {
+        __m256i dots;
+        if constexpr (minimum) dots = S::dot4(c.u[j][n], codes);
+        else if constexpr (VNNI) dots = _mm256_dpbusd_epi32(base, c.u[j][n], codes);
+        else dots = S::dot4(c.u[j][n], _mm256_sign_epi8(codes, c.w[j][n]));
+        // half(d) * dx in every lane: the scalar product block32 broadcasts
+        acc[n] = _mm256_fmadd_ps(_mm256_mul_ps(c.dw[j][n], dx), _mm256_cvtepi32_ps(dots), acc[n]);
+        if constexpr (minimum) offset[n] += c.mw[j][n] * x.s[g];
     }
 }
 
-template <class S, int64_t T, int MR, int NR>
-void tile32(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t K, float *out, int64_t ldo) {
+template <class S, int64_t T, int NR, bool VNNI>
+void tile32(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t M, int64_t K, const void *, float *out, int64_t ldo) {
     const int64_t G = K / 32;
-    Acc32<MR, NR> even, odd;
-    for (int m = 0; m < MR; m++)
+    __m256 acc[BAND][2][NR];
+    float offset[BAND][2][NR];
+    for (int64_t m = 0; m < M; m++)
         for (int n = 0; n < NR; n++) {
-            even.acc[m][n] = odd.acc[m][n] = _mm256_setzero_ps();
-            even.offset[m][n] = odd.offset[m][n] = 0.f;
+            acc[m][0][n] = acc[m][1][n] = _mm256_setzero_ps();
+            offset[m][0][n] = offset[m][1][n] = 0.f;
         }
-    int64_t g = 0;
-    for (; g + 2 <= G; g += 2) {
-        step32<S, T, MR, NR>(row, row_bytes, xs, g, even);
-        step32<S, T, MR, NR>(row, row_bytes, xs, g + 1, odd);
+    Chunk32<T, NR, VNNI> c;
+    for (int64_t g0 = 0; g0 < G; g0 += CHUNK) {  // g0 even: block g into accumulator g % 2, as dot32
+        const int64_t count = std::min(CHUNK, G - g0);
+        unpack32<T, NR, VNNI>(row, row_bytes, g0, count, c);
+        for (int64_t m = 0; m < M; m++) {
+            __m256 even[NR], odd[NR];
+            float even_offset[NR], odd_offset[NR];
+            for (int n = 0; n < NR; n++) {
+                even[n] = acc[m][0][n], odd[n] = acc[m][1][n];
+                even_offset[n] = offset[m][0][n], odd_offset[n] = offset[m][1][n];
+            }
+            int64_t j = 0;
+            if (count == CHUNK) {
+#pragma GCC unroll 4
+                for (; j < CHUNK; j += 2) {
+                    take32<S, T, NR, VNNI>(c, j, xs[m], g0 + j, even, even_offset);
+                    take32<S, T, NR, VNNI>(c, j + 1, xs[m], g0 + j + 1, odd, odd_offset);
+                }
+            } else {
+                for (; j + 2 <= count; j += 2) {
+                    take32<S, T, NR, VNNI>(c, j, xs[m], g0 + j, even, even_offset);
+                    take32<S, T, NR, VNNI>(c, j + 1, xs[m], g0 + j + 1, odd, odd_offset);
+                }
+                if (j < count) take32<S, T, NR, VNNI>(c, j, xs[m], g0 + j, even, even_offset);
+            }
+            for (int n = 0; n < NR; n++) {
+                acc[m][0][n] = even[n], acc[m][1][n] = odd[n];
+                offset[m][0][n] = even_offset[n], offset[m][1][n] = odd_offset[n];
+            }
+        }
     }
-    if (g < G) step32<S, T, MR, NR>(row, row_bytes, xs, g, even);
-    for (int m = 0; m < MR; m++)
+    for (int64_t m = 0; m < M; m++)
         for (int n = 0; n < NR; n++)
-            out[m * ldo + n] = hsum(_mm256_add_ps(even.acc[m][n], odd.acc[m][n])) + (even.offset[m][n] + odd.offset[m][n]);
+            out[m * ldo + n] = hsum(_mm256_add_ps(acc[m][0][n], acc[m][1][n])) + (offset[m][0][n] + offset[m][1][n]);
 }
 
 // -- K-quant super-blocks: the 256 codes as 8 vectors of 32 (vector t meets the activations'
@@ -163,80 +206,95 @@ inline void unpack256(const uint8_t *p, Unpacked256 &u) {
     }
 }
 
-template <int MR, int NR>
-struct Acc256 {
-    __m256 acc[MR][NR], mins[MR][NR];  // Q2_K's minimums (Q3_K: zero, as dot_k2 keeps them)
-    __m128 mins4[MR][NR];              // Q5_K's minimums, as dot_k4's
-};
-
-template <class S, int64_t T, int MR, int NR>
-void tile256(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t K, float *out, int64_t ldo) {
-    constexpr int64_t Z = T == Q6_K ? sizeof(BlockQ6_K) : T == Q5_K ? sizeof(BlockQ5_K) : T == Q3_K ? sizeof(BlockQ3_K) : sizeof(BlockQ2_K);
-    Acc256<MR, NR> a;
-    for (int m = 0; m < MR; m++)
+// One super-block i of the NR rows (unpacked) against row x: sumi per row as the one-row kernel's
+// (VNNI: vpdpwssd adds what vpmaddwd + vpaddd add), then its float operations.
+template <int64_t T, int NR, bool VNNI>
+inline __attribute__((always_inline)) void take256(const Unpacked256 *u, const XRow &x, int64_t i, __m256 *acc,
+                                                  __m256 *mins, __m128 *mins4) {
+    const int8_t *c = x.q + 256 * i;
+    const __m256i sums = load(x.sums + 16 * i);
+    const float dx = x.d[i];
+    __m256i sumi[NR];
+    for (int n = 0; n < NR; n++) sumi[n] = _mm256_setzero_si256();
+    for (int t = 0; t < 8; t++) {
+        const __m256i codes = load(c + 32 * t);
         for (int n = 0; n < NR; n++) {
-            a.acc[m][n] = a.mins[m][n] = _mm256_setzero_ps();
-            a.mins4[m][n] = _mm_setzero_ps();
+            const __m256i p16 = _mm256_maddubs_epi16(u[n].q[t], codes);
+            if constexpr (VNNI) sumi[n] = _mm256_dpwssd_epi32(sumi[n], p16, u[n].scales[t]);
+            else sumi[n] = _mm256_add_epi32(sumi[n], _mm256_madd_epi16(p16, u[n].scales[t]));
+        }
+    }
+    for (int n = 0; n < NR; n++) {
+        // Q6_K / Q3_K: the codes' offset (32, 4) times sum(scale * the 16-sums), taken off (extra holds -32 or -4 times the scales)
+        if constexpr (T == Q6_K || T == Q3_K) {
+            if constexpr (VNNI) sumi[n] = _mm256_dpwssd_epi32(sumi[n], sums, u[n].extra);
+            else sumi[n] = _mm256_add_epi32(sumi[n], _mm256_madd_epi16(sums, u[n].extra));
+        }
+        if constexpr (T == Q2_K)
+            mins[n] = _mm256_fmadd_ps(_mm256_set1_ps(u[n].dmin * dx), _mm256_cvtepi32_ps(_mm256_madd_epi16(u[n].extra, sums)), mins[n]);
+        if constexpr (T == Q5_K) {
+            const __m128i sums32 = _mm_hadd_epi16(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
+            const __m128i msum = _mm_madd_epi16(_mm256_extracti128_si256(u[n].extra, 1), sums32);
+            mins4[n] = _mm_fmadd_ps(_mm_set1_ps(u[n].dmin * dx), _mm_cvtepi32_ps(msum), mins4[n]);
+        }
+        acc[n] = _mm256_fmadd_ps(_mm256_set1_ps(u[n].d * dx), _mm256_cvtepi32_ps(sumi[n]), acc[n]);
+    }
+}
+
+template <int64_t T, int NR, bool VNNI>
+void tile256(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t M, int64_t K, const void *, float *out, int64_t ldo) {
+    constexpr int64_t Z = T == Q6_K ? sizeof(BlockQ6_K) : T == Q5_K ? sizeof(BlockQ5_K) : T == Q3_K ? sizeof(BlockQ3_K) : sizeof(BlockQ2_K);
+    constexpr bool has_mins = T == Q2_K || T == Q3_K;  // dot_k2's second accumulator (Q3_K's stays zero)
+    __m256 acc[BAND][NR], mins[has_mins ? BAND : 1][NR];
+    __m128 mins4[T == Q5_K ? BAND : 1][NR];
+    for (int64_t m = 0; m < M; m++)
+        for (int n = 0; n < NR; n++) {
+            acc[m][n] = _mm256_setzero_ps();
+            if constexpr (has_mins) mins[m][n] = _mm256_setzero_ps();
+            if constexpr (T == Q5_K) mins4[m][n] = _mm_setzero_ps();
         }
     Unpacked256 u[NR];
     for (int64_t i = 0; i < K / 256; i++) {
-        for (int n = 0; n < NR; n++) unpack256<T>(row + n * row_bytes + i * Z, u[n]);
-        for (int m = 0; m < MR; m++) {
-            const int8_t *c = xs[m].q + 256 * i;
-            const __m256i sums = load(xs[m].sums + 16 * i);
-            const float dx = xs[m].d[i];
-            __m256i sumi[NR];
-            for (int n = 0; n < NR; n++) sumi[n] = _mm256_setzero_si256();
-            for (int t = 0; t < 8; t++) {
-                const __m256i x = load(c + 32 * t);
-                for (int n = 0; n < NR; n++)
-                    sumi[n] = _mm256_add_epi32(sumi[n], _mm256_madd_epi16(_mm256_maddubs_epi16(u[n].q[t], x), u[n].scales[t]));
-            }
-            for (int n = 0; n < NR; n++) {
-                if constexpr (T == Q6_K) sumi[n] = _mm256_sub_epi32(sumi[n], _mm256_slli_epi32(_mm256_madd_epi16(sums, u[n].extra), 5));
-                if constexpr (T == Q3_K) sumi[n] = _mm256_sub_epi32(sumi[n], _mm256_slli_epi32(_mm256_madd_epi16(sums, u[n].extra), 2));
-                if constexpr (T == Q2_K)
-                    a.mins[m][n] = _mm256_fmadd_ps(_mm256_set1_ps(u[n].dmin * dx), _mm256_cvtepi32_ps(_mm256_madd_epi16(u[n].extra, sums)),
-                                                   a.mins[m][n]);
-                if constexpr (T == Q5_K) {
-                    const __m128i sums32 = _mm_hadd_epi16(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
-                    const __m128i msum = _mm_madd_epi16(_mm256_extracti128_si256(u[n].extra, 1), sums32);
-                    a.mins4[m][n] = _mm_fmadd_ps(_mm_set1_ps(u[n].dmin * dx), _mm_cvtepi32_ps(msum), a.mins4[m][n]);
-                }
-                a.acc[m][n] = _mm256_fmadd_ps(_mm256_set1_ps(u[n].d * dx), _mm256_cvtepi32_ps(sumi[n]), a.acc[m][n]);
-            }
+        for (int n = 0; n < NR; n++) {
+            unpack256<T>(row + n * row_bytes + i * Z, u[n]);
+            if constexpr (T == Q6_K) u[n].extra = _mm256_mullo_epi16(u[n].extra, _mm256_set1_epi16(-32));
+            if constexpr (T == Q3_K) u[n].extra = _mm256_mullo_epi16(u[n].extra, _mm256_set1_epi16(-4));
         }
+        for (int64_t m = 0; m < M; m++)
+            take256<T, NR, VNNI>(u, xs[m], i, acc[m], has_mins ? mins[m] : mins[0], T == Q5_K ? mins4[m] : mins4[0]);
     }
-    for (int m = 0; m < MR; m++)
+    for (int64_t m = 0; m < M; m++)
         for (int n = 0; n < NR; n++) {
             float v;
             if constexpr (T == Q6_K) {
-                v = hsum(a.acc[m][n]);
+                v = hsum(acc[m][n]);
             } else if constexpr (T == Q5_K) {
-                __m128 s = _mm_add_ps(a.mins4[m][n], _mm_movehl_ps(a.mins4[m][n], a.mins4[m][n]));
+                __m128 s = _mm_add_ps(mins4[m][n], _mm_movehl_ps(mins4[m][n], mins4[m][n]));
                 s = _mm_add_ss(s, _mm_movehdup_ps(s));
-                v = hsum(a.acc[m][n]) - _mm_cvtss_f32(s);
+                v = hsum(acc[m][n]) - _mm_cvtss_f32(s);
             } else {
-                v = hsum(a.acc[m][n]) - hsum(a.mins[m][n]);
+                v = hsum(acc[m][n]) - hsum(mins[m][n]);
             }
             out[m * ldo + n] = v;
         }
 }
 
 // The tile each type runs (Q4_K: none here, its interleaved kernels are its own), or {}.
-template <class S, int MR, int NR>
+// NR32 / NR256: weight rows a tile of 32-blocks / super-blocks; VNNI: AVX-512 VNNI's vpdpbusd on
+// signed codes made unsigned, and vpdpwssd.
+template <class S, int NR32, int NR256, bool VNNI>
 Tile tile_for(int64_t type) {
     switch (type) {
-        case Q4_0: return {tile32<S, Q4_0, MR, NR>, MR, NR};
-        case Q4_1: return {tile32<S, Q4_1, MR, NR>, MR, NR};
-        case Q5_0: return {tile32<S, Q5_0, MR, NR>, MR, NR};
-        case Q5_1: return {tile32<S, Q5_1, MR, NR>, MR, NR};
-        case Q8_0: return {tile32<S, Q8_0, MR, NR>, MR, NR};
-        case IQ4_NL: return {tile32<S, IQ4_NL, MR, NR>, MR, NR};
-        case Q2_K: return {tile256<S, Q2_K, MR, NR>, MR, NR};
-        case Q3_K: return {tile256<S, Q3_K, MR, NR>, MR, NR};
-        case Q5_K: return {tile256<S, Q5_K, MR, NR>, MR, NR};
-        case Q6_K: return {tile256<S, Q6_K, MR, NR>, MR, NR};
+        case Q4_0: return {tile32<S, Q4_0, NR32, VNNI>, NR32};
+        case Q4_1: return {tile32<S, Q4_1, NR32, VNNI>, NR32};
+        case Q5_0: return {tile32<S, Q5_0, NR32, VNNI>, NR32};
+        case Q5_1: return {tile32<S, Q5_1, NR32, VNNI>, NR32};
+        case Q8_0: return {tile32<S, Q8_0, NR32, VNNI>, NR32};
+        case IQ4_NL: return {tile32<S, IQ4_NL, NR32, VNNI>, NR32};
+        case Q2_K: return {tile256<Q2_K, NR256, VNNI>, NR256};
+        case Q3_K: return {tile256<Q3_K, NR256, VNNI>, NR256};
+        case Q5_K: return {tile256<Q5_K, NR256, VNNI>, NR256};
+        case Q6_K: return {tile256<Q6_K, NR256, VNNI>, NR256};
         default: return {};
     }
 }
