@@ -20,7 +20,7 @@ namespace qkv {
 namespace blocks {
 namespace {
 
-constexpr int WIDE_ROWS = 4;  // weight rows a K-quant's wide tile (block_tiles_avx512.h)
+constexpr int WIDE_ROWS_256 = 4, WIDE_ROWS_32 = 4;  // weight rows a wide tile (block_tiles_avx512.h): K-quants, 32-blocks
 
 struct Avx512 {
     static __m256i dot4(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
@@ -31,8 +31,7 @@ struct Avx512 {
 RowDot avx512_dot(int64_t type) { return dot_for<Avx512>(type); }
 RowsDot avx512_rows(int64_t type) { return rows_for<Avx512>(type); }
 Tile avx512_tile(int64_t type) {
-    const Tile wide = wide_tile_for<WIDE_ROWS>(type);
-    return wide.run ? wide : tile_for<Avx512, 2, 2, true>(type);
+    return wide_tile_for<WIDE_ROWS_256, WIDE_ROWS_32>(type);
 }
 
 }  // namespace blocks

@@ -161,14 +161,119 @@ void wide256(const uint8_t *row, int64_t row_bytes, const XRow *, int64_t M, int
         }
 }
 
-// The wide tile of a K-quant, or {}.
-template <int NR>
+// -- 32-blocks: one-row lane j is sum(w x) over bytes 4j .. 4j + 3 of the block (vpdpbusd on
+// u = w + c, the activations' c sum4(x) taken off by starting from -c sum4(x): the same integer),
+// the block's fmadd into accumulator g % 2, the minimum types' m * s into offset g % 2 -----------
+template <int64_t T>
+constexpr int wide_offset() { return T == Q4_1 || T == Q5_1 ? 0 : vnni_offset<T>(); }
+
+struct Prepared32 {  // one group of 16 rows, one block
+    __m512i X[8], B[8];  // the codes' dword j; -c times its 4 codes' sum
+    __m512 D, S;         // the steps; d * sum(codes) (the minimum types' s)
+};
+
+int64_t prepared32_bytes(int64_t M, int64_t K) {
+    return (M + LANES - 1) / LANES * (K / 32) * static_cast<int64_t>(sizeof(Prepared32));
+}
+
+template <int64_t T>
+void prepare32(const XRow *xs, int64_t M, int64_t K, void *prepared) {
+    const int64_t G = K / 32, groups = (M + LANES - 1) / LANES;
+    Prepared32 *P = static_cast<Prepared32 *>(prepared);
+    for (int64_t q = 0; q < groups; q++)
+        for (int64_t g = 0; g < G; g++) {
+            alignas(64) int32_t x[8][LANES], b[8][LANES];
+            alignas(64) float d[LANES], s[LANES];
+            for (int64_t l = 0; l < LANES; l++) {
+                const int64_t m = q * LANES + l;
+                for (int j = 0; j < 8; j++) {
+                    if (m >= M) {  // a ragged group's missing rows: zeros, their outputs never stored
+                        x[j][l] = b[j][l] = 0;
+                        continue;
+                    }
+                    const int8_t *c = xs[m].q + 32 * g + 4 * j;
+                    memcpy(&x[j][l], c, 4);
+                    b[j][l] = -wide_offset<T>() * (c[0] + c[1] + c[2] + c[3]);
+                }
+                d[l] = m < M ? xs[m].d[g] : 0.f;
+                s[l] = m < M && (T == Q4_1 || T == Q5_1) ? xs[m].s[g] : 0.f;
+            }
+            Prepared32 &p = P[q * G + g];
+            for (int j = 0; j < 8; j++) p.X[j] = _mm512_load_si512(x[j]), p.B[j] = _mm512_load_si512(b[j]);
+            p.D = _mm512_load_ps(d);
+            p.S = _mm512_load_ps(s);
+        }
+}
+
+template <int64_t T, int NR>
+void wide32(const uint8_t *row, int64_t row_bytes, const XRow *, int64_t M, int64_t K, const void *prepared, float *out,
+            int64_t ldo) {
+    constexpr bool minimum = T == Q4_1 || T == Q5_1;
+    constexpr int64_t Z = sizeof(typename Block32<T>::B), GROUPS = BAND / LANES;
+    const int64_t G = K / 32, groups = (M + LANES - 1) / LANES;
+    const Prepared32 *P = static_cast<const Prepared32 *>(prepared);
+    __m512 acc[GROUPS][NR][2][8], offset[minimum ? GROUPS : 1][NR][2];
+    for (int64_t q = 0; q < groups; q++)
+        for (int n = 0; n < NR; n++)
+            for (int e = 0; e < 2; e++) {
+                for (int j = 0; j < 8; j++) acc[q][n][e][j] = _mm512_setzero_ps();
+                if constexpr (minimum) offset[q][n][e] = _mm512_setzero_ps();
+            }
+    for (int64_t g = 0; g < G; g++) {
+        const int e = static_cast<int>(g % 2);
+        alignas(32) int32_t u[NR][8];
+        float dw[NR], mw[NR];
+        for (int n = 0; n < NR; n++) {
+            const uint8_t *b = row + n * row_bytes + g * Z;
+            __m256i codes = codes32<T>(b);
+            if constexpr (!minimum) codes = _mm256_add_epi8(codes, _mm256_set1_epi8(static_cast<char>(wide_offset<T>())));
+            _mm256_store_si256(reinterpret_cast<__m256i *>(u[n]), codes);
+            uint16_t h;
+            memcpy(&h, b, sizeof h);
+            dw[n] = half(h);
+            if constexpr (minimum) {
+                memcpy(&h, b + 2, sizeof h);
+                mw[n] = half(h);
+            }
+        }
+        for (int64_t q = 0; q < groups; q++) {
+            const Prepared32 &p = P[q * G + g];
+            for (int n = 0; n < NR; n++) {
+                const __m512 dd = _mm512_mul_ps(_mm512_set1_ps(dw[n]), p.D);
+                for (int j = 0; j < 8; j++) {
+                    const __m512i dots = _mm512_dpbusd_epi32(minimum ? _mm512_setzero_si512() : p.B[j], _mm512_set1_epi32(u[n][j]), p.X[j]);
+                    acc[q][n][e][j] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(dots), acc[q][n][e][j]);
+                }
+                if constexpr (minimum) offset[q][n][e] = _mm512_add_ps(offset[q][n][e], _mm512_mul_ps(_mm512_set1_ps(mw[n]), p.S));
+            }
+        }
+    }
+    for (int64_t q = 0; q < groups; q++)
+        for (int n = 0; n < NR; n++) {
+            __m512 a[8];
+            for (int j = 0; j < 8; j++) a[j] = _mm512_add_ps(acc[q][n][0][j], acc[q][n][1][j]);
+            __m512 v = tree8(a);
+            if constexpr (minimum) v = _mm512_add_ps(v, _mm512_add_ps(offset[q][n][0], offset[q][n][1]));
+            alignas(64) float lanes[LANES];
+            _mm512_store_ps(lanes, v);
+            for (int64_t l = 0; l < LANES && q * LANES + l < M; l++) out[(q * LANES + l) * ldo + n] = lanes[l];
+        }
+}
+
+// The wide tile of a type (Q4_K: none here), or {}.
+template <int NR256, int NR32>
 Tile wide_tile_for(int64_t type) {
     switch (type) {
-        case Q2_K: return {wide256<Q2_K, NR>, NR, prepared256_bytes, prepare256};
-        case Q3_K: return {wide256<Q3_K, NR>, NR, prepared256_bytes, prepare256};
-        case Q5_K: return {wide256<Q5_K, NR>, NR, prepared256_bytes, prepare256};
-        case Q6_K: return {wide256<Q6_K, NR>, NR, prepared256_bytes, prepare256};
+        case Q2_K: return {wide256<Q2_K, NR256>, NR256, prepared256_bytes, prepare256};
+        case Q3_K: return {wide256<Q3_K, NR256>, NR256, prepared256_bytes, prepare256};
+        case Q5_K: return {wide256<Q5_K, NR256>, NR256, prepared256_bytes, prepare256};
+        case Q6_K: return {wide256<Q6_K, NR256>, NR256, prepared256_bytes, prepare256};
+        case Q4_0: return {wide32<Q4_0, NR32>, NR32, prepared32_bytes, prepare32<Q4_0>};
+        case Q4_1: return {wide32<Q4_1, NR32>, NR32, prepared32_bytes, prepare32<Q4_1>};
+        case Q5_0: return {wide32<Q5_0, NR32>, NR32, prepared32_bytes, prepare32<Q5_0>};
+        case Q5_1: return {wide32<Q5_1, NR32>, NR32, prepared32_bytes, prepare32<Q5_1>};
+        case Q8_0: return {wide32<Q8_0, NR32>, NR32, prepared32_bytes, prepare32<Q8_0>};
+        case IQ4_NL: return {wide32<IQ4_NL, NR32>, NR32, prepared32_bytes, prepare32<IQ4_NL>};
         default: return {};
     }
 }
