@@ -20,7 +20,7 @@ namespace qkv {
 namespace blocks {
 namespace {
 
-constexpr int WIDE_ROWS_256 = 4, WIDE_ROWS_32 = 4;  // weight rows a wide tile (block_tiles_avx512.h): K-quants, 32-blocks
+constexpr int WIDE_ROWS_256 = 4, WIDE_ROWS_32 = 8;  // weight rows a wide tile (block_tiles_avx512.h): K-quants, 32-blocks
 
 struct Avx512 {
     static __m256i dot4(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }

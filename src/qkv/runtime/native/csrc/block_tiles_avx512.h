@@ -165,7 +165,7 @@ void wide256(const uint8_t *row, int64_t row_bytes, const XRow *, int64_t M, int
 // u = w + c, the activations' c sum4(x) taken off by starting from -c sum4(x): the same integer),
 // the block's fmadd into accumulator g % 2, the minimum types' m * s into offset g % 2 -----------
 template <int64_t T>
-constexpr int wide_offset() { return T == Q4_1 || T == Q5_1 ? 0 : vnni_offset<T>(); }
+constexpr int wide_offset() { return T == Q4_1 || T == Q5_1 ? 0 : T == Q4_0 ? 8 : T == Q5_0 ? 16 : 128; }
 
 struct Prepared32 {  // one group of 16 rows, one block
     __m512i X[8], B[8];  // the codes' dword j; -c times its 4 codes' sum

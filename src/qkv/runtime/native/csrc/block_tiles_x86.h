@@ -1,16 +1,17 @@
-// Tiled block products for a prefill's many rows (block_tiles.h says what a tile is), written
-// once over an instruction set S and compiled twice, inside block_avx2.cpp's and
-// block_avx512.cpp's target regions, after block_x86.h (whose one-row kernels they mirror).
+// Tiled block products for a prefill's many rows (block_tiles.h says what a tile is), over an
+// instruction set S, after block_x86.h (whose one-row kernels they mirror): AVX2's tiles
+// (block_avx2.cpp), and the super-blocks' unpacking AVX-512's wide tiles share
+// (block_tiles_avx512.h, compiled in block_avx512.cpp).
 //
-// A tile is MR rows of rounded activations against NR rows of weights. Each weight block is
-// unpacked once for the MR rows (its codes, scales and steps), each activation block loaded
-// once for the NR rows. Every output keeps the accumulators of its one-row kernel and takes
-// exactly that kernel's float operations in the same order; the integer sums are exact, so
-// computing them once per (row, block) in another grouping changes no bit (batch invariance:
-// a row's outputs never depend on how many rows run together).
+// A tile is a band of rows of rounded activations against NR rows of weights: each weight block
+// is unpacked once for the band (its codes, scales and steps), each activation block loaded once
+// for the NR rows. Every output keeps the accumulators of its one-row kernel and takes exactly
+// that kernel's float operations in the same order; the integer sums are exact, so computing
+// them in another grouping changes no bit (batch invariance: a row's outputs never depend on
+// how many rows run together).
 //
 // Shape legend: K inputs; G = K / 32 blocks (32-blocks) or K / 256 super-blocks (K-quants);
-// MR activation rows x NR weight rows a tile; out[m * ldo + n].
+// M <= BAND activation rows x NR weight rows a tile; out[m * ldo + n].
 #pragma once
 
 #include "block_tiles.h"
@@ -25,20 +26,16 @@ namespace {
 // with its accumulators in registers.
 constexpr int64_t CHUNK = 8;
 
-template <int64_t T, int NR, bool VNNI>
+template <int64_t T, int NR>
 struct Chunk32 {
-    __m256i u[CHUNK][NR];  // the codes a dot product multiplies: unsigned (minimum types; VNNI: w + c), or |w|
-    __m256i w[CHUNK][NR];  // the signed codes (their signs), without VNNI
+    __m256i u[CHUNK][NR];  // the codes a dot product multiplies: unsigned (minimum types), or |w|
+    __m256i w[CHUNK][NR];  // the signed codes (their signs)
     __m256 dw[CHUNK][NR];  // half(d) in every lane
     float mw[CHUNK][NR];   // half(m) (minimum types)
 };
 
-// VNNI's signed types: u = w + c (unsigned) and the activations' c sum4(x) taken off again.
-template <int64_t T>
-constexpr int vnni_offset() { return T == Q4_0 ? 8 : T == Q5_0 ? 16 : 128; }
-
-template <int64_t T, int NR, bool VNNI>
-inline void unpack32(const uint8_t *row, int64_t row_bytes, int64_t g0, int64_t count, Chunk32<T, NR, VNNI> &c) {
+template <int64_t T, int NR>
+inline void unpack32(const uint8_t *row, int64_t row_bytes, int64_t g0, int64_t count, Chunk32<T, NR> &c) {
     constexpr bool minimum = T == Q4_1 || T == Q5_1;
     constexpr int64_t Z = sizeof(typename Block32<T>::B);
     for (int64_t j = 0; j < count; j++)
@@ -46,7 +43,6 @@ inline void unpack32(const uint8_t *row, int64_t row_bytes, int64_t g0, int64_t 
             const uint8_t *b = row + n * row_bytes + (g0 + j) * Z;
             const __m256i w = codes32<T>(b);
             if constexpr (minimum) c.u[j][n] = w;
-            else if constexpr (VNNI) c.u[j][n] = _mm256_add_epi8(w, _mm256_set1_epi8(static_cast<char>(vnni_offset<T>())));
             else {
                 c.u[j][n] = _mm256_sign_epi8(w, w);
                 c.w[j][n] = w;
@@ -64,20 +60,15 @@ inline void unpack32(const uint8_t *row, int64_t row_bytes, int64_t g0, int64_t 
 
 // Block g0 + j of the chunk into one accumulator set of row x: block32's operations (the int32
 // lanes sum(w x) by whichever instructions, the same integers).
-template <class S, int64_t T, int NR, bool VNNI>
-inline __attribute__((always_inline)) void take32(const Chunk32<T, NR, VNNI> &c, int64_t j, const XRow &x, int64_t g,
+template <class S, int64_t T, int NR>
+inline __attribute__((always_inline)) void take32(const Chunk32<T, NR> &c, int64_t j, const XRow &x, int64_t g,
                                                  __m256 *acc, float *offset) {
     constexpr bool minimum = T == Q4_1 || T == Q5_1;
     const __m256i codes = load(x.q + 32 * g);
     const __m256 dx = _mm256_set1_ps(x.d[g]);
-    [[maybe_unused]] __m256i base;  // VNNI: -c sum4(x) in each lane
-    if constexpr (VNNI && !minimum)
-        base = _mm256_sub_epi32(_mm256_setzero_si256(),
-                                S::dot4(_mm256_set1_epi8(static_cast<char>(vnni_offset<T>())), codes));
     for (int n = 0; n < NR; n++) {
         __m256i dots;
         if constexpr (minimum) dots = S::dot4(c.u[j][n], codes);
-        else if constexpr (VNNI) dots = _mm256_dpbusd_epi32(base, c.u[j][n], codes);
         else dots = S::dot4(c.u[j][n], _mm256_sign_epi8(codes, c.w[j][n]));
         // half(d) * dx in every lane: the scalar product block32 broadcasts
         acc[n] = _mm256_fmadd_ps(_mm256_mul_ps(c.dw[j][n], dx), _mm256_cvtepi32_ps(dots), acc[n]);
@@ -85,7 +76,7 @@ inline __attribute__((always_inline)) void take32(const Chunk32<T, NR, VNNI> &c,
     }
 }
 
-template <class S, int64_t T, int NR, bool VNNI>
+template <class S, int64_t T, int NR>
 void tile32(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t M, int64_t K, const void *, float *out, int64_t ldo) {
     const int64_t G = K / 32;
     __m256 acc[BAND][2][NR];
@@ -95,10 +86,10 @@ void tile32(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t M, in
             acc[m][0][n] = acc[m][1][n] = _mm256_setzero_ps();
             offset[m][0][n] = offset[m][1][n] = 0.f;
         }
-    Chunk32<T, NR, VNNI> c;
+    Chunk32<T, NR> c;
     for (int64_t g0 = 0; g0 < G; g0 += CHUNK) {  // g0 even: block g into accumulator g % 2, as dot32
         const int64_t count = std::min(CHUNK, G - g0);
-        unpack32<T, NR, VNNI>(row, row_bytes, g0, count, c);
+        unpack32<T, NR>(row, row_bytes, g0, count, c);
         for (int64_t m = 0; m < M; m++) {
             __m256 even[NR], odd[NR];
             float even_offset[NR], odd_offset[NR];
@@ -110,15 +101,15 @@ void tile32(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t M, in
             if (count == CHUNK) {
 #pragma GCC unroll 4
                 for (; j < CHUNK; j += 2) {
-                    take32<S, T, NR, VNNI>(c, j, xs[m], g0 + j, even, even_offset);
-                    take32<S, T, NR, VNNI>(c, j + 1, xs[m], g0 + j + 1, odd, odd_offset);
+                    take32<S, T, NR>(c, j, xs[m], g0 + j, even, even_offset);
+                    take32<S, T, NR>(c, j + 1, xs[m], g0 + j + 1, odd, odd_offset);
                 }
             } else {
                 for (; j + 2 <= count; j += 2) {
-                    take32<S, T, NR, VNNI>(c, j, xs[m], g0 + j, even, even_offset);
-                    take32<S, T, NR, VNNI>(c, j + 1, xs[m], g0 + j + 1, odd, odd_offset);
+                    take32<S, T, NR>(c, j, xs[m], g0 + j, even, even_offset);
+                    take32<S, T, NR>(c, j + 1, xs[m], g0 + j + 1, odd, odd_offset);
                 }
-                if (j < count) take32<S, T, NR, VNNI>(c, j, xs[m], g0 + j, even, even_offset);
+                if (j < count) take32<S, T, NR>(c, j, xs[m], g0 + j, even, even_offset);
             }
             for (int n = 0; n < NR; n++) {
                 acc[m][0][n] = even[n], acc[m][1][n] = odd[n];
@@ -206,9 +197,9 @@ inline void unpack256(const uint8_t *p, Unpacked256 &u) {
     }
 }
 
-// One super-block i of the NR rows (unpacked) against row x: sumi per row as the one-row kernel's
-// (VNNI: vpdpwssd adds what vpmaddwd + vpaddd add), then its float operations.
-template <int64_t T, int NR, bool VNNI>
+// One super-block i of the NR rows (unpacked) against row x: sumi per row as the one-row kernel's,
+// then its float operations.
+template <int64_t T, int NR>
 inline __attribute__((always_inline)) void take256(const Unpacked256 *u, const XRow &x, int64_t i, __m256 *acc,
                                                   __m256 *mins, __m128 *mins4) {
     const int8_t *c = x.q + 256 * i;
@@ -220,16 +211,12 @@ inline __attribute__((always_inline)) void take256(const Unpacked256 *u, const X
         const __m256i codes = load(c + 32 * t);
         for (int n = 0; n < NR; n++) {
             const __m256i p16 = _mm256_maddubs_epi16(u[n].q[t], codes);
-            if constexpr (VNNI) sumi[n] = _mm256_dpwssd_epi32(sumi[n], p16, u[n].scales[t]);
-            else sumi[n] = _mm256_add_epi32(sumi[n], _mm256_madd_epi16(p16, u[n].scales[t]));
+            sumi[n] = _mm256_add_epi32(sumi[n], _mm256_madd_epi16(p16, u[n].scales[t]));
         }
     }
     for (int n = 0; n < NR; n++) {
         // Q6_K / Q3_K: the codes' offset (32, 4) times sum(scale * the 16-sums), taken off (extra holds -32 or -4 times the scales)
-        if constexpr (T == Q6_K || T == Q3_K) {
-            if constexpr (VNNI) sumi[n] = _mm256_dpwssd_epi32(sumi[n], sums, u[n].extra);
-            else sumi[n] = _mm256_add_epi32(sumi[n], _mm256_madd_epi16(sums, u[n].extra));
-        }
+        if constexpr (T == Q6_K || T == Q3_K) sumi[n] = _mm256_add_epi32(sumi[n], _mm256_madd_epi16(sums, u[n].extra));
         if constexpr (T == Q2_K)
             mins[n] = _mm256_fmadd_ps(_mm256_set1_ps(u[n].dmin * dx), _mm256_cvtepi32_ps(_mm256_madd_epi16(u[n].extra, sums)), mins[n]);
         if constexpr (T == Q5_K) {
@@ -241,7 +228,7 @@ inline __attribute__((always_inline)) void take256(const Unpacked256 *u, const X
     }
 }
 
-template <int64_t T, int NR, bool VNNI>
+template <int64_t T, int NR>
 void tile256(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t M, int64_t K, const void *, float *out, int64_t ldo) {
     constexpr int64_t Z = T == Q6_K ? sizeof(BlockQ6_K) : T == Q5_K ? sizeof(BlockQ5_K) : T == Q3_K ? sizeof(BlockQ3_K) : sizeof(BlockQ2_K);
     constexpr bool has_mins = T == Q2_K || T == Q3_K;  // dot_k2's second accumulator (Q3_K's stays zero)
@@ -261,7 +248,7 @@ void tile256(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t M, i
             if constexpr (T == Q3_K) u[n].extra = _mm256_mullo_epi16(u[n].extra, _mm256_set1_epi16(-4));
         }
         for (int64_t m = 0; m < M; m++)
-            take256<T, NR, VNNI>(u, xs[m], i, acc[m], has_mins ? mins[m] : mins[0], T == Q5_K ? mins4[m] : mins4[0]);
+            take256<T, NR>(u, xs[m], i, acc[m], has_mins ? mins[m] : mins[0], T == Q5_K ? mins4[m] : mins4[0]);
     }
     for (int64_t m = 0; m < M; m++)
         for (int n = 0; n < NR; n++) {
@@ -280,21 +267,21 @@ void tile256(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t M, i
 }
 
 // The tile each type runs (Q4_K: none here, its interleaved kernels are its own), or {}.
-// NR32 / NR256: weight rows a tile of 32-blocks / super-blocks; VNNI: AVX-512 VNNI's vpdpbusd on
-// signed codes made unsigned, and vpdpwssd.
-template <class S, int NR32, int NR256, bool VNNI>
+// NR32 / NR256: weight rows a tile of 32-blocks / super-blocks (AVX2's tiles; AVX-512 has wide
+// ones of its own, block_tiles_avx512.h); Q4_K: none here, its interleaved kernels are its own.
+template <class S, int NR32, int NR256>
 Tile tile_for(int64_t type) {
     switch (type) {
-        case Q4_0: return {tile32<S, Q4_0, NR32, VNNI>, NR32};
-        case Q4_1: return {tile32<S, Q4_1, NR32, VNNI>, NR32};
-        case Q5_0: return {tile32<S, Q5_0, NR32, VNNI>, NR32};
-        case Q5_1: return {tile32<S, Q5_1, NR32, VNNI>, NR32};
-        case Q8_0: return {tile32<S, Q8_0, NR32, VNNI>, NR32};
-        case IQ4_NL: return {tile32<S, IQ4_NL, NR32, VNNI>, NR32};
-        case Q2_K: return {tile256<Q2_K, NR256, VNNI>, NR256};
-        case Q3_K: return {tile256<Q3_K, NR256, VNNI>, NR256};
-        case Q5_K: return {tile256<Q5_K, NR256, VNNI>, NR256};
-        case Q6_K: return {tile256<Q6_K, NR256, VNNI>, NR256};
+        case Q4_0: return {tile32<S, Q4_0, NR32>, NR32};
+        case Q4_1: return {tile32<S, Q4_1, NR32>, NR32};
+        case Q5_0: return {tile32<S, Q5_0, NR32>, NR32};
+        case Q5_1: return {tile32<S, Q5_1, NR32>, NR32};
+        case Q8_0: return {tile32<S, Q8_0, NR32>, NR32};
+        case IQ4_NL: return {tile32<S, IQ4_NL, NR32>, NR32};
+        case Q2_K: return {tile256<Q2_K, NR256>, NR256};
+        case Q3_K: return {tile256<Q3_K, NR256>, NR256};
+        case Q5_K: return {tile256<Q5_K, NR256>, NR256};
+        case Q6_K: return {tile256<Q6_K, NR256>, NR256};
         default: return {};
     }
 }
