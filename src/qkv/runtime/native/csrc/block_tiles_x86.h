@@ -1,7 +1,7 @@
-// Tiled block products for a prefill's many rows (block_tiles.h says what a tile is), over an
+// Tiled block products for a prefill's many rows (block_format.h says what a tile is), over an
 // instruction set S, after block_x86.h (whose one-row kernels they mirror): AVX2's tiles
 // (block_avx2.cpp), and the super-blocks' unpacking AVX-512's wide tiles share
-// (block_tiles_avx512.h, compiled in block_avx512.cpp).
+// (block_avx512.cpp).
 //
 // A tile is a band of rows of rounded activations against NR rows of weights: each weight block
 // is unpacked once for the band (its codes, scales and steps), each activation block loaded once
@@ -14,7 +14,6 @@
 // M <= BAND activation rows x NR weight rows a tile; out[m * ldo + n].
 #pragma once
 
-#include "block_tiles.h"
 #include "block_x86.h"
 
 namespace qkv {
