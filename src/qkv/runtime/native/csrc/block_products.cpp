@@ -13,7 +13,9 @@
 // The product is the dequantized weights times the rounded activations: every block's integer
 // sum is exact, and the generic C++ (the reference), AVX2 and AVX-512 differ only in the order
 // of the float32 sums of those (AVX2 and AVX-512 not at all: the same kernels, block_x86.h).
-// Each output is computed by the same operations whatever M is (batch invariance).
+// Each output is computed by the same operations whatever M is (batch invariance): four or more
+// rows run in tiles (block_format.h's Tile), whose outputs are the one-row kernels' bits.
+// A tile's prepared activations (AVX-512's) are about 2.3 bytes an input, less than x itself.
 //
 // Shape legend: M rows of x, K inputs, N outputs.
 #include "block_format.h"
@@ -114,7 +116,7 @@ void apply_blocks(const Linear &L, const float *x, float *y, int64_t M) {
         const RowsDot several = rows_of(part.type, variant);
         const XRow *xs = traits_of(part.type)->activation == PER32 ? rows32.data() : rows256.data();
         const float *bias = L.bias ? L.bias + first : nullptr;
-        // whole tiles where the variant has them (block_tiles.h: the same bits), the one-row kernels past them
+        // whole tiles where the variant has them (block_format.h's Tile: the same bits), the one-row kernels past them
         const Tile tile = tile_of(part.type, variant);
         int64_t n = tile.run && M >= TILE_ROWS ? n0 + (n1 - n0) / tile.nr * tile.nr : n0;
         if (n > n0) run_tiles(tile, part.blocks, part.row_bytes, n0, n, xs, M, L.K, prepared.at[&part - L.parts], bias, y + first, L.N);
