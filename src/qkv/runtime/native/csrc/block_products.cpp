@@ -21,6 +21,7 @@
 #include "block_format.h"
 #include "kernels.h"
 
+#include <atomic>
 #include <vector>
 
 namespace qkv {
@@ -52,6 +53,8 @@ RowDot dot_of(int64_t type, Variant v) {
     (void)v;
     return generic_dot(type);
 }
+
+constexpr int64_t PIECE = 32;  // outputs a thread claims at a time in a prompt's product (whole tiles)
 
 Tile tile_of(int64_t type, Variant v) {
 #if QKV_X86
@@ -111,7 +114,7 @@ void apply_blocks(const Linear &L, const float *x, float *y, int64_t M) {
     }
     PreparedParts prepared;
     prepare_parts(L, rows32.data(), rows256.data(), M, variant, prepared);
-    for_each_part(L, [&](const BlockPart &part, int64_t n0, int64_t n1, int64_t first) {
+    auto outputs = [&](const BlockPart &part, int64_t n0, int64_t n1, int64_t first) {
         const RowDot dot = dot_of(part.type, variant);
         const RowsDot several = rows_of(part.type, variant);
         const XRow *xs = traits_of(part.type)->activation == PER32 ? rows32.data() : rows256.data();
@@ -136,6 +139,20 @@ void apply_blocks(const Linear &L, const float *x, float *y, int64_t M) {
                 y[m * L.N + first + n] = bias ? s + bias[n] : s;
             }
         }
+    };
+    if (M < TILE_ROWS) return for_each_part(L, outputs);
+    // A prompt: pieces of PIECE outputs claimed one at a time by whichever thread is free, so a
+    // core another process holds slows only the pieces it takes (which thread computes an output
+    // changes none of its operations).
+    struct Piece { const BlockPart *part; int64_t n0, n1, first; };
+    std::vector<Piece> pieces;
+    for (int64_t p = 0, first = 0; p < L.part_count; first += L.parts[p].rows, p++)
+        for (int64_t n = 0; n < L.parts[p].rows; n += PIECE)
+            pieces.push_back({&L.parts[p], n, std::min(L.parts[p].rows, n + PIECE), first});
+    std::atomic<size_t> next{0};
+    const int64_t threads = std::max<int64_t>(1, torch::stable::get_num_threads());
+    torch::stable::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+        for (size_t i = next++; i < pieces.size(); i = next++) outputs(*pieces[i].part, pieces[i].n0, pieces[i].n1, pieces[i].first);
     });
 }
 
