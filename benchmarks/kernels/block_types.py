@@ -1,11 +1,12 @@
 """qkv's block products type by type against ggml's, at SmolLM2's and a 1B Llama's shapes: the
-time of one product y (1, N) = x (1, K) @ w^T (a decode step), w in each GGUF block type, for
+time of one product y (M, N) = x (M, K) @ w^T (M = 1: a decode step; --rows 512: a prompt's
+prefill, qkv's tiles against ggml's multi-row paths), w in each GGUF block type, for
 every variant this CPU runs (generic C++, AVX2, AVX-512), one and two threads, next to ggml's
 own `ggml_mul_mat` on the same shapes and type (llama.cpp's CPU backend, built in /work/peers:
 benchmarks/kernels/ggml_mul_mat.c, compiled here against its libggml; left out when that build
 is missing). Both sides include rounding the activations to the type's `vec_dot_type`.
 
-    python benchmarks/kernels/block_types.py [--types Q4_K,Q6_K] [--calls 200] [--json out.json]
+    python benchmarks/kernels/block_types.py [--types Q4_K,Q6_K] [--calls 200] [--rows 1] [--json out.json]
 
 Each cell: the median of `calls` calls after 20 untimed, random blocks with small float16
 scales (speed does not depend on the values). The weights of the larger shapes (8 MB and up
@@ -46,8 +47,8 @@ def random_matrix(block_type: Q, n: int, k: int) -> torch.Tensor:
     return torch.from_numpy(raw.reshape(n, -1))
 
 
-def qkv_us(block_type: Q, n: int, k: int, threads: int, variant: str, calls: int) -> float:
-    blocks, x = random_matrix(block_type, n, k), torch.randn(1, k)
+def qkv_us(block_type: Q, n: int, k: int, threads: int, variant: str, calls: int, rows: int) -> float:
+    blocks, x = random_matrix(block_type, n, k), torch.randn(rows, k)
     torch.set_num_threads(threads)
     samples = []
     with use_variant(variant):
@@ -75,8 +76,8 @@ def ggml_binary(lib: Path) -> Path | None:
     return target
 
 
-def ggml_us(binary: Path, block_type: Q, n: int, k: int, threads: int, calls: int) -> float:
-    done = subprocess.run([str(binary), str(int(block_type)), str(n), str(k), str(threads), str(calls)],
+def ggml_us(binary: Path, block_type: Q, n: int, k: int, threads: int, calls: int, rows: int) -> float:
+    done = subprocess.run([str(binary), str(int(block_type)), str(n), str(k), str(threads), str(calls), str(rows)],
                           capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         return float("nan")
@@ -87,6 +88,9 @@ def main() -> None:
     parser = harness.parser(__doc__, json=True)
     parser.add_argument("--types", help="comma-separated block types (default: all)")
     parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--rows", type=int, default=1, help="M, the rows of x (512: a prompt's prefill)")
+    parser.add_argument("--threads", default="1,2", help="comma-separated thread counts (default: %(default)s)")
+    parser.add_argument("--variants", help="comma-separated variants to time (default: every one this CPU runs)")
     parser.add_argument("--shapes", help="comma-separated NxK (default: SmolLM2's and a 1B Llama's)")
     parser.add_argument("--ggml-lib", type=Path, default=llama_tools.BIN,
                         help="the folder of the libggml*.so to time (default: the peers' build, %(default)s)")
@@ -97,6 +101,7 @@ def main() -> None:
     facts = harness.header("block products per type: qkv's variants against ggml's mul_mat", packages=("gguf",))
     types = [Q[name] for name in args.types.split(",")] if args.types else TYPES
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES
+    timed = [v for v in variants() if args.variants is None or v in args.variants.split(",")]
     binary = ggml_binary(args.ggml_lib)
     if binary is None:
         print("ggml's side left out: no llama.cpp build at", args.ggml_lib, flush=True)
@@ -105,16 +110,16 @@ def main() -> None:
         for n, k in shapes:
             if k % BLOCK_FORMATS[block_type].weights:  # SmolLM2's 576 is not whole super-blocks
                 continue
-            for threads in (1, 2):
-                row = {"type": block_type.name, "N": n, "K": k, "threads": threads}
-                for variant in variants():
-                    row[variant] = qkv_us(block_type, n, k, threads, variant, args.calls)
+            for threads in (int(t) for t in args.threads.split(",")):
+                row = {"type": block_type.name, "N": n, "K": k, "M": args.rows, "threads": threads}
+                for variant in timed:
+                    row[variant] = qkv_us(block_type, n, k, threads, variant, args.calls, args.rows)
                 if binary is not None:
-                    row["ggml"] = ggml_us(binary, block_type, n, k, threads, args.calls)
-                best = row[variants()[-1]]
+                    row["ggml"] = ggml_us(binary, block_type, n, k, threads, args.calls, args.rows)
+                best = row[timed[-1]]
                 ratio = f"  ggml/qkv x{row['ggml'] / best:4.2f}" if "ggml" in row else ""
-                cells = "  ".join(f"{v} {row[v]:8.1f}" for v in (*variants(), *(["ggml"] if "ggml" in row else [])))
-                print(f"{block_type.name:6} {n:5}x{k:<5} t={threads}  us/product: {cells}{ratio}", flush=True)
+                cells = "  ".join(f"{v} {row[v]:8.1f}" for v in (*timed, *(["ggml"] if "ggml" in row else [])))
+                print(f"{block_type.name:6} {n:5}x{k:<5} M={args.rows} t={threads}  us/product: {cells}{ratio}", flush=True)
                 rows.append(row)
     torch.set_num_threads(1)
     if args.json:

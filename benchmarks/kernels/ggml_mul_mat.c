@@ -1,9 +1,10 @@
-// ggml's own product y (1, N) = x (1, K) @ w^T for one GGUF block type, timed: what
+// ggml's own product y (M, N) = x (M, K) @ w^T for one GGUF block type, timed: what
 // benchmarks/kernels/block_types.py sets beside qkv's block products. ggml's CPU backend
 // rounds x to the type's vec_dot_type and runs its vec_dot kernels (a plain context: no
-// repacked weights), on a thread pool made once.
+// repacked weights; for M > 1 the CPU backend's own multi-row paths, as in a prompt's prefill),
+// on a thread pool made once.
 //
-//   ggml_mul_mat TYPE N K THREADS CALLS  ->  prints the median microseconds of CALLS products
+//   ggml_mul_mat TYPE N K THREADS CALLS [M]  ->  prints the median microseconds of CALLS products (M: 1)
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,22 +25,22 @@ static int by_value(const void *a, const void *b) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 6) {
-        fprintf(stderr, "usage: %s TYPE N K THREADS CALLS\n", argv[0]);
+    if (argc != 6 && argc != 7) {
+        fprintf(stderr, "usage: %s TYPE N K THREADS CALLS [M]\n", argv[0]);
         return 2;
     }
     const enum ggml_type type = (enum ggml_type)atoi(argv[1]);
-    const int n = atoi(argv[2]), k = atoi(argv[3]), threads = atoi(argv[4]), calls = atoi(argv[5]);
+    const int n = atoi(argv[2]), k = atoi(argv[3]), threads = atoi(argv[4]), calls = atoi(argv[5]), rows = argc == 7 ? atoi(argv[6]) : 1;
     ggml_cpu_init();
     const size_t weight_bytes = ggml_row_size(type, k) * n;
-    struct ggml_init_params params = {weight_bytes + (size_t)k * 4 * 4 + (size_t)n * 4 * 4 + 64 * 1024 * 1024, NULL, false};
+    struct ggml_init_params params = {weight_bytes + (size_t)k * 4 * 4 * rows + (size_t)n * 4 * 4 * rows + 64 * 1024 * 1024, NULL, false};
     struct ggml_context *ctx = ggml_init(params);
-    struct ggml_tensor *w = ggml_new_tensor_2d(ctx, type, k, n), *x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, k, 1);
+    struct ggml_tensor *w = ggml_new_tensor_2d(ctx, type, k, n), *x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, k, rows);
     float *values = malloc(sizeof(float) * (size_t)k * n);
     srand(0);
     for (size_t i = 0; i < (size_t)k * n; i++) values[i] = (float)rand() / RAND_MAX - 0.5f;
     ggml_quantize_chunk(type, values, w->data, 0, n, k, NULL);
-    for (int i = 0; i < k; i++) ((float *)x->data)[i] = (float)rand() / RAND_MAX - 0.5f;
+    for (size_t i = 0; i < (size_t)k * rows; i++) ((float *)x->data)[i] = (float)rand() / RAND_MAX - 0.5f;
     free(values);
     struct ggml_tensor *y = ggml_mul_mat(ctx, w, x);
     struct ggml_cgraph *graph = ggml_new_graph(ctx);

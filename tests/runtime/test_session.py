@@ -83,6 +83,20 @@ def test_a_copied_row_continues_as_its_own_prefill_would() -> None:
     torch.testing.assert_close(copied, fresh, atol=1e-5, rtol=1e-5)
 
 
+def test_a_prompts_pieces_run_the_head_on_one_position_each() -> None:
+    """prefill_row's aligned pieces (runtime.session.PREFILL_ALIGN) before the last keep only
+    their cache: the head never multiplies a piece's every position."""
+    model = tiny_llama()
+    rows_through_head: list[int] = []
+    hook = model.lm_head.register_forward_hook(lambda module, args, out: rows_through_head.append(args[0].shape[1]))
+    try:
+        with DecodeSession(model, capacity=128, kind=SlotKVCache) as session:
+            session.prefill_row(0, torch.randint(0, 97, (100,)), start=20)  # pieces [20, 64), [64, 120)
+    finally:
+        hook.remove()
+    assert rows_through_head == [1, 1]
+
+
 def test_a_prompts_next_token_logits_are_computed_alone_as_they_are_among_all() -> None:
     """prefill_row runs the head on the last position only: the same numbers as the last row of
     prefill_row_all, which scores every position, and the same cache for what follows."""

@@ -330,9 +330,10 @@ class DecodeSession:
         return self._prefill_row(row, ids, start, last_only=False)
 
     def _prefill_row(self, row: int, ids: Tensor, start: int, *, last_only: bool) -> Tensor:
-        """The prompt through the model in aligned pieces; last_only: only the last position's
-        logits are computed (the head over a 512-token prompt is most of a prefill's work on a
-        large vocabulary), (1, V); else (T, V)."""
+        """The prompt through the model in aligned pieces; last_only: the head runs on each piece's
+        last position only and the prompt's is returned (the head over a 512-token prompt, or
+        over every piece but the last, is most of a prefill's work on a large vocabulary), (1, V);
+        else (T, V)."""
         self._check_open()
         if not 0 <= row < self.batch_size or ids.dim() != 1 or ids.shape[0] < 1 or start < 0:
             raise QkvError(f"prefill_row takes a row in 0..{self.batch_size - 1}, ids (T,) and start >= 0, got row "
@@ -344,8 +345,9 @@ class DecodeSession:
             for begin, stop in aligned_parts(start, end):  # positions [begin, stop)
                 positions = torch.arange(begin, stop, device=self.device)  # (t',)
                 with self._on_rows([row], reach=stop):
+                    # last_only: a piece before the last keeps only its cache, one position through the head
                     pieces.append(self._forward(ids[begin - start:stop - start].to(self.device)[None], positions,
-                                                last_only=last_only and stop == end)[0])
+                                                last_only=last_only)[0])
         self.lengths[row] = end
         self._next = None
         if last_only:

@@ -108,6 +108,27 @@ def test_a_row_gets_the_same_bits_whatever_rows_are_beside_it(block_type: Q) -> 
 
 
 @pytest.mark.parametrize("block_type", TYPES, ids=lambda t: t.name)
+def test_a_prefills_tiles_give_every_row_the_bits_it_gets_alone(block_type: Q) -> None:
+    """Many rows run in tiles of a band of rows by several outputs (block_format.h's Tile: bands
+    of 64 rows, AVX-512's in groups of 16), the outputs past the last whole tile by the one-row
+    kernels: every output, bias included, is the same bits as its row's product alone, in every
+    variant (70 rows: a second, ragged band; K: an odd number of 32-blocks, several super-blocks)."""
+    k = 768 if block_type in K_QUANTS else 800
+    rows = 70
+    blocks, w = matrix(block_type, 19, k, 6)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(7)) * 3
+    bias = torch.randn(19, generator=torch.Generator().manual_seed(8))
+    rounded = numpy_rounded(x, block_ops.activation_step(block_type))
+    expected = rounded @ w.t() + bias.double()
+    bound = block_ops.product_bound(rounded, w, k) + 4 * torch.finfo(torch.float32).eps * bias.double().abs()
+    for variant in variants():
+        together = run(x, blocks, block_type, variant, bias)
+        alone = torch.cat([run(x[i : i + 1], blocks, block_type, variant, bias) for i in range(rows)])
+        assert torch.equal(together, alone), variant
+        assert bool(((together.double() - expected).abs() <= bound).all()), variant
+
+
+@pytest.mark.parametrize("block_type", TYPES, ids=lambda t: t.name)
 def test_an_output_gets_the_same_bits_whatever_rows_of_blocks_are_beside_it(block_type: Q) -> None:
     """The kernels that multiply four rows of blocks at once (block_x86.h's rows32) run each row's
     own operations: a matrix's outputs equal each row's product alone, bit for bit."""

@@ -13,6 +13,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include "block_x86.h"
+#include "block_tiles_x86.h"
 
 namespace qkv {
 namespace blocks {
@@ -28,6 +29,7 @@ struct Avx2 {
 
 RowDot avx2_dot(int64_t type) { return dot_for<Avx2>(type); }
 RowsDot avx2_rows(int64_t type) { return rows_for<Avx2>(type); }
+Tile avx2_tile(int64_t type) { return tile_for<Avx2, 4, 2>(type); }
 
 void avx2_round_groups(const float *x, int64_t groups, int64_t step, int8_t *q, float *d, float *s, int16_t *sums) {
     round_groups(x, groups, step, q, d, s, sums);

@@ -116,5 +116,27 @@ RowDot generic_dot(int64_t type);  // the reference (block_format.cpp)
 constexpr int FOUR = 4;
 using RowsDot = void (*)(const uint8_t *row, int64_t row_bytes, const XRow &x, int64_t K, float *out);
 
+// Tiles of a product for many rows at once (a prefill's): a band of up to BAND rows of x against
+// NR rows of weights, each weight block unpacked once for the band, each activation block
+// loaded once for the NR rows (block_tiles_x86.h: AVX2; block_avx512.cpp: AVX-512's wide
+// tiles). Every output takes exactly the float operations of its type's RowDot, so a row's
+// outputs are the same bits alone or in a tile. Outputs out[m * ldo + n], m < M <= BAND, n < NR.
+constexpr int64_t TILE_ROWS = 4;  // fewer rows (a decode step) run the one-row kernels alone
+constexpr int64_t BAND = 64;  // rows of x a tile takes (64 x K int8: 128 KiB at K = 2048, in cache)
+
+// NR rows of weights (row, row + row_bytes, ...) against the M <= BAND rows xs[0 .. M), or
+// `prepared`: those rows as the tile's prepare laid them out.
+using TileDot = void (*)(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t M, int64_t K, const void *prepared,
+                         float *out, int64_t ldo);
+
+struct Tile {
+    TileDot run = nullptr;  // nullptr: the variant has no tile for the type
+    int64_t nr = 0;
+    // a tile reading the activations in a layout of its own: the bytes of M rows (M a multiple of
+    // BAND: where the next band begins) and the layout's making, once a product for all its rows
+    int64_t (*prepared_bytes)(int64_t M, int64_t K) = nullptr;
+    void (*prepare)(const XRow *xs, int64_t M, int64_t K, void *prepared) = nullptr;
+};
+
 }  // namespace blocks
 }  // namespace qkv

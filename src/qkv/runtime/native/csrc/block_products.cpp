@@ -13,11 +13,16 @@
 // The product is the dequantized weights times the rounded activations: every block's integer
 // sum is exact, and the generic C++ (the reference), AVX2 and AVX-512 differ only in the order
 // of the float32 sums of those (AVX2 and AVX-512 not at all: the same kernels, block_x86.h).
-// Each output is computed by the same operations whatever M is (batch invariance).
+// Each output is computed by the same operations whatever M is (batch invariance): four or more
+// rows run in tiles (block_format.h's Tile), whose outputs are the one-row kernels' bits.
+// A tile's prepared activations (AVX-512's) are about 2.3 bytes an input, less than x itself.
 //
 // Shape legend: M rows of x, K inputs, N outputs.
 #include "block_format.h"
 #include "kernels.h"
+
+#include <atomic>
+#include <vector>
 
 namespace qkv {
 namespace blocks {
@@ -27,6 +32,8 @@ RowDot avx2_dot(int64_t type);    // block_avx2.cpp
 RowDot avx512_dot(int64_t type);  // block_avx512.cpp
 RowsDot avx2_rows(int64_t type);
 RowsDot avx512_rows(int64_t type);
+Tile avx2_tile(int64_t type);    // block_avx2.cpp
+Tile avx512_tile(int64_t type);  // block_avx512.cpp
 #endif
 
 RowsDot rows_of(int64_t type, Variant v) {  // nullptr where the variant has no FOUR-row kernel for the type
@@ -47,6 +54,50 @@ RowDot dot_of(int64_t type, Variant v) {
     return generic_dot(type);
 }
 
+constexpr int64_t PIECE = 32;  // outputs a thread claims at a time in a prompt's product (whole tiles)
+
+Tile tile_of(int64_t type, Variant v) {
+#if QKV_X86
+    if (v >= AVX512) return avx512_tile(type);
+    if (v >= AVX2) return avx2_tile(type);
+#endif
+    (void)type, (void)v;
+    return {};
+}
+
+// Each part's activations as its tile reads them (at[p] null where the tile reads xs as they
+// are), made before a product's outputs are split over the threads.
+struct PreparedParts {
+    std::vector<uint8_t> bytes[MAX_PARTS];
+    const void *at[MAX_PARTS] = {};
+};
+
+void prepare_parts(const Linear &L, const XRow *rows32, const XRow *rows256, int64_t M, Variant v, PreparedParts &out) {
+    for (int64_t p = 0; p < L.part_count; p++) {
+        const Tile tile = tile_of(L.parts[p].type, v);
+        if (tile.prepare == nullptr || M < TILE_ROWS) continue;
+        std::vector<uint8_t> &bytes = out.bytes[p];
+        bytes.resize(static_cast<size_t>(tile.prepared_bytes(M, L.K) + 64));
+        uint8_t *at = bytes.data() + (64 - reinterpret_cast<uintptr_t>(bytes.data()) % 64) % 64;
+        tile.prepare(traits_of(L.parts[p].type)->activation == PER32 ? rows32 : rows256, M, L.K, at);
+        out.at[p] = at;
+    }
+}
+
+// Outputs [n0, n1) of rows [0, M) of y (ldo apart; bias[n] added where not null) from rows
+// [n0, n1) of `blocks`, in whole tiles (n1 - n0 a multiple of tile.nr), a band of rows at a time.
+void run_tiles(const Tile &tile, const uint8_t *blocks, int64_t row_bytes, int64_t n0, int64_t n1, const XRow *xs,
+               int64_t M, int64_t K, const void *prepared, const float *bias, float *y, int64_t ldo) {
+    for (int64_t m0 = 0; m0 < M; m0 += BAND) {
+        const void *band = prepared ? static_cast<const uint8_t *>(prepared) + tile.prepared_bytes(m0, K) : nullptr;
+        for (int64_t n = n0; n < n1; n += tile.nr)
+            tile.run(blocks + n * row_bytes, row_bytes, xs + m0, std::min(BAND, M - m0), K, band, y + m0 * ldo + n, ldo);
+    }
+    if (bias != nullptr)
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = n0; n < n1; n++) y[m * ldo + n] += bias[n];
+}
+
 }  // namespace blocks
 
 void apply_blocks(const Linear &L, const float *x, float *y, int64_t M) {
@@ -61,12 +112,17 @@ void apply_blocks(const Linear &L, const float *x, float *y, int64_t M) {
         if (per32) rows32[m] = row_of(r32, m);
         if (per256) rows256[m] = row_of(r256, m);
     }
-    for_each_part(L, [&](const BlockPart &part, int64_t n0, int64_t n1, int64_t first) {
+    PreparedParts prepared;
+    prepare_parts(L, rows32.data(), rows256.data(), M, variant, prepared);
+    auto outputs = [&](const BlockPart &part, int64_t n0, int64_t n1, int64_t first) {
         const RowDot dot = dot_of(part.type, variant);
         const RowsDot several = rows_of(part.type, variant);
         const XRow *xs = traits_of(part.type)->activation == PER32 ? rows32.data() : rows256.data();
         const float *bias = L.bias ? L.bias + first : nullptr;
-        int64_t n = n0;
+        // whole tiles where the variant has them (block_format.h's Tile: the same bits), the one-row kernels past them
+        const Tile tile = tile_of(part.type, variant);
+        int64_t n = tile.run && M >= TILE_ROWS ? n0 + (n1 - n0) / tile.nr * tile.nr : n0;
+        if (n > n0) run_tiles(tile, part.blocks, part.row_bytes, n0, n, xs, M, L.K, prepared.at[&part - L.parts], bias, y + first, L.N);
         if (several != nullptr)
             for (; n + FOUR <= n1; n += FOUR) {
                 const uint8_t *row = part.blocks + n * part.row_bytes;
@@ -83,6 +139,20 @@ void apply_blocks(const Linear &L, const float *x, float *y, int64_t M) {
                 y[m * L.N + first + n] = bias ? s + bias[n] : s;
             }
         }
+    };
+    if (M < TILE_ROWS) return for_each_part(L, outputs);
+    // A prompt: pieces of PIECE outputs claimed one at a time by whichever thread is free, so a
+    // core another process holds slows only the pieces it takes (which thread computes an output
+    // changes none of its operations).
+    struct Piece { const BlockPart *part; int64_t n0, n1, first; };
+    std::vector<Piece> pieces;
+    for (int64_t p = 0, first = 0; p < L.part_count; first += L.parts[p].rows, p++)
+        for (int64_t n = 0; n < L.parts[p].rows; n += PIECE)
+            pieces.push_back({&L.parts[p], n, std::min(L.parts[p].rows, n + PIECE), first});
+    std::atomic<size_t> next{0};
+    const int64_t threads = std::max<int64_t>(1, torch::stable::get_num_threads());
+    torch::stable::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+        for (size_t i = next++; i < pieces.size(); i = next++) outputs(*pieces[i].part, pieces[i].n0, pieces[i].n1, pieces[i].first);
     });
 }
 

@@ -1,0 +1,290 @@
+// Tiled block products for a prefill's many rows (block_format.h says what a tile is), over an
+// instruction set S, after block_x86.h (whose one-row kernels they mirror): AVX2's tiles
+// (block_avx2.cpp), and the super-blocks' unpacking AVX-512's wide tiles share
+// (block_avx512.cpp).
+//
+// A tile is a band of rows of rounded activations against NR rows of weights: each weight block
+// is unpacked once for the band (its codes, scales and steps), each activation block loaded once
+// for the NR rows. Every output keeps the accumulators of its one-row kernel and takes exactly
+// that kernel's float operations in the same order; the integer sums are exact, so computing
+// them in another grouping changes no bit (batch invariance: a row's outputs never depend on
+// how many rows run together).
+//
+// Shape legend: K inputs; G = K / 32 blocks (32-blocks) or K / 256 super-blocks (K-quants);
+// M <= BAND activation rows x NR weight rows a tile; out[m * ldo + n].
+#pragma once
+
+#include "block_x86.h"
+
+namespace qkv {
+namespace blocks {
+namespace {
+
+// -- 32-blocks: dot32's two accumulators (even blocks, odd blocks) and offsets per output ----
+// A chunk of CHUNK blocks of the NR rows is unpacked once, then every row of the band takes it
+// with its accumulators in registers.
+constexpr int64_t CHUNK = 8;
+
+template <int64_t T, int NR>
+struct Chunk32 {
+    __m256i u[CHUNK][NR];  // the codes a dot product multiplies: unsigned (minimum types), or |w|
+    __m256i w[CHUNK][NR];  // the signed codes (their signs)
+    __m256 dw[CHUNK][NR];  // half(d) in every lane
+    float mw[CHUNK][NR];   // half(m) (minimum types)
+};
+
+template <int64_t T, int NR>
+inline void unpack32(const uint8_t *row, int64_t row_bytes, int64_t g0, int64_t count, Chunk32<T, NR> &c) {
+    constexpr bool minimum = T == Q4_1 || T == Q5_1;
+    constexpr int64_t Z = sizeof(typename Block32<T>::B);
+    for (int64_t j = 0; j < count; j++)
+        for (int n = 0; n < NR; n++) {
+            const uint8_t *b = row + n * row_bytes + (g0 + j) * Z;
+            const __m256i w = codes32<T>(b);
+            if constexpr (minimum) c.u[j][n] = w;
+            else {
+                c.u[j][n] = _mm256_sign_epi8(w, w);
+                c.w[j][n] = w;
+            }
+            uint16_t d;
+            memcpy(&d, b, sizeof d);
+            c.dw[j][n] = _mm256_set1_ps(half(d));
+            if constexpr (minimum) {
+                uint16_t m;
+                memcpy(&m, b + 2, sizeof m);
+                c.mw[j][n] = half(m);
+            }
+        }
+}
+
+// Block g0 + j of the chunk into one accumulator set of row x: block32's operations (the int32
+// lanes sum(w x) by whichever instructions, the same integers).
+template <class S, int64_t T, int NR>
+inline __attribute__((always_inline)) void take32(const Chunk32<T, NR> &c, int64_t j, const XRow &x, int64_t g,
+                                                 __m256 *acc, float *offset) {
+    constexpr bool minimum = T == Q4_1 || T == Q5_1;
+    const __m256i codes = load(x.q + 32 * g);
+    const __m256 dx = _mm256_set1_ps(x.d[g]);
+    for (int n = 0; n < NR; n++) {
+        __m256i dots;
+        if constexpr (minimum) dots = S::dot4(c.u[j][n], codes);
+        else dots = S::dot4(c.u[j][n], _mm256_sign_epi8(codes, c.w[j][n]));
+        // half(d) * dx in every lane: the scalar product block32 broadcasts
+        acc[n] = _mm256_fmadd_ps(_mm256_mul_ps(c.dw[j][n], dx), _mm256_cvtepi32_ps(dots), acc[n]);
+        if constexpr (minimum) offset[n] += c.mw[j][n] * x.s[g];
+    }
+}
+
+template <class S, int64_t T, int NR>
+void tile32(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t M, int64_t K, const void *, float *out, int64_t ldo) {
+    const int64_t G = K / 32;
+    __m256 acc[BAND][2][NR];
+    float offset[BAND][2][NR];
+    for (int64_t m = 0; m < M; m++)
+        for (int n = 0; n < NR; n++) {
+            acc[m][0][n] = acc[m][1][n] = _mm256_setzero_ps();
+            offset[m][0][n] = offset[m][1][n] = 0.f;
+        }
+    Chunk32<T, NR> c;
+    for (int64_t g0 = 0; g0 < G; g0 += CHUNK) {  // g0 even: block g into accumulator g % 2, as dot32
+        const int64_t count = std::min(CHUNK, G - g0);
+        unpack32<T, NR>(row, row_bytes, g0, count, c);
+        for (int64_t m = 0; m < M; m++) {
+            __m256 even[NR], odd[NR];
+            float even_offset[NR], odd_offset[NR];
+            for (int n = 0; n < NR; n++) {
+                even[n] = acc[m][0][n], odd[n] = acc[m][1][n];
+                even_offset[n] = offset[m][0][n], odd_offset[n] = offset[m][1][n];
+            }
+            int64_t j = 0;
+            if (count == CHUNK) {
+#pragma GCC unroll 4
+                for (; j < CHUNK; j += 2) {
+                    take32<S, T, NR>(c, j, xs[m], g0 + j, even, even_offset);
+                    take32<S, T, NR>(c, j + 1, xs[m], g0 + j + 1, odd, odd_offset);
+                }
+            } else {
+                for (; j + 2 <= count; j += 2) {
+                    take32<S, T, NR>(c, j, xs[m], g0 + j, even, even_offset);
+                    take32<S, T, NR>(c, j + 1, xs[m], g0 + j + 1, odd, odd_offset);
+                }
+                if (j < count) take32<S, T, NR>(c, j, xs[m], g0 + j, even, even_offset);
+            }
+            for (int n = 0; n < NR; n++) {
+                acc[m][0][n] = even[n], acc[m][1][n] = odd[n];
+                offset[m][0][n] = even_offset[n], offset[m][1][n] = odd_offset[n];
+            }
+        }
+    }
+    for (int64_t m = 0; m < M; m++)
+        for (int n = 0; n < NR; n++)
+            out[m * ldo + n] = hsum(_mm256_add_ps(acc[m][0][n], acc[m][1][n])) + (offset[m][0][n] + offset[m][1][n]);
+}
+
+// -- K-quant super-blocks: the 256 codes as 8 vectors of 32 (vector t meets the activations'
+// codes 32 t .. 32 t + 31) and each vector's int16 scales, unpacked once a tile ------------
+struct Unpacked256 {
+    __m256i q[8], scales[8];
+    __m256i extra;  // Q6_K / Q3_K: the 16 signed scales (the offsets' weights); Q2_K: the 16 minimums; Q5_K: 8 minimums
+    float d, dmin;
+};
+
+template <int64_t T>
+inline void unpack256(const uint8_t *p, Unpacked256 &u) {
+    if constexpr (T == Q6_K) {
+        const BlockQ6_K &b = *reinterpret_cast<const BlockQ6_K *>(p);
+        const __m256i low4 = _mm256_set1_epi8(15), three = _mm256_set1_epi8(3);
+        const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i *>(b.scales));
+        for (int h = 0; h < 2; h++) {  // as dot_q6_k
+            const __m256i l0 = load(b.ql + 64 * h), l1 = load(b.ql + 64 * h + 32), qh = load(b.qh + 32 * h);
+            u.q[4 * h] = _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_slli_epi16(_mm256_and_si256(qh, three), 4));
+            u.q[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, low4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), three), 4));
+            u.q[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
+                                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), three), 4));
+            u.q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+                                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), three), 4));
+            for (int t = 0; t < 4; t++) u.scales[4 * h + t] = two_scales16(sc8, 8 * h + 2 * t, true);
+        }
+        u.extra = _mm256_cvtepi8_epi16(sc8);
+        u.d = half(b.d);
+    } else if constexpr (T == Q5_K) {
+        const BlockQ5_K &b = *reinterpret_cast<const BlockQ5_K *>(p);
+        const __m256i low4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
+        const __m256i both = _mm256_cvtepu8_epi16(scales_mins_k4(b.scales));
+        const __m256i scales = _mm256_permute2x128_si256(both, both, 0x00);
+        __m256i high = load(b.qh);
+        for (int j = 0; j < 4; j++) {  // as dot_k4
+            const __m256i q = load(b.qs + 32 * j);
+            u.q[2 * j] = _mm256_or_si256(_mm256_and_si256(q, low4), _mm256_slli_epi16(_mm256_and_si256(high, one), 4));
+            u.q[2 * j + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), low4),
+                                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(high, 1), one), 4));
+            high = _mm256_srli_epi16(high, 2);
+            u.scales[2 * j] = _mm256_shuffle_epi8(scales, _mm256_set1_epi16(static_cast<short>((4 * j) | ((4 * j + 1) << 8))));
+            u.scales[2 * j + 1] = _mm256_shuffle_epi8(scales, _mm256_set1_epi16(static_cast<short>((4 * j + 2) | ((4 * j + 3) << 8))));
+        }
+        u.extra = both;
+        u.d = half(b.d);
+        u.dmin = half(b.dmin);
+    } else {  // Q2_K, Q3_K: as dot_k2
+        using B = std::conditional_t<T == Q3_K, BlockQ3_K, BlockQ2_K>;
+        const B &b = *reinterpret_cast<const B *>(p);
+        const __m256i three = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+        __m128i sc8;
+        [[maybe_unused]] __m256i hm;
+        if constexpr (T == Q2_K) {
+            const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i *>(b.scales));
+            sc8 = _mm_and_si128(packed, _mm_set1_epi8(15));
+            u.extra = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(15)));
+            u.dmin = half(b.dmin);
+        } else {
+            int8_t sc[16];
+            for (int s = 0; s < 16; s++) sc[s] = static_cast<int8_t>(q3_scale(b.scales, s) - 32);
+            sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i *>(sc));
+            hm = load(b.hmask);
+            u.extra = _mm256_cvtepi8_epi16(sc8);
+        }
+        for (int h = 0; h < 2; h++) {
+            const __m256i bits = load(b.qs + 32 * h);
+            for (int t = 0; t < 4; t++) {
+                __m256i q = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * t), three);
+                if constexpr (T == Q3_K) q = _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + t), one), 2));
+                u.q[4 * h + t] = q;
+                u.scales[4 * h + t] = two_scales16(sc8, 8 * h + 2 * t, T == Q3_K);
+            }
+        }
+        u.d = half(b.d);
+    }
+}
+
+// One super-block i of the NR rows (unpacked) against row x: sumi per row as the one-row kernel's,
+// then its float operations.
+template <int64_t T, int NR>
+inline __attribute__((always_inline)) void take256(const Unpacked256 *u, const XRow &x, int64_t i, __m256 *acc,
+                                                  __m256 *mins, __m128 *mins4) {
+    const int8_t *c = x.q + 256 * i;
+    const __m256i sums = load(x.sums + 16 * i);
+    const float dx = x.d[i];
+    __m256i sumi[NR];
+    for (int n = 0; n < NR; n++) sumi[n] = _mm256_setzero_si256();
+    for (int t = 0; t < 8; t++) {
+        const __m256i codes = load(c + 32 * t);
+        for (int n = 0; n < NR; n++) {
+            const __m256i p16 = _mm256_maddubs_epi16(u[n].q[t], codes);
+            sumi[n] = _mm256_add_epi32(sumi[n], _mm256_madd_epi16(p16, u[n].scales[t]));
+        }
+    }
+    for (int n = 0; n < NR; n++) {
+        // Q6_K / Q3_K: the codes' offset (32, 4) times sum(scale * the 16-sums), taken off (extra holds -32 or -4 times the scales)
+        if constexpr (T == Q6_K || T == Q3_K) sumi[n] = _mm256_add_epi32(sumi[n], _mm256_madd_epi16(sums, u[n].extra));
+        if constexpr (T == Q2_K)
+            mins[n] = _mm256_fmadd_ps(_mm256_set1_ps(u[n].dmin * dx), _mm256_cvtepi32_ps(_mm256_madd_epi16(u[n].extra, sums)), mins[n]);
+        if constexpr (T == Q5_K) {
+            const __m128i sums32 = _mm_hadd_epi16(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
+            const __m128i msum = _mm_madd_epi16(_mm256_extracti128_si256(u[n].extra, 1), sums32);
+            mins4[n] = _mm_fmadd_ps(_mm_set1_ps(u[n].dmin * dx), _mm_cvtepi32_ps(msum), mins4[n]);
+        }
+        acc[n] = _mm256_fmadd_ps(_mm256_set1_ps(u[n].d * dx), _mm256_cvtepi32_ps(sumi[n]), acc[n]);
+    }
+}
+
+template <int64_t T, int NR>
+void tile256(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t M, int64_t K, const void *, float *out, int64_t ldo) {
+    constexpr int64_t Z = T == Q6_K ? sizeof(BlockQ6_K) : T == Q5_K ? sizeof(BlockQ5_K) : T == Q3_K ? sizeof(BlockQ3_K) : sizeof(BlockQ2_K);
+    constexpr bool has_mins = T == Q2_K || T == Q3_K;  // dot_k2's second accumulator (Q3_K's stays zero)
+    __m256 acc[BAND][NR], mins[has_mins ? BAND : 1][NR];
+    __m128 mins4[T == Q5_K ? BAND : 1][NR];
+    for (int64_t m = 0; m < M; m++)
+        for (int n = 0; n < NR; n++) {
+            acc[m][n] = _mm256_setzero_ps();
+            if constexpr (has_mins) mins[m][n] = _mm256_setzero_ps();
+            if constexpr (T == Q5_K) mins4[m][n] = _mm_setzero_ps();
+        }
+    Unpacked256 u[NR];
+    for (int64_t i = 0; i < K / 256; i++) {
+        for (int n = 0; n < NR; n++) {
+            unpack256<T>(row + n * row_bytes + i * Z, u[n]);
+            if constexpr (T == Q6_K) u[n].extra = _mm256_mullo_epi16(u[n].extra, _mm256_set1_epi16(-32));
+            if constexpr (T == Q3_K) u[n].extra = _mm256_mullo_epi16(u[n].extra, _mm256_set1_epi16(-4));
+        }
+        for (int64_t m = 0; m < M; m++)
+            take256<T, NR>(u, xs[m], i, acc[m], has_mins ? mins[m] : mins[0], T == Q5_K ? mins4[m] : mins4[0]);
+    }
+    for (int64_t m = 0; m < M; m++)
+        for (int n = 0; n < NR; n++) {
+            float v;
+            if constexpr (T == Q6_K) {
+                v = hsum(acc[m][n]);
+            } else if constexpr (T == Q5_K) {
+                __m128 s = _mm_add_ps(mins4[m][n], _mm_movehl_ps(mins4[m][n], mins4[m][n]));
+                s = _mm_add_ss(s, _mm_movehdup_ps(s));
+                v = hsum(acc[m][n]) - _mm_cvtss_f32(s);
+            } else {
+                v = hsum(acc[m][n]) - hsum(mins[m][n]);
+            }
+            out[m * ldo + n] = v;
+        }
+}
+
+// The tile each type runs (Q4_K: none here, its interleaved kernels are its own), or {}.
+// NR32 / NR256: weight rows a tile of 32-blocks / super-blocks (AVX2's tiles; AVX-512 has wide
+// ones of its own, block_tiles_avx512.h); Q4_K: none here, its interleaved kernels are its own.
+template <class S, int NR32, int NR256>
+Tile tile_for(int64_t type) {
+    switch (type) {
+        case Q4_0: return {tile32<S, Q4_0, NR32>, NR32};
+        case Q4_1: return {tile32<S, Q4_1, NR32>, NR32};
+        case Q5_0: return {tile32<S, Q5_0, NR32>, NR32};
+        case Q5_1: return {tile32<S, Q5_1, NR32>, NR32};
+        case Q8_0: return {tile32<S, Q8_0, NR32>, NR32};
+        case IQ4_NL: return {tile32<S, IQ4_NL, NR32>, NR32};
+        case Q2_K: return {tile256<Q2_K, NR256>, NR256};
+        case Q3_K: return {tile256<Q3_K, NR256>, NR256};
+        case Q5_K: return {tile256<Q5_K, NR256>, NR256};
+        case Q6_K: return {tile256<Q6_K, NR256>, NR256};
+        default: return {};
+    }
+}
+
+}  // namespace
+}  // namespace blocks
+}  // namespace qkv
