@@ -5,7 +5,12 @@ own `ggml_mul_mat` on the same shapes and type (llama.cpp's CPU backend, built i
 benchmarks/kernels/ggml_mul_mat.c, compiled here against its libggml; left out when that build
 is missing). Both sides include rounding the activations to the type's `vec_dot_type`.
 
-    python benchmarks/kernels/block_types.py [--types Q4_K,Q6_K] [--calls 200] [--json out.json]
+    python benchmarks/kernels/block_types.py [--types Q4_K,Q6_K] [--calls 200] [--rows 1] [--json out.json]
+
+Q4_K gets a second line, "Q4_K/r": qkv's Q4_K repacked at load (qkv.runtime.native.q4k_repack)
+against ggml's repacked Q4_K (its CPU_REPACK buffer, as llama.cpp loads a model:
+benchmarks/kernels/ggml_repacked_mul_mat.c). `--rows M` times M activation rows a product
+(a prompt's prefill) instead of one.
 
 Each cell: the median of `calls` calls after 20 untimed, random blocks with small float16
 scales (speed does not depend on the values). The weights of the larger shapes (8 MB and up
@@ -31,10 +36,12 @@ import llama_tools  # noqa: E402
 from qkv.models.gguf.dequantize import BLOCK_FORMATS  # noqa: E402
 from qkv.runtime.native.block_ops import block_linear, block_products_status  # noqa: E402
 from qkv.runtime.native.ops import use_variant, variants  # noqa: E402
+from qkv.runtime.native.q4k_repack import Q4_K_X16, repack_q4_k, repack_status  # noqa: E402
 
 SHAPES = [(576, 576), (1536, 576), (576, 1536), (2048, 2048), (8192, 2048), (2048, 8192)]  # (N, K)
 TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.Q2_K, Q.Q3_K]
 GGML_BENCH = Path(__file__).with_name("ggml_mul_mat.c")
+GGML_REPACKED_BENCH = Path(__file__).with_name("ggml_repacked_mul_mat.c")
 
 
 def random_matrix(block_type: Q, n: int, k: int) -> torch.Tensor:
@@ -46,27 +53,31 @@ def random_matrix(block_type: Q, n: int, k: int) -> torch.Tensor:
     return torch.from_numpy(raw.reshape(n, -1))
 
 
-def qkv_us(block_type: Q, n: int, k: int, threads: int, variant: str, calls: int) -> float:
-    blocks, x = random_matrix(block_type, n, k), torch.randn(1, k)
+def qkv_us(block_type: Q, n: int, k: int, threads: int, variant: str, calls: int, rows: int = 1, repacked: bool = False) -> float:
+    blocks, x = random_matrix(block_type, n, k), torch.randn(rows, k)
+    code = int(block_type)
+    if repacked:
+        blocks, code = repack_q4_k(blocks), Q4_K_X16
     torch.set_num_threads(threads)
     samples = []
     with use_variant(variant):
         for i in range(calls + 20):
             start = time.perf_counter()
-            block_linear(x, blocks, block_type)
+            block_linear(x, blocks, code)
             if i >= 20:
                 samples.append(time.perf_counter() - start)
     return harness.median(samples) * 1e6
 
 
-def ggml_binary(lib: Path) -> Path | None:
-    """ggml_mul_mat.c built against the libggml in `lib` (the peers' llama.cpp build by default),
-    or None where that is missing."""
+def ggml_binary(lib: Path, source: Path = GGML_BENCH) -> Path | None:
+    """`source` (ggml_mul_mat.c) built against the libggml in `lib` (the peers' llama.cpp build by
+    default), or None where that is missing."""
     include = llama_tools.PEERS / "src" / "llama_cpp_python-0.3.36" / "vendor" / "llama.cpp" / "ggml" / "include"
     if not (lib / "libggml.so").exists() or not include.is_dir():
         return None
-    target = Path(os.environ.get("TMPDIR", "/tmp")) / f"qkv_ggml_mul_mat_{hashlib.sha1(str(lib.resolve()).encode()).hexdigest()[:12]}"
-    command = ["cc", "-O2", str(GGML_BENCH), f"-I{include}", f"-L{lib}", "-lggml", "-lggml-base", "-lggml-cpu",
+    key = hashlib.sha1(str(lib.resolve()).encode() + source.read_bytes()).hexdigest()[:12]
+    target = Path(os.environ.get("TMPDIR", "/tmp")) / f"qkv_{source.stem}_{key}"
+    command = ["cc", "-O2", str(source), f"-I{include}", f"-L{lib}", "-lggml", "-lggml-base", "-lggml-cpu",
                f"-Wl,-rpath,{lib}", "-o", str(target)]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
@@ -75,8 +86,10 @@ def ggml_binary(lib: Path) -> Path | None:
     return target
 
 
-def ggml_us(binary: Path, block_type: Q, n: int, k: int, threads: int, calls: int) -> float:
-    done = subprocess.run([str(binary), str(int(block_type)), str(n), str(k), str(threads), str(calls)],
+def ggml_us(binary: Path, block_type: Q, n: int, k: int, threads: int, calls: int, rows: int | None = None) -> float:
+    """ggml_mul_mat's median (rows None), or ggml_repacked_mul_mat's for `rows` activation rows."""
+    shape = [str(n), str(k)] if rows is None else [str(n), str(k), str(rows)]
+    done = subprocess.run([str(binary), str(int(block_type)), *shape, str(threads), str(calls)],
                           capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         return float("nan")
@@ -88,6 +101,7 @@ def main() -> None:
     parser.add_argument("--types", help="comma-separated block types (default: all)")
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--shapes", help="comma-separated NxK (default: SmolLM2's and a 1B Llama's)")
+    parser.add_argument("--rows", type=int, default=1, help="activation rows a product (default 1: a decode step)")
     parser.add_argument("--ggml-lib", type=Path, default=llama_tools.BIN,
                         help="the folder of the libggml*.so to time (default: the peers' build, %(default)s)")
     args = parser.parse_args()
@@ -97,25 +111,31 @@ def main() -> None:
     facts = harness.header("block products per type: qkv's variants against ggml's mul_mat", packages=("gguf",))
     types = [Q[name] for name in args.types.split(",")] if args.types else TYPES
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES
-    binary = ggml_binary(args.ggml_lib)
+    binary, repacked_binary = ggml_binary(args.ggml_lib), ggml_binary(args.ggml_lib, GGML_REPACKED_BENCH)
     if binary is None:
         print("ggml's side left out: no llama.cpp build at", args.ggml_lib, flush=True)
     rows = []
     for block_type in types:
+        kinds = [False, True] if block_type == Q.Q4_K and repack_status() is None else [False]
         for n, k in shapes:
             if k % BLOCK_FORMATS[block_type].weights:  # SmolLM2's 576 is not whole super-blocks
                 continue
             for threads in (1, 2):
-                row = {"type": block_type.name, "N": n, "K": k, "threads": threads}
-                for variant in variants():
-                    row[variant] = qkv_us(block_type, n, k, threads, variant, args.calls)
-                if binary is not None:
-                    row["ggml"] = ggml_us(binary, block_type, n, k, threads, args.calls)
-                best = row[variants()[-1]]
-                ratio = f"  ggml/qkv x{row['ggml'] / best:4.2f}" if "ggml" in row else ""
-                cells = "  ".join(f"{v} {row[v]:8.1f}" for v in (*variants(), *(["ggml"] if "ggml" in row else [])))
-                print(f"{block_type.name:6} {n:5}x{k:<5} t={threads}  us/product: {cells}{ratio}", flush=True)
-                rows.append(row)
+                for repacked in kinds:
+                    name = block_type.name + ("/r" if repacked else "")
+                    row = {"type": name, "N": n, "K": k, "M": args.rows, "threads": threads}
+                    for variant in variants():
+                        row[variant] = qkv_us(block_type, n, k, threads, variant, args.calls, args.rows, repacked)
+                    if repacked or args.rows > 1:
+                        if repacked_binary is not None:  # M rows, or ggml's repacked weights
+                            row["ggml"] = ggml_us(repacked_binary, block_type, n, k, threads, args.calls, args.rows)
+                    elif binary is not None:
+                        row["ggml"] = ggml_us(binary, block_type, n, k, threads, args.calls)
+                    best = row[variants()[-1]]
+                    ratio = f"  ggml/qkv x{row['ggml'] / best:4.2f}" if "ggml" in row else ""
+                    cells = "  ".join(f"{v} {row[v]:8.1f}" for v in (*variants(), *(["ggml"] if "ggml" in row else [])))
+                    print(f"{name:6} {n:5}x{k:<5} M={args.rows} t={threads}  us/product: {cells}{ratio}", flush=True)
+                    rows.append(row)
     torch.set_num_threads(1)
     if args.json:
         harness.write_json(args.json, {"products": rows}, facts)
