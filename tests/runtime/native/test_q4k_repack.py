@@ -99,3 +99,6 @@ def test_the_repacking_refuses_rows_that_are_not_whole_groups() -> None:
     blocks, _ = q4_k(24, 256, seed=8)
     with pytest.raises(RuntimeError, match="multiple of 16"):
         q4k_repack.repack_q4_k(blocks)
+    whole, _ = q4_k(16, 256, seed=9)
+    with pytest.raises(RuntimeError, match="not a GGUF block type"):  # no block-by-block decode of the interleaved rows
+        block_ops.block_decode(q4k_repack.repack_q4_k(whole), q4k_repack.Q4_K_X16, 256)
