@@ -8,6 +8,11 @@ is missing). Both sides include rounding the activations to the type's `vec_dot_
 
     python benchmarks/kernels/block_types.py [--types Q4_K,Q6_K] [--calls 200] [--rows 1] [--json out.json]
 
+Q4_K gets a second line, "Q4_K/r": qkv's Q4_K repacked at load (qkv.runtime.native.q4k_repack)
+against ggml's repacked Q4_K (its CPU_REPACK buffer, as llama.cpp loads a model:
+benchmarks/kernels/ggml_repacked_mul_mat.c). `--rows M` times M activation rows a product
+(a prompt's prefill) instead of one.
+
 Each cell: the median of `calls` calls after 20 untimed, random blocks with small float16
 scales (speed does not depend on the values). The weights of the larger shapes (8 MB and up
 as Q4_K) do not fit in cache, as in a decode step; the 2048 x 2048 ones nearly do.
@@ -32,10 +37,12 @@ import llama_tools  # noqa: E402
 from qkv.models.gguf.dequantize import BLOCK_FORMATS  # noqa: E402
 from qkv.runtime.native.block_ops import block_linear, block_products_status  # noqa: E402
 from qkv.runtime.native.ops import use_variant, variants  # noqa: E402
+from qkv.runtime.native.q4k_repack import Q4_K_X16, repack_q4_k, repack_status  # noqa: E402
 
 SHAPES = [(576, 576), (1536, 576), (576, 1536), (2048, 2048), (8192, 2048), (2048, 8192)]  # (N, K)
 TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.Q2_K, Q.Q3_K]
 GGML_BENCH = Path(__file__).with_name("ggml_mul_mat.c")
+GGML_REPACKED_BENCH = Path(__file__).with_name("ggml_repacked_mul_mat.c")
 
 
 def random_matrix(block_type: Q, n: int, k: int) -> torch.Tensor:
@@ -47,27 +54,31 @@ def random_matrix(block_type: Q, n: int, k: int) -> torch.Tensor:
     return torch.from_numpy(raw.reshape(n, -1))
 
 
-def qkv_us(block_type: Q, n: int, k: int, threads: int, variant: str, calls: int, rows: int) -> float:
+def qkv_us(block_type: Q, n: int, k: int, threads: int, variant: str, calls: int, rows: int, repacked: bool = False) -> float:
     blocks, x = random_matrix(block_type, n, k), torch.randn(rows, k)
+    code = int(block_type)
+    if repacked:
+        blocks, code = repack_q4_k(blocks), Q4_K_X16
     torch.set_num_threads(threads)
     samples = []
     with use_variant(variant):
         for i in range(calls + 20):
             start = time.perf_counter()
-            block_linear(x, blocks, block_type)
+            block_linear(x, blocks, code)
             if i >= 20:
                 samples.append(time.perf_counter() - start)
     return harness.median(samples) * 1e6
 
 
-def ggml_binary(lib: Path) -> Path | None:
-    """ggml_mul_mat.c built against the libggml in `lib` (the peers' llama.cpp build by default),
-    or None where that is missing."""
+def ggml_binary(lib: Path, source: Path = GGML_BENCH) -> Path | None:
+    """`source` (ggml_mul_mat.c) built against the libggml in `lib` (the peers' llama.cpp build by
+    default), or None where that is missing."""
     include = llama_tools.PEERS / "src" / "llama_cpp_python-0.3.36" / "vendor" / "llama.cpp" / "ggml" / "include"
     if not (lib / "libggml.so").exists() or not include.is_dir():
         return None
-    target = Path(os.environ.get("TMPDIR", "/tmp")) / f"qkv_ggml_mul_mat_{hashlib.sha1(str(lib.resolve()).encode()).hexdigest()[:12]}"
-    command = ["cc", "-O2", str(GGML_BENCH), f"-I{include}", f"-L{lib}", "-lggml", "-lggml-base", "-lggml-cpu",
+    key = hashlib.sha1(str(lib.resolve()).encode() + source.read_bytes()).hexdigest()[:12]
+    target = Path(os.environ.get("TMPDIR", "/tmp")) / f"qkv_{source.stem}_{key}"
+    command = ["cc", "-O2", str(source), f"-I{include}", f"-L{lib}", "-lggml", "-lggml-base", "-lggml-cpu",
                f"-Wl,-rpath,{lib}", "-o", str(target)]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
@@ -76,8 +87,11 @@ def ggml_binary(lib: Path) -> Path | None:
     return target
 
 
-def ggml_us(binary: Path, block_type: Q, n: int, k: int, threads: int, calls: int, rows: int) -> float:
-    done = subprocess.run([str(binary), str(int(block_type)), str(n), str(k), str(threads), str(calls), str(rows)],
+def ggml_us(binary: Path, block_type: Q, n: int, k: int, threads: int, calls: int, rows: int,
+            repacked: bool = False) -> float:
+    """ggml_mul_mat's median for `rows` activation rows, or ggml_repacked_mul_mat's (repacked weights)."""
+    shape = [str(n), str(k), str(rows), str(threads), str(calls)] if repacked else [str(n), str(k), str(threads), str(calls), str(rows)]
+    done = subprocess.run([str(binary), str(int(block_type)), *shape],
                           capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         return float("nan")
@@ -102,25 +116,29 @@ def main() -> None:
     types = [Q[name] for name in args.types.split(",")] if args.types else TYPES
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES
     timed = [v for v in variants() if args.variants is None or v in args.variants.split(",")]
-    binary = ggml_binary(args.ggml_lib)
+    binary, repacked_binary = ggml_binary(args.ggml_lib), ggml_binary(args.ggml_lib, GGML_REPACKED_BENCH)
     if binary is None:
         print("ggml's side left out: no llama.cpp build at", args.ggml_lib, flush=True)
     rows = []
     for block_type in types:
+        kinds = [False, True] if block_type == Q.Q4_K and repack_status() is None else [False]
         for n, k in shapes:
             if k % BLOCK_FORMATS[block_type].weights:  # SmolLM2's 576 is not whole super-blocks
                 continue
             for threads in (int(t) for t in args.threads.split(",")):
-                row = {"type": block_type.name, "N": n, "K": k, "M": args.rows, "threads": threads}
-                for variant in timed:
-                    row[variant] = qkv_us(block_type, n, k, threads, variant, args.calls, args.rows)
-                if binary is not None:
-                    row["ggml"] = ggml_us(binary, block_type, n, k, threads, args.calls, args.rows)
-                best = row[timed[-1]]
-                ratio = f"  ggml/qkv x{row['ggml'] / best:4.2f}" if "ggml" in row else ""
-                cells = "  ".join(f"{v} {row[v]:8.1f}" for v in (*timed, *(["ggml"] if "ggml" in row else [])))
-                print(f"{block_type.name:6} {n:5}x{k:<5} M={args.rows} t={threads}  us/product: {cells}{ratio}", flush=True)
-                rows.append(row)
+                for repacked in kinds:
+                    name = block_type.name + ("/r" if repacked else "")
+                    row = {"type": name, "N": n, "K": k, "M": args.rows, "threads": threads}
+                    for variant in timed:
+                        row[variant] = qkv_us(block_type, n, k, threads, variant, args.calls, args.rows, repacked)
+                    ggml = repacked_binary if repacked else binary
+                    if ggml is not None:
+                        row["ggml"] = ggml_us(ggml, block_type, n, k, threads, args.calls, args.rows, repacked)
+                    best = row[timed[-1]]
+                    ratio = f"  ggml/qkv x{row['ggml'] / best:4.2f}" if "ggml" in row else ""
+                    cells = "  ".join(f"{v} {row[v]:8.1f}" for v in (*timed, *(["ggml"] if "ggml" in row else [])))
+                    print(f"{name:6} {n:5}x{k:<5} M={args.rows} t={threads}  us/product: {cells}{ratio}", flush=True)
+                    rows.append(row)
     torch.set_num_threads(1)
     if args.json:
         harness.write_json(args.json, {"products": rows}, facts)

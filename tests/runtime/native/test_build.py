@@ -117,8 +117,10 @@ def test_cache_folder_follows_the_environment(monkeypatch, tmp_path: Path) -> No
 def test_the_sources_are_each_under_500_lines_and_all_in_the_build() -> None:
     """kernels.cpp's split: every source and header short, and every .cpp beside them built."""
     folder = build.HERE
-    on_disk = {p.name for p in folder.glob("*.cpp")}
+    on_disk = {str(p.relative_to(folder)) for p in folder.rglob("*.cpp")}
     assert on_disk == set(build.SOURCES)
+    headers = {str(p.relative_to(folder)) for p in folder.rglob("*.h")}
+    assert headers == set(build.HEADERS), "every header is in the build's key"
     for name in build.SOURCES + build.HEADERS:
         assert len((folder / name).read_text(encoding="utf-8").splitlines()) <= 500, name
 

@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from qkv.models.gguf.stored import StoredBlocks
 from qkv.runtime.linear.kernel import kernel_list
 from qkv.runtime.native.block_ops import block_linear, block_products_status, rounded_activations
+from qkv.runtime.native.q4k_repack import Q4_K_X16, repack_q4_k, repack_status, repackable, unrepack_q4_k
 
 MAX_STACKED_BLOCKS = 4  # runtime/native/csrc/kernels.h's MAX_PARTS: matrices of different block types in one product
 _said: set[str] = set()
@@ -52,9 +53,6 @@ class BlockLinear(nn.Module):
         super().__init__()
         self.block_type = stored.block_type
         self.out_features, self.in_features = stored.shape
-        self.register_buffer("blocks", stored.blocks)
-        # the block type as qkv's whole-layer kernel reads it (runtime/native/csrc/kernels.h's Linear: [blocks, type])
-        self.register_buffer("type_code", torch.tensor([int(stored.block_type)], dtype=torch.int64), persistent=False)
         if bias is not None and tuple(bias.shape) != (self.out_features,):
             raise ValueError(f"bias of shape {tuple(bias.shape)} for a layer of {self.out_features} outputs")
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
@@ -65,11 +63,19 @@ class BlockLinear(nn.Module):
         if not self.native and native is None and reason not in _said:
             _said.add(reason)
             print(f"qkv: GGUF block layers run PyTorch's reference product ({reason})", file=sys.stderr)
+        # Q4_K in whole groups of 16 rows runs repacked (qkv.runtime.native.q4k_repack), the same
+        # products faster; `stored` undoes it
+        self.repacked = self.native and repackable(stored.block_type, self.out_features) and repack_status() is None
+        self.register_buffer("blocks", repack_q4_k(stored.blocks) if self.repacked else stored.blocks)
+        # the block type as qkv's whole-layer kernel reads it (runtime/native/csrc/kernels.h's Linear: [blocks, type])
+        self.kernel_type = Q4_K_X16 if self.repacked else int(stored.block_type)
+        self.register_buffer("type_code", torch.tensor([self.kernel_type], dtype=torch.int64), persistent=False)
         self._weight: Tensor | None = None  # the reference path's dequantized weights
 
     @property
     def stored(self) -> StoredBlocks:
-        return StoredBlocks(self.blocks, self.block_type, (self.out_features, self.in_features))
+        blocks = unrepack_q4_k(self.blocks) if self.repacked else self.blocks
+        return StoredBlocks(blocks, self.block_type, (self.out_features, self.in_features))
 
     def dequantized_weight(self) -> Tensor:
         """The (N, K) float32 weights, bit-identical to the gguf library's (kept once made)."""
@@ -84,7 +90,7 @@ class BlockLinear(nn.Module):
             rounded = rounded_activations(x, self.block_type)
             return F.linear(rounded, self.dequantized_weight(), self.bias).to(x.dtype)
         rows = x.reshape(-1, self.in_features).float().contiguous()  # (..., K) -> (M, K)
-        y = block_linear(rows, self.blocks, self.block_type, self.bias)  # (M, N)
+        y = block_linear(rows, self.blocks, self.kernel_type, self.bias)  # (M, N)
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def kernel_tensors(self) -> list[Tensor] | None:
@@ -92,7 +98,7 @@ class BlockLinear(nn.Module):
         return kernel_list([self.blocks, self.type_code], self.bias) if self.native else None
 
     def extra_repr(self) -> str:
-        path = "native" if self.native else "torch reference"
+        path = ("native, repacked" if self.repacked else "native") if self.native else "torch reference"
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.block_type.name}, {path}"
 
 

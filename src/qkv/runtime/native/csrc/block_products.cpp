@@ -20,6 +20,7 @@
 // Shape legend: M rows of x, K inputs, N outputs.
 #include "block_format.h"
 #include "kernels.h"
+#include "q4k/q4k.h"
 
 #include <atomic>
 #include <vector>
@@ -115,6 +116,8 @@ void apply_blocks(const Linear &L, const float *x, float *y, int64_t M) {
     PreparedParts prepared;
     prepare_parts(L, rows32.data(), rows256.data(), M, variant, prepared);
     auto outputs = [&](const BlockPart &part, int64_t n0, int64_t n1, int64_t first) {
+        if (part.type == Q4_K_X16)  // whole groups of 16 rows (for_each_part's chunks and PIECE keep them whole)
+            return q4k::rows(part, rows256.data(), M, L.K, L.N, n0, n1, first, L.bias ? L.bias + first : nullptr, y, variant);
         const RowDot dot = dot_of(part.type, variant);
         const RowsDot several = rows_of(part.type, variant);
         const XRow *xs = traits_of(part.type)->activation == PER32 ? rows32.data() : rows256.data();
@@ -185,7 +188,7 @@ Tensor block_linear(Tensor x, Tensor blocks, int64_t block_type, std::optional<T
 
 Tensor block_decode(Tensor blocks, int64_t block_type, int64_t K) {
     const blocks::Traits *t = blocks::traits_of(block_type);
-    check(t != nullptr, "qkv::block_decode: block_type is not a GGUF block type this kernel reads");
+    check(t != nullptr && t->decode != nullptr, "qkv::block_decode: block_type is not a GGUF block type this kernel reads");
     check(K > 0 && K % t->weights == 0 && blocks.dim() == 2 && blocks.scalar_type() == ScalarType::Byte &&
               blocks.is_contiguous() && blocks.size(1) == K / t->weights * t->bytes,
           "qkv::block_decode: blocks must be contiguous uint8 (N, K / W * Z)");

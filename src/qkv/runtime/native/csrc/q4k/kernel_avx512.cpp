@@ -1,0 +1,107 @@
+// Q4_K_X16's product on AVX-512 VNNI (q4k.h): a zmm lane is a row of the group; one 64-byte
+// load is 8 weights of each of the 16 rows, multiplied by vpdpbusd against 4 activation codes
+// broadcast, for every activation row of the tile.
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#include <string.h>
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")
+#endif
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+#include "q4k.h"
+
+namespace qkv {
+namespace blocks {
+namespace q4k {
+namespace {
+
+inline __m512i load(const uint8_t *p) { return _mm512_loadu_si512(p); }
+
+inline __m512i code4(const int8_t *c) {  // 4 activation codes in every lane
+    int32_t v;
+    memcpy(&v, c, 4);
+    return _mm512_set1_epi32(v);
+}
+
+inline __m512i byte_of(__m512i v, int k) {  // byte k of every lane, as int32
+    return _mm512_and_si512(_mm512_srli_epi32(v, 8 * k), _mm512_set1_epi32(0xFF));
+}
+
+template <int N>
+void group(const uint8_t *g, int64_t K, const XRow *xs, const int32_t *p, float *out) {
+    const __m512i low4 = _mm512_set1_epi8(15), six = _mm512_set1_epi8(63), top = _mm512_set1_epi8(0x30),
+                  pair = _mm512_set1_epi32(0x00FF00FF);
+    const int64_t words = K / 64;  // minimum_sums a row
+    __m512 acc[N], macc[N];
+    for (int m = 0; m < N; m++) acc[m] = macc[m] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < K / 256; i++) {
+        const uint8_t *t = g + i * TILE;
+        const __m512i a = load(t + SA), b = load(t + SB), c = load(t + SC);
+        const __m512i sc03 = _mm512_and_si512(a, six);
+        const __m512i sc47 = _mm512_or_si512(_mm512_and_si512(c, low4), _mm512_and_si512(_mm512_srli_epi32(a, 2), top));
+        __m512i isum[N];
+        for (int m = 0; m < N; m++) isum[m] = _mm512_setzero_si512();
+        for (int j = 0; j < 4; j++) {
+            __m512i lo_sum[N], hi_sum[N];
+            for (int m = 0; m < N; m++) lo_sum[m] = hi_sum[m] = _mm512_setzero_si512();
+            for (int s = 0; s < 8; s++) {
+                const __m512i w = load(t + QS + 64 * (8 * j + s));
+                const __m512i lo = _mm512_and_si512(w, low4), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
+                for (int m = 0; m < N; m++) {
+                    const int8_t *q = xs[m].q + 256 * i + 64 * j + 4 * s;
+                    lo_sum[m] = _mm512_dpbusd_epi32(lo_sum[m], lo, code4(q));
+                    hi_sum[m] = _mm512_dpbusd_epi32(hi_sum[m], hi, code4(q + 32));
+                }
+            }
+            const __m512i scales = j < 2 ? sc03 : sc47;
+            const __m512i sl = byte_of(scales, (2 * j) % 4), sh = byte_of(scales, (2 * j + 1) % 4);
+            for (int m = 0; m < N; m++)
+                isum[m] = _mm512_add_epi32(isum[m], _mm512_add_epi32(_mm512_mullo_epi32(lo_sum[m], sl), _mm512_mullo_epi32(hi_sum[m], sh)));
+        }
+        const __m512i mn03 = _mm512_and_si512(b, six);
+        const __m512i mn47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(c, 4), low4), _mm512_and_si512(_mm512_srli_epi32(b, 2), top));
+        const __m512i even03 = _mm512_and_si512(mn03, pair), odd03 = _mm512_and_si512(_mm512_srli_epi32(mn03, 8), pair);
+        const __m512i even47 = _mm512_and_si512(mn47, pair), odd47 = _mm512_and_si512(_mm512_srli_epi32(mn47, 8), pair);
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(t + D)));
+        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(t + DMIN)));
+        for (int m = 0; m < N; m++) {
+            const int32_t *pm = p + m * words + 4 * i;
+            __m512i msum = _mm512_dpwssd_epi32(_mm512_setzero_si512(), even03, _mm512_set1_epi32(pm[0]));
+            msum = _mm512_dpwssd_epi32(msum, odd03, _mm512_set1_epi32(pm[1]));
+            msum = _mm512_dpwssd_epi32(msum, even47, _mm512_set1_epi32(pm[2]));
+            msum = _mm512_dpwssd_epi32(msum, odd47, _mm512_set1_epi32(pm[3]));
+            const __m512 dx = _mm512_set1_ps(xs[m].d[i]);
+            acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(isum[m]), acc[m]);
+            macc[m] = _mm512_fmadd_ps(_mm512_mul_ps(dmin, dx), _mm512_cvtepi32_ps(msum), macc[m]);
+        }
+    }
+    for (int m = 0; m < N; m++) _mm512_storeu_ps(out + ROWS * m, _mm512_sub_ps(acc[m], macc[m]));
+}
+
+}  // namespace
+
+void avx512_group(const uint8_t *g, int64_t K, const XRow *xs, const int32_t *p, int count, float *out) {
+    switch (count) {
+        case 1: return group<1>(g, K, xs, p, out);
+        case 2: return group<2>(g, K, xs, p, out);
+        case 3: return group<3>(g, K, xs, p, out);
+        default: return group<MR>(g, K, xs, p, out);
+    }
+}
+
+}  // namespace q4k
+}  // namespace blocks
+}  // namespace qkv
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif  // x86
