@@ -267,24 +267,32 @@ def test_slot_rows_decode_through_the_fused_calls_as_through_the_modules() -> No
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_each_layer_is_described_by_what_its_modules_are(family: str) -> None:
-    """The LayerSpec read from today's layers says what each family is: RMS norms, RoPE at the
-    config's base and SwiGLU for Llama/Qwen (q/k norms for Qwen3); LayerNorms with biases, no
-    RoPE and a plain tanh-GELU for GPT-2; and its RoPE frequencies are the modules' own."""
-    from qkv.runtime.layer_step import spec_of
+def test_each_familys_description_says_what_its_modules_are(family: str) -> None:
+    """Every family describes its own layers (`layer_specs()`), GPT-2 included, and the
+    description agrees with the modules it runs beside: RMS norms, RoPE at the rotary's base and
+    frequencies, SwiGLU for Llama/Qwen (q/k norms for Qwen3); LayerNorms with shifts at the
+    modules' eps, no RoPE and a plain tanh-GELU of the first feed-forward layer's width for GPT-2."""
     from qkv.runtime.layer_step_spec import declined, rope_frequencies
 
     model = _model(family, 4, 2 if family != "gpt2" else 4, 16, seed=0)
     prepare_for_decoding(model, precision="float32", compile=False)
     rotary = model.rotary_embedding()
-    for part in model.layer_parts():
-        spec = spec_of(part, rotary)
-        assert spec is not None and declined(spec) is None
-        assert (spec.attention.num_heads, spec.attention.head_dim) == (4, 16)
+    specs, parts = model.layer_specs(), model.layer_parts()
+    assert specs is not None and len(specs) == len(parts) == len(list(model.attention_layers()))
+    for spec, part in zip(specs, parts):
+        assert declined(spec) is None
+        att = part.attention
+        assert (spec.attention.num_heads, spec.attention.num_kv_heads, spec.attention.head_dim) == (
+            att.num_heads, att.num_kv_heads, att.head_dim)
         assert (spec.attention.qk_norm is not None) == (family == "qwen3")
         if family == "gpt2":
-            assert spec.rope is None and spec.attn_norm.kind == "layer" and spec.attn_norm.bias
+            block = model.trf_blocks[0]
+            assert spec.rope is None and rotary is None
+            assert spec.attn_norm.kind == spec.mlp_norm.kind == "layer" and spec.attn_norm.bias
+            assert spec.attn_norm.eps == block.norm1.eps and spec.mlp_norm.eps == block.norm2.eps
+            assert len(part.attn_norm) == len(part.mlp_norm) == 2  # LayerNorm: weight and shift
             assert spec.mlp.activation == "gelu_tanh" and not spec.mlp.gated
+            assert spec.mlp.intermediate_size == part.up.out_features
         else:
             assert spec.attn_norm.kind == "rms" and spec.mlp.activation == "silu" and spec.mlp.gated
             assert spec.rope.base == rotary.theta
@@ -295,7 +303,6 @@ def test_llama3_rope_scaling_reaches_the_native_layer_through_the_description() 
     """A scaled RoPE (Llama 3.x) is part of the description: the frequencies computed from it
     are the modules' own, and the fused steps give the modules' logits."""
     from qkv.attention.rope import Llama3RopeScaling
-    from qkv.runtime.layer_step import spec_of
     from qkv.runtime.layer_step_spec import rope_frequencies
 
     scaling = Llama3RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
@@ -308,7 +315,7 @@ def test_llama3_rope_scaling_reaches_the_native_layer_through_the_description() 
     setup = prepare_for_decoding(model, precision="float32", compile=True)
     prepare_for_decoding(modules, precision="float32", compile=False)
     assert setup.layer_step is not None
-    spec = spec_of(model.layer_parts()[0], model.rotary_embedding())
+    spec = model.layer_specs()[0]
     assert dict(spec.rope.scaling)["factor"] == 8.0
     assert torch.equal(rope_frequencies(spec.rope), model.rotary_embedding().inv_freq.float())
     prompts = torch.randint(0, 101, (1, 9), generator=torch.Generator().manual_seed(4))
@@ -323,11 +330,10 @@ def test_a_model_whose_own_description_the_kernel_lacks_runs_its_modules() -> No
     import dataclasses
 
     from qkv.models.configs.layer_spec import NormSpec
-    from qkv.runtime.layer_step import spec_of
 
     model = _model("llama", 4, 2, 16, seed=3)
     prepare_for_decoding(model, precision="float32", compile=False)
-    specs = [spec_of(part, model.rotary_embedding()) for part in model.layer_parts()]
+    specs = list(model.layer_specs())
     model.layer_specs = lambda: specs
     assert NativeLayerStep.for_model(model) is not None  # the same description as the modules': fused
     over_all = dataclasses.replace(specs[1], attention=dataclasses.replace(

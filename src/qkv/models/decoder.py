@@ -24,14 +24,14 @@ from __future__ import annotations
 from abc import ABCMeta, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 from qkv.attention.caches.kv_cache import CacheKind, CacheSpec, KVCache
 from qkv.attention.rope import RotaryEmbedding
-from qkv.models.configs.layer_spec import NormSpec
+from qkv.models.configs.layer_spec import LayerSpec, NormSpec
 
 if TYPE_CHECKING:
     from qkv.attention.grouped_query import GroupedQueryAttention
@@ -57,16 +57,14 @@ class LayerParts:
     A model that describes its layers (`layer_specs()`, qkv.models.configs.layer_spec) gives here the
     tensors its descriptions name: the post-norms' weights, the q/k norms' stored weights (any
     weight offset is the description's), and each layer's RoPE frequencies (None: NoPE), so
-    the kernel rotates by the very numbers the modules do. `activation` and `eps` tell a
-    layer to a runtime that reads no description (GPT-2's, today)."""
+    the kernel rotates by the very numbers the modules do. What each layer is (norm kinds,
+    activation, gating, eps) is its description's to say, never these tensors'."""
 
     attn_norm: tuple[Tensor, ...]  # (weight,): RMSNorm; (weight, bias): LayerNorm
     attention: GroupedQueryAttention
     mlp_norm: tuple[Tensor, ...]
     up: nn.Module  # a gated MLP's stacked gate_up_proj, or GPT-2's first feed-forward layer
     down: nn.Module
-    activation: Literal["silu_gated", "gelu_tanh_gated", "gelu_gated", "gelu_tanh"]
-    eps: float  # the norms' (q/k norms included)
     attn_post_norm: tuple[Tensor, ...] | None = None
     mlp_post_norm: tuple[Tensor, ...] | None = None
     q_norm: Tensor | None = None  # (D,) per-head q/k norm weights, as stored
@@ -116,6 +114,11 @@ class CausalDecoder(nn.Module, metaclass=ABCMeta):
     @abstractmethod
     def head(self, x: Tensor) -> Tensor:
         """The last layer's output (B, T, C) -> logits (B, T, V): final norm, output head."""
+
+    def layer_specs(self) -> tuple[LayerSpec, ...] | None:
+        """Each layer's description (qkv.models.configs.layer_spec), for a runtime that executes
+        descriptions (qkv.runtime's native layer step), or None when the family gives none."""
+        return None
 
     def layer_parts(self) -> list[LayerParts] | None:
         """The layers as `LayerParts`, or None when this family's layers cannot be told so."""

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from qkv.attention.grouped_query import GroupedQueryAttention
 from qkv.attention.caches.kv_cache import KVCache
-from qkv.models.configs.layer_spec import NormSpec
+from qkv.models.configs.layer_spec import AttentionSpec, LayerSpec, MlpSpec, NormSpec
 from qkv.models.decoder import CausalDecoder, HeadParts, LayerParts
 from qkv.models.configs.gpt2 import GPT_CONFIG_124M, GPTConfig  # noqa: F401  (re-exported; torch-free home)
 
@@ -105,12 +105,25 @@ class GPT2Decoder(CausalDecoder):
     def attention_layers(self) -> Iterator[GroupedQueryAttention]:
         return (block.att for block in self.trf_blocks)
 
+    def layer_specs(self) -> tuple[LayerSpec, ...]:
+        """GPT-2's layer as the family-neutral description every runtime executes: LayerNorms
+        with a shift, no RoPE (positions are learned and added in `embed`), multi-head
+        attention with biases, and a plain (ungated) tanh-GELU feed-forward of 4 x C."""
+        cfg = self.cfg
+        norm = NormSpec("layer", eps=cfg.layer_norm_eps, bias=True)
+        spec = LayerSpec(
+            attention=AttentionSpec(cfg.n_heads, cfg.n_heads, cfg.emb_dim // cfg.n_heads,
+                                    qkv_bias=cfg.qkv_bias, out_bias=True),
+            mlp=MlpSpec(4 * cfg.emb_dim, "gelu_tanh", gated=False, bias=True),
+            rope=None, attn_norm=norm, mlp_norm=norm)
+        return (spec,) * cfg.n_layers
+
     def layer_parts(self) -> list[LayerParts]:
         return [
             LayerParts(
                 attn_norm=(block.norm1.scale, block.norm1.shift), attention=block.att,
                 mlp_norm=(block.norm2.scale, block.norm2.shift), up=block.ff.layers[0],
-                down=block.ff.layers[2], activation="gelu_tanh", eps=block.norm1.eps,
+                down=block.ff.layers[2],
             )
             for block in self.trf_blocks
         ]

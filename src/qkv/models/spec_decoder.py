@@ -200,11 +200,9 @@ class SpecDecoder(CausalDecoder):
                 return None
             norms = {role: (getattr(layer, name).weight,) for role, name in layer.norm_names.items()}
             q_norm, k_norm = (getattr(attention.q_norm, "weight", None), getattr(attention.k_norm, "weight", None))
-            first_norm = next((n for n in (s.attn_norm, s.mlp_norm, s.attn_post_norm, s.mlp_post_norm) if n), None)
             parts.append(LayerParts(
                 attn_norm=norms.get("attn_norm", ()), attention=attention, mlp_norm=norms.get("mlp_norm", ()),
-                up=mlp.gate_up_proj, down=mlp.down_proj, activation=f"{s.mlp.activation}_gated",  # type: ignore[arg-type]
-                eps=first_norm.eps if first_norm is not None else 1e-6,
+                up=mlp.gate_up_proj, down=mlp.down_proj,
                 attn_post_norm=norms.get("attn_post_norm"), mlp_post_norm=norms.get("mlp_post_norm"),
                 q_norm=q_norm if s.attention.qk_norm is not None else None,
                 k_norm=k_norm if s.attention.qk_norm is not None else None,

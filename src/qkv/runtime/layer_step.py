@@ -15,10 +15,9 @@ with the session), with the final norm and the output head where the model tells
 the logits.
 
 The C++ reads each layer's description (`qkv.models.configs.layer_spec.LayerSpec`, packed by
-`qkv.runtime.layer_step_spec`): a model that gives `layer_specs()` hands its own (every
-SpecDecoder family: Llama, Qwen, Gemma 2/3, Phi-3, Mistral, SmolLM3, OLMo 2) with the tensors
-they name (`layer_parts()`: post-norms, q/k norms, each layer's RoPE frequencies); for GPT-2's
-layers the description is read here from the layer's modules (`spec_of`). A layer is declined
+`qkv.runtime.layer_step_spec`): every family hands its own (`layer_specs()`: the SpecDecoder
+families Llama, Qwen, Gemma 2/3, Phi-3, Mistral, SmolLM3, OLMo 2, and GPT-2) with the tensors
+they name (`layer_parts()`: post-norms, q/k norms, each layer's RoPE frequencies). A layer is declined
 by what its description says (`declined`: LongRoPE, say), not by a list of codes kept beside
 the C++.
 
@@ -53,14 +52,13 @@ from torch import Tensor, nn
 
 from qkv.attention.caches.kv_cache import StaticKVCache
 from qkv.attention.caches.window_cache import WindowKVCache
-from qkv.models.configs.layer_spec import AttentionSpec, LayerSpec, MlpSpec, NormSpec, RopeSpec
+from qkv.models.configs.layer_spec import LayerSpec
 from qkv.runtime.native import native_kernels
 from qkv.runtime.linear.kernel import KernelLinear
 from qkv.runtime.layer_step_spec import declined, layer_vectors, pack, packed_norm
 
 if TYPE_CHECKING:
     from qkv.attention.caches.kv_cache import KVCache
-    from qkv.attention.rope import RotaryEmbedding
     from qkv.models.decoder import CausalDecoder, HeadParts, LayerParts
 
 
@@ -74,38 +72,6 @@ def _norm_weight(norm: nn.Module) -> Tensor | None:
     """A q/k norm's weight, None for none."""
     weight = getattr(norm, "weight", None)
     return None if isinstance(norm, nn.Identity) or not isinstance(weight, Tensor) else weight
-
-
-def spec_of(parts: LayerParts, rotary: RotaryEmbedding | None) -> LayerSpec | None:
-    """The description of one of today's layers (Llama/Qwen: RMS norms, RoPE, SwiGLU, optional
-    q/k norms; GPT-2: LayerNorms with biases, no RoPE, tanh-GELU) read from its modules, or None
-    when its parts are not those (until the models give their own `layer_specs()`)."""
-    att = parts.attention
-    if parts.activation not in ("silu_gated", "gelu_tanh") or len(parts.attn_norm) not in (1, 2):
-        return None
-    layer_norm = len(parts.attn_norm) == 2
-    norm = NormSpec("layer" if layer_norm else "rms", eps=parts.eps, bias=layer_norm)
-    q_weight = _norm_weight(att.q_norm)
-    qk_eps = getattr(att.q_norm, "eps", None)
-    if q_weight is not None and qk_eps is None:
-        return None
-    rope = None
-    if rotary is not None:
-        scaling = rotary.scaling
-        pairs = () if scaling is None else (("factor", scaling.factor), ("high_freq_factor", scaling.high_freq_factor),
-                                            ("low_freq_factor", scaling.low_freq_factor),
-                                            ("original_max_position_embeddings", scaling.original_max_position_embeddings),
-                                            ("rope_type", "llama3"))
-        rope = RopeSpec(base=rotary.theta, rotary_dim=rotary.inv_freq.numel() * 2, scaling=pairs)
-    gated = parts.activation == "silu_gated"
-    up_features = getattr(parts.up, "out_features", None)
-    if not isinstance(up_features, int):
-        return None
-    return LayerSpec(
-        attention=AttentionSpec(att.num_heads, att.num_kv_heads, att.head_dim,
-                                qk_norm=None if q_weight is None else NormSpec("rms", eps=float(qk_eps))),
-        mlp=MlpSpec(up_features // 2 if gated else up_features, "silu" if gated else "gelu_tanh", gated=gated),
-        rope=rope, attn_norm=norm, mlp_norm=norm)
 
 
 def cache_buffers(cache: KVCache) -> tuple[Tensor, ...] | None:
@@ -194,12 +160,7 @@ class NativeLayerStep:
 
     def bind(self, model: CausalDecoder, caches: list[KVCache]) -> None:
         parts = model.layer_parts()
-        given = getattr(model, "layer_specs", None)  # a model that describes its own layers
-        if callable(given):
-            specs = list(given())
-        else:  # GPT-2's decoder: its layers' descriptions are read from their modules
-            rotary = model.rotary_embedding()
-            specs = [spec_of(part, rotary) for part in parts or []]
+        specs = list(model.layer_specs() or ())  # each family describes its own layers
         layers: list[tuple[tuple[Any, ...], Tensor | None]] | None = []
         for index, part in enumerate(parts or []):
             cache = caches[index] if index < len(caches) else None
