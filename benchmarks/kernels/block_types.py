@@ -8,7 +8,7 @@ is missing). Both sides include rounding the activations to the type's `vec_dot_
 
     python benchmarks/kernels/block_types.py [--types Q4_K,Q6_K] [--calls 200] [--rows 1] [--json out.json]
 
-Q4_K gets a second line, "Q4_K/r": qkv's Q4_K repacked at load (qkv.runtime.native.q4k_repack)
+Q4_K gets a second line, "Q4_K/r": qkv's Q4_K repacked at load (qkv.runtime.native.repacked)
 against ggml's repacked Q4_K (its CPU_REPACK buffer, as llama.cpp loads a model:
 benchmarks/kernels/ggml_repacked_mul_mat.c). `--rows M` times M activation rows a product
 (a prompt's prefill) instead of one.
@@ -37,7 +37,7 @@ import llama_tools  # noqa: E402
 from qkv.models.gguf.dequantize import BLOCK_FORMATS  # noqa: E402
 from qkv.runtime.native.block_ops import block_linear, block_products_status  # noqa: E402
 from qkv.runtime.native.ops import use_variant, variants  # noqa: E402
-from qkv.runtime.native.q4k_repack import Q4_K_X16, repack_q4_k, repack_status  # noqa: E402
+from qkv.runtime.native.repacked import Q4_K_X16, repack_q4_k, repack_status  # noqa: E402
 
 SHAPES = [(576, 576), (1536, 576), (576, 1536), (2048, 2048), (8192, 2048), (2048, 8192)]  # (N, K)
 TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.Q2_K, Q.Q3_K]

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from qkv.models.gguf.stored import StoredBlocks
 from qkv.runtime.linear.kernel import kernel_list
 from qkv.runtime.native.block_ops import block_linear, block_products_status, rounded_activations
-from qkv.runtime.native.q4k_repack import Q4_K_X16, repack_q4_k, repack_status, repackable, unrepack_q4_k
+from qkv.runtime.native.repacked import Q4_K_X16, repack_q4_k, repack_status, repackable, unrepack_q4_k
 
 MAX_STACKED_BLOCKS = 4  # runtime/native/csrc/kernels.h's MAX_PARTS: matrices of different block types in one product
 _said: set[str] = set()
@@ -63,7 +63,7 @@ class BlockLinear(nn.Module):
         if not self.native and native is None and reason not in _said:
             _said.add(reason)
             print(f"qkv: GGUF block layers run PyTorch's reference product ({reason})", file=sys.stderr)
-        # Q4_K in whole groups of 16 rows runs repacked (qkv.runtime.native.q4k_repack), the same
+        # Q4_K in whole groups of 16 rows runs repacked (qkv.runtime.native.repacked), the same
         # products faster; `stored` undoes it
         self.repacked = self.native and repackable(stored.block_type, self.out_features) and repack_status() is None
         self.register_buffer("blocks", repack_q4_k(stored.blocks) if self.repacked else stored.blocks)

@@ -3,7 +3,7 @@
 // rounding, and the generic C++ reference of each type's dot product on rounded activations.
 #include "block_format.h"
 #include "kernels.h"
-#include "q4k/q4k.h"
+#include "repacked/q4k.h"
 
 #include <math.h>
 

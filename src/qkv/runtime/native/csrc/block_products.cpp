@@ -20,7 +20,7 @@
 // Shape legend: M rows of x, K inputs, N outputs.
 #include "block_format.h"
 #include "kernels.h"
-#include "q4k/q4k.h"
+#include "repacked/q4k.h"
 
 #include <atomic>
 #include <vector>

@@ -1,4 +1,4 @@
-"""Q4_K repacked into qkv's Q4_K_X16 layout (qkv.runtime.native.q4k_repack, csrc/q4k/): the
+"""Q4_K repacked into qkv's Q4_K_X16 layout (qkv.runtime.native.repacked, csrc/repacked/): the
 repacking is the documented byte permutation, undoing it gives the file's bytes back, and its
 product is the gguf library's dequantized weights times the rounded activations (float64,
 within the float bound the block products are held to), the same bits in every variant and
@@ -14,12 +14,12 @@ from gguf.constants import GGMLQuantizationType as Q
 
 from qkv.models.gguf.stored import StoredBlocks
 from qkv.runtime.linear.block import BlockLinear
-from qkv.runtime.native import block_ops, q4k_repack
+from qkv.runtime.native import block_ops, repacked
 from qkv.runtime.native.ops import use_variant, variants
 from tests.models.gguf.block_files import random_blocks
 from tests.runtime.native.test_block_products import numpy_rounded
 
-pytestmark = pytest.mark.skipif(q4k_repack.repack_status() is not None, reason="qkv's repacked Q4_K products do not build here")
+pytestmark = pytest.mark.skipif(repacked.repack_status() is not None, reason="qkv's repacked Q4_K products do not build here")
 
 
 def q4_k(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,9 +42,9 @@ def numpy_layout(rows: np.ndarray) -> np.ndarray:
 
 def test_the_repacking_is_the_documented_permutation_and_undoes_to_the_files_bytes() -> None:
     blocks, w = q4_k(48, 768, seed=1)
-    packed = q4k_repack.repack_q4_k(blocks)
+    packed = repacked.repack_q4_k(blocks)
     assert torch.equal(packed, torch.from_numpy(numpy_layout(blocks.numpy())))
-    back = q4k_repack.unrepack_q4_k(packed)
+    back = repacked.unrepack_q4_k(packed)
     assert torch.equal(back, blocks)
     assert torch.equal(block_ops.block_decode(back, Q.Q4_K, 768).double(), w)  # the file's dequantized values
 
@@ -52,7 +52,7 @@ def test_the_repacking_is_the_documented_permutation_and_undoes_to_the_files_byt
 @pytest.mark.parametrize("n,k,m", [(16, 256, 1), (48, 768, 5), (32, 2048, 9)])
 def test_the_repacked_product_is_the_dequantized_weights_times_the_rounded_activations(n: int, k: int, m: int) -> None:
     blocks, w = q4_k(n, k, seed=n + k)
-    packed = q4k_repack.repack_q4_k(blocks)
+    packed = repacked.repack_q4_k(blocks)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * 3
     bias = torch.randn(n, generator=torch.Generator().manual_seed(7))
     rounded = numpy_rounded(x, 256)
@@ -61,7 +61,7 @@ def test_the_repacked_product_is_the_dequantized_weights_times_the_rounded_activ
     results = {}
     for variant in variants():
         with use_variant(variant):
-            results[variant] = block_ops.block_linear(x, packed, q4k_repack.Q4_K_X16, bias)
+            results[variant] = block_ops.block_linear(x, packed, repacked.Q4_K_X16, bias)
         assert ((results[variant].double() - expected).abs() <= bound).all(), variant
     first = results[variants()[0]]
     assert all(torch.equal(first, got) for got in results.values()), "every variant gives the same bits"
@@ -71,14 +71,14 @@ def test_each_row_is_the_same_bits_whatever_the_other_rows() -> None:
     """Tiles of 4 activation rows and passes of 64: rows alone, in batches of every size, and
     beside other rows all give the same bits, in every variant."""
     blocks, _ = q4_k(64, 512, seed=3)
-    packed = q4k_repack.repack_q4_k(blocks)
+    packed = repacked.repack_q4_k(blocks)
     generator = torch.Generator().manual_seed(4)
     x = torch.randn(70, 512, generator=generator)
     for variant in variants():
         with use_variant(variant):
-            whole = block_ops.block_linear(x, packed, q4k_repack.Q4_K_X16)
-            alone = torch.cat([block_ops.block_linear(x[i : i + 1], packed, q4k_repack.Q4_K_X16) for i in range(0, 70, 7)])
-            mixed = block_ops.block_linear(torch.cat([torch.randn(3, 512, generator=generator), x[:6]]), packed, q4k_repack.Q4_K_X16)
+            whole = block_ops.block_linear(x, packed, repacked.Q4_K_X16)
+            alone = torch.cat([block_ops.block_linear(x[i : i + 1], packed, repacked.Q4_K_X16) for i in range(0, 70, 7)])
+            mixed = block_ops.block_linear(torch.cat([torch.randn(3, 512, generator=generator), x[:6]]), packed, repacked.Q4_K_X16)
         assert torch.equal(whole[::7], alone), variant
         assert torch.equal(whole[:6], mixed[3:]), variant
 
@@ -98,7 +98,7 @@ def test_block_linear_repacks_q4_k_in_whole_groups_and_keeps_the_rest_as_stored(
 def test_the_repacking_refuses_rows_that_are_not_whole_groups() -> None:
     blocks, _ = q4_k(24, 256, seed=8)
     with pytest.raises(RuntimeError, match="multiple of 16"):
-        q4k_repack.repack_q4_k(blocks)
+        repacked.repack_q4_k(blocks)
     whole, _ = q4_k(16, 256, seed=9)
     with pytest.raises(RuntimeError, match="not a GGUF block type"):  # no block-by-block decode of the interleaved rows
-        block_ops.block_decode(q4k_repack.repack_q4_k(whole), q4k_repack.Q4_K_X16, 256)
+        block_ops.block_decode(repacked.repack_q4_k(whole), repacked.Q4_K_X16, 256)

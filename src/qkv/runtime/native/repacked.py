@@ -1,4 +1,4 @@
-"""Q4_K matrices repacked at load into qkv's Q4_K_X16 layout (runtime/native/csrc/q4k/q4k.h):
+"""Q4_K matrices repacked at load into qkv's Q4_K_X16 layout (runtime/native/csrc/repacked/q4k.h):
 groups of 16 rows interleaved 4 bytes at a time, each super-block's scales side by side, so a
 decode step's product runs a row of the group per SIMD lane (one 64-byte load is 8 weights of
 16 rows) and a prompt's product reads each weight block once per 4 activation rows.
