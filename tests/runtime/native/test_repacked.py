@@ -1,4 +1,5 @@
-"""Q4_K repacked into qkv's Q4_K_X16 layout (qkv.runtime.native.repacked, csrc/repacked/): the
+"""Q4_K and Q6_K repacked into qkv's Q4_K_X16 / Q6_K_X16 layouts (qkv.runtime.native.repacked,
+csrc/repacked/): the
 repacking is the documented byte permutation, undoing it gives the file's bytes back, and its
 product is the gguf library's dequantized weights times the rounded activations (float64,
 within the float bound the block products are held to), the same bits in every variant and
@@ -19,16 +20,36 @@ from qkv.runtime.native.ops import use_variant, variants
 from tests.models.gguf.block_files import random_blocks
 from tests.runtime.native.test_block_products import numpy_rounded
 
-pytestmark = pytest.mark.skipif(repacked.repack_status() is not None, reason="qkv's repacked Q4_K products do not build here")
+pytestmark = pytest.mark.skipif(repacked.repack_status() is not None, reason="qkv's repacked K-quant products do not build here")
+TYPES = [Q.Q4_K, Q.Q6_K]
 
 
-def q4_k(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random Q4_K rows (N, K / 256 * 144) uint8 and the gguf library's weights (N, K) float64."""
-    raw = np.ascontiguousarray(random_blocks(Q.Q4_K, (n, k), np.random.default_rng(seed)))
-    return torch.from_numpy(raw), torch.from_numpy(gguf.quants.dequantize(raw, Q.Q4_K)).reshape(n, k).double()
+def k_rows(block_type: Q, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random rows (N, K / 256 * Z) uint8 and the gguf library's weights (N, K) float64."""
+    raw = np.ascontiguousarray(random_blocks(block_type, (n, k), np.random.default_rng(seed)))
+    return torch.from_numpy(raw), torch.from_numpy(gguf.quants.dequantize(raw, block_type)).reshape(n, k).double()
 
 
-def numpy_layout(rows: np.ndarray) -> np.ndarray:
+def numpy_layout(block_type: Q, rows: np.ndarray) -> np.ndarray:
+    return numpy_q4_k_layout(rows) if block_type == Q.Q4_K else numpy_q6_k_layout(rows)
+
+
+def numpy_q6_k_layout(rows: np.ndarray) -> np.ndarray:
+    """q6k.h's layout written out in numpy: per group of 16 rows and super-block, ql, qh and the
+    scales in 4-byte units of 16 rows, then d of the 16 rows."""
+    n, row_bytes = rows.shape
+    supers = row_bytes // 210
+    blocks = rows.reshape(n // 16, 16, supers, 210).transpose(0, 2, 1, 3)  # (groups, supers, 16, 210)
+
+    def units(part: np.ndarray) -> np.ndarray:  # (groups, supers, 16, 4 u) -> (groups, supers, u, 16, 4)
+        return part.reshape(n // 16, supers, 16, -1, 4).transpose(0, 1, 3, 2, 4).reshape(n // 16, supers, -1)
+
+    parts = [units(blocks[..., 0:128]), units(blocks[..., 128:192]), units(blocks[..., 192:208]),
+             blocks[..., 208:210].reshape(n // 16, supers, -1)]
+    return np.concatenate(parts, axis=-1).reshape(n, row_bytes)
+
+
+def numpy_q4_k_layout(rows: np.ndarray) -> np.ndarray:
     """q4k.h's layout written out in numpy: per group of 16 rows and super-block, d, dmin, the
     three 4-byte scale words of each row side by side, then qs in 4-byte units of 16 rows."""
     n, row_bytes = rows.shape
@@ -40,19 +61,23 @@ def numpy_layout(rows: np.ndarray) -> np.ndarray:
     return tiles.reshape(n, row_bytes)
 
 
-def test_the_repacking_is_the_documented_permutation_and_undoes_to_the_files_bytes() -> None:
-    blocks, w = q4_k(48, 768, seed=1)
-    packed = repacked.repack_q4_k(blocks)
-    assert torch.equal(packed, torch.from_numpy(numpy_layout(blocks.numpy())))
-    back = repacked.unrepack_q4_k(packed)
+@pytest.mark.parametrize("block_type", TYPES)
+def test_the_repacking_is_the_documented_permutation_and_undoes_to_the_files_bytes(block_type: Q) -> None:
+    blocks, w = k_rows(block_type, 48, 768, seed=1)
+    before = blocks.clone()
+    packed = repacked.repack(blocks, block_type)
+    assert torch.equal(blocks, before)  # a copy: the file's mapping is never written
+    assert torch.equal(packed, torch.from_numpy(numpy_layout(block_type, blocks.numpy())))
+    back = repacked.unrepack(packed, block_type)
     assert torch.equal(back, blocks)
-    assert torch.equal(block_ops.block_decode(back, Q.Q4_K, 768).double(), w)  # the file's dequantized values
+    assert torch.equal(block_ops.block_decode(back, block_type, 768).double(), w)  # the file's dequantized values
 
 
+@pytest.mark.parametrize("block_type", TYPES)
 @pytest.mark.parametrize("n,k,m", [(16, 256, 1), (48, 768, 5), (32, 2048, 9)])
-def test_the_repacked_product_is_the_dequantized_weights_times_the_rounded_activations(n: int, k: int, m: int) -> None:
-    blocks, w = q4_k(n, k, seed=n + k)
-    packed = repacked.repack_q4_k(blocks)
+def test_the_repacked_product_is_the_dequantized_weights_times_the_rounded_activations(block_type: Q, n: int, k: int, m: int) -> None:
+    blocks, w = k_rows(block_type, n, k, seed=n + k)
+    packed, code = repacked.repack(blocks, block_type), repacked.REPACKED[block_type]
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * 3
     bias = torch.randn(n, generator=torch.Generator().manual_seed(7))
     rounded = numpy_rounded(x, 256)
@@ -61,44 +86,47 @@ def test_the_repacked_product_is_the_dequantized_weights_times_the_rounded_activ
     results = {}
     for variant in variants():
         with use_variant(variant):
-            results[variant] = block_ops.block_linear(x, packed, repacked.Q4_K_X16, bias)
+            results[variant] = block_ops.block_linear(x, packed, code, bias)
         assert ((results[variant].double() - expected).abs() <= bound).all(), variant
     first = results[variants()[0]]
     assert all(torch.equal(first, got) for got in results.values()), "every variant gives the same bits"
 
 
-def test_each_row_is_the_same_bits_whatever_the_other_rows() -> None:
+@pytest.mark.parametrize("block_type", TYPES)
+def test_each_row_is_the_same_bits_whatever_the_other_rows(block_type: Q) -> None:
     """Tiles of 4 activation rows and passes of 64: rows alone, in batches of every size, and
     beside other rows all give the same bits, in every variant."""
-    blocks, _ = q4_k(64, 512, seed=3)
-    packed = repacked.repack_q4_k(blocks)
+    blocks, _ = k_rows(block_type, 64, 512, seed=3)
+    packed, code = repacked.repack(blocks, block_type), repacked.REPACKED[block_type]
     generator = torch.Generator().manual_seed(4)
     x = torch.randn(70, 512, generator=generator)
     for variant in variants():
         with use_variant(variant):
-            whole = block_ops.block_linear(x, packed, repacked.Q4_K_X16)
-            alone = torch.cat([block_ops.block_linear(x[i : i + 1], packed, repacked.Q4_K_X16) for i in range(0, 70, 7)])
-            mixed = block_ops.block_linear(torch.cat([torch.randn(3, 512, generator=generator), x[:6]]), packed, repacked.Q4_K_X16)
+            whole = block_ops.block_linear(x, packed, code)
+            alone = torch.cat([block_ops.block_linear(x[i : i + 1], packed, code) for i in range(0, 70, 7)])
+            mixed = block_ops.block_linear(torch.cat([torch.randn(3, 512, generator=generator), x[:6]]), packed, code)
         assert torch.equal(whole[::7], alone), variant
         assert torch.equal(whole[:6], mixed[3:]), variant
 
 
-def test_block_linear_repacks_q4_k_in_whole_groups_and_keeps_the_rest_as_stored() -> None:
-    blocks, w = q4_k(32, 512, seed=5)
-    layer = BlockLinear(StoredBlocks(blocks, Q.Q4_K, (32, 512)))
+@pytest.mark.parametrize("block_type", TYPES)
+def test_block_linear_repacks_in_whole_groups_and_keeps_the_rest_as_stored(block_type: Q) -> None:
+    blocks, w = k_rows(block_type, 32, 512, seed=5)
+    layer = BlockLinear(StoredBlocks(blocks, block_type, (32, 512)))
     assert layer.repacked and layer.blocks.numel() == blocks.numel()  # the file's size, permuted
     assert torch.equal(layer.stored.blocks, blocks)  # `stored` undoes the repacking
     x = torch.randn(3, 512, generator=torch.Generator().manual_seed(6))
     rounded = numpy_rounded(x, 256)
     assert ((layer(x).double() - rounded @ w.t()).abs() <= block_ops.product_bound(rounded, w, 512)).all()
-    odd, _ = q4_k(24, 512, seed=6)  # not whole groups of 16: the file's layout
-    assert not BlockLinear(StoredBlocks(odd, Q.Q4_K, (24, 512))).repacked
+    odd, _ = k_rows(block_type, 24, 512, seed=6)  # not whole groups of 16: the file's layout
+    assert not BlockLinear(StoredBlocks(odd, block_type, (24, 512))).repacked
 
 
-def test_the_repacking_refuses_rows_that_are_not_whole_groups() -> None:
-    blocks, _ = q4_k(24, 256, seed=8)
+@pytest.mark.parametrize("block_type", TYPES)
+def test_the_repacking_refuses_rows_that_are_not_whole_groups(block_type: Q) -> None:
+    blocks, _ = k_rows(block_type, 24, 256, seed=8)
     with pytest.raises(RuntimeError, match="multiple of 16"):
-        repacked.repack_q4_k(blocks)
-    whole, _ = q4_k(16, 256, seed=9)
+        repacked.repack(blocks, block_type)
+    whole, _ = k_rows(block_type, 16, 256, seed=9)
     with pytest.raises(RuntimeError, match="not a GGUF block type"):  # no block-by-block decode of the interleaved rows
-        block_ops.block_decode(repacked.repack_q4_k(whole), repacked.Q4_K_X16, 256)
+        block_ops.block_decode(repacked.repack(whole, block_type), repacked.REPACKED[block_type], 256)

@@ -1,13 +1,14 @@
-"""Q4_K matrices repacked at load into qkv's Q4_K_X16 layout (runtime/native/csrc/repacked/q4k.h):
-groups of 16 rows interleaved 4 bytes at a time, each super-block's scales side by side, so a
-decode step's product runs a row of the group per SIMD lane (one 64-byte load is 8 weights of
-16 rows) and a prompt's product reads each weight block once per 4 activation rows.
+"""K-quant matrices repacked at load into qkv's interleaved layouts (runtime/native/csrc/repacked/):
+Q4_K -> Q4_K_X16 (q4k.h) and Q6_K -> Q6_K_X16 (q6k.h), groups of 16 rows interleaved 4 bytes at
+a time, each super-block's scales side by side, so a decode step's product runs a row of the
+group per SIMD lane (one 64-byte load is 4 or 8 weights of 16 rows) and a prompt's product reads
+each weight block once per 4 activation rows.
 
-The repacking is a byte permutation (`unrepack_q4_k` gives the file's bytes back), and the
-product is the same math as `qkv::block_linear` on the file's Q4_K blocks: the dequantized
-weights times the activations rounded per 256, every integer sum exact. Each output is the
-same float operations in every variant (generic C++, AVX2, AVX-512: the same bits) and
-whatever the number of activation rows (batch invariance).
+The repacking is a byte permutation into a copy (`unrepack` gives the file's bytes back; the
+file's mapping is never written), and the product is the same math as `qkv::block_linear` on
+the file's blocks: the dequantized weights times the activations rounded per 256, every integer
+sum exact. Each output is the same float operations in every variant (generic C++, AVX2,
+AVX-512: the same bits) and whatever the number of activation rows (batch invariance).
 
 Shape legend: N outputs (a multiple of 16), K inputs, M activation rows.
 """
@@ -23,74 +24,83 @@ from torch import Tensor
 from qkv.models.gguf.dequantize import BLOCK_FORMATS
 from qkv.runtime.native.block_ops import block_linear, block_products_status, product_bound, rounded_activations
 
-Q4_K_X16 = 1012  # block_format.h's type id of the repacked layout (not a GGML type)
+Q4_K_X16 = 1012  # block_format.h's type ids of the repacked layouts (not GGML types)
+Q6_K_X16 = 1014
+REPACKED: dict[Q, int] = {Q.Q4_K: Q4_K_X16, Q.Q6_K: Q6_K_X16}  # the file's type -> the layout it runs in
+_OPS = {Q.Q4_K: "q4k", Q.Q6_K: "q6k"}
 GROUP_ROWS = 16
 
 
 def repackable(block_type: Q, rows: int) -> bool:
-    """Whether a matrix of `rows` outputs in `block_type` is repacked (Q4_K in whole groups)."""
-    return block_type == Q.Q4_K and rows % GROUP_ROWS == 0 and rows > 0
+    """Whether a matrix of `rows` outputs in `block_type` is repacked (Q4_K, Q6_K in whole groups)."""
+    return block_type in REPACKED and rows % GROUP_ROWS == 0 and rows > 0
 
 
-def repack_q4_k(blocks: Tensor) -> Tensor:
-    """Q4_K rows (N, K / 256 * 144) uint8, N a multiple of 16 -> the same bytes as Q4_K_X16."""
-    return torch.ops.qkv.q4k_repack.default(blocks)
+def repack(blocks: Tensor, block_type: Q) -> Tensor:
+    """The file's rows (N, K / 256 * Z) uint8 of `block_type`, N a multiple of 16 -> a copy in
+    REPACKED[block_type]'s layout, the same shape."""
+    return getattr(torch.ops.qkv, f"{_OPS[block_type]}_repack").default(blocks)
 
 
-def unrepack_q4_k(packed: Tensor) -> Tensor:
-    """Q4_K_X16 (N, K / 256 * 144) uint8 -> the file's Q4_K rows."""
-    return torch.ops.qkv.q4k_unrepack.default(packed)
+def unrepack(packed: Tensor, block_type: Q) -> Tensor:
+    """REPACKED[block_type]'s layout (N, K / 256 * Z) uint8 -> the file's rows of `block_type`."""
+    return getattr(torch.ops.qkv, f"{_OPS[block_type]}_unrepack").default(packed)
 
 
-def random_q4_k(rows: int, k: int, generator: torch.Generator) -> Tensor:
-    """(rows, K / 256 * 144) uint8 of random Q4_K blocks with small finite float16 scales."""
-    form = BLOCK_FORMATS[Q.Q4_K]
+def random_rows(block_type: Q, rows: int, k: int, generator: torch.Generator) -> Tensor:
+    """(rows, K / 256 * Z) uint8 of random `block_type` blocks with small finite float16 scales."""
+    form = BLOCK_FORMATS[block_type]
     raw = torch.randint(0, 256, (rows, k // 256, form.size), dtype=torch.uint8, generator=generator)
     for start in form.halves:
         raw[:, :, start : start + 2] = (torch.rand(rows, k // 256, 1, generator=generator) / 16).half().view(torch.uint8)
     return raw.reshape(rows, -1).contiguous()
 
 
-def _self_test() -> str | None:
+def _self_test(block_type: Q) -> str | None:
     """A few groups in every variant: the repacking undone gives the bytes back, the product lies
     within the float bound of the dequantized weights times the rounded activations, and every
     variant and every row count gives the same bits. None when all pass, else what failed."""
     from qkv.runtime.native.ops import use_variant, variants
 
     generator = torch.Generator().manual_seed(0)
-    k = 512
-    blocks = random_q4_k(2 * GROUP_ROWS, k, generator)
-    packed = repack_q4_k(blocks)
-    if not torch.equal(unrepack_q4_k(packed), blocks):
-        return "the Q4_K repacking does not give the file's bytes back"
-    w = BLOCK_FORMATS[Q.Q4_K].decode(blocks.reshape(-1, 144)).reshape(-1, k).double()
+    k, name, code = 512, block_type.name, REPACKED[block_type]
+    blocks = random_rows(block_type, 2 * GROUP_ROWS, k, generator)
+    packed = repack(blocks, block_type)
+    if not torch.equal(unrepack(packed, block_type), blocks):
+        return f"the {name} repacking does not give the file's bytes back"
+    form = BLOCK_FORMATS[block_type]
+    w = form.decode(blocks.reshape(-1, form.size)).reshape(-1, k).double()
     x = torch.randn(5, k, generator=generator)
-    rounded = rounded_activations(x, Q.Q4_K).double()
+    rounded = rounded_activations(x, block_type).double()
     expected, bound = rounded @ w.t(), product_bound(rounded, w, k)
     first = None
     for variant in variants():
         with use_variant(variant):
-            got = block_linear(x, packed, Q4_K_X16)
-            one = torch.cat([block_linear(x[m : m + 1], packed, Q4_K_X16) for m in range(len(x))])
+            got = block_linear(x, packed, code)
+            one = torch.cat([block_linear(x[m : m + 1], packed, code) for m in range(len(x))])
         if not bool(((got.double() - expected).abs() <= bound).all()):
-            return f"the {variant} repacked Q4_K product failed its self-test"
+            return f"the {variant} repacked {name} product failed its self-test"
         first = got if first is None else first
         if not (torch.equal(got, one) and torch.equal(got, first)):
-            return f"the {variant} repacked Q4_K product differs between variants or row counts"
+            return f"the {variant} repacked {name} product differs between variants or row counts"
     return None
 
 
 @functools.cache
 def repack_status() -> str | None:
-    """None when the Q4_K_X16 products are loaded and passed their self-test, else why not
-    (BlockLinear then keeps the file's Q4_K rows). Never raises."""
+    """None when the repacked products are loaded and passed their self-tests, else why not
+    (BlockLinear then keeps the file's rows). Never raises."""
     reason = block_products_status()
     if reason is not None:
         return reason
-    if not hasattr(torch.ops.qkv, "q4k_repack"):
-        return "the loaded kernels have no repacked Q4_K products (an older build)"
+    if not all(hasattr(torch.ops.qkv, f"{op}_repack") for op in _OPS.values()):
+        return "the loaded kernels have no repacked K-quant products (an older build)"
     try:
-        return _self_test()
+        for block_type in REPACKED:
+            reason = _self_test(block_type)
+            if reason is not None:
+                return reason
+        return None
     except Exception as error:  # noqa: BLE001 - a library that loads but whose op fails
         lines = str(error).strip().splitlines()
-        return f"the repacked Q4_K products do not work: {lines[0][:160] if lines else type(error).__name__}"
+        return f"the repacked K-quant products do not work: {lines[0][:160] if lines else type(error).__name__}"
