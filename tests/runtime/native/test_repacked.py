@@ -109,7 +109,7 @@ def test_each_row_is_the_same_bits_whatever_the_other_rows(block_type: Q) -> Non
         assert torch.equal(whole[:6], mixed[3:]), variant
 
 
-@pytest.mark.parametrize("block_type", TYPES)
+@pytest.mark.parametrize("block_type", repacked.AT_LOAD)
 def test_block_linear_repacks_in_whole_groups_and_keeps_the_rest_as_stored(block_type: Q) -> None:
     blocks, w = k_rows(block_type, 32, 512, seed=5)
     layer = BlockLinear(StoredBlocks(blocks, block_type, (32, 512)))

@@ -63,8 +63,8 @@ class BlockLinear(nn.Module):
         if not self.native and native is None and reason not in _said:
             _said.add(reason)
             print(f"qkv: GGUF block layers run PyTorch's reference product ({reason})", file=sys.stderr)
-        # Q4_K and Q6_K in whole groups of 16 rows run repacked (qkv.runtime.native.repacked), the
-        # same products faster; `stored` undoes it
+        # Q4_K in whole groups of 16 rows runs repacked (qkv.runtime.native.repacked's AT_LOAD),
+        # the same products faster; `stored` undoes it
         self.repacked = self.native and repackable(stored.block_type, self.out_features) and repack_status() is None
         self.register_buffer("blocks", repack(stored.blocks, stored.block_type) if self.repacked else stored.blocks)
         # the block type as qkv's whole-layer kernel reads it (runtime/native/csrc/kernels.h's Linear: [blocks, type])

@@ -29,11 +29,16 @@ Q6_K_X16 = 1014
 REPACKED: dict[Q, int] = {Q.Q4_K: Q4_K_X16, Q.Q6_K: Q6_K_X16}  # the file's type -> the layout it runs in
 _OPS = {Q.Q4_K: "q4k", Q.Q6_K: "q6k"}
 GROUP_ROWS = 16
+# the types BlockLinear repacks at load: Q6_K_X16's kernels are not yet faster than the one-row
+# Q6_K ones in a decode step (1 thread, 2048 x 2048: AVX-512 about even, AVX2 1.8x slower; a
+# 64-row prefill 1.18x faster on AVX-512), so Q6_K stays as stored until they are
+AT_LOAD: tuple[Q, ...] = (Q.Q4_K,)
 
 
 def repackable(block_type: Q, rows: int) -> bool:
-    """Whether a matrix of `rows` outputs in `block_type` is repacked (Q4_K, Q6_K in whole groups)."""
-    return block_type in REPACKED and rows % GROUP_ROWS == 0 and rows > 0
+    """Whether BlockLinear repacks a matrix of `rows` outputs in `block_type` (AT_LOAD's types
+    in whole groups of 16)."""
+    return block_type in AT_LOAD and rows % GROUP_ROWS == 0 and rows > 0
 
 
 def repack(blocks: Tensor, block_type: Q) -> Tensor:
