@@ -8,8 +8,8 @@ is missing). Both sides include rounding the activations to the type's `vec_dot_
 
     python benchmarks/kernels/block_types.py [--types Q4_K,Q6_K] [--calls 200] [--rows 1] [--json out.json]
 
-Q4_K gets a second line, "Q4_K/r": qkv's Q4_K repacked at load (qkv.runtime.native.q4k_repack)
-against ggml's repacked Q4_K (its CPU_REPACK buffer, as llama.cpp loads a model:
+Q4_K and Q6_K get a second line, "Q4_K/r", "Q6_K/r": qkv's rows repacked at load
+(qkv.runtime.native.repacked) against ggml's repacked ones where it has them (its CPU_REPACK buffer, as llama.cpp loads a model:
 benchmarks/kernels/ggml_repacked_mul_mat.c). `--rows M` times M activation rows a product
 (a prompt's prefill) instead of one.
 
@@ -37,7 +37,7 @@ import llama_tools  # noqa: E402
 from qkv.models.gguf.dequantize import BLOCK_FORMATS  # noqa: E402
 from qkv.runtime.native.block_ops import block_linear, block_products_status  # noqa: E402
 from qkv.runtime.native.ops import use_variant, variants  # noqa: E402
-from qkv.runtime.native.q4k_repack import Q4_K_X16, repack_q4_k, repack_status  # noqa: E402
+from qkv.runtime.native.repacked import REPACKED, repack, repack_status  # noqa: E402
 
 SHAPES = [(576, 576), (1536, 576), (576, 1536), (2048, 2048), (8192, 2048), (2048, 8192)]  # (N, K)
 TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.Q2_K, Q.Q3_K]
@@ -58,7 +58,7 @@ def qkv_us(block_type: Q, n: int, k: int, threads: int, variant: str, calls: int
     blocks, x = random_matrix(block_type, n, k), torch.randn(rows, k)
     code = int(block_type)
     if repacked:
-        blocks, code = repack_q4_k(blocks), Q4_K_X16
+        blocks, code = repack(blocks, block_type), REPACKED[block_type]
     torch.set_num_threads(threads)
     samples = []
     with use_variant(variant):
@@ -121,7 +121,7 @@ def main() -> None:
         print("ggml's side left out: no llama.cpp build at", args.ggml_lib, flush=True)
     rows = []
     for block_type in types:
-        kinds = [False, True] if block_type == Q.Q4_K and repack_status() is None else [False]
+        kinds = [False, True] if block_type in REPACKED and repack_status() is None else [False]
         for n, k in shapes:
             if k % BLOCK_FORMATS[block_type].weights:  # SmolLM2's 576 is not whole super-blocks
                 continue

@@ -19,7 +19,7 @@ from qkv.attention.caches.kv_cache import SlotKVCache
 from qkv.errors import QkvError
 from qkv.runtime.native.block_ops import rounded_activations
 from qkv.runtime.linear.block import BlockEmbedding, BlockLinear, StackedBlockLinear, native_reason
-from qkv.runtime.native.q4k_repack import repack_status
+from qkv.runtime.native.repacked import repack_status
 from qkv.runtime import DecodeSession, prepare_for_decoding
 from qkv.runtime.prepare import prepare
 from tests.models.gguf.block_files import write_block_gguf
@@ -84,7 +84,7 @@ def test_auto_keeps_the_files_blocks_and_gives_the_dequantized_logits(tmp_path: 
     # q, k and v are Q4_K, Q6_K and Q5_0 in this file: one stacked layer of three block types
     assert isinstance(attention.qkv_proj, StackedBlockLinear)
     assert [p.block_type for p in attention.qkv_proj.parts] == [Q.Q4_K, Q.Q6_K, Q.Q5_0]
-    # its Q4_K rows (256: whole groups of 16) run repacked (qkv.runtime.native.q4k_repack), in this test and the native layer's
+    # its Q4_K rows (256: whole groups of 16) run repacked (qkv.runtime.native.repacked), in this test and the native layer's
     assert attention.qkv_proj.parts[0].repacked == (repack_status() is None)
     assert isinstance(attention.o_proj, BlockLinear) and attention.o_proj.block_type == Q.Q8_0
     assert isinstance(mlp.down_proj, BlockLinear) and mlp.down_proj.block_type == Q.Q4_1

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from qkv.models.gguf.stored import StoredBlocks
 from qkv.runtime.linear.kernel import kernel_list
 from qkv.runtime.native.block_ops import block_linear, block_products_status, rounded_activations
-from qkv.runtime.native.q4k_repack import Q4_K_X16, repack_q4_k, repack_status, repackable, unrepack_q4_k
+from qkv.runtime.native.repacked import REPACKED, repack, repack_status, repackable, unrepack
 
 MAX_STACKED_BLOCKS = 4  # runtime/native/csrc/kernels.h's MAX_PARTS: matrices of different block types in one product
 _said: set[str] = set()
@@ -63,18 +63,18 @@ class BlockLinear(nn.Module):
         if not self.native and native is None and reason not in _said:
             _said.add(reason)
             print(f"qkv: GGUF block layers run PyTorch's reference product ({reason})", file=sys.stderr)
-        # Q4_K in whole groups of 16 rows runs repacked (qkv.runtime.native.q4k_repack), the same
-        # products faster; `stored` undoes it
+        # Q4_K in whole groups of 16 rows runs repacked (qkv.runtime.native.repacked's AT_LOAD),
+        # the same products faster; `stored` undoes it
         self.repacked = self.native and repackable(stored.block_type, self.out_features) and repack_status() is None
-        self.register_buffer("blocks", repack_q4_k(stored.blocks) if self.repacked else stored.blocks)
+        self.register_buffer("blocks", repack(stored.blocks, stored.block_type) if self.repacked else stored.blocks)
         # the block type as qkv's whole-layer kernel reads it (runtime/native/csrc/kernels.h's Linear: [blocks, type])
-        self.kernel_type = Q4_K_X16 if self.repacked else int(stored.block_type)
+        self.kernel_type = REPACKED[stored.block_type] if self.repacked else int(stored.block_type)
         self.register_buffer("type_code", torch.tensor([self.kernel_type], dtype=torch.int64), persistent=False)
         self._weight: Tensor | None = None  # the reference path's dequantized weights
 
     @property
     def stored(self) -> StoredBlocks:
-        blocks = unrepack_q4_k(self.blocks) if self.repacked else self.blocks
+        blocks = unrepack(self.blocks, self.block_type) if self.repacked else self.blocks
         return StoredBlocks(blocks, self.block_type, (self.out_features, self.in_features))
 
     def dequantized_weight(self) -> Tensor:

@@ -3,7 +3,8 @@
 // rounding, and the generic C++ reference of each type's dot product on rounded activations.
 #include "block_format.h"
 #include "kernels.h"
-#include "q4k/q4k.h"
+#include "repacked/q4k.h"
+#include "repacked/q6k.h"
 
 #include <math.h>
 
@@ -279,7 +280,7 @@ float dot256(const uint8_t *row, const XRow &x, int64_t K) {
 const Traits *traits_of(int64_t type) {
     for (const Traits &t : TABLE)
         if (t.type == type) return &t;
-    return type == Q4_K_X16 ? q4k::traits() : nullptr;
+    return type == Q4_K_X16 ? q4k::traits() : type == Q6_K_X16 ? q6k::traits() : nullptr;
 }
 
 const Traits *all_traits(int64_t &count) {

@@ -20,7 +20,8 @@
 // Shape legend: M rows of x, K inputs, N outputs.
 #include "block_format.h"
 #include "kernels.h"
-#include "q4k/q4k.h"
+#include "repacked/q4k.h"
+#include "repacked/q6k.h"
 
 #include <atomic>
 #include <vector>
@@ -118,6 +119,8 @@ void apply_blocks(const Linear &L, const float *x, float *y, int64_t M) {
     auto outputs = [&](const BlockPart &part, int64_t n0, int64_t n1, int64_t first) {
         if (part.type == Q4_K_X16)  // whole groups of 16 rows (for_each_part's chunks and PIECE keep them whole)
             return q4k::rows(part, rows256.data(), M, L.K, L.N, n0, n1, first, L.bias ? L.bias + first : nullptr, y, variant);
+        if (part.type == Q6_K_X16)
+            return q6k::rows(part, rows256.data(), M, L.K, L.N, n0, n1, first, L.bias ? L.bias + first : nullptr, y, variant);
         const RowDot dot = dot_of(part.type, variant);
         const RowsDot several = rows_of(part.type, variant);
         const XRow *xs = traits_of(part.type)->activation == PER32 ? rows32.data() : rows256.data();

@@ -6,14 +6,8 @@
 #include <immintrin.h>
 #include <string.h>
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-#endif
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
+#define QKV_TARGET "avx2,fma,f16c"
+#include "target_begin.h"
 
 #include "q4k.h"
 
@@ -123,9 +117,5 @@ void avx2_group(const uint8_t *g, int64_t K, const XRow *xs, const int32_t *p, i
 }  // namespace blocks
 }  // namespace qkv
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "target_end.h"
 #endif  // x86

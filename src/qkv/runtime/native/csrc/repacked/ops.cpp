@@ -1,0 +1,141 @@
+// The repacked layouts (Q4_K_X16: q4k.h, Q6_K_X16: q6k.h) in the library: their products inside
+// a BLOCKS Linear (block_products.cpp's apply_blocks hands such a part here), and the ops that
+// repack a matrix at load (a copy: the file's mapping is never written):
+//
+//   qkv::q4k_repack(blocks (N, K / 256 * 144) u8 Q4_K, N % 16 == 0) -> the same shape, Q4_K_X16
+//   qkv::q4k_unrepack(packed (N, K / 256 * 144) u8 Q4_K_X16) -> the file's Q4_K bytes
+//   qkv::q6k_repack / q6k_unrepack: the same for Q6_K (N, K / 256 * 210) and Q6_K_X16
+//
+// A product over M activation rows takes them MR at a time per group of 16 weight rows, and up
+// to PASS rows per pass over the task's weights: a prompt reads each weight once per MR rows
+// from cache, not once a row from memory, and each output is the same float operations
+// whatever M (q4k.h).
+//
+// Shape legend: M activation rows, K inputs, N outputs.
+#include <vector>
+
+#include "../kernels.h"
+#include "q4k.h"
+#include "q6k.h"
+
+namespace qkv {
+namespace blocks {
+namespace {
+
+constexpr int64_t ROWS = q4k::ROWS, MR = q4k::MR;
+constexpr int64_t PASS = 64;  // activation rows per pass over a task's weights (their codes stay in L2)
+
+// Outputs first + [n0, n1) of y from a part's groups, `kernel` a group at a time against MR
+// activation rows at a time (p: the rows' `words` precomputed int32 each, or none).
+void group_rows(const BlockPart &part, q4k::GroupRows kernel, const int32_t *p, int64_t words, const XRow *xs, int64_t M, int64_t K,
+                int64_t ldy, int64_t n0, int64_t n1, int64_t first, const float *bias, float *y) {
+    float out[MR * ROWS];
+    for (int64_t m0 = 0; m0 < M; m0 += PASS) {
+        const int64_t m1 = std::min(M, m0 + PASS);
+        for (int64_t g = n0 / ROWS; g * ROWS < n1; g++) {
+            const uint8_t *group = part.blocks + g * ROWS * part.row_bytes;
+            const int64_t r0 = std::max(n0, g * ROWS), r1 = std::min(n1, (g + 1) * ROWS);
+            for (int64_t m = m0; m < m1; m += MR) {
+                const int count = static_cast<int>(std::min<int64_t>(MR, m1 - m));
+                kernel(group, K, xs + m, p ? p + m * words : nullptr, count, out);
+                for (int c = 0; c < count; c++)
+                    for (int64_t n = r0; n < r1; n++) {
+                        const float s = out[c * ROWS + n - g * ROWS];
+                        y[(m + c) * ldy + first + n] = bias ? s + bias[n] : s;
+                    }
+            }
+        }
+    }
+}
+
+}  // namespace
+
+namespace q4k {
+
+void rows(const BlockPart &part, const XRow *xs, int64_t M, int64_t K, int64_t ldy, int64_t n0, int64_t n1, int64_t first,
+          const float *bias, float *y, Variant v) {
+#if QKV_X86
+    const q4k::GroupRows kernel = v >= AVX512 ? avx512_group : v >= AVX2 ? avx2_group : generic_group;
+#else
+    const q4k::GroupRows kernel = generic_group;
+    (void)v;
+#endif
+    const int64_t words = K / 64;
+    std::vector<int32_t> p(static_cast<size_t>(M * words));
+    for (int64_t m = 0; m < M; m++) minimum_sums(xs[m].sums, K, p.data() + m * words);
+    group_rows(part, kernel, p.data(), words, xs, M, K, ldy, n0, n1, first, bias, y);
+}
+
+}  // namespace q4k
+
+namespace q6k {
+
+void rows(const BlockPart &part, const XRow *xs, int64_t M, int64_t K, int64_t ldy, int64_t n0, int64_t n1, int64_t first,
+          const float *bias, float *y, Variant v) {
+#if QKV_X86
+    const q4k::GroupRows kernel = v >= AVX512 ? avx512_group : v >= AVX2 ? avx2_group : generic_group;
+#else
+    const q4k::GroupRows kernel = generic_group;
+    (void)v;
+#endif
+    group_rows(part, kernel, nullptr, 0, xs, M, K, ldy, n0, n1, first, bias, y);
+}
+
+}  // namespace q6k
+}  // namespace blocks
+
+namespace {
+
+using torch::headeronly::ScalarType;
+
+using Permute = void (*)(const uint8_t *from, uint8_t *to, int64_t row_bytes, int64_t g0, int64_t g1);
+
+// A copy of `from` (never written: it may be the file's mapping) permuted group by group.
+Tensor permuted(const Tensor &from, int64_t block_bytes, Permute permute, const char *message) {
+    check(from.dim() == 2 && from.scalar_type() == ScalarType::Byte && from.is_contiguous() &&
+              from.size(0) % blocks::q4k::ROWS == 0 && from.size(0) > 0 && from.size(1) > 0 && from.size(1) % block_bytes == 0,
+          message);
+    Tensor to = torch::stable::new_empty(from, {from.size(0), from.size(1)});
+    const uint8_t *src = static_cast<const uint8_t *>(from.data_ptr());
+    uint8_t *dst = static_cast<uint8_t *>(to.data_ptr());
+    const int64_t row_bytes = from.size(1), groups = from.size(0) / blocks::q4k::ROWS;
+    torch::stable::parallel_for(0, groups, std::max<int64_t>(1, groups / 64), [&](int64_t g0, int64_t g1) {
+        permute(src, dst, row_bytes, g0, g1);
+    });
+    return to;
+}
+
+constexpr int64_t Q4K = sizeof(blocks::BlockQ4_K), Q6K = sizeof(blocks::BlockQ6_K);
+
+Tensor q4k_repack(Tensor blocks) {
+    return permuted(blocks, Q4K, blocks::q4k::repack, "qkv::q4k_repack: blocks must be contiguous uint8 Q4_K rows (N, K / 256 * 144), N a multiple of 16");
+}
+
+Tensor q4k_unrepack(Tensor packed) {
+    return permuted(packed, Q4K, blocks::q4k::unrepack, "qkv::q4k_unrepack: packed must be contiguous uint8 (N, K / 256 * 144), N a multiple of 16");
+}
+
+Tensor q6k_repack(Tensor blocks) {
+    return permuted(blocks, Q6K, blocks::q6k::repack, "qkv::q6k_repack: blocks must be contiguous uint8 Q6_K rows (N, K / 256 * 210), N a multiple of 16");
+}
+
+Tensor q6k_unrepack(Tensor packed) {
+    return permuted(packed, Q6K, blocks::q6k::unrepack, "qkv::q6k_unrepack: packed must be contiguous uint8 (N, K / 256 * 210), N a multiple of 16");
+}
+
+}  // namespace
+}  // namespace qkv
+
+STABLE_TORCH_LIBRARY_FRAGMENT(qkv, m) {
+    m.def("q4k_repack(Tensor blocks) -> Tensor");
+    m.def("q4k_unrepack(Tensor packed) -> Tensor");
+    m.def("q6k_repack(Tensor blocks) -> Tensor");
+    m.def("q6k_unrepack(Tensor packed) -> Tensor");
+}
+
+STABLE_TORCH_LIBRARY_IMPL(qkv, CPU, m) {
+    m.impl("q4k_repack", TORCH_BOX(&qkv::q4k_repack));
+    m.impl("q4k_unrepack", TORCH_BOX(&qkv::q4k_unrepack));
+    m.impl("q6k_repack", TORCH_BOX(&qkv::q6k_repack));
+    m.impl("q6k_unrepack", TORCH_BOX(&qkv::q6k_unrepack));
+}

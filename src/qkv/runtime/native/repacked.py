@@ -1,0 +1,111 @@
+"""K-quant matrices repacked at load into qkv's interleaved layouts (runtime/native/csrc/repacked/):
+Q4_K -> Q4_K_X16 (q4k.h) and Q6_K -> Q6_K_X16 (q6k.h), groups of 16 rows interleaved 4 bytes at
+a time, each super-block's scales side by side, so a decode step's product runs a row of the
+group per SIMD lane (one 64-byte load is 4 or 8 weights of 16 rows) and a prompt's product reads
+each weight block once per 4 activation rows.
+
+The repacking is a byte permutation into a copy (`unrepack` gives the file's bytes back; the
+file's mapping is never written), and the product is the same math as `qkv::block_linear` on
+the file's blocks: the dequantized weights times the activations rounded per 256, every integer
+sum exact. Each output is the same float operations in every variant (generic C++, AVX2,
+AVX-512: the same bits) and whatever the number of activation rows (batch invariance).
+
+Shape legend: N outputs (a multiple of 16), K inputs, M activation rows.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from gguf.constants import GGMLQuantizationType as Q
+from torch import Tensor
+
+from qkv.models.gguf.dequantize import BLOCK_FORMATS
+from qkv.runtime.native.block_ops import block_linear, block_products_status, product_bound, rounded_activations
+
+Q4_K_X16 = 1012  # block_format.h's type ids of the repacked layouts (not GGML types)
+Q6_K_X16 = 1014
+REPACKED: dict[Q, int] = {Q.Q4_K: Q4_K_X16, Q.Q6_K: Q6_K_X16}  # the file's type -> the layout it runs in
+_OPS = {Q.Q4_K: "q4k", Q.Q6_K: "q6k"}
+GROUP_ROWS = 16
+# the types BlockLinear repacks at load: Q6_K_X16's kernels are not yet faster than the one-row
+# Q6_K ones in a decode step (1 thread, 2048 x 2048: AVX-512 about even, AVX2 1.8x slower; a
+# 64-row prefill 1.18x faster on AVX-512), so Q6_K stays as stored until they are
+AT_LOAD: tuple[Q, ...] = (Q.Q4_K,)
+
+
+def repackable(block_type: Q, rows: int) -> bool:
+    """Whether BlockLinear repacks a matrix of `rows` outputs in `block_type` (AT_LOAD's types
+    in whole groups of 16)."""
+    return block_type in AT_LOAD and rows % GROUP_ROWS == 0 and rows > 0
+
+
+def repack(blocks: Tensor, block_type: Q) -> Tensor:
+    """The file's rows (N, K / 256 * Z) uint8 of `block_type`, N a multiple of 16 -> a copy in
+    REPACKED[block_type]'s layout, the same shape."""
+    return getattr(torch.ops.qkv, f"{_OPS[block_type]}_repack").default(blocks)
+
+
+def unrepack(packed: Tensor, block_type: Q) -> Tensor:
+    """REPACKED[block_type]'s layout (N, K / 256 * Z) uint8 -> the file's rows of `block_type`."""
+    return getattr(torch.ops.qkv, f"{_OPS[block_type]}_unrepack").default(packed)
+
+
+def random_rows(block_type: Q, rows: int, k: int, generator: torch.Generator) -> Tensor:
+    """(rows, K / 256 * Z) uint8 of random `block_type` blocks with small finite float16 scales."""
+    form = BLOCK_FORMATS[block_type]
+    raw = torch.randint(0, 256, (rows, k // 256, form.size), dtype=torch.uint8, generator=generator)
+    for start in form.halves:
+        raw[:, :, start : start + 2] = (torch.rand(rows, k // 256, 1, generator=generator) / 16).half().view(torch.uint8)
+    return raw.reshape(rows, -1).contiguous()
+
+
+def _self_test(block_type: Q) -> str | None:
+    """A few groups in every variant: the repacking undone gives the bytes back, the product lies
+    within the float bound of the dequantized weights times the rounded activations, and every
+    variant and every row count gives the same bits. None when all pass, else what failed."""
+    from qkv.runtime.native.ops import use_variant, variants
+
+    generator = torch.Generator().manual_seed(0)
+    k, name, code = 512, block_type.name, REPACKED[block_type]
+    blocks = random_rows(block_type, 2 * GROUP_ROWS, k, generator)
+    packed = repack(blocks, block_type)
+    if not torch.equal(unrepack(packed, block_type), blocks):
+        return f"the {name} repacking does not give the file's bytes back"
+    form = BLOCK_FORMATS[block_type]
+    w = form.decode(blocks.reshape(-1, form.size)).reshape(-1, k).double()
+    x = torch.randn(5, k, generator=generator)
+    rounded = rounded_activations(x, block_type).double()
+    expected, bound = rounded @ w.t(), product_bound(rounded, w, k)
+    first = None
+    for variant in variants():
+        with use_variant(variant):
+            got = block_linear(x, packed, code)
+            one = torch.cat([block_linear(x[m : m + 1], packed, code) for m in range(len(x))])
+        if not bool(((got.double() - expected).abs() <= bound).all()):
+            return f"the {variant} repacked {name} product failed its self-test"
+        first = got if first is None else first
+        if not (torch.equal(got, one) and torch.equal(got, first)):
+            return f"the {variant} repacked {name} product differs between variants or row counts"
+    return None
+
+
+@functools.cache
+def repack_status() -> str | None:
+    """None when the repacked products are loaded and passed their self-tests, else why not
+    (BlockLinear then keeps the file's rows). Never raises."""
+    reason = block_products_status()
+    if reason is not None:
+        return reason
+    if not all(hasattr(torch.ops.qkv, f"{op}_repack") for op in _OPS.values()):
+        return "the loaded kernels have no repacked K-quant products (an older build)"
+    try:
+        for block_type in REPACKED:
+            reason = _self_test(block_type)
+            if reason is not None:
+                return reason
+        return None
+    except Exception as error:  # noqa: BLE001 - a library that loads but whose op fails
+        lines = str(error).strip().splitlines()
+        return f"the repacked K-quant products do not work: {lines[0][:160] if lines else type(error).__name__}"

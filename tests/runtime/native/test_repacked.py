@@ -1,0 +1,132 @@
+"""Q4_K and Q6_K repacked into qkv's Q4_K_X16 / Q6_K_X16 layouts (qkv.runtime.native.repacked,
+csrc/repacked/): the
+repacking is the documented byte permutation, undoing it gives the file's bytes back, and its
+product is the gguf library's dequantized weights times the rounded activations (float64,
+within the float bound the block products are held to), the same bits in every variant and
+for each row whatever the other rows, as the server's batches need."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf.constants import GGMLQuantizationType as Q
+
+from qkv.models.gguf.stored import StoredBlocks
+from qkv.runtime.linear.block import BlockLinear
+from qkv.runtime.native import block_ops, repacked
+from qkv.runtime.native.ops import use_variant, variants
+from tests.models.gguf.block_files import random_blocks
+from tests.runtime.native.test_block_products import numpy_rounded
+
+pytestmark = pytest.mark.skipif(repacked.repack_status() is not None, reason="qkv's repacked K-quant products do not build here")
+TYPES = [Q.Q4_K, Q.Q6_K]
+
+
+def k_rows(block_type: Q, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random rows (N, K / 256 * Z) uint8 and the gguf library's weights (N, K) float64."""
+    raw = np.ascontiguousarray(random_blocks(block_type, (n, k), np.random.default_rng(seed)))
+    return torch.from_numpy(raw), torch.from_numpy(gguf.quants.dequantize(raw, block_type)).reshape(n, k).double()
+
+
+def numpy_layout(block_type: Q, rows: np.ndarray) -> np.ndarray:
+    return numpy_q4_k_layout(rows) if block_type == Q.Q4_K else numpy_q6_k_layout(rows)
+
+
+def numpy_q6_k_layout(rows: np.ndarray) -> np.ndarray:
+    """q6k.h's layout written out in numpy: per group of 16 rows and super-block, ql, qh and the
+    scales in 4-byte units of 16 rows, then d of the 16 rows."""
+    n, row_bytes = rows.shape
+    supers = row_bytes // 210
+    blocks = rows.reshape(n // 16, 16, supers, 210).transpose(0, 2, 1, 3)  # (groups, supers, 16, 210)
+
+    def units(part: np.ndarray) -> np.ndarray:  # (groups, supers, 16, 4 u) -> (groups, supers, u, 16, 4)
+        return part.reshape(n // 16, supers, 16, -1, 4).transpose(0, 1, 3, 2, 4).reshape(n // 16, supers, -1)
+
+    parts = [units(blocks[..., 0:128]), units(blocks[..., 128:192]), units(blocks[..., 192:208]),
+             blocks[..., 208:210].reshape(n // 16, supers, -1)]
+    return np.concatenate(parts, axis=-1).reshape(n, row_bytes)
+
+
+def numpy_q4_k_layout(rows: np.ndarray) -> np.ndarray:
+    """q4k.h's layout written out in numpy: per group of 16 rows and super-block, d, dmin, the
+    three 4-byte scale words of each row side by side, then qs in 4-byte units of 16 rows."""
+    n, row_bytes = rows.shape
+    supers = row_bytes // 144
+    blocks = rows.reshape(n // 16, 16, supers, 144).transpose(0, 2, 1, 3)  # (groups, supers, 16, 144)
+    parts = [blocks[..., 0:2], blocks[..., 2:4], blocks[..., 4:8], blocks[..., 8:12], blocks[..., 12:16]]
+    qs = blocks[..., 16:].reshape(n // 16, supers, 16, 32, 4).transpose(0, 1, 3, 2, 4)  # (groups, supers, unit, 16, 4)
+    tiles = np.concatenate([p.reshape(n // 16, supers, -1) for p in parts] + [qs.reshape(n // 16, supers, -1)], axis=-1)
+    return tiles.reshape(n, row_bytes)
+
+
+@pytest.mark.parametrize("block_type", TYPES)
+def test_the_repacking_is_the_documented_permutation_and_undoes_to_the_files_bytes(block_type: Q) -> None:
+    blocks, w = k_rows(block_type, 48, 768, seed=1)
+    before = blocks.clone()
+    packed = repacked.repack(blocks, block_type)
+    assert torch.equal(blocks, before)  # a copy: the file's mapping is never written
+    assert torch.equal(packed, torch.from_numpy(numpy_layout(block_type, blocks.numpy())))
+    back = repacked.unrepack(packed, block_type)
+    assert torch.equal(back, blocks)
+    assert torch.equal(block_ops.block_decode(back, block_type, 768).double(), w)  # the file's dequantized values
+
+
+@pytest.mark.parametrize("block_type", TYPES)
+@pytest.mark.parametrize("n,k,m", [(16, 256, 1), (48, 768, 5), (32, 2048, 9)])
+def test_the_repacked_product_is_the_dequantized_weights_times_the_rounded_activations(block_type: Q, n: int, k: int, m: int) -> None:
+    blocks, w = k_rows(block_type, n, k, seed=n + k)
+    packed, code = repacked.repack(blocks, block_type), repacked.REPACKED[block_type]
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * 3
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(7))
+    rounded = numpy_rounded(x, 256)
+    expected = rounded @ w.t() + bias.double()
+    bound = block_ops.product_bound(rounded, w, k) + 1e-6 * bias.double().abs()
+    results = {}
+    for variant in variants():
+        with use_variant(variant):
+            results[variant] = block_ops.block_linear(x, packed, code, bias)
+        assert ((results[variant].double() - expected).abs() <= bound).all(), variant
+    first = results[variants()[0]]
+    assert all(torch.equal(first, got) for got in results.values()), "every variant gives the same bits"
+
+
+@pytest.mark.parametrize("block_type", TYPES)
+def test_each_row_is_the_same_bits_whatever_the_other_rows(block_type: Q) -> None:
+    """Tiles of 4 activation rows and passes of 64: rows alone, in batches of every size, and
+    beside other rows all give the same bits, in every variant."""
+    blocks, _ = k_rows(block_type, 64, 512, seed=3)
+    packed, code = repacked.repack(blocks, block_type), repacked.REPACKED[block_type]
+    generator = torch.Generator().manual_seed(4)
+    x = torch.randn(70, 512, generator=generator)
+    for variant in variants():
+        with use_variant(variant):
+            whole = block_ops.block_linear(x, packed, code)
+            alone = torch.cat([block_ops.block_linear(x[i : i + 1], packed, code) for i in range(0, 70, 7)])
+            mixed = block_ops.block_linear(torch.cat([torch.randn(3, 512, generator=generator), x[:6]]), packed, code)
+        assert torch.equal(whole[::7], alone), variant
+        assert torch.equal(whole[:6], mixed[3:]), variant
+
+
+@pytest.mark.parametrize("block_type", repacked.AT_LOAD)
+def test_block_linear_repacks_in_whole_groups_and_keeps_the_rest_as_stored(block_type: Q) -> None:
+    blocks, w = k_rows(block_type, 32, 512, seed=5)
+    layer = BlockLinear(StoredBlocks(blocks, block_type, (32, 512)))
+    assert layer.repacked and layer.blocks.numel() == blocks.numel()  # the file's size, permuted
+    assert torch.equal(layer.stored.blocks, blocks)  # `stored` undoes the repacking
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(6))
+    rounded = numpy_rounded(x, 256)
+    assert ((layer(x).double() - rounded @ w.t()).abs() <= block_ops.product_bound(rounded, w, 512)).all()
+    odd, _ = k_rows(block_type, 24, 512, seed=6)  # not whole groups of 16: the file's layout
+    assert not BlockLinear(StoredBlocks(odd, block_type, (24, 512))).repacked
+
+
+@pytest.mark.parametrize("block_type", TYPES)
+def test_the_repacking_refuses_rows_that_are_not_whole_groups(block_type: Q) -> None:
+    blocks, _ = k_rows(block_type, 24, 256, seed=8)
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        repacked.repack(blocks, block_type)
+    whole, _ = k_rows(block_type, 16, 256, seed=9)
+    with pytest.raises(RuntimeError, match="not a GGUF block type"):  # no block-by-block decode of the interleaved rows
+        block_ops.block_decode(repacked.repack(whole, block_type), repacked.REPACKED[block_type], 256)
