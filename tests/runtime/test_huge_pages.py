@@ -77,3 +77,30 @@ def test_huge_ones_are_ones_on_advised_memory() -> None:
     assert probe.shape == (SMALLEST,) and probe.dtype == torch.float32 and bool((probe == 1).all())
     if sys.platform.startswith("linux"):
         assert any(start <= probe.data_ptr() < end for start, end in _advised_ranges())
+
+
+def test_views_of_a_file_mapping_stay_on_the_file(tmp_path) -> None:
+    """A large tensor that is a view of a file's mapping (as a GGUF file's blocks are) is left
+    on the file's pages, with its numbers; an ordinary tensor beside it moves."""
+    import mmap
+
+    from qkv.runtime.huge_pages import file_mapped_ranges
+
+    torch.manual_seed(0)
+    values = torch.randn(2 * SMALLEST // 4)
+    path = tmp_path / "weights.bin"
+    path.write_bytes(values.numpy().tobytes())
+    with open(path, "rb") as handle:
+        mapping = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+    on_file = torch.frombuffer(mapping, dtype=torch.float32)
+    model = torch.nn.Module()
+    model.register_buffer("on_file", on_file)
+    model.register_buffer("in_memory", values.clone())
+    file_pointer, memory_pointer = on_file.data_ptr(), model.in_memory.data_ptr()
+    if sys.platform.startswith("linux"):
+        assert any(start <= file_pointer < end for start, end in file_mapped_ranges())
+        assert not any(start <= memory_pointer < end for start, end in file_mapped_ranges())
+    moved = place_on_huge_pages(model)
+    assert model.on_file.data_ptr() == file_pointer and torch.equal(model.on_file, values)
+    assert moved == values.numel() * 4 and model.in_memory.data_ptr() != memory_pointer
+    assert torch.equal(model.in_memory, values)

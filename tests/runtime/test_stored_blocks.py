@@ -197,3 +197,26 @@ def test_the_memory_check_counts_the_blocks_as_stored(tmp_path: Path) -> None:
     assert prepare(path, precision="auto", compile=False, max_memory=limit).setup.precision == "blocks"
     with pytest.raises(QkvError, match="memory"):
         prepare(path, precision="int8", compile=False, max_memory=limit)
+
+
+def test_blocks_are_views_of_the_file_and_writes_stay_private(tmp_path: Path) -> None:
+    """The file's blocks are read from its copy-on-write mapping, not copied into memory of
+    their own (q and k, whose rows are put back in Hugging Face order, are copies by nature),
+    and a write into a view never reaches the file."""
+    from qkv.models.loader import open_model
+    from qkv.runtime.huge_pages import file_mapped_ranges
+
+    types = {name: Q.Q4_K for name in ("attn_q", "attn_k", "attn_output", "ffn_gate", "ffn_up")}
+    path = write_block_gguf(tmp_path / "mapped.gguf", layer_types={**types, "attn_v": Q.Q8_0, "ffn_down": Q.Q6_K})
+    before = path.read_bytes()
+    stored = open_model(str(path)).source.read_stored(torch.float32, embedding=True)
+    ranges = file_mapped_ranges()
+    mapped = {name for name, b in stored.blocks.items() if any(s <= b.blocks.data_ptr() < e for s, e in ranges)}
+    assert "model.layers.0.self_attn.v_proj.weight" in mapped and "model.layers.0.mlp.down_proj.weight" in mapped
+    assert "model.layers.0.self_attn.q_proj.weight" not in mapped  # rows permuted back: a copy
+    down = stored.blocks["model.layers.0.mlp.down_proj.weight"]
+    want = down.dequantize()
+    down.blocks.zero_()  # a private page now: the file is unchanged
+    assert path.read_bytes() == before
+    again = open_model(str(path)).source.read_stored(torch.float32, embedding=True)
+    assert torch.equal(again.blocks["model.layers.0.mlp.down_proj.weight"].dequantize(), want)

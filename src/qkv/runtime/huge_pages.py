@@ -12,12 +12,17 @@ one anonymous mapping that does (Python's `mmap`), and points each tensor at its
 (`tensor.data = ...`: the same Parameter and buffer objects, so the layers and anything
 holding them see the move). The mapping lives as long as the tensors viewing it.
 
+Tensors that are views of a file's mapping (a GGUF file's blocks, qkv.models.gguf.header) stay
+where they are: copying them would spend the time and the memory that mapping saves, for a
+decode measured within a few percent either way (benchmarks/RESULTS.md, "Startup and load").
+
 Elsewhere (no `madvise`, THP "never", not Linux) the copy is skipped: nothing else changes.
 """
 
 from __future__ import annotations
 
 import mmap
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -52,9 +57,29 @@ def huge_ones(count: int, dtype: torch.dtype = torch.float32) -> Tensor:
         return torch.ones(count, dtype=dtype)
 
 
+def file_mapped_ranges(maps: Path = Path("/proc/self/maps")) -> list[tuple[int, int]]:
+    """The address ranges this process maps from files (inode not 0), sorted; [] where the
+    kernel does not list them (not Linux)."""
+    ranges = []
+    try:
+        lines = maps.read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        fields = line.split()  # start-end perms offset dev inode [path]
+        if len(fields) >= 6 and fields[4] != "0":
+            start, _, end = fields[0].partition("-")
+            ranges.append((int(start, 16), int(end, 16)))
+    return sorted(ranges)
+
+
+def _in_ranges(address: int, ranges: list[tuple[int, int]]) -> bool:
+    return any(start <= address < end for start, end in ranges)
+
+
 def place_on_huge_pages(model: nn.Module) -> int:
     """Move `model`'s CPU parameters and buffers of at least SMALLEST bytes onto 2 MB pages
-    (module docstring); tensors that share storage move together. Embedding tables stay
+    (module docstring), except views of a file's mapping; tensors that share storage move together. Embedding tables stay
     (a step reads one row of them) unless a layer also reads them whole (a tied output
     head). Returns the bytes moved."""
     if not huge_pages_supported():
@@ -63,9 +88,10 @@ def place_on_huge_pages(model: nn.Module) -> int:
                   if not isinstance(m, nn.Embedding) and isinstance(getattr(m, "weight", None), Tensor)}
     tables = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)} - read_whole
     chosen: dict[int, list[Tensor]] = {}  # storage -> the tensors on it
+    mapped = file_mapped_ranges()
     for tensor in (*model.parameters(), *model.buffers()):
         if (tensor.device.type != "cpu" or tensor.is_meta or not tensor.is_contiguous()
-                or id(tensor) in tables):
+                or id(tensor) in tables or _in_ranges(tensor.data_ptr(), mapped)):
             continue
         storage = tensor.untyped_storage()
         if storage.nbytes() >= SMALLEST:

@@ -309,7 +309,9 @@ def read_header(path: str | os.PathLike[str]) -> GGUFHeader:
         size = os.fstat(handle.fileno()).st_size
         if size < 4:
             raise GGUFFormatError(f"the file has {size} bytes, too few for GGUF's magic, at byte 0")
-        buffer = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        # copy-on-write: tensors are views of the file's pages (shared with the page cache, never
+        # read into memory of their own), writable as torch wants, and a write stays private
+        buffer = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
     cursor = _Cursor(buffer, size)
     magic = buffer[:4]
     if magic != MAGIC:

@@ -128,7 +128,11 @@ def read_stored_state(
         raw = np.ascontiguousarray(rows_in_hf_order(np.asarray(tensor.data).view(np.uint8).reshape(shape[0], -1),
                                                      rope_heads(name, config, arch)))
         try:
-            stored[target] = StoredBlocks(torch.from_numpy(raw.copy()), tensor.tensor_type, shape)  # owned, writable
+            # a view of the file's copy-on-write mapping where the rows are the file's (no read, no
+            # copy: qkv.models.gguf.header); permuted q/k rows are a copy already; a read-only
+            # buffer (another reader) is copied, as torch needs writable memory
+            blocks = torch.from_numpy(raw if raw.flags.writeable else raw.copy())
+            stored[target] = StoredBlocks(blocks, tensor.tensor_type, shape)
         except ValueError as error:
             raise QkvError(f"{path}: tensor {tensor.name}: {error}") from None
         if tied_head and keep(name):  # the lookup reads the same blocks as the head
