@@ -126,7 +126,7 @@ def test_cached_decoding_equals_full_causal_forward(backend, num_kv_heads, prefi
        st.booleans())
 def test_one_row_span_writes_what_the_indexed_write_does(row, first, t, limit, shared_positions):
     """A one-row call at consecutive positions takes slice copies and a view (the prefill
-    path); the keys, values, mask and lengths equal the indexed write's on the same call, and
+    path); the keys, values (contiguous copies), mask and lengths equal the indexed write's on the same call, and
     the other rows are untouched."""
     spec = CacheSpec(4, 2, 48, 3, 5, torch.float32, torch.device("cpu"))
     fast, reference = SlotKVCache(spec), SlotKVCache(spec)

@@ -349,8 +349,9 @@ class SlotKVCache(StaticKVCache):
             self.k_cache[row, :, first:first + t] = k[0].to(self.k_cache.dtype)  # (H_kv, T, D)
             self.v_cache[row, :, first:first + t] = v[0].to(self.v_cache.dtype)
             self.lengths[row] = first + t
-            keys = self.k_cache[row:row + 1, :, :end]  # (1, H_kv, S, D), a view
-            return keys, self.v_cache[row:row + 1, :, :end], self._span_mask(first, t, end)
+            # contiguous (1, H_kv, S, D) copies, as index_select gives: the attention kernels read them dense
+            keys, values = self.k_cache[row:row + 1, :, :end].clone(), self.v_cache[row:row + 1, :, :end].clone()
+            return keys, values, self._span_mask(first, t, end)
         self.k_cache[rows[:, None], :, positions] = k.transpose(1, 2).to(self.k_cache.dtype)  # (b, T, H_kv, D)
         self.v_cache[rows[:, None], :, positions] = v.transpose(1, 2).to(self.v_cache.dtype)
         self.lengths[rows] = positions.max(dim=1).values + 1
