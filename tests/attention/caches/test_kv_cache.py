@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qkv.attention import GroupedQueryAttention, RotaryEmbedding
-from qkv.attention.caches.kv_cache import CacheSpec, KVCache, StaticKVCache, visible_keys
+from qkv.attention.caches.kv_cache import CacheSpec, KVCache, SlotKVCache, StaticKVCache, visible_keys
 
 
 def spec(b=2, h=3, capacity=10, d=4, dtype=torch.float32) -> CacheSpec:
@@ -119,3 +119,49 @@ def test_cached_decoding_equals_full_causal_forward(backend, num_kv_heads, prefi
                                 positions=torch.tensor([pos]), cache=cache))
     assert cache.length == t and cache.writes == 1 + t - prefill
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-6, rtol=1e-5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 3), st.integers(0, 20), st.integers(1, 12), st.sampled_from([None, 24, 40]),
+       st.booleans())
+def test_one_row_span_writes_what_the_indexed_write_does(row, first, t, limit, shared_positions):
+    """A one-row call at consecutive positions takes slice copies and a view (the prefill
+    path); the keys, values (contiguous copies), mask and lengths equal the indexed write's on the same call, and
+    the other rows are untouched."""
+    spec = CacheSpec(4, 2, 48, 3, 5, torch.float32, torch.device("cpu"))
+    fast, reference = SlotKVCache(spec), SlotKVCache(spec)
+    for cache in (fast, reference):
+        torch.manual_seed(0)
+        cache.k_cache.normal_()
+        cache.v_cache.normal_()
+        cache.selection.rows, cache.selection.limit = torch.tensor([row]), limit
+    k, v = torch.randn(1, 2, t, 3), torch.randn(1, 2, t, 5)
+    positions = torch.arange(first, first + t)  # (T,)
+    if not shared_positions:
+        positions = positions[None]  # (1, T)
+    got = fast.update(k, v, positions)
+    again = fast.update(k, v, positions)  # the mask is shared by the layers of a call, read only
+    # the reference: the general indexed write, as for several rows
+    end = spec.capacity if limit is None else limit
+    rows = torch.tensor([row])
+    p = positions.expand(1, t)
+    reference.k_cache[rows[:, None], :, p] = k.transpose(1, 2)
+    reference.v_cache[rows[:, None], :, p] = v.transpose(1, 2)
+    reference.lengths[rows] = p.max(dim=1).values + 1
+    want = (reference.k_cache[:, :, :end].index_select(0, rows), reference.v_cache[:, :, :end].index_select(0, rows),
+            visible_keys(reference.slots[:end], p))
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    assert torch.equal(again[2], want[2])
+    assert torch.equal(fast.k_cache, reference.k_cache) and torch.equal(fast.v_cache, reference.v_cache)
+    assert torch.equal(fast.lengths, reference.lengths)
+
+
+def test_rows_at_scattered_positions_still_take_the_indexed_write():
+    spec = CacheSpec(2, 1, 16, 2, 2, torch.float32, torch.device("cpu"))
+    cache = SlotKVCache(spec)
+    cache.selection.rows = torch.tensor([1])
+    k = torch.randn(1, 1, 3, 2)
+    keys, _, mask = cache.update(k, k, torch.tensor([[0, 5, 9]]))
+    assert torch.equal(keys[0, 0, [0, 5, 9]], k[0, 0]) and int(cache.lengths[1]) == 10
+    assert mask.shape == (1, 1, 3, 16) and torch.equal(mask[0, 0, 1], torch.arange(16) <= 5)

@@ -274,11 +274,15 @@ class SlotSelection:
     many positions attention reads (None: the capacity), so a short chat in a long-context
     slot does not read the whole slot every step."""
 
-    __slots__ = ("rows", "limit")
+    __slots__ = ("rows", "limit", "span_mask")
 
     def __init__(self) -> None:
         self.rows: Tensor | None = None
         self.limit: int | None = None
+        # The last one-row span's mask, keyed by (first position, T, S): every layer of a call
+        # reads the same mask, built once (an elementwise pass over (T, S) per layer costs
+        # milliseconds when torch's thread pool waits on a busy core).
+        self.span_mask: tuple[tuple[int, int, int], Tensor] | None = None
 
 
 class SlotKVCache(StaticKVCache):
@@ -314,6 +318,16 @@ class SlotKVCache(StaticKVCache):
         self.v_cache[target, :, :length] = self.v_cache[source, :, :length]
         self.lengths[target] = length
 
+    def _span_mask(self, first: int, t: int, end: int) -> Tensor:
+        """visible_keys for positions [first, first + t) over slots [0, end), (1, 1, T, S),
+        shared by every layer of the call (read only)."""
+        key, held = (first, t, end), self.selection.span_mask
+        if held is not None and held[0] == key:
+            return held[1]
+        mask = visible_keys(self.slots[:end], torch.arange(first, first + t, device=self.slots.device))
+        self.selection.span_mask = (key, mask)
+        return mask
+
     def update(self, k: Tensor, v: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         rows = self.rows
         if rows is None:
@@ -328,10 +342,31 @@ class SlotKVCache(StaticKVCache):
             )
         if positions.dim() == 1:
             positions = positions.expand(b, t)  # (b, T)
+        end = s.capacity if self.limit is None else min(self.limit, s.capacity)
+        span = _one_span(rows, positions)
+        if span is not None:  # one row at consecutive positions (a prompt piece): slice copies, no gather
+            row, first = span
+            self.k_cache[row, :, first:first + t] = k[0].to(self.k_cache.dtype)  # (H_kv, T, D)
+            self.v_cache[row, :, first:first + t] = v[0].to(self.v_cache.dtype)
+            self.lengths[row] = first + t
+            # contiguous (1, H_kv, S, D) copies, as index_select gives: the attention kernels read them dense
+            keys, values = self.k_cache[row:row + 1, :, :end].clone(), self.v_cache[row:row + 1, :, :end].clone()
+            return keys, values, self._span_mask(first, t, end)
         self.k_cache[rows[:, None], :, positions] = k.transpose(1, 2).to(self.k_cache.dtype)  # (b, T, H_kv, D)
         self.v_cache[rows[:, None], :, positions] = v.transpose(1, 2).to(self.v_cache.dtype)
         self.lengths[rows] = positions.max(dim=1).values + 1
-        end = s.capacity if self.limit is None else min(self.limit, s.capacity)
         keys = self.k_cache[:, :, :end].index_select(0, rows)  # (b, H_kv, S, D), S = end
         values = self.v_cache[:, :, :end].index_select(0, rows)
         return keys, values, visible_keys(self.slots[:end], positions)  # (b, 1, T, S)
+
+
+def _one_span(rows: Tensor, positions: Tensor) -> tuple[int, int] | None:
+    """(row, first position) when a call carries one row at consecutive positions, (1, T),
+    else None. An indexed write costs a gather per element; a slice copy is one memcpy per head."""
+    if rows.shape[0] != 1 or positions.device.type != "cpu":
+        return None
+    first, t = int(positions[0, 0]), positions.shape[1]
+    if t > 1 and not bool((positions[0, 1:] - positions[0, :-1] == 1).all()):
+        return None
+    return int(rows[0]), first
+
