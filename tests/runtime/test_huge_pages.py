@@ -104,3 +104,18 @@ def test_views_of_a_file_mapping_stay_on_the_file(tmp_path) -> None:
     assert model.on_file.data_ptr() == file_pointer and torch.equal(model.on_file, values)
     assert moved == values.numel() * 4 and model.in_memory.data_ptr() != memory_pointer
     assert torch.equal(model.in_memory, values)
+
+
+def test_a_matrix_made_on_huge_pages_is_not_copied_again() -> None:
+    """`huge_empty` memory (where a repacked matrix is written at load) is advised for 2 MB
+    pages, and `place_on_huge_pages` leaves it where it is."""
+    from qkv.runtime.huge_pages import huge_empty
+
+    made = huge_empty(SMALLEST // 512, 1024)
+    made.fill_(7)
+    model = torch.nn.Module()
+    model.register_buffer("made", made)
+    pointer = made.data_ptr()
+    assert place_on_huge_pages(model) == 0 and model.made.data_ptr() == pointer
+    if sys.platform.startswith("linux"):
+        assert any(start <= pointer < end for start, end in _advised_ranges())

@@ -22,6 +22,7 @@ Elsewhere (no `madvise`, THP "never", not Linux) the copy is skipped: nothing el
 from __future__ import annotations
 
 import mmap
+import weakref
 from pathlib import Path
 
 import torch
@@ -36,13 +37,31 @@ def huge_pages_supported() -> bool:
     return hasattr(mmap, "MADV_HUGEPAGE") and hasattr(mmap.mmap, "madvise") and hasattr(mmap, "MAP_ANONYMOUS")
 
 
+_ADVISED: dict[int, tuple[int, int]] = {}  # id(mapping) -> the address range of an arena still alive
+
+
 def _arena(nbytes: int) -> Tensor:
     """nbytes of zeroed memory starting on a 2 MB boundary, advised to be huge pages."""
     mapping = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     mapping.madvise(mmap.MADV_HUGEPAGE)
     raw = torch.frombuffer(mapping, dtype=torch.uint8)  # keeps `mapping` alive
+    _ADVISED[id(mapping)] = (raw.data_ptr(), raw.data_ptr() + raw.numel())
+    weakref.finalize(mapping, _ADVISED.pop, id(mapping), None)  # its addresses may be reused once it goes
     start = (-raw.data_ptr()) % HUGE_PAGE
     return raw[start:start + nbytes]
+
+
+def huge_empty(rows: int, row_bytes: int) -> Tensor:
+    """An uninitialised (rows, row_bytes) uint8 matrix on 2 MB pages where Linux gives them
+    (plain memory otherwise): a weight written there once at load (a repacked matrix) is
+    not copied again by `place_on_huge_pages`."""
+    nbytes = rows * row_bytes
+    if huge_pages_supported() and nbytes >= SMALLEST:
+        try:
+            return _arena(nbytes).view(rows, row_bytes)
+        except (OSError, ValueError):
+            pass
+    return torch.empty(rows, row_bytes, dtype=torch.uint8)
 
 
 def huge_ones(count: int, dtype: torch.dtype = torch.float32) -> Tensor:
@@ -88,7 +107,7 @@ def place_on_huge_pages(model: nn.Module) -> int:
                   if not isinstance(m, nn.Embedding) and isinstance(getattr(m, "weight", None), Tensor)}
     tables = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)} - read_whole
     chosen: dict[int, list[Tensor]] = {}  # storage -> the tensors on it
-    mapped = file_mapped_ranges()
+    mapped = file_mapped_ranges() + list(_ADVISED.values())  # files' pages, and what is on 2 MB pages already
     for tensor in (*model.parameters(), *model.buffers()):
         if (tensor.device.type != "cpu" or tensor.is_meta or not tensor.is_contiguous()
                 or id(tensor) in tables or _in_ranges(tensor.data_ptr(), mapped)):

@@ -54,15 +54,6 @@ def test_float_matrices_stay_tensors_and_keep_chooses_the_blocks(tmp_path: Path)
     assert set(kept.blocks) == {f"model.layers.0.mlp.{p}_proj.weight" for p in ("gate", "up", "down")}
 
 
-def test_rows_of_one_type_stack_and_others_are_refused(tmp_path: Path) -> None:
-    _, stored, state = read_both(write_block_gguf(tmp_path / "blocks.gguf"))
-    gate = stored.blocks["model.layers.0.mlp.gate_proj.weight"]
-    stacked = StoredBlocks.concat_rows([gate, gate])
-    assert torch.equal(stacked.dequantize(), torch.cat([state["model.layers.0.mlp.gate_proj.weight"]] * 2))
-    with pytest.raises(ValueError, match="one block type and one column count"):
-        StoredBlocks.concat_rows([gate, stored.blocks["model.layers.0.mlp.up_proj.weight"]])
-
-
 def test_inconsistent_blocks_are_refused_by_name() -> None:
     with pytest.raises(ValueError, match="Q4_K blocks of a .* must be contiguous uint8"):
         StoredBlocks(torch.zeros(2, 100, dtype=torch.uint8), Q.Q4_K, (2, 256))

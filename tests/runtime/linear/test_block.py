@@ -95,6 +95,23 @@ def test_stacked_matrices_give_the_stacked_outputs() -> None:
         stacked_block_linear([q, stored(Q.Q8_0, 8, 512)])
 
 
+@pytest.mark.parametrize("block_type", [Q.Q4_K, Q.Q6_K, Q.Q8_0], ids=lambda t: t.name)
+def test_stacked_parts_of_one_type_are_written_once_and_stored_gives_their_bytes(block_type: Q) -> None:
+    """Parts of one type become one layer whose rows are written once (repacked in place where
+    the type is repacked), the parts untouched; its stored blocks are the parts' bytes one after
+    the other, and parts of two types are refused by name."""
+    q, k, v = stored(block_type, 32, 512, seed=4), stored(block_type, 16, 512, seed=5), stored(block_type, 16, 512, seed=6)
+    before = [p.blocks.clone() for p in (q, k, v)]
+    layer = BlockLinear([q, k, v])
+    assert layer.out_features == 64 and all(layer.blocks.data_ptr() != p.blocks.data_ptr() for p in (q, k, v))
+    assert all(torch.equal(p.blocks, b) for p, b in zip((q, k, v), before))
+    assert torch.equal(layer.stored.blocks, torch.cat(before))
+    x = torch.randn(2, 512)
+    assert torch.equal(layer(x), BlockLinear(StoredBlocks(torch.cat(before), block_type, (64, 512)))(x))
+    with pytest.raises(ValueError, match="one block type and one column count"):
+        BlockLinear([q, stored(Q.Q5_0, 16, 512)])
+
+
 def test_without_the_native_kernels_the_reference_runs_and_says_so_once(tmp_path: Path) -> None:
     """QKV_NATIVE=0 stands for a machine without a compiler: the layers run F.linear on the
     dequantized weights and the rounded activations (the same numbers within rounding) and one

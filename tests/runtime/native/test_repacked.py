@@ -74,6 +74,19 @@ def test_the_repacking_is_the_documented_permutation_and_undoes_to_the_files_byt
 
 
 @pytest.mark.parametrize("block_type", TYPES)
+def test_repacking_into_a_slice_writes_the_same_bytes_there_and_nowhere_else(block_type: Q) -> None:
+    blocks, _ = k_rows(block_type, 32, 512, seed=10)
+    out = torch.full((64, blocks.shape[1]), 3, dtype=torch.uint8)
+    assert repacked.repack_into(blocks, block_type, out[16:48]).data_ptr() == out[16:48].data_ptr()
+    assert torch.equal(out[16:48], repacked.repack(blocks, block_type))
+    assert bool((out[:16] == 3).all()) and bool((out[48:] == 3).all())
+    with pytest.raises(RuntimeError, match="one shape"):
+        repacked.repack_into(blocks, block_type, out[:16])
+    with pytest.raises(RuntimeError, match="not overlapping"):
+        repacked.repack_into(blocks, block_type, blocks)
+
+
+@pytest.mark.parametrize("block_type", TYPES)
 @pytest.mark.parametrize("n,k,m", [(16, 256, 1), (48, 768, 5), (32, 2048, 9)])
 def test_the_repacked_product_is_the_dequantized_weights_times_the_rounded_activations(block_type: Q, n: int, k: int, m: int) -> None:
     blocks, w = k_rows(block_type, n, k, seed=n + k)

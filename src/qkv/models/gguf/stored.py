@@ -68,19 +68,6 @@ class StoredBlocks:
         """The (N, K) weights the blocks stand for (bit-identical to the gguf library's)."""
         return gguf_blocks.dequantize_blocks([self.blocks.numpy()], self.block_type).reshape(self.shape).to(dtype)
 
-    @staticmethod
-    def concat_rows(parts: Sequence[StoredBlocks]) -> StoredBlocks:
-        """The rows of `parts` one after the other (q, k and v stacked into one product):
-        every part must have the same type and columns."""
-        first = parts[0]
-        if any(p.block_type != first.block_type or p.shape[1] != first.shape[1] for p in parts):
-            kinds = ", ".join(f"{p.block_type.name} {p.shape}" for p in parts)
-            raise ValueError(f"only matrices of one block type and one column count stack by rows, got {kinds}")
-        if len(parts) == 1:  # nothing to stack: the same bytes (a tied head keeps sharing the table's)
-            return first
-        rows = sum(p.shape[0] for p in parts)
-        return StoredBlocks(torch.cat([p.blocks for p in parts]), first.block_type, (rows, first.shape[1]))
-
 
 def names() -> list[str]:
     return [t.name for t in sorted(gguf_blocks.BLOCK_FORMATS, key=int)]

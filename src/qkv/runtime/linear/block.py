@@ -33,7 +33,8 @@ from torch import Tensor, nn
 from qkv.models.gguf.stored import StoredBlocks
 from qkv.runtime.linear.kernel import kernel_list
 from qkv.runtime.native.block_ops import block_linear, block_products_status, rounded_activations
-from qkv.runtime.native.repacked import REPACKED, repack, repack_status, repackable, unrepack
+from qkv.runtime.huge_pages import huge_empty
+from qkv.runtime.native.repacked import REPACKED, repack_into, repack_status, repackable, unrepack
 
 MAX_STACKED_BLOCKS = 4  # runtime/native/csrc/kernels.h's MAX_PARTS: matrices of different block types in one product
 _said: set[str] = set()
@@ -47,12 +48,19 @@ def native_reason() -> str | None:
 class BlockLinear(nn.Module):
     """y = x @ w^T + bias with w (N, K) kept as GGUF blocks (`blocks` (N, bytes a row) uint8)."""
 
-    def __init__(self, stored: StoredBlocks, bias: Tensor | None = None, *, native: bool | None = None) -> None:
-        """`native`: None runs the native product where it is available, False the torch
-        reference always; True requires the native product (RuntimeError naming why not)."""
+    def __init__(self, stored: StoredBlocks | Sequence[StoredBlocks], bias: Tensor | None = None, *,
+                 native: bool | None = None) -> None:
+        """`stored`: one matrix, or several of one block type and column count stacked by rows
+        (q/k/v, gate/up). `native`: None runs the native product where it is available, False
+        the torch reference always; True requires the native product (RuntimeError naming why not)."""
         super().__init__()
-        self.block_type = stored.block_type
-        self.out_features, self.in_features = stored.shape
+        parts = [stored] if isinstance(stored, StoredBlocks) else list(stored)
+        first = parts[0]
+        if any(p.block_type != first.block_type or p.shape[1] != first.shape[1] for p in parts):
+            kinds = ", ".join(f"{p.block_type.name} {p.shape}" for p in parts)
+            raise ValueError(f"only matrices of one block type and one column count stack by rows, got {kinds}")
+        self.block_type = first.block_type
+        self.out_features, self.in_features = sum(p.shape[0] for p in parts), first.shape[1]
         if bias is not None and tuple(bias.shape) != (self.out_features,):
             raise ValueError(f"bias of shape {tuple(bias.shape)} for a layer of {self.out_features} outputs")
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
@@ -65,10 +73,11 @@ class BlockLinear(nn.Module):
             print(f"qkv: GGUF block layers run PyTorch's reference product ({reason})", file=sys.stderr)
         # Q4_K in whole groups of 16 rows runs repacked (qkv.runtime.native.repacked's AT_LOAD),
         # the same products faster; `stored` undoes it
-        self.repacked = self.native and repackable(stored.block_type, self.out_features) and repack_status() is None
-        self.register_buffer("blocks", repack(stored.blocks, stored.block_type) if self.repacked else stored.blocks)
+        self.repacked = (self.native and all(repackable(p.block_type, p.shape[0]) for p in parts)
+                         and repack_status() is None)
+        self.register_buffer("blocks", _rows_of(parts, self.repacked))
         # the block type as qkv's whole-layer kernel reads it (runtime/native/csrc/kernels.h's Linear: [blocks, type])
-        self.kernel_type = REPACKED[stored.block_type] if self.repacked else int(stored.block_type)
+        self.kernel_type = REPACKED[self.block_type] if self.repacked else int(self.block_type)
         self.register_buffer("type_code", torch.tensor([self.kernel_type], dtype=torch.int64), persistent=False)
         self._weight: Tensor | None = None  # the reference path's dequantized weights
 
@@ -100,6 +109,24 @@ class BlockLinear(nn.Module):
     def extra_repr(self) -> str:
         path = ("native, repacked" if self.repacked else "native") if self.native else "torch reference"
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.block_type.name}, {path}"
+
+
+def _rows_of(parts: list[StoredBlocks], repacked: bool) -> Tensor:
+    """The parts' rows one after the other, repacked where asked, written once onto 2 MB pages
+    (qkv.runtime.huge_pages), never into the parts (a part may be a view of the file's mapping);
+    one part kept as stored is its own bytes (a tied head shares the embedding table's)."""
+    if len(parts) == 1 and not repacked:
+        return parts[0].blocks
+    out = huge_empty(sum(p.blocks.shape[0] for p in parts), parts[0].blocks.shape[1])  # (N, bytes a row)
+    row = 0
+    for part in parts:
+        rows = part.blocks.shape[0]
+        if repacked:
+            repack_into(part.blocks, part.block_type, out[row : row + rows])
+        else:
+            out[row : row + rows].copy_(part.blocks)
+        row += rows
+    return out
 
 
 class StackedBlockLinear(nn.Module):
@@ -163,5 +190,5 @@ def stacked_block_linear(parts: Sequence[StoredBlocks], bias: Tensor | None = No
     if any(p.shape[1] != parts[0].shape[1] for p in parts):
         raise ValueError(f"stacked matrices need one column count, got {[p.shape for p in parts]}")
     if all(p.block_type == parts[0].block_type for p in parts):
-        return BlockLinear(StoredBlocks.concat_rows(parts), bias)
+        return BlockLinear(parts, bias)
     return StackedBlockLinear(parts, bias)

@@ -47,6 +47,12 @@ def repack(blocks: Tensor, block_type: Q) -> Tensor:
     return getattr(torch.ops.qkv, f"{_OPS[block_type]}_repack").default(blocks)
 
 
+def repack_into(blocks: Tensor, block_type: Q, out: Tensor) -> Tensor:
+    """`repack(blocks, block_type)` written into `out` (the same shape; a slice of a stacked
+    matrix), which is returned."""
+    return getattr(torch.ops.qkv, f"{_OPS[block_type]}_repack_into").default(blocks, out)
+
+
 def unrepack(packed: Tensor, block_type: Q) -> Tensor:
     """REPACKED[block_type]'s layout (N, K / 256 * Z) uint8 -> the file's rows of `block_type`."""
     return getattr(torch.ops.qkv, f"{_OPS[block_type]}_unrepack").default(packed)

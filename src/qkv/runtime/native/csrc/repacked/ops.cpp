@@ -5,6 +5,8 @@
 //   qkv::q4k_repack(blocks (N, K / 256 * 144) u8 Q4_K, N % 16 == 0) -> the same shape, Q4_K_X16
 //   qkv::q4k_unrepack(packed (N, K / 256 * 144) u8 Q4_K_X16) -> the file's Q4_K bytes
 //   qkv::q6k_repack / q6k_unrepack: the same for Q6_K (N, K / 256 * 210) and Q6_K_X16
+//   qkv::q4k_repack_into / q6k_repack_into(blocks, out): the repacking written into `out` (a slice
+//   of a stacked matrix on 2 MB pages: one copy at load, not three)
 //
 // A product over M activation rows takes them MR at a time per group of 16 weight rows, and up
 // to PASS rows per pass over the task's weights: a prompt reads each weight once per MR rows
@@ -90,19 +92,41 @@ using torch::headeronly::ScalarType;
 
 using Permute = void (*)(const uint8_t *from, uint8_t *to, int64_t row_bytes, int64_t g0, int64_t g1);
 
-// A copy of `from` (never written: it may be the file's mapping) permuted group by group.
-Tensor permuted(const Tensor &from, int64_t block_bytes, Permute permute, const char *message) {
-    check(from.dim() == 2 && from.scalar_type() == ScalarType::Byte && from.is_contiguous() &&
-              from.size(0) % blocks::q4k::ROWS == 0 && from.size(0) > 0 && from.size(1) > 0 && from.size(1) % block_bytes == 0,
-          message);
-    Tensor to = torch::stable::new_empty(from, {from.size(0), from.size(1)});
+bool whole_groups(const Tensor &t, int64_t block_bytes) {
+    return t.dim() == 2 && t.scalar_type() == ScalarType::Byte && t.is_contiguous() && t.size(0) % blocks::q4k::ROWS == 0 &&
+           t.size(0) > 0 && t.size(1) > 0 && t.size(1) % block_bytes == 0;
+}
+
+// `from` (never written: it may be the file's mapping) permuted group by group into `to`, of
+// the same shape (a slice of a larger matrix: stacked q/k/v repacked straight into place).
+void permute_into(const Tensor &from, Tensor &to, Permute permute) {
     const uint8_t *src = static_cast<const uint8_t *>(from.data_ptr());
     uint8_t *dst = static_cast<uint8_t *>(to.data_ptr());
     const int64_t row_bytes = from.size(1), groups = from.size(0) / blocks::q4k::ROWS;
     torch::stable::parallel_for(0, groups, std::max<int64_t>(1, groups / 64), [&](int64_t g0, int64_t g1) {
         permute(src, dst, row_bytes, g0, g1);
     });
+}
+
+// A copy of `from` permuted group by group.
+Tensor permuted(const Tensor &from, int64_t block_bytes, Permute permute, const char *message) {
+    check(whole_groups(from, block_bytes), message);
+    Tensor to = torch::stable::new_empty(from, {from.size(0), from.size(1)});
+    permute_into(from, to, permute);
     return to;
+}
+
+// `from` permuted into the caller's `out` (same shape, contiguous, not overlapping `from`).
+Tensor permuted_out(const Tensor &from, Tensor out, int64_t block_bytes, Permute permute, const char *message) {
+    check(whole_groups(from, block_bytes) && whole_groups(out, block_bytes) && out.size(0) == from.size(0) &&
+              out.size(1) == from.size(1),
+          message);
+    const uint8_t *a = static_cast<const uint8_t *>(from.data_ptr());
+    const uint8_t *b = static_cast<const uint8_t *>(out.data_ptr());
+    const int64_t n = from.size(0) * from.size(1);
+    check(a + n <= b || b + n <= a, message);
+    permute_into(from, out, permute);
+    return out;
 }
 
 constexpr int64_t Q4K = sizeof(blocks::BlockQ4_K), Q6K = sizeof(blocks::BlockQ6_K);
@@ -119,6 +143,14 @@ Tensor q6k_repack(Tensor blocks) {
     return permuted(blocks, Q6K, blocks::q6k::repack, "qkv::q6k_repack: blocks must be contiguous uint8 Q6_K rows (N, K / 256 * 210), N a multiple of 16");
 }
 
+Tensor q4k_repack_into(Tensor blocks, Tensor out) {
+    return permuted_out(blocks, out, Q4K, blocks::q4k::repack, "qkv::q4k_repack_into: blocks and out must be contiguous uint8 Q4_K rows of one shape (N, K / 256 * 144), N a multiple of 16, not overlapping");
+}
+
+Tensor q6k_repack_into(Tensor blocks, Tensor out) {
+    return permuted_out(blocks, out, Q6K, blocks::q6k::repack, "qkv::q6k_repack_into: blocks and out must be contiguous uint8 Q6_K rows of one shape (N, K / 256 * 210), N a multiple of 16, not overlapping");
+}
+
 Tensor q6k_unrepack(Tensor packed) {
     return permuted(packed, Q6K, blocks::q6k::unrepack, "qkv::q6k_unrepack: packed must be contiguous uint8 (N, K / 256 * 210), N a multiple of 16");
 }
@@ -131,11 +163,15 @@ STABLE_TORCH_LIBRARY_FRAGMENT(qkv, m) {
     m.def("q4k_unrepack(Tensor packed) -> Tensor");
     m.def("q6k_repack(Tensor blocks) -> Tensor");
     m.def("q6k_unrepack(Tensor packed) -> Tensor");
+    m.def("q4k_repack_into(Tensor blocks, Tensor(a!) out) -> Tensor(a!)");
+    m.def("q6k_repack_into(Tensor blocks, Tensor(a!) out) -> Tensor(a!)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(qkv, CPU, m) {
     m.impl("q4k_repack", TORCH_BOX(&qkv::q4k_repack));
     m.impl("q4k_unrepack", TORCH_BOX(&qkv::q4k_unrepack));
     m.impl("q6k_repack", TORCH_BOX(&qkv::q6k_repack));
+    m.impl("q4k_repack_into", TORCH_BOX(&qkv::q4k_repack_into));
+    m.impl("q6k_repack_into", TORCH_BOX(&qkv::q6k_repack_into));
     m.impl("q6k_unrepack", TORCH_BOX(&qkv::q6k_unrepack));
 }
