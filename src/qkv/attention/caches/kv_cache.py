@@ -343,7 +343,9 @@ class SlotKVCache(StaticKVCache):
         if positions.dim() == 1:
             positions = positions.expand(b, t)  # (b, T)
         end = s.capacity if self.limit is None else min(self.limit, s.capacity)
-        span = _one_span(rows, positions)
+        # (not while torch.compile traces: the test reads the positions' values, which would make
+        # a graph per position; compiled steps keep the indexed write)
+        span = None if torch.compiler.is_compiling() else _one_span(rows, positions)
         if span is not None:  # one row at consecutive positions (a prompt piece): slice copies, no gather
             row, first = span
             self.k_cache[row, :, first:first + t] = k[0].to(self.k_cache.dtype)  # (H_kv, T, D)
