@@ -79,8 +79,8 @@ def test_any_blocks_equal_the_gguf_library(tensor_type: GGMLQuantizationType, bl
     assert same_bits(gguf_blocks.dequantize_blocks([raw], tensor_type), gguf.quants.dequantize(raw, tensor_type))
 
 
-def test_the_k_quants_and_iq4_nl_are_decoded_with_torch() -> None:
-    wanted = {GGMLQuantizationType[name] for name in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL")}
+def test_the_k_quants_and_iq4_types_are_decoded_with_torch() -> None:
+    wanted = {GGMLQuantizationType[name] for name in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")}
     assert wanted <= gguf_blocks.TYPES
 
 

@@ -1,6 +1,6 @@
 """qkv::block_linear (block_products.cpp) and the block-format table (block_format.cpp): a GGUF
 matrix times activations rounded as its weight type multiplies them (per 32 inputs for
-32-weight blocks, per 256 for the K-quants). The reference is the gguf library's dequantized
+32-weight blocks, per 256 for the K-quants and IQ4_XS). The reference is the gguf library's dequantized
 weights (`gguf.quants.dequantize`) times activations rounded here in numpy, in float64: every
 variant this CPU runs (generic C++, AVX2, AVX-512) must agree with it to float32 rounding of
 the per-block sums' combination, with the generic variant likewise, and give each row the
@@ -23,7 +23,7 @@ from tests.models.gguf.block_files import random_blocks
 pytestmark = pytest.mark.skipif(block_ops.block_products_status() is not None, reason="qkv's block products do not build here")
 
 TYPES = sorted(block_ops.NATIVE_TYPES, key=int)
-K_QUANTS = {Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K}
+SUPER_BLOCKS = {Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS}  # 256 weights a block: the K-quants and IQ4_XS
 
 
 def matrix(block_type: Q, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,7 +66,7 @@ def test_the_cpp_block_table_is_the_gguf_packages_and_pythons() -> None:
 
 
 def test_the_activation_step_is_the_weight_types() -> None:
-    assert {t for t in TYPES if block_ops.activation_step(t) == 256} == K_QUANTS
+    assert {t for t in TYPES if block_ops.activation_step(t) == 256} == SUPER_BLOCKS
     x = torch.randn(3, 512, generator=torch.Generator().manual_seed(0)) * 5
     for block_type in (Q.Q4_0, Q.Q6_K):
         assert torch.equal(block_ops.rounded_activations(x, block_type).double(),
@@ -80,7 +80,7 @@ def test_the_activation_step_is_the_weight_types() -> None:
 def test_every_variant_is_the_dequantized_weights_times_the_rounded_activations(
         block_type: Q, rows: int, outputs: int, blocks_of_256: int, blocks_of_32: int, scale: float, seed: int) -> None:
     # every kernel's paths: pairs of 32-blocks and a lone one (K = 32, 96, ...), one or more super-blocks
-    k = 256 * max(blocks_of_256, 1) if block_type in K_QUANTS else 256 * blocks_of_256 + 32 * blocks_of_32 or 32
+    k = 256 * max(blocks_of_256, 1) if block_type in SUPER_BLOCKS else 256 * blocks_of_256 + 32 * blocks_of_32 or 32
     blocks, w = matrix(block_type, outputs, k, seed)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(seed)) * scale
     bias = torch.randn(outputs, generator=torch.Generator().manual_seed(seed + 1))
@@ -113,7 +113,7 @@ def test_a_prefills_tiles_give_every_row_the_bits_it_gets_alone(block_type: Q) -
     of 64 rows, AVX-512's in groups of 16), the outputs past the last whole tile by the one-row
     kernels: every output, bias included, is the same bits as its row's product alone, in every
     variant (70 rows: a second, ragged band; K: an odd number of 32-blocks, several super-blocks)."""
-    k = 768 if block_type in K_QUANTS else 800
+    k = 768 if block_type in SUPER_BLOCKS else 800
     rows = 70
     blocks, w = matrix(block_type, 19, k, 6)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(7)) * 3

@@ -9,7 +9,7 @@ library's, operation for operation in float32 (`d * q`, then `+ m`; no fused mul
 so the values are bit-identical to its output (tests/models/gguf/test_dequantize.py checks it
 on the SmolLM2 file and on random blocks of every type here).
 
-The K-quants (Q2_K .. Q6_K) and IQ4_NL are decoded the same way in `qkv.models.gguf.kquants`.
+The K-quants (Q2_K .. Q6_K), IQ4_NL and IQ4_XS are decoded the same way in `qkv.models.gguf.kquants`.
 Types without a torch path (the other IQ types, ...) still go through the gguf library, one
 tensor at a time, in `qkv.models.gguf.checkpoint.dequantize`: TYPES lists the ones decoded here.
 
@@ -135,6 +135,7 @@ BLOCK_FORMATS: dict[Q, BlockFormat] = {
     Q.Q5_K: _format(Q.Q5_K, kq.q5_k, (0, 2)),
     Q.Q6_K: _format(Q.Q6_K, kq.q6_k, (208,)),
     Q.IQ4_NL: _format(Q.IQ4_NL, kq.iq4_nl, (0,)),
+    Q.IQ4_XS: _format(Q.IQ4_XS, kq.iq4_xs, (0,)),
 }
 PLAIN = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}
 

@@ -1,4 +1,4 @@
-"""GGUF's K-quants (Q2_K .. Q6_K) and IQ4_NL dequantized with torch operations on the block bytes.
+"""GGUF's K-quants (Q2_K .. Q6_K), IQ4_NL and IQ4_XS dequantized with torch operations on the block bytes.
 
 These are the types of the files people download (a Q4_K_M file is Q4_K and Q6_K matrices,
 some Q5_0/Q8_0, F32 norms). Each decoder below follows the `gguf` library's numpy code
@@ -18,6 +18,10 @@ weights sharing one scale):
     Q6_K (210 bytes)  ql[128] low nibbles, qh[64] high 2 bits, scales[16] int8, d f16
                       16 subs of 16: x = (d * sc) * (q - 32), q in 0..63
     IQ4_NL (18 bytes) d f16, qs[16]; 32 weights: x = d * KVALUES[nibble]
+    IQ4_XS (136 bytes) d f16, scales_h u16, scales_l[4], qs[128]; 8 subs of 32, each with a
+                      6-bit scale (low 4 bits: nibble s % 2 of scales_l[s // 2], high 2: bits
+                      2s of scales_h): x = (d * (sc - 32)) * KVALUES[nibble], the nibbles of
+                      a sub as IQ4_NL's (16 bytes: low nibbles first, then the high ones)
 
 Bit positions, for weight w of a block (as the gguf library reshapes them):
     Q2_K/Q3_K 2-bit q: byte (w // 128) * 32 + w % 32 of qs, shift 2 * ((w // 32) % 4)
@@ -127,3 +131,15 @@ def iq4_nl(blocks: Tensor) -> Tensor:
     index = (_shifted(blocks[:, 2:18], 1, (0, 4)) & 0x0F).reshape(b, 32).long()
     values = torch.tensor(IQ4_NL_VALUES, dtype=torch.float32)[index]  # (B, 32)
     return d * values
+
+
+def iq4_xs(blocks: Tensor) -> Tensor:
+    b = blocks.shape[0]
+    d = f16_at(blocks, 0)
+    scales_h = blocks[:, 2:4].contiguous().view(torch.int16).int() & 0xFFFF  # (B, 1)
+    low = (_shifted(blocks[:, 4:8], 4, (0, 4)).reshape(b, 8) & 0x0F).int()  # sub s: nibble s % 2 of byte s // 2
+    high = (scales_h >> torch.arange(0, 16, 2, dtype=torch.int32)) & 3  # (B, 8)
+    dl = (d * ((low | (high << 4)) - 32).float()).reshape(b, 8, 1)
+    index = (_shifted(blocks[:, 8:136], 8, (0, 4)) & 0x0F).reshape(b, 8, 32).long()
+    values = torch.tensor(IQ4_NL_VALUES, dtype=torch.float32)[index]  # (B, 8, 32)
+    return (dl * values).reshape(b, QK_K)

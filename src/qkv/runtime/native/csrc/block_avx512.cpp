@@ -23,7 +23,7 @@ namespace {
 constexpr int WIDE_ROWS_256 = 4, WIDE_ROWS_32 = 8;  // weight rows a wide tile: K-quants, 32-blocks
 
 // -- AVX-512's wide tiles (block_format.h's Tile): sixteen rows of activations in the 16 lanes
-// of a zmm register, the weights broadcast. K-quants (Q2_K, Q3_K, Q5_K, Q6_K):
+// of a zmm register, the weights broadcast. Super-blocks (Q2_K, Q3_K, Q5_K, Q6_K, IQ4_XS):
 //
 // The one-row kernels (block_x86.h) give each (row, super-block) 8 int32 lanes, lane j summing
 // scale * code * x over bytes 4j .. 4j + 3 of each of the eight 32-code vectors t, and one float
@@ -99,7 +99,8 @@ inline void weights256(const uint8_t *block, Weights256 &w) {
                                            3, 3, 2, 2, 1, 1, 0, 0);  // int16 b takes scale lane b / 2
     for (int t = 0; t < 8; t++) {
         const __m512i scale = _mm512_permutexvar_epi16(twice, _mm512_castsi256_si512(u.scales[t]));
-        _mm512_store_si512(w.W + 16 * t, _mm512_mullo_epi16(_mm512_cvtepu8_epi16(u.q[t]), scale));
+        const __m512i codes = T == IQ4_XS ? _mm512_cvtepi8_epi16(u.q[t]) : _mm512_cvtepu8_epi16(u.q[t]);  // IQ4_XS's are signed
+        _mm512_store_si512(w.W + 16 * t, _mm512_mullo_epi16(codes, scale));
     }
     __m256i extra = u.extra;
     if constexpr (T == Q6_K) extra = _mm256_mullo_epi16(extra, _mm256_set1_epi16(-32));
@@ -117,7 +118,7 @@ inline __m512 tree8(const __m512 *a) {  // hsum's order over 8 lanes, lane by la
 template <int64_t T, int NR>
 void wide256(const uint8_t *row, int64_t row_bytes, const XRow *, int64_t M, int64_t K, const void *prepared, float *out,
              int64_t ldo) {
-    constexpr int64_t Z = T == Q6_K ? sizeof(BlockQ6_K) : T == Q5_K ? sizeof(BlockQ5_K) : T == Q3_K ? sizeof(BlockQ3_K) : sizeof(BlockQ2_K);
+    constexpr int64_t Z = block_bytes256<T>();
     constexpr int64_t GROUPS = BAND / LANES;
     const int64_t SB = K / 256, groups = (M + LANES - 1) / LANES;
     const Prepared256 *P = static_cast<const Prepared256 *>(prepared);
@@ -283,6 +284,7 @@ Tile wide_tile_for(int64_t type) {
         case Q3_K: return {wide256<Q3_K, NR256>, NR256, prepared256_bytes, prepare256};
         case Q5_K: return {wide256<Q5_K, NR256>, NR256, prepared256_bytes, prepare256};
         case Q6_K: return {wide256<Q6_K, NR256>, NR256, prepared256_bytes, prepare256};
+        case IQ4_XS: return {wide256<IQ4_XS, NR256>, NR256, prepared256_bytes, prepare256};
         case Q4_0: return {wide32<Q4_0, NR32>, NR32, prepared32_bytes, prepare32<Q4_0>};
         case Q4_1: return {wide32<Q4_1, NR32>, NR32, prepared32_bytes, prepare32<Q4_1>};
         case Q5_0: return {wide32<Q5_0, NR32>, NR32, prepared32_bytes, prepare32<Q5_0>};

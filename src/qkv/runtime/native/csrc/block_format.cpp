@@ -144,10 +144,22 @@ void decode_q6_k(const uint8_t *p, float *out) {
     }
 }
 
+void decode_iq4_xs(const uint8_t *p, float *out) {
+    const BlockIQ4_XS &b = at<BlockIQ4_XS>(p);
+    const float d = f16(b.d);
+    for (int s = 0; s < 8; s++) {
+        const float dl = d * static_cast<float>(iq4_xs_scale(b, s) - 32);
+        for (int j = 0; j < 16; j++) {
+            out[32 * s + j] = dl * static_cast<float>(IQ4_NL_VALUES[b.qs[16 * s + j] & 15]);
+            out[32 * s + j + 16] = dl * static_cast<float>(IQ4_NL_VALUES[b.qs[16 * s + j] >> 4]);
+        }
+    }
+}
+
 static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(BlockQ5_0) == 22 && sizeof(BlockQ5_1) == 24 &&
                   sizeof(BlockQ8_0) == 34 && sizeof(BlockIQ4_NL) == 18 && sizeof(BlockQ2_K) == 84 &&
                   sizeof(BlockQ3_K) == 110 && sizeof(BlockQ4_K) == 144 && sizeof(BlockQ5_K) == 176 &&
-                  sizeof(BlockQ6_K) == 210,
+                  sizeof(BlockQ6_K) == 210 && sizeof(BlockIQ4_XS) == 136,
               "the block structs are GGUF's sizes");
 
 constexpr Traits TABLE[] = {
@@ -162,6 +174,7 @@ constexpr Traits TABLE[] = {
     {Q5_K, "Q5_K", 256, sizeof(BlockQ5_K), PER256, decode_k4<BlockQ5_K>},
     {Q6_K, "Q6_K", 256, sizeof(BlockQ6_K), PER256, decode_q6_k},
     {IQ4_NL, "IQ4_NL", 32, sizeof(BlockIQ4_NL), PER32, decode_iq4_nl},
+    {IQ4_XS, "IQ4_XS", 256, sizeof(BlockIQ4_XS), PER256, decode_iq4_xs},
 };
 
 // -- the generic dot products: one exact integer sum a block, its scales applied once --------
@@ -196,7 +209,8 @@ float dot32(const uint8_t *row, const XRow &x, int64_t K) {
     return acc;
 }
 
-// A super-block's 256 weight codes as int8, in weight order (Q6_K less its 32, Q3_K less its 4),
+// A super-block's 256 weight codes as int8, in weight order (Q6_K less its 32, Q3_K less its 4,
+// IQ4_XS its code book's values),
 // cut out with loops a compiler vectorises: weight 128 h + 32 t + r.
 template <class B, int64_t T>
 void codes256(const B &b, int8_t *q) {
@@ -219,6 +233,12 @@ void codes256(const B &b, int8_t *q) {
                 q[128 * h + 32 + r] = static_cast<int8_t>(((l1 & 15) | (((high >> 2) & 3) << 4)) - 32);
                 q[128 * h + 64 + r] = static_cast<int8_t>(((l0 >> 4) | (((high >> 4) & 3) << 4)) - 32);
                 q[128 * h + 96 + r] = static_cast<int8_t>(((l1 >> 4) | (((high >> 6) & 3) << 4)) - 32);
+            }
+    } else if constexpr (T == IQ4_XS) {
+        for (int s = 0; s < 8; s++)
+            for (int j = 0; j < 16; j++) {
+                q[32 * s + j] = IQ4_NL_VALUES[b.qs[16 * s + j] & 15];
+                q[32 * s + j + 16] = IQ4_NL_VALUES[b.qs[16 * s + j] >> 4];
             }
     } else {  // Q2_K, Q3_K: 2-bit fields (Q3_K: less 4 where hmask's bit is clear)
         for (int h = 0; h < 2; h++)
@@ -249,7 +269,9 @@ float dot256(const uint8_t *row, const XRow &x, int64_t K) {
         const int16_t *sums = x.sums + 16 * i;
         codes256<B, T>(b, q);
         int32_t isum = 0, msum = 0;
-        if constexpr (T == Q4_K || T == Q5_K) {
+        if constexpr (T == IQ4_XS) {
+            for (int s = 0; s < 8; s++) isum += (iq4_xs_scale(b, s) - 32) * int_dot(q + 32 * s, c + 32 * s, 32);
+        } else if constexpr (T == Q4_K || T == Q5_K) {
             uint8_t sc[8], mn[8];
             scale_min_k4(b.scales, sc, mn);
             for (int j = 0; j < 8; j++) {
@@ -346,6 +368,7 @@ RowDot generic_dot(int64_t type) {
         case Q4_K: return dot256<BlockQ4_K, Q4_K>;
         case Q5_K: return dot256<BlockQ5_K, Q5_K>;
         case Q6_K: return dot256<BlockQ6_K, Q6_K>;
+        case IQ4_XS: return dot256<BlockIQ4_XS, IQ4_XS>;
         default: return nullptr;
     }
 }

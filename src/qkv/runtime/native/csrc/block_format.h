@@ -8,7 +8,7 @@
 //   - blocks of 32 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) meet activations rounded per 32
 //     (Q8_0-style, PER32): step d = max|x| / 127, codes round(x / d) ties to even, and the
 //     block's d * sum(codes) (what a minimum, Q4_1 / Q5_1's m, multiplies);
-//   - super-blocks of 256 (Q2_K .. Q6_K) meet activations rounded per 256 (Q8_K-style, PER256):
+//   - super-blocks of 256 (Q2_K .. Q6_K, IQ4_XS) meet activations rounded per 256 (Q8_K-style, PER256):
 //     one step a 256, the same codes, and the codes' sums per 16 (what the minimums multiply).
 // Each block's integer dot product of weight codes and activation codes is exact; the block's
 // float scales multiply it once (a K-quant super-block: once per 256 weights).
@@ -25,7 +25,7 @@ namespace blocks {
 
 enum Type : int64_t {  // GGML's type ids
     Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14,
-    IQ4_NL = 20,
+    IQ4_NL = 20, IQ4_XS = 23,
     Q4_K_X16 = 1012,  // qkv's own: Q4_K rows repacked at load, 16 interleaved (repacked/q4k.h)
     Q6_K_X16 = 1014,  // and Q6_K's (repacked/q6k.h)
 };
@@ -43,6 +43,7 @@ struct BlockQ3_K { uint8_t hmask[32], qs[64], scales[12]; uint16_t d; };   // w 
 struct BlockQ4_K { uint16_t d, dmin; uint8_t scales[12], qs[128]; };        // w = d sc q - dmin m, per 32
 struct BlockQ5_K { uint16_t d, dmin; uint8_t scales[12], qh[32], qs[128]; };
 struct BlockQ6_K { uint8_t ql[128], qh[64]; int8_t scales[16]; uint16_t d; };  // w = d sc (q - 32), per 16
+struct BlockIQ4_XS { uint16_t d, scales_h; uint8_t scales_l[4], qs[128]; };  // w = d (sc - 32) IQ4_NL_VALUES[q], per 32
 
 // IQ4_NL's non-linear code book (GGML's kvalues_iq4nl).
 constexpr int8_t IQ4_NL_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
@@ -79,6 +80,12 @@ static inline void scale_min_k4(const uint8_t *s, uint8_t *sc, uint8_t *mn) {
 static inline int q3_scale(const uint8_t *sc, int s) {
     const int low = s < 8 ? sc[s] & 15 : sc[s - 8] >> 4, high = (sc[8 + s % 4] >> (2 * (s / 4))) & 3;
     return low | (high << 4);
+}
+
+// IQ4_XS: sub-block s's six-bit scale (before the -32): low 4 bits nibble s % 2 of scales_l[s / 2],
+// high 2 bits 2s of scales_h. Its 16 bytes qs[16 s ..) hold the 32 codes as IQ4_NL's block does.
+static inline int iq4_xs_scale(const BlockIQ4_XS &b, int s) {
+    return ((b.scales_l[s / 2] >> (4 * (s % 2))) & 15) | (((b.scales_h >> (2 * s)) & 3) << 4);
 }
 
 // -- the activations, rounded as the block types multiply them -----------------------------

@@ -126,8 +126,15 @@ void tile32(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t M, in
 struct Unpacked256 {
     __m256i q[8], scales[8];
     __m256i extra;  // Q6_K / Q3_K: the 16 signed scales (the offsets' weights); Q2_K: the 16 minimums; Q5_K: 8 minimums
+                    // (IQ4_XS: q holds the signed code book values, scales[t] sub-block t's scale less 32)
     float d, dmin;
 };
+
+template <int64_t T>
+constexpr int64_t block_bytes256() {  // the tiles' super-block types
+    return T == Q6_K ? sizeof(BlockQ6_K) : T == Q5_K ? sizeof(BlockQ5_K) : T == Q3_K ? sizeof(BlockQ3_K)
+         : T == IQ4_XS ? sizeof(BlockIQ4_XS) : sizeof(BlockQ2_K);
+}
 
 template <int64_t T>
 inline void unpack256(const uint8_t *p, Unpacked256 &u) {
@@ -146,6 +153,14 @@ inline void unpack256(const uint8_t *p, Unpacked256 &u) {
             for (int t = 0; t < 4; t++) u.scales[4 * h + t] = two_scales16(sc8, 8 * h + 2 * t, true);
         }
         u.extra = _mm256_cvtepi8_epi16(sc8);
+        u.d = half(b.d);
+    } else if constexpr (T == IQ4_XS) {
+        const BlockIQ4_XS &b = *reinterpret_cast<const BlockIQ4_XS *>(p);
+        for (int t = 0; t < 8; t++) {  // as dot_iq4_xs
+            u.q[t] = iq4_xs_values(b.qs + 16 * t);
+            u.scales[t] = _mm256_set1_epi16(static_cast<short>(iq4_xs_scale(b, t) - 32));
+        }
+        u.extra = _mm256_setzero_si256();
         u.d = half(b.d);
     } else if constexpr (T == Q5_K) {
         const BlockQ5_K &b = *reinterpret_cast<const BlockQ5_K *>(p);
@@ -209,7 +224,7 @@ inline __attribute__((always_inline)) void take256(const Unpacked256 *u, const X
     for (int t = 0; t < 8; t++) {
         const __m256i codes = load(c + 32 * t);
         for (int n = 0; n < NR; n++) {
-            const __m256i p16 = _mm256_maddubs_epi16(u[n].q[t], codes);
+            const __m256i p16 = T == IQ4_XS ? signed_products(u[n].q[t], codes) : _mm256_maddubs_epi16(u[n].q[t], codes);
             sumi[n] = _mm256_add_epi32(sumi[n], _mm256_madd_epi16(p16, u[n].scales[t]));
         }
     }
@@ -229,7 +244,7 @@ inline __attribute__((always_inline)) void take256(const Unpacked256 *u, const X
 
 template <int64_t T, int NR>
 void tile256(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t M, int64_t K, const void *, float *out, int64_t ldo) {
-    constexpr int64_t Z = T == Q6_K ? sizeof(BlockQ6_K) : T == Q5_K ? sizeof(BlockQ5_K) : T == Q3_K ? sizeof(BlockQ3_K) : sizeof(BlockQ2_K);
+    constexpr int64_t Z = block_bytes256<T>();
     constexpr bool has_mins = T == Q2_K || T == Q3_K;  // dot_k2's second accumulator (Q3_K's stays zero)
     __m256 acc[BAND][NR], mins[has_mins ? BAND : 1][NR];
     __m128 mins4[T == Q5_K ? BAND : 1][NR];
@@ -252,7 +267,7 @@ void tile256(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t M, i
     for (int64_t m = 0; m < M; m++)
         for (int n = 0; n < NR; n++) {
             float v;
-            if constexpr (T == Q6_K) {
+            if constexpr (T == Q6_K || T == IQ4_XS) {
                 v = hsum(acc[m][n]);
             } else if constexpr (T == Q5_K) {
                 __m128 s = _mm_add_ps(mins4[m][n], _mm_movehl_ps(mins4[m][n], mins4[m][n]));
@@ -281,6 +296,7 @@ Tile tile_for(int64_t type) {
         case Q3_K: return {tile256<Q3_K, NR256>, NR256};
         case Q5_K: return {tile256<Q5_K, NR256>, NR256};
         case Q6_K: return {tile256<Q6_K, NR256>, NR256};
+        case IQ4_XS: return {tile256<IQ4_XS, NR256>, NR256};
         default: return {};
     }
 }

@@ -325,6 +325,34 @@ float dot_k2(const uint8_t *row, const XRow &x, int64_t K) {
     return hsum(acc) - hsum(mins);
 }
 
+// IQ4_XS: per sub-block s of 32, the code book's values (signed) by nibble, |w| times sign(w) x
+// summed by vpmaddubsw (|w| <= 127, |x| <= 127: no int16 saturation) and weighted by the six-bit
+// scale less 32 in vpmaddwd. block_tiles_x86.h's tiles run exactly these integer lanes.
+inline __m256i iq4_xs_values(const uint8_t *qs) {  // 16 bytes -> the 32 weights' code book values
+    const __m128i book = _mm_loadu_si128(reinterpret_cast<const __m128i *>(IQ4_NL_VALUES));
+    return _mm256_shuffle_epi8(_mm256_set_m128i(book, book), nibbles(qs));
+}
+
+inline __m256i signed_products(__m256i w, __m256i x) {  // int16 lanes: pairs of w x, exact
+    return _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+}
+
+template <class S>
+float dot_iq4_xs(const uint8_t *row, const XRow &x, int64_t K) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < K / 256; i++) {
+        const BlockIQ4_XS &b = *reinterpret_cast<const BlockIQ4_XS *>(row + i * static_cast<int64_t>(sizeof(BlockIQ4_XS)));
+        const int8_t *c = x.q + 256 * i;
+        __m256i sumi = _mm256_setzero_si256();
+        for (int s = 0; s < 8; s++) {
+            const __m256i scale = _mm256_set1_epi16(static_cast<short>(iq4_xs_scale(b, s) - 32));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(signed_products(iq4_xs_values(b.qs + 16 * s), load(c + 32 * s)), scale));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(half(b.d) * x.d[i]), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum(acc);
+}
+
 // FOUR rows of blocks at once where that measured faster (the nibble types: 8-20% on a 2048 x 2048
 // and an 8192 x 2048 decode product, benchmarks/kernels/block_types.py); Q8_0 and Q5_1 measured
 // slower that way, and the K-quants' two-row version too (registers run out): nullptr.
@@ -353,6 +381,7 @@ RowDot dot_for(int64_t type) {
         case Q6_K: return dot_q6_k<S>;
         case Q2_K: return dot_k2<S, Q2_K>;
         case Q3_K: return dot_k2<S, Q3_K>;
+        case IQ4_XS: return dot_iq4_xs<S>;
         default: return nullptr;
     }
 }
