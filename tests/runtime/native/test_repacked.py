@@ -1,9 +1,9 @@
-"""Q4_K and Q6_K repacked into qkv's Q4_K_X16 / Q6_K_X16 layouts (qkv.runtime.native.repacked,
-csrc/repacked/): the
-repacking is the documented byte permutation, undoing it gives the file's bytes back, and its
-product is the gguf library's dequantized weights times the rounded activations (float64,
-within the float bound the block products are held to), the same bits in every variant and
-for each row whatever the other rows, as the server's batches need."""
+"""Q4_K, Q5_K and Q6_K repacked into qkv's Q4_K_X16 / Q5_K_X16 / Q6_K_X16 layouts
+(qkv.runtime.native.repacked, csrc/repacked/): the repacking is the documented byte
+permutation, undoing it gives the file's bytes back, and its product is the gguf library's
+dequantized weights times the rounded activations (float64, within the float bound the block
+products are held to), the same bits in every variant and for each row whatever the other
+rows, as the server's batches need."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from tests.models.gguf.block_files import random_blocks
 from tests.runtime.native.test_block_products import numpy_rounded
 
 pytestmark = pytest.mark.skipif(repacked.repack_status() is not None, reason="qkv's repacked K-quant products do not build here")
-TYPES = [Q.Q4_K, Q.Q6_K]
+TYPES = [Q.Q4_K, Q.Q5_K, Q.Q6_K]
 
 
 def k_rows(block_type: Q, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -31,7 +31,7 @@ def k_rows(block_type: Q, n: int, k: int, seed: int) -> tuple[torch.Tensor, torc
 
 
 def numpy_layout(block_type: Q, rows: np.ndarray) -> np.ndarray:
-    return numpy_q4_k_layout(rows) if block_type == Q.Q4_K else numpy_q6_k_layout(rows)
+    return numpy_q6_k_layout(rows) if block_type == Q.Q6_K else numpy_k4_layout(rows, block_type)
 
 
 def numpy_q6_k_layout(rows: np.ndarray) -> np.ndarray:
@@ -49,16 +49,23 @@ def numpy_q6_k_layout(rows: np.ndarray) -> np.ndarray:
     return np.concatenate(parts, axis=-1).reshape(n, row_bytes)
 
 
-def numpy_q4_k_layout(rows: np.ndarray) -> np.ndarray:
+def numpy_k4_layout(rows: np.ndarray, block_type: Q) -> np.ndarray:
     """q4k.h's layout written out in numpy: per group of 16 rows and super-block, d, dmin, the
-    three 4-byte scale words of each row side by side, then qs in 4-byte units of 16 rows."""
+    three 4-byte scale words of each row side by side, then qs in 4-byte units of 16 rows
+    (Q5_K: then qh in 4-byte units of 16 rows)."""
     n, row_bytes = rows.shape
-    supers = row_bytes // 144
-    blocks = rows.reshape(n // 16, 16, supers, 144).transpose(0, 2, 1, 3)  # (groups, supers, 16, 144)
-    parts = [blocks[..., 0:2], blocks[..., 2:4], blocks[..., 4:8], blocks[..., 8:12], blocks[..., 12:16]]
-    qs = blocks[..., 16:].reshape(n // 16, supers, 16, 32, 4).transpose(0, 1, 3, 2, 4)  # (groups, supers, unit, 16, 4)
-    tiles = np.concatenate([p.reshape(n // 16, supers, -1) for p in parts] + [qs.reshape(n // 16, supers, -1)], axis=-1)
-    return tiles.reshape(n, row_bytes)
+    size = 176 if block_type == Q.Q5_K else 144
+    supers = row_bytes // size
+    blocks = rows.reshape(n // 16, 16, supers, size).transpose(0, 2, 1, 3)  # (groups, supers, 16, size)
+
+    def units(part: np.ndarray) -> np.ndarray:  # (groups, supers, 16, 4 u) -> (groups, supers, u * 16 * 4)
+        return part.reshape(n // 16, supers, 16, -1, 4).transpose(0, 1, 3, 2, 4).reshape(n // 16, supers, -1)
+
+    parts = [blocks[..., a:b].reshape(n // 16, supers, -1) for a, b in ((0, 2), (2, 4), (4, 8), (8, 12), (12, 16))]
+    parts.append(units(blocks[..., size - 128 :]))  # qs
+    if block_type == Q.Q5_K:
+        parts.append(units(blocks[..., 16:48]))  # qh
+    return np.concatenate(parts, axis=-1).reshape(n, row_bytes)
 
 
 @pytest.mark.parametrize("block_type", TYPES)

@@ -71,7 +71,7 @@ class BlockLinear(nn.Module):
         if not self.native and native is None and reason not in _said:
             _said.add(reason)
             print(f"qkv: GGUF block layers run PyTorch's reference product ({reason})", file=sys.stderr)
-        # Q4_K in whole groups of 16 rows runs repacked (qkv.runtime.native.repacked's AT_LOAD),
+        # Q4_K and Q5_K in whole groups of 16 rows run repacked (qkv.runtime.native.repacked's AT_LOAD),
         # the same products faster; `stored` undoes it
         self.repacked = (self.native and all(repackable(p.block_type, p.shape[0]) for p in parts)
                          and repack_status() is None)

@@ -50,7 +50,7 @@ HERE = Path(__file__).parent / "csrc"  # the C++ sources, shipped with the packa
 # layers with the head (sharing kernels.h); products straight from GGUF's stored blocks
 # (block_format.cpp: the block-format table and the generic reference; block_products.cpp: the
 # op and the dispatch, one row at a time or in tiles of many; block_avx2.cpp and block_avx512.cpp:
-# the x86 variants, sharing block_x86.h and block_tiles_x86.h; repacked/: Q4_K and Q6_K repacked at load into
+# the x86 variants, sharing block_x86.h and block_tiles_x86.h; repacked/: Q4_K, Q5_K and Q6_K repacked at load into
 # interleaved rows, its layout and products); attention over a quantized KV cache's packed codes.
 SOURCES: tuple[str, ...] = ("products.cpp", "products_x86.cpp", "attention.cpp", "layer.cpp", "stack.cpp",
                             "block_format.cpp", "block_products.cpp", "block_avx2.cpp", "block_avx512.cpp",

@@ -1,5 +1,6 @@
 """K-quant matrices repacked at load into qkv's interleaved layouts (runtime/native/csrc/repacked/):
-Q4_K -> Q4_K_X16 (q4k.h) and Q6_K -> Q6_K_X16 (q6k.h), groups of 16 rows interleaved 4 bytes at
+Q4_K -> Q4_K_X16 and Q5_K -> Q5_K_X16 (q4k.h: one layout, Q5_K's fifth bits after Q4_K's bytes,
+one set of kernels) and Q6_K -> Q6_K_X16 (q6k.h), groups of 16 rows interleaved 4 bytes at
 a time, each super-block's scales side by side, so a decode step's product runs a row of the
 group per SIMD lane (one 64-byte load is 4 or 8 weights of 16 rows) and a prompt's product reads
 each weight block once per 4 activation rows.
@@ -25,14 +26,17 @@ from qkv.models.gguf.dequantize import BLOCK_FORMATS
 from qkv.runtime.native.block_ops import block_linear, block_products_status, product_bound, rounded_activations
 
 Q4_K_X16 = 1012  # block_format.h's type ids of the repacked layouts (not GGML types)
+Q5_K_X16 = 1013
 Q6_K_X16 = 1014
-REPACKED: dict[Q, int] = {Q.Q4_K: Q4_K_X16, Q.Q6_K: Q6_K_X16}  # the file's type -> the layout it runs in
-_OPS = {Q.Q4_K: "q4k", Q.Q6_K: "q6k"}
+REPACKED: dict[Q, int] = {Q.Q4_K: Q4_K_X16, Q.Q5_K: Q5_K_X16, Q.Q6_K: Q6_K_X16}  # the file's type -> the layout it runs in
+_OPS = {Q.Q4_K: "q4k", Q.Q5_K: "q5k", Q.Q6_K: "q6k"}
 GROUP_ROWS = 16
-# the types BlockLinear repacks at load: Q6_K_X16's kernels are not yet faster than the one-row
-# Q6_K ones in a decode step (1 thread, 2048 x 2048: AVX-512 about even, AVX2 1.8x slower; a
-# 64-row prefill 1.18x faster on AVX-512), so Q6_K stays as stored until they are
-AT_LOAD: tuple[Q, ...] = (Q.Q4_K,)
+# the types BlockLinear repacks at load (Q4_K_X16 and Q5_K_X16 measured faster than the file's
+# rows in a decode step and in a prefill, benchmarks/kernels/block_types.py): Q6_K_X16's kernels
+# are not yet faster than the one-row Q6_K ones in a decode step (1 thread, 2048 x 2048: AVX-512
+# about even, AVX2 1.8x slower; a 64-row prefill 1.18x faster on AVX-512), so Q6_K stays as
+# stored until they are
+AT_LOAD: tuple[Q, ...] = (Q.Q4_K, Q.Q5_K)
 
 
 def repackable(block_type: Q, rows: int) -> bool:

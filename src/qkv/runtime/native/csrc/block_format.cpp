@@ -302,7 +302,7 @@ float dot256(const uint8_t *row, const XRow &x, int64_t K) {
 const Traits *traits_of(int64_t type) {
     for (const Traits &t : TABLE)
         if (t.type == type) return &t;
-    return type == Q4_K_X16 ? q4k::traits() : type == Q6_K_X16 ? q6k::traits() : nullptr;
+    return type == Q4_K_X16 ? q4k::traits(Q4_K) : type == Q5_K_X16 ? q4k::traits(Q5_K) : type == Q6_K_X16 ? q6k::traits() : nullptr;
 }
 
 const Traits *all_traits(int64_t &count) {

@@ -27,6 +27,7 @@ enum Type : int64_t {  // GGML's type ids
     Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14,
     IQ4_NL = 20, IQ4_XS = 23,
     Q4_K_X16 = 1012,  // qkv's own: Q4_K rows repacked at load, 16 interleaved (repacked/q4k.h)
+    Q5_K_X16 = 1013,  // Q5_K's, the same layout with qh after it (repacked/q4k.h)
     Q6_K_X16 = 1014,  // and Q6_K's (repacked/q6k.h)
 };
 enum Activation : int64_t { PER32 = 0, PER256 = 1 };  // how the activations a type multiplies are rounded

@@ -117,7 +117,7 @@ void apply_blocks(const Linear &L, const float *x, float *y, int64_t M) {
     PreparedParts prepared;
     prepare_parts(L, rows32.data(), rows256.data(), M, variant, prepared);
     auto outputs = [&](const BlockPart &part, int64_t n0, int64_t n1, int64_t first) {
-        if (part.type == Q4_K_X16)  // whole groups of 16 rows (for_each_part's chunks and PIECE keep them whole)
+        if (part.type == Q4_K_X16 || part.type == Q5_K_X16)  // whole groups of 16 rows (for_each_part's chunks and PIECE keep them whole)
             return q4k::rows(part, rows256.data(), M, L.K, L.N, n0, n1, first, L.bias ? L.bias + first : nullptr, y, variant);
         if (part.type == Q6_K_X16)
             return q6k::rows(part, rows256.data(), M, L.K, L.N, n0, n1, first, L.bias ? L.bias + first : nullptr, y, variant);

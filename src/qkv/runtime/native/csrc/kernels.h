@@ -131,7 +131,7 @@ struct Linear {
 template <class Rows>
 void for_each_part(const Linear &L, Rows &&rows) {
     const int64_t threads = std::max<int64_t>(1, torch::stable::get_num_threads());
-    const int64_t chunk = (std::max<int64_t>({1, L.N / (4 * threads), (int64_t{1} << 16) / L.K}) + 15) / 16 * 16;  // whole Q4_K_X16 groups
+    const int64_t chunk = (std::max<int64_t>({1, L.N / (4 * threads), (int64_t{1} << 16) / L.K}) + 15) / 16 * 16;  // whole groups of a repacked layout (repacked/q4k.h)
     torch::stable::parallel_for(0, L.N, chunk, [&](int64_t n0, int64_t n1) {
         int64_t first = 0;  // the stacked output where part p begins
         for (int64_t p = 0; p < L.part_count; p++) {

@@ -1,11 +1,12 @@
-// The repacked layouts (Q4_K_X16: q4k.h, Q6_K_X16: q6k.h) in the library: their products inside
+// The repacked layouts (Q4_K_X16 and Q5_K_X16: q4k.h, Q6_K_X16: q6k.h) in the library: their products inside
 // a BLOCKS Linear (block_products.cpp's apply_blocks hands such a part here), and the ops that
 // repack a matrix at load (a copy: the file's mapping is never written):
 //
 //   qkv::q4k_repack(blocks (N, K / 256 * 144) u8 Q4_K, N % 16 == 0) -> the same shape, Q4_K_X16
 //   qkv::q4k_unrepack(packed (N, K / 256 * 144) u8 Q4_K_X16) -> the file's Q4_K bytes
+//   qkv::q5k_repack / q5k_unrepack: the same for Q5_K (N, K / 256 * 176) and Q5_K_X16
 //   qkv::q6k_repack / q6k_unrepack: the same for Q6_K (N, K / 256 * 210) and Q6_K_X16
-//   qkv::q4k_repack_into / q6k_repack_into(blocks, out): the repacking written into `out` (a slice
+//   qkv::q4k_repack_into / q5k_repack_into / q6k_repack_into(blocks, out): the repacking written into `out` (a slice
 //   of a stacked matrix on 2 MB pages: one copy at load, not three)
 //
 // A product over M activation rows takes them MR at a time per group of 16 weight rows, and up
@@ -56,10 +57,13 @@ namespace q4k {
 
 void rows(const BlockPart &part, const XRow *xs, int64_t M, int64_t K, int64_t ldy, int64_t n0, int64_t n1, int64_t first,
           const float *bias, float *y, Variant v) {
+    const bool five = part.type == Q5_K_X16;
 #if QKV_X86
-    const q4k::GroupRows kernel = v >= AVX512 ? avx512_group : v >= AVX2 ? avx2_group : generic_group;
+    const q4k::GroupRows kernel = v >= AVX512 ? (five ? avx512_group<Q5_K> : avx512_group<Q4_K>)
+                                  : v >= AVX2 ? (five ? avx2_group<Q5_K> : avx2_group<Q4_K>)
+                                              : (five ? generic_group<Q5_K> : generic_group<Q4_K>);
 #else
-    const q4k::GroupRows kernel = generic_group;
+    const q4k::GroupRows kernel = five ? generic_group<Q5_K> : generic_group<Q4_K>;
     (void)v;
 #endif
     const int64_t words = K / 64;
@@ -129,14 +133,26 @@ Tensor permuted_out(const Tensor &from, Tensor out, int64_t block_bytes, Permute
     return out;
 }
 
-constexpr int64_t Q4K = sizeof(blocks::BlockQ4_K), Q6K = sizeof(blocks::BlockQ6_K);
+constexpr int64_t Q4K = sizeof(blocks::BlockQ4_K), Q5K = sizeof(blocks::BlockQ5_K), Q6K = sizeof(blocks::BlockQ6_K);
 
 Tensor q4k_repack(Tensor blocks) {
-    return permuted(blocks, Q4K, blocks::q4k::repack, "qkv::q4k_repack: blocks must be contiguous uint8 Q4_K rows (N, K / 256 * 144), N a multiple of 16");
+    return permuted(blocks, Q4K, blocks::q4k::repack<blocks::Q4_K>, "qkv::q4k_repack: blocks must be contiguous uint8 Q4_K rows (N, K / 256 * 144), N a multiple of 16");
 }
 
 Tensor q4k_unrepack(Tensor packed) {
-    return permuted(packed, Q4K, blocks::q4k::unrepack, "qkv::q4k_unrepack: packed must be contiguous uint8 (N, K / 256 * 144), N a multiple of 16");
+    return permuted(packed, Q4K, blocks::q4k::unrepack<blocks::Q4_K>, "qkv::q4k_unrepack: packed must be contiguous uint8 (N, K / 256 * 144), N a multiple of 16");
+}
+
+Tensor q5k_repack(Tensor blocks) {
+    return permuted(blocks, Q5K, blocks::q4k::repack<blocks::Q5_K>, "qkv::q5k_repack: blocks must be contiguous uint8 Q5_K rows (N, K / 256 * 176), N a multiple of 16");
+}
+
+Tensor q5k_unrepack(Tensor packed) {
+    return permuted(packed, Q5K, blocks::q4k::unrepack<blocks::Q5_K>, "qkv::q5k_unrepack: packed must be contiguous uint8 (N, K / 256 * 176), N a multiple of 16");
+}
+
+Tensor q5k_repack_into(Tensor blocks, Tensor out) {
+    return permuted_out(blocks, out, Q5K, blocks::q4k::repack<blocks::Q5_K>, "qkv::q5k_repack_into: blocks and out must be contiguous uint8 Q5_K rows of one shape (N, K / 256 * 176), N a multiple of 16, not overlapping");
 }
 
 Tensor q6k_repack(Tensor blocks) {
@@ -144,7 +160,7 @@ Tensor q6k_repack(Tensor blocks) {
 }
 
 Tensor q4k_repack_into(Tensor blocks, Tensor out) {
-    return permuted_out(blocks, out, Q4K, blocks::q4k::repack, "qkv::q4k_repack_into: blocks and out must be contiguous uint8 Q4_K rows of one shape (N, K / 256 * 144), N a multiple of 16, not overlapping");
+    return permuted_out(blocks, out, Q4K, blocks::q4k::repack<blocks::Q4_K>, "qkv::q4k_repack_into: blocks and out must be contiguous uint8 Q4_K rows of one shape (N, K / 256 * 144), N a multiple of 16, not overlapping");
 }
 
 Tensor q6k_repack_into(Tensor blocks, Tensor out) {
@@ -161,6 +177,9 @@ Tensor q6k_unrepack(Tensor packed) {
 STABLE_TORCH_LIBRARY_FRAGMENT(qkv, m) {
     m.def("q4k_repack(Tensor blocks) -> Tensor");
     m.def("q4k_unrepack(Tensor packed) -> Tensor");
+    m.def("q5k_repack(Tensor blocks) -> Tensor");
+    m.def("q5k_unrepack(Tensor packed) -> Tensor");
+    m.def("q5k_repack_into(Tensor blocks, Tensor(a!) out) -> Tensor(a!)");
     m.def("q6k_repack(Tensor blocks) -> Tensor");
     m.def("q6k_unrepack(Tensor packed) -> Tensor");
     m.def("q4k_repack_into(Tensor blocks, Tensor(a!) out) -> Tensor(a!)");
@@ -170,6 +189,9 @@ STABLE_TORCH_LIBRARY_FRAGMENT(qkv, m) {
 STABLE_TORCH_LIBRARY_IMPL(qkv, CPU, m) {
     m.impl("q4k_repack", TORCH_BOX(&qkv::q4k_repack));
     m.impl("q4k_unrepack", TORCH_BOX(&qkv::q4k_unrepack));
+    m.impl("q5k_repack", TORCH_BOX(&qkv::q5k_repack));
+    m.impl("q5k_unrepack", TORCH_BOX(&qkv::q5k_unrepack));
+    m.impl("q5k_repack_into", TORCH_BOX(&qkv::q5k_repack_into));
     m.impl("q6k_repack", TORCH_BOX(&qkv::q6k_repack));
     m.impl("q4k_repack_into", TORCH_BOX(&qkv::q4k_repack_into));
     m.impl("q6k_repack_into", TORCH_BOX(&qkv::q6k_repack_into));

@@ -1,5 +1,6 @@
-// Q4_K_X16's product on AVX-512 VNNI (q4k.h): a zmm lane is a row of the group; one 64-byte
-// load is 8 weights of each of the 16 rows, multiplied by vpdpbusd against 4 activation codes
+// Q4_K_X16's and Q5_K_X16's product on AVX-512 VNNI (q4k.h): a zmm lane is a row of the group;
+// one 64-byte load is 8 weights of each of the 16 rows (Q5_K: their fifth bits added where
+// qh's bits are set, a mask a nibble), multiplied by vpdpbusd against 4 activation codes
 // broadcast, for every activation row of the tile.
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -27,15 +28,15 @@ inline __m512i byte_of(__m512i v, int k) {  // byte k of every lane, as int32
     return _mm512_and_si512(_mm512_srli_epi32(v, 8 * k), _mm512_set1_epi32(0xFF));
 }
 
-template <int N>
+template <Type T, int N>
 void group(const uint8_t *g, int64_t K, const XRow *xs, const int32_t *p, float *out) {
     const __m512i low4 = _mm512_set1_epi8(15), six = _mm512_set1_epi8(63), top = _mm512_set1_epi8(0x30),
-                  pair = _mm512_set1_epi32(0x00FF00FF);
+                  pair = _mm512_set1_epi32(0x00FF00FF), sixteen = _mm512_set1_epi8(16);
     const int64_t words = K / 64;  // minimum_sums a row
     __m512 acc[N], macc[N];
     for (int m = 0; m < N; m++) acc[m] = macc[m] = _mm512_setzero_ps();
     for (int64_t i = 0; i < K / 256; i++) {
-        const uint8_t *t = g + i * TILE;
+        const uint8_t *t = g + i * tile_bytes(T);
         const __m512i a = load(t + SA), b = load(t + SB), c = load(t + SC);
         const __m512i sc03 = _mm512_and_si512(a, six);
         const __m512i sc47 = _mm512_or_si512(_mm512_and_si512(c, low4), _mm512_and_si512(_mm512_srli_epi32(a, 2), top));
@@ -44,9 +45,16 @@ void group(const uint8_t *g, int64_t K, const XRow *xs, const int32_t *p, float 
         for (int j = 0; j < 4; j++) {
             __m512i lo_sum[N], hi_sum[N];
             for (int m = 0; m < N; m++) lo_sum[m] = hi_sum[m] = _mm512_setzero_si512();
+#pragma GCC unroll 8  // as Q4_K's loop unrolls by itself: accumulators stay in their registers
             for (int s = 0; s < 8; s++) {
+                if constexpr (N == 1) read_ahead<T>(t, 8 * j + s);
                 const __m512i w = load(t + QS + 64 * (8 * j + s));
-                const __m512i lo = _mm512_and_si512(w, low4), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
+                __m512i lo = _mm512_and_si512(w, low4), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
+                if constexpr (T == Q5_K) {  // bit 4 of the low nibbles' weights: qh bit 2 j; of the high ones': 2 j + 1
+                    const __m512i h = load(t + QH + 64 * s);
+                    lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(h, _mm512_set1_epi8(static_cast<char>(1 << (2 * j)))), lo, sixteen);
+                    hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(h, _mm512_set1_epi8(static_cast<char>(2 << (2 * j)))), hi, sixteen);
+                }
                 for (int m = 0; m < N; m++) {
                     const int8_t *q = xs[m].q + 256 * i + 64 * j + 4 * s;
                     lo_sum[m] = _mm512_dpbusd_epi32(lo_sum[m], lo, code4(q));
@@ -80,14 +88,18 @@ void group(const uint8_t *g, int64_t K, const XRow *xs, const int32_t *p, float 
 
 }  // namespace
 
+template <Type T>
 void avx512_group(const uint8_t *g, int64_t K, const XRow *xs, const int32_t *p, int count, float *out) {
     switch (count) {
-        case 1: return group<1>(g, K, xs, p, out);
-        case 2: return group<2>(g, K, xs, p, out);
-        case 3: return group<3>(g, K, xs, p, out);
-        default: return group<MR>(g, K, xs, p, out);
+        case 1: return group<T, 1>(g, K, xs, p, out);
+        case 2: return group<T, 2>(g, K, xs, p, out);
+        case 3: return group<T, 3>(g, K, xs, p, out);
+        default: return group<T, MR>(g, K, xs, p, out);
     }
 }
+
+template void avx512_group<Q4_K>(const uint8_t *, int64_t, const XRow *, const int32_t *, int, float *);
+template void avx512_group<Q5_K>(const uint8_t *, int64_t, const XRow *, const int32_t *, int, float *);
 
 }  // namespace q4k
 }  // namespace blocks

@@ -1,7 +1,10 @@
-// Q4_K_X16 (q4k.h): the byte permutation to and from the file's rows, the minimums' activation
-// sums, and the generic C++ product (the reference, the same bits as the x86 ones: q4k.h).
+// Q4_K_X16 and Q5_K_X16 (q4k.h): the byte permutation to and from the file's rows, the
+// minimums' activation sums, and the generic C++ product (the reference, the same bits as the
+// x86 ones: q4k.h).
 #include <math.h>
 #include <string.h>
+
+#include <type_traits>
 
 #include "../kernels.h"
 #include "q4k.h"
@@ -10,29 +13,34 @@ namespace qkv {
 namespace blocks {
 namespace q4k {
 
-const Traits *traits() {
-    static const Traits t{Q4_K_X16, "Q4_K_X16", 256, sizeof(BlockQ4_K), PER256, nullptr};
-    return &t;
+const Traits *traits(Type T) {
+    static const Traits four{Q4_K_X16, "Q4_K_X16", 256, sizeof(BlockQ4_K), PER256, nullptr};
+    static const Traits five{Q5_K_X16, "Q5_K_X16", 256, sizeof(BlockQ5_K), PER256, nullptr};
+    return T == Q5_K ? &five : &four;
 }
 
 namespace {
 
+template <Type T>
+using Block = std::conditional_t<T == Q5_K, BlockQ5_K, BlockQ4_K>;
+
 // Visit every (row block, tile bytes) pair of groups [g0, g1): move(block, tile, r) copies one
-// row's BlockQ4_K to or from row r of its tile.
-template <class Move>
+// row's block to or from row r of its tile.
+template <Type T, class Move>
 void each_block(int64_t row_bytes, int64_t g0, int64_t g1, Move &&move) {
-    const int64_t supers = row_bytes / static_cast<int64_t>(sizeof(BlockQ4_K));
+    constexpr int64_t Z = sizeof(Block<T>);
+    const int64_t supers = row_bytes / Z;
     for (int64_t g = g0; g < g1; g++)
         for (int64_t i = 0; i < supers; i++)
-            for (int64_t r = 0; r < ROWS; r++)
-                move((g * ROWS + r) * row_bytes + i * static_cast<int64_t>(sizeof(BlockQ4_K)), g * ROWS * row_bytes + i * TILE, r);
+            for (int64_t r = 0; r < ROWS; r++) move((g * ROWS + r) * row_bytes + i * Z, g * ROWS * row_bytes + i * tile_bytes(T), r);
 }
 
 }  // namespace
 
+template <Type T>
 void repack(const uint8_t *rows, uint8_t *packed, int64_t row_bytes, int64_t g0, int64_t g1) {
-    each_block(row_bytes, g0, g1, [&](int64_t from, int64_t to, int64_t r) {
-        const BlockQ4_K &b = *reinterpret_cast<const BlockQ4_K *>(rows + from);
+    each_block<T>(row_bytes, g0, g1, [&](int64_t from, int64_t to, int64_t r) {
+        const Block<T> &b = *reinterpret_cast<const Block<T> *>(rows + from);
         uint8_t *t = packed + to;
         memcpy(t + D + 2 * r, &b.d, 2);
         memcpy(t + DMIN + 2 * r, &b.dmin, 2);
@@ -40,12 +48,15 @@ void repack(const uint8_t *rows, uint8_t *packed, int64_t row_bytes, int64_t g0,
         memcpy(t + SB + 4 * r, b.scales + 4, 4);
         memcpy(t + SC + 4 * r, b.scales + 8, 4);
         for (int unit = 0; unit < 32; unit++) memcpy(t + QS + 64 * unit + 4 * r, b.qs + 4 * unit, 4);
+        if constexpr (T == Q5_K)
+            for (int unit = 0; unit < 8; unit++) memcpy(t + QH + 64 * unit + 4 * r, b.qh + 4 * unit, 4);
     });
 }
 
+template <Type T>
 void unrepack(const uint8_t *packed, uint8_t *rows, int64_t row_bytes, int64_t g0, int64_t g1) {
-    each_block(row_bytes, g0, g1, [&](int64_t to, int64_t from, int64_t r) {
-        BlockQ4_K &b = *reinterpret_cast<BlockQ4_K *>(rows + to);
+    each_block<T>(row_bytes, g0, g1, [&](int64_t to, int64_t from, int64_t r) {
+        Block<T> &b = *reinterpret_cast<Block<T> *>(rows + to);
         const uint8_t *t = packed + from;
         memcpy(&b.d, t + D + 2 * r, 2);
         memcpy(&b.dmin, t + DMIN + 2 * r, 2);
@@ -53,8 +64,15 @@ void unrepack(const uint8_t *packed, uint8_t *rows, int64_t row_bytes, int64_t g
         memcpy(b.scales + 4, t + SB + 4 * r, 4);
         memcpy(b.scales + 8, t + SC + 4 * r, 4);
         for (int unit = 0; unit < 32; unit++) memcpy(b.qs + 4 * unit, t + QS + 64 * unit + 4 * r, 4);
+        if constexpr (T == Q5_K)
+            for (int unit = 0; unit < 8; unit++) memcpy(b.qh + 4 * unit, t + QH + 64 * unit + 4 * r, 4);
     });
 }
+
+template void repack<Q4_K>(const uint8_t *, uint8_t *, int64_t, int64_t, int64_t);
+template void repack<Q5_K>(const uint8_t *, uint8_t *, int64_t, int64_t, int64_t);
+template void unrepack<Q4_K>(const uint8_t *, uint8_t *, int64_t, int64_t, int64_t);
+template void unrepack<Q5_K>(const uint8_t *, uint8_t *, int64_t, int64_t, int64_t);
 
 void minimum_sums(const int16_t *sums16, int64_t K, int32_t *p) {
     for (int64_t i = 0; i < K / 256; i++, sums16 += 16, p += 4) {
@@ -66,13 +84,14 @@ void minimum_sums(const int16_t *sums16, int64_t K, int32_t *p) {
     }
 }
 
+template <Type T>
 void generic_group(const uint8_t *group, int64_t K, const XRow *xs, const int32_t *, int count, float *out) {
     for (int m = 0; m < count; m++) {
         const XRow &x = xs[m];
         for (int64_t r = 0; r < ROWS; r++) {
             float acc = 0.f, macc = 0.f;
             for (int64_t i = 0; i < K / 256; i++) {
-                const uint8_t *t = group + i * TILE;
+                const uint8_t *t = group + i * tile_bytes(T);
                 uint8_t packed[12], sc[8], mn[8];
                 memcpy(packed, t + SA + 4 * r, 4);
                 memcpy(packed + 4, t + SB + 4 * r, 4);
@@ -86,8 +105,14 @@ void generic_group(const uint8_t *group, int64_t K, const XRow *xs, const int32_
                     for (int s = 0; s < 8; s++)
                         for (int k = 0; k < 4; k++) {
                             const uint8_t q = t[QS + 64 * (8 * j + s) + 4 * r + k];
-                            lo += (q & 15) * c[64 * j + 4 * s + k];
-                            hi += (q >> 4) * c[64 * j + 32 + 4 * s + k];
+                            int low = q & 15, high = q >> 4;
+                            if constexpr (T == Q5_K) {
+                                const uint8_t h = t[QH + 64 * s + 4 * r + k];
+                                low |= ((h >> (2 * j)) & 1) << 4;
+                                high |= ((h >> (2 * j + 1)) & 1) << 4;
+                            }
+                            lo += low * c[64 * j + 4 * s + k];
+                            hi += high * c[64 * j + 32 + 4 * s + k];
                         }
                     isum += sc[2 * j] * lo + sc[2 * j + 1] * hi;
                 }
@@ -103,6 +128,9 @@ void generic_group(const uint8_t *group, int64_t K, const XRow *xs, const int32_
         }
     }
 }
+
+template void generic_group<Q4_K>(const uint8_t *, int64_t, const XRow *, const int32_t *, int, float *);
+template void generic_group<Q5_K>(const uint8_t *, int64_t, const XRow *, const int32_t *, int, float *);
 
 }  // namespace q4k
 }  // namespace blocks
