@@ -150,6 +150,34 @@ def test_rows_decoded_together_through_blocks_equal_each_row_alone_bit_for_bit(t
     assert torch.equal(together, torch.stack(alone))
 
 
+@needs_block_products
+@pytest.mark.parametrize("block_type", [Q.F16, Q.BF16], ids=lambda t: t.name)
+def test_a_16_bit_file_is_kept_in_its_16_bits_and_gives_the_float32_logits(tmp_path: Path, block_type: Q) -> None:
+    """A file of F16 (or BF16) matrices, as llama.cpp's convert_hf_to_gguf.py --outtype f16 writes
+    it: "auto" keeps every layer matrix, the head and the embedding table in their 16 bits (no
+    float32 matrix), multiplied against float32 activations as they are, so the logits are the
+    float32 reading's up to summation order, in the modules and in the one native call a step."""
+    layers = {name: block_type for name in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")}
+    path = write_block_gguf(tmp_path / "sixteen.gguf", embedding=block_type, layer_types=layers)
+    prepared = prepare(path, precision="auto", compile=True)
+    model, setup = prepared.model, prepared.setup
+    assert setup.precision == "blocks" and setup.layer_step is not None
+    kept = [m for m in model.modules() if isinstance(m, BlockLinear)]
+    assert len(kept) >= 4 and {m.block_type for m in kept} == {block_type}
+    assert isinstance(model.model.embed_tokens, BlockEmbedding) and model.model.embed_tokens.block_type == block_type
+    assert not any(p.dtype == torch.float32 and p.dim() == 2 for p in model.parameters())  # no float32 matrix kept
+    assert not any(b.dtype == torch.float32 and b.dim() == 2 for b in model.buffers())
+    reference = prepare(path, precision="float32", compile=False).model
+    with torch.inference_mode():
+        got, want = model(PROMPT), reference(PROMPT)
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-5 * (1 + float(want.abs().max())))
+    with DecodeSession(model, batch_size=1, capacity=32, step="native", setup=setup) as session:
+        assert session.runs_native  # a decode step is one native call
+    native, floats = _steps(model, step="native", setup=setup), _steps(reference)
+    for have, expected in zip(native, floats):
+        assert torch.allclose(have, expected, rtol=1e-4, atol=1e-5 * (1 + float(expected.abs().max())))
+
+
 def test_blocks_is_refused_by_name_where_there_are_no_blocks(tmp_path: Path) -> None:
     from qkv.models.llama import LlamaForCausalLM
     from qkv.models.configs.llama import LlamaConfig

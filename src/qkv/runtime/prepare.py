@@ -10,8 +10,9 @@ Precisions (the weights, and the activations they run with):
 - "bfloat16": weights and activations in bfloat16;
 - "int8": weight-only int8, one scale per output row (`qkv.runtime.linear.quantized`);
 - "int4": weight-only 4-bit blocks of 32 inputs (GGUF's Q4_1 layout);
-- "blocks": a GGUF file's layers in the block types it stores (Q4_K, Q6_K, Q5_0, Q8_0...),
-  multiplied as stored (`qkv.runtime.stored_blocks`); only from the file itself.
+- "blocks": a GGUF file's layers in the block types it stores (Q4_K, Q6_K, Q5_0, Q8_0...,
+  IQ4_NL, or F16 / BF16 kept in their 16 bits), multiplied as stored (`qkv.runtime.stored_blocks`);
+  only from the file itself.
 The quantized ones run float32 activations on qkv's own kernels (`qkv.runtime.native`, built for
 the machine on first use), or the same math in PyTorch where qkv's cannot be built.
 
@@ -242,7 +243,7 @@ def prepare(
             return PreparedModel(blocks, finish(blocks.model, precision))
         if asked == BLOCKS:
             raise QkvError(f"--dtype blocks needs a GGUF file whose layer matrices qkv's models hold as stored "
-                           f"blocks (Q4_K, Q8_0...); {opened.source.path} is not one: choose {AUTO}, int8 or int4")
+                           f"blocks (Q4_K, Q8_0, F16...); {opened.source.path} is not one: choose {AUTO}, int8 or int4")
         precision = "int8"  # a model whose layers are not the file's matrices one for one (GPT-2's Conv1D)
         with slow_step(f"opening {os.fspath(source)} for int8"):
             opened = open_model(source, load_dtype(precision), max_memory=max_memory, chat=chat)  # sized as float32

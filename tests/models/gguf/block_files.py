@@ -7,6 +7,7 @@ from pathlib import Path
 
 import gguf
 import numpy as np
+import torch
 from gguf.constants import GGMLQuantizationType as Q
 
 from qkv.models.gguf import dequantize as gguf_blocks
@@ -20,7 +21,12 @@ SHAPES = {"attn_q": (HIDDEN, HIDDEN), "attn_k": (HIDDEN // 2, HIDDEN), "attn_v":
 
 
 def random_blocks(block_type: Q, shape: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
+    """(N, bytes a row) uint8 of `block_type`: random bytes with finite float16 scales, or (F16,
+    BF16) normal values."""
     form = gguf_blocks.BLOCK_FORMATS[block_type]
+    if form.values is not None:
+        values = torch.from_numpy(rng.normal(scale=0.05, size=shape).astype(np.float32))
+        return values.to(form.values).view(torch.uint8).numpy()
     raw = rng.integers(0, 256, size=(shape[0] * shape[1] // form.weights, form.size), dtype=np.uint8)
     for start in form.halves:
         raw[:, start : start + 2] = rng.normal(scale=0.05, size=(raw.shape[0], 1)).astype(np.float16).view(np.uint8)

@@ -32,7 +32,7 @@ def random_blocks(tensor_type: GGMLQuantizationType, blocks: int, seed: int = 0)
     float16 can be NaN, whose payload neither library promises to keep)."""
     rng = np.random.default_rng(seed)
     block_size, type_size = GGML_QUANT_SIZES[tensor_type]
-    if tensor_type in gguf_blocks.PLAIN:
+    if gguf_blocks.plain_dtype(tensor_type) is not None:
         values = rng.normal(scale=3.0, size=blocks * block_size)
         if tensor_type == GGMLQuantizationType.BF16:
             return (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
@@ -60,7 +60,21 @@ def test_random_blocks_equal_the_gguf_library(tensor_type: GGMLQuantizationType)
     assert same_bits(ours, theirs)
 
 
-QUANTIZED = sorted(gguf_blocks.BLOCK_FORMATS, key=int)
+QUANTIZED = sorted((t for t, form in gguf_blocks.BLOCK_FORMATS.items() if form.values is None), key=int)
+SIXTEEN_BITS = (GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
+
+
+@pytest.mark.parametrize("tensor_type", SIXTEEN_BITS, ids=lambda t: t.name)
+def test_16_bit_blocks_decode_as_the_gguf_library(tensor_type: GGMLQuantizationType) -> None:
+    """F16 / BF16 as block types (32 values, 64 bytes: the block products' unit): the format's
+    decode of whole blocks, and any count of values (a 1-D tensor), are the gguf library's bits."""
+    form = gguf_blocks.BLOCK_FORMATS[tensor_type]
+    assert (form.weights, form.size, form.values.itemsize) == (32, 64, 2)
+    raw = random_blocks(tensor_type, 32 * 100, seed=3)
+    ours = form.decode(torch.from_numpy(raw.reshape(-1, form.size)))
+    assert ours.shape == (100, 32) and same_bits(ours, gguf.quants.dequantize(raw, tensor_type))
+    odd = raw[: 2 * 77]  # 77 values: not whole blocks, as a norm's 1-D tensor may be
+    assert same_bits(gguf_blocks.dequantize_blocks([odd], tensor_type), gguf.quants.dequantize(odd, tensor_type))
 
 
 @settings(max_examples=60, deadline=None)
@@ -93,7 +107,10 @@ def test_several_parts_decode_one_after_the_other() -> None:
 
 def test_block_sizes_are_the_gguf_library_ones() -> None:
     for tensor_type, block in gguf_blocks.BLOCK_FORMATS.items():
-        assert GGML_QUANT_SIZES[tensor_type] == (block.weights, block.size)
+        if block.values is not None:  # gguf's "block" of one value, taken 32 at a time here
+            assert GGML_QUANT_SIZES[tensor_type] == (1, block.values.itemsize) and block.size == block.weights * 2
+        else:
+            assert GGML_QUANT_SIZES[tensor_type] == (block.weights, block.size)
 
 
 def test_bytes_that_are_not_whole_blocks_are_refused() -> None:

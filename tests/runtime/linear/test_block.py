@@ -20,7 +20,7 @@ from qkv.runtime.linear.block import BlockLinear, stacked_block_linear
 from tests.models.gguf.block_files import random_blocks
 
 native = pytest.mark.skipif(not native_kernels().available, reason=f"qkv's kernels are not available: {native_kernels().reason}")
-TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.F16, Q.BF16]
 
 
 def stored(block_type: Q, rows: int = 40, cols: int = 512, seed: int = 0) -> StoredBlocks:
@@ -28,11 +28,12 @@ def stored(block_type: Q, rows: int = 40, cols: int = 512, seed: int = 0) -> Sto
     return StoredBlocks(torch.from_numpy(raw.copy()), block_type, (rows, cols))
 
 
-def within_rounding(y: torch.Tensor, rounded: torch.Tensor, w: torch.Tensor) -> bool:
+def within_rounding(y: torch.Tensor, rounded: torch.Tensor, w: torch.Tensor, block_type: Q) -> bool:
     """y is the product of the rounded activations and w up to float32 rounding of the block sums."""
     rows = rounded.double().reshape(-1, w.shape[1])
     exact = rows @ w.double().t()
-    return bool(((y.double().reshape(exact.shape) - exact).abs() <= product_bound(rows, w.double(), w.shape[1])).all())
+    bound = product_bound(rows, w.double(), w.shape[1], block_type)
+    return bool(((y.double().reshape(exact.shape) - exact).abs() <= bound).all())
 
 
 @native
@@ -44,9 +45,9 @@ def test_native_layer_is_the_dequantized_product_within_rounding(block_type: Q) 
     y = layer(x)
     assert y.shape == (2, 3, 40) and y.dtype == torch.float32
     # on every CPU the product is of the activations rounded as the weight type multiplies them
-    assert within_rounding(y, rounded_activations(x, block_type), blocks.dequantize())
+    assert within_rounding(y, rounded_activations(x, block_type), blocks.dequantize(), block_type)
     # and the torch reference (machines without the native kernels) is the same math
-    assert within_rounding(BlockLinear(blocks, native=False)(x), rounded_activations(x, block_type), blocks.dequantize())
+    assert within_rounding(BlockLinear(blocks, native=False)(x), rounded_activations(x, block_type), blocks.dequantize(), block_type)
     # a row's numbers do not depend on the other rows of the batch
     assert torch.equal(layer(x[1:, 2:]), y[1:, 2:])
 

@@ -1,6 +1,7 @@
 """qkv::block_linear (block_products.cpp) and the block-format table (block_format.cpp): a GGUF
 matrix times activations rounded as its weight type multiplies them (per 32 inputs for
-32-weight blocks, per 256 for the K-quants and IQ4_XS). The reference is the gguf library's dequantized
+32-weight blocks, per 256 for the K-quants and IQ4_XS, not at all for F16 / BF16, whose products are
+float32 sums of w x). The reference is the gguf library's dequantized
 weights (`gguf.quants.dequantize`) times activations rounded here in numpy, in float64: every
 variant this CPU runs (generic C++, AVX2, AVX-512) must agree with it to float32 rounding of
 the per-block sums' combination, with the generic variant likewise, and give each row the
@@ -24,6 +25,7 @@ pytestmark = pytest.mark.skipif(block_ops.block_products_status() is not None, r
 
 TYPES = sorted(block_ops.NATIVE_TYPES, key=int)
 SUPER_BLOCKS = {Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS}  # 256 weights a block: the K-quants and IQ4_XS
+FLOATS = {Q.F16, Q.BF16}  # plain 16-bit values, multiplied against float32 activations as they are
 
 
 def matrix(block_type: Q, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,6 +46,12 @@ def numpy_rounded(x: torch.Tensor, step_size: int) -> torch.Tensor:
     return torch.from_numpy((codes * step).reshape(x.shape).astype(np.float64))
 
 
+def reference_activations(x: torch.Tensor, block_type: Q) -> torch.Tensor:
+    """x as `block_type`'s products take it, float64: rounded per 32 or 256, or (F16, BF16) x itself."""
+    step = block_ops.activation_step(block_type)
+    return x.double() if step == 0 else numpy_rounded(x, step)
+
+
 def run(x: torch.Tensor, blocks: torch.Tensor, block_type: Q, variant: str, bias: torch.Tensor | None = None) -> torch.Tensor:
     with use_variant(variant):
         return block_ops.block_linear(x, blocks, block_type, bias)
@@ -57,20 +65,41 @@ def test_the_tables_decode_is_the_gguf_librarys(block_type: Q) -> None:
 
 def test_the_cpp_block_table_is_the_gguf_packages_and_pythons() -> None:
     """One block-format table: the C++ one (block_format.cpp) lists exactly the native types with
-    gguf's GGML_QUANT_SIZES, and the activation step qkv's Python rounds with."""
+    gguf's GGML_QUANT_SIZES (F16 / BF16: gguf's one value of 2 bytes a "block", taken 32 at a
+    time), and the activation step qkv's Python rounds with."""
     table = block_ops.block_table()
     assert set(table) == set(TYPES)
     for block_type, (weights, size, step) in table.items():
-        assert (weights, size) == gguf.GGML_QUANT_SIZES[block_type], block_type.name
+        if block_type in FLOATS:
+            assert gguf.GGML_QUANT_SIZES[block_type] == (1, 2) and (weights, size) == (32, 64), block_type.name
+        else:
+            assert (weights, size) == gguf.GGML_QUANT_SIZES[block_type], block_type.name
         assert step == block_ops.activation_step(block_type), block_type.name
 
 
 def test_the_activation_step_is_the_weight_types() -> None:
     assert {t for t in TYPES if block_ops.activation_step(t) == 256} == SUPER_BLOCKS
+    assert {t for t in TYPES if block_ops.activation_step(t) == 0} == FLOATS
     x = torch.randn(3, 512, generator=torch.Generator().manual_seed(0)) * 5
     for block_type in (Q.Q4_0, Q.Q6_K):
         assert torch.equal(block_ops.rounded_activations(x, block_type).double(),
                            numpy_rounded(x, block_ops.activation_step(block_type)))
+    assert torch.equal(block_ops.rounded_activations(x, Q.F16), x)  # not rounded
+
+
+@pytest.mark.parametrize("block_type", sorted(FLOATS, key=int), ids=lambda t: t.name)
+def test_a_16_bit_matrix_multiplies_the_activations_unrounded(block_type: Q) -> None:
+    """F16 / BF16 against float32 activations as they are: within float32 summation rounding of
+    the exact product, much closer than any rounding of x to 8 bits would allow (the products of
+    x rounded per 32 lie a hundred times further off)."""
+    blocks, w = matrix(block_type, 16, 2048, seed=9)
+    x = torch.randn(3, 2048, generator=torch.Generator().manual_seed(10))
+    exact = x.double() @ w.t()
+    rounding = (numpy_rounded(x, 32) @ w.t() - exact).abs().max()
+    for variant in variants():
+        error = (run(x, blocks, block_type, variant).double() - exact).abs()
+        assert bool((error <= block_ops.product_bound(x.double(), w, 2048, block_type)).all()), variant
+        assert error.max() * 100 < rounding, variant
 
 
 @settings(max_examples=80, deadline=None)
@@ -84,9 +113,9 @@ def test_every_variant_is_the_dequantized_weights_times_the_rounded_activations(
     blocks, w = matrix(block_type, outputs, k, seed)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(seed)) * scale
     bias = torch.randn(outputs, generator=torch.Generator().manual_seed(seed + 1))
-    rounded = numpy_rounded(x, block_ops.activation_step(block_type))
+    rounded = reference_activations(x, block_type)
     expected = rounded @ w.t() + bias.double()
-    bound = block_ops.product_bound(rounded, w, k) + 4 * torch.finfo(torch.float32).eps * bias.double().abs()
+    bound = block_ops.product_bound(rounded, w, k, block_type) + 4 * torch.finfo(torch.float32).eps * bias.double().abs()
     generic = run(x, blocks, block_type, "generic", bias).double()
     assert bool(((generic - expected).abs() <= bound).all())
     results = {variant: run(x, blocks, block_type, variant, bias) for variant in variants()}
@@ -118,9 +147,9 @@ def test_a_prefills_tiles_give_every_row_the_bits_it_gets_alone(block_type: Q) -
     blocks, w = matrix(block_type, 19, k, 6)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(7)) * 3
     bias = torch.randn(19, generator=torch.Generator().manual_seed(8))
-    rounded = numpy_rounded(x, block_ops.activation_step(block_type))
+    rounded = reference_activations(x, block_type)
     expected = rounded @ w.t() + bias.double()
-    bound = block_ops.product_bound(rounded, w, k) + 4 * torch.finfo(torch.float32).eps * bias.double().abs()
+    bound = block_ops.product_bound(rounded, w, k, block_type) + 4 * torch.finfo(torch.float32).eps * bias.double().abs()
     for variant in variants():
         together = run(x, blocks, block_type, variant, bias)
         alone = torch.cat([run(x[i : i + 1], blocks, block_type, variant, bias) for i in range(rows)])

@@ -102,7 +102,7 @@ def test_the_repacked_product_is_the_dequantized_weights_times_the_rounded_activ
     bias = torch.randn(n, generator=torch.Generator().manual_seed(7))
     rounded = numpy_rounded(x, 256)
     expected = rounded @ w.t() + bias.double()
-    bound = block_ops.product_bound(rounded, w, k) + 1e-6 * bias.double().abs()
+    bound = block_ops.product_bound(rounded, w, k, block_type) + 1e-6 * bias.double().abs()
     results = {}
     for variant in variants():
         with use_variant(variant):
@@ -137,7 +137,7 @@ def test_block_linear_repacks_in_whole_groups_and_keeps_the_rest_as_stored(block
     assert torch.equal(layer.stored.blocks, blocks)  # `stored` undoes the repacking
     x = torch.randn(3, 512, generator=torch.Generator().manual_seed(6))
     rounded = numpy_rounded(x, 256)
-    assert ((layer(x).double() - rounded @ w.t()).abs() <= block_ops.product_bound(rounded, w, 512)).all()
+    assert ((layer(x).double() - rounded @ w.t()).abs() <= block_ops.product_bound(rounded, w, 512, block_type)).all()
     odd, _ = k_rows(block_type, 24, 512, seed=6)  # not whole groups of 16: the file's layout
     assert not BlockLinear(StoredBlocks(odd, block_type, (24, 512))).repacked
 

@@ -178,16 +178,17 @@ class GGUFFile:
         matrices' bytes as stored, every other tensor as float32."""
         total = 0
         for t in self.reader.tensors:
-            blocks = t.tensor_type in gguf_blocks.BLOCK_FORMATS and len(t.shape) == 2
+            blocks = len(t.shape) == 2 and gguf_blocks.whole_blocks(t.tensor_type, int(t.shape[0]))
             total += int(t.n_bytes) if blocks else 4 * int(np.prod(t.shape))
         return total
 
     @property
     def stored_in_blocks(self) -> bool:
         """Whether every matrix of the repeated layers is stored in a GGUF block type (a Q4_K_M,
-        Q5_0, Q8_0... file), which qkv's block products multiply as stored (qkv.runtime.linear.block)."""
+        Q5_0, Q8_0... file, or F16 / BF16 in rows of whole 32s), which qkv's block products
+        multiply as stored (qkv.runtime.linear.block)."""
         layers = [t for t in self.reader.tensors if t.name.startswith("blk.") and len(t.shape) == 2]
-        return bool(layers) and all(t.tensor_type in gguf_blocks.BLOCK_FORMATS for t in layers)
+        return bool(layers) and all(gguf_blocks.whole_blocks(t.tensor_type, int(t.shape[0])) for t in layers)
 
     @property
     def stored_in_four_bits(self) -> bool:

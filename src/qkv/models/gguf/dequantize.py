@@ -16,7 +16,9 @@ tensor at a time, in `qkv.models.gguf.checkpoint.dequantize`: TYPES lists the on
 Block layouts (little-endian; B blocks of 32 weights, one row of bytes each; the K-quants'
 layouts are in gguf_kquants):
 
-    F32 / F16 / BF16   plain values
+    F32                plain values (not a block type: no kernel multiplies it as stored)
+    F16 / BF16 (64)    32 plain 16-bit values, a "block" only in that qkv's block products
+                       (qkv.runtime.native.block_ops) take them 32 at a time
     Q8_0  (34 bytes)   d: f16, q: 32 x int8                          x = d * q
     Q4_0  (18 bytes)   d: f16, 16 bytes of nibbles                   x = d * (q - 8)
     Q4_1  (20 bytes)   d: f16, m: f16, 16 bytes of nibbles           x = d * q + m
@@ -105,6 +107,13 @@ def _q5_1(blocks: Tensor) -> Tensor:
     return _nibbles(blocks[:, 8:], _fifth_bits(blocks, 4)).mul_(d).add_(m)
 
 
+def _plain(dtype: torch.dtype) -> Callable[[Tensor], Tensor]:
+    """The decode of 16-bit plain values: (B, 64) uint8 -> (B, 32) float32, each value widened exactly."""
+    def decode(blocks: Tensor) -> Tensor:
+        return blocks.contiguous().view(dtype).float()
+    return decode
+
+
 @dataclass(frozen=True)
 class BlockFormat:
     """How one GGUF block type is stored and decoded."""
@@ -113,6 +122,7 @@ class BlockFormat:
     size: int  # bytes per block
     decode: Callable[[Tensor], Tensor]  # (B, size) uint8 -> (B, weights) float32
     halves: tuple[int, ...]  # byte offsets of the block's float16 scales (and minimums)
+    values: torch.dtype | None = None  # F16 / BF16: the weights are plain values of this type, no scales
 
 
 def _format(block_type: Q, decode: Callable[[Tensor], Tensor], halves: tuple[int, ...]) -> BlockFormat:
@@ -136,11 +146,28 @@ BLOCK_FORMATS: dict[Q, BlockFormat] = {
     Q.Q6_K: _format(Q.Q6_K, kq.q6_k, (208,)),
     Q.IQ4_NL: _format(Q.IQ4_NL, kq.iq4_nl, (0,)),
     Q.IQ4_XS: _format(Q.IQ4_XS, kq.iq4_xs, (0,)),
+    # gguf's sizes for these are (1, 2), one value a "block"; the products take them 32 at a time
+    # (runtime/native/csrc/block_format.h's FLOAT_BLOCK), so a row must be whole 32s of them
+    Q.F16: BlockFormat(BLOCK, 2 * BLOCK, _plain(torch.float16), (), torch.float16),
+    Q.BF16: BlockFormat(BLOCK, 2 * BLOCK, _plain(torch.bfloat16), (), torch.bfloat16),
 }
-PLAIN = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}
+PLAIN = {Q.F32: torch.float32}  # the plain type that is no block type
 
 
 TYPES = frozenset(PLAIN) | frozenset(BLOCK_FORMATS)
+
+
+def whole_blocks(tensor_type: Q, row: int) -> bool:
+    """Whether a matrix of `tensor_type` with rows of `row` values is whole blocks of a block type
+    (always so for a quantized type as a file stores it; F16 / BF16 rows must be whole 32s)."""
+    form = BLOCK_FORMATS.get(tensor_type)
+    return form is not None and row % form.weights == 0
+
+
+def plain_dtype(tensor_type: Q) -> torch.dtype | None:
+    """The torch dtype of a plain-valued type (F32, F16, BF16), None for a quantized one."""
+    form = BLOCK_FORMATS.get(tensor_type)
+    return PLAIN.get(tensor_type) if form is None else form.values
 
 
 def dequantize_blocks(parts: list[np.ndarray], tensor_type: Q) -> Tensor:
@@ -154,8 +181,8 @@ def dequantize_blocks(parts: list[np.ndarray], tensor_type: Q) -> Tensor:
     A type not in TYPES -> KeyError; a byte count that is not whole blocks -> ValueError.
     """
     raw = torch.from_numpy(np.concatenate([part.reshape(-1).view(np.uint8) for part in parts]))  # (bytes,)
-    if tensor_type in PLAIN:
-        dtype = PLAIN[tensor_type]
+    dtype = plain_dtype(tensor_type)
+    if dtype is not None:  # any count of values, not only whole blocks of 32 (a norm's 1-D tensor)
         if raw.numel() % dtype.itemsize:
             raise ValueError(f"{raw.numel()} bytes are not whole {tensor_type.name} values")
         return raw.view(dtype).float()

@@ -106,7 +106,8 @@ def read_stored_state(
         if arch.is_transposed(tensor.name, len(tensor.shape)):  # GPT-2's Conv1D layout: read as values
             continue
         tied_head = name == "model.embed_tokens.weight" and config.get("tie_word_embeddings")
-        if tensor.tensor_type not in gguf_blocks.BLOCK_FORMATS or len(tensor.shape) != 2:
+        # (GGUF lists the row length first; an F16 row that is not whole 32s is read as values)
+        if len(tensor.shape) != 2 or not gguf_blocks.whole_blocks(tensor.tensor_type, int(tensor.shape[0])):
             continue
         target = "lm_head.weight" if tied_head else name
         if name is None or not keep(target):

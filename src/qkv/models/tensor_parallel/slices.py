@@ -114,7 +114,7 @@ class GGUFSlices:
         if len(shape) == 1 and part.rows is not None:
             cols = part.rows
         aligned = cols.start == start and len(cols) == covered
-        if keep_blocks and aligned and len(shape) == 2 and tensor.tensor_type in gguf_blocks.BLOCK_FORMATS:
+        if keep_blocks and aligned and len(shape) == 2 and gguf_blocks.whole_blocks(tensor.tensor_type, covered):
             return StoredBlocks(torch.from_numpy(raw), tensor.tensor_type, (raw.shape[0], covered))
         if tensor.tensor_type in gguf_blocks.TYPES:
             values = gguf_blocks.dequantize_blocks([raw], tensor.tensor_type).view(raw.shape[0], covered)

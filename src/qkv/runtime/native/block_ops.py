@@ -8,7 +8,9 @@ blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) multiplies activations rounded per
 K-quant (Q2_K .. Q6_K, super-blocks of 256) activations rounded per 256, each with the step
 max|x| / 127 and codes round(x / step), ties to even. The product is the dequantized weights
 times those rounded activations, up to float32 summation order, on every CPU: the generic
-C++, AVX2 and AVX-512 variants compute the same exact integer sums per block.
+C++, AVX2 and AVX-512 variants compute the same exact integer sums per block. A matrix of
+plain 16-bit floats (F16, BF16) multiplies the activations as they are, in float32 (not
+rounded: activation step 0), its product a float32 sum of w x.
 
 Shape legend: M rows of x, K inputs, N outputs.
 """
@@ -29,8 +31,9 @@ NATIVE_TYPES = frozenset(BLOCK_FORMATS)
 
 def activation_step(block_type: Q) -> int:
     """How many inputs share one activation step for `block_type`: 256 for the K-quants'
-    super-blocks, 32 for the 32-weight blocks."""
-    return 256 if BLOCK_FORMATS[block_type].weights == 256 else 32
+    super-blocks, 32 for the 32-weight blocks, 0 for F16 / BF16 (activations not rounded)."""
+    form = BLOCK_FORMATS[block_type]
+    return 0 if form.values is not None else 256 if form.weights == 256 else 32
 
 
 def block_linear(x: Tensor, blocks: Tensor, block_type: Q | int, bias: Tensor | None = None) -> Tensor:
@@ -54,8 +57,10 @@ def block_table() -> dict[Q, tuple[int, int, int]]:
 
 def rounded_activations(x: Tensor, block_type: Q) -> Tensor:
     """x (..., K) as the products for `block_type` round it, in float32: per activation_step
-    inputs, step d = max|x| / 127 and x ~ d * round(x * (1 / d)), ties to even."""
+    inputs, step d = max|x| / 127 and x ~ d * round(x * (1 / d)), ties to even (step 0: x itself)."""
     step_size = activation_step(block_type)
+    if step_size == 0:
+        return x.float()
     groups = x.float().reshape(*x.shape[:-1], -1, step_size)  # (..., K / step, step)
     step = groups.abs().amax(-1, keepdim=True) / 127
     inverse = torch.where(step > 0, 1 / step, torch.zeros_like(step))
@@ -69,12 +74,16 @@ def register_fake() -> None:
         return x.new_empty(x.shape[0], blocks.shape[0])
 
 
-def product_bound(rounded: Tensor, w: Tensor, k: int) -> Tensor:
+def product_bound(rounded: Tensor, w: Tensor, k: int, block_type: Q) -> Tensor:
     """How far a block product may lie from the exact product of the rounded activations
-    (M, K) and the weights (N, K), both float64: float32 rounding of the per-block sums'
-    combination, a few eps per block and per accumulation, relative to sum |x' w|."""
-    blocks = k // 32 + 8
-    return 2 * blocks * torch.finfo(torch.float32).eps * (rounded.abs() @ w.abs().t()) + 1e-30
+    (M, K) and the weights (N, K), both float64, relative to sum |x' w|: for a quantized type,
+    float32 rounding of the per-block sums' combination, a few eps per block and per
+    accumulation; for F16 / BF16 (whose every product and sum is a float32 one) a float32
+    sum of K terms in order, (K + 8) eps (the bound of recursive summation, K u with u = eps / 2,
+    twice over)."""
+    plain = activation_step(block_type) == 0
+    terms = k + 8 if plain else 2 * (k // 32 + 8)
+    return terms * torch.finfo(torch.float32).eps * (rounded.abs() @ w.abs().t()) + 1e-30
 
 
 def _self_test() -> str | None:
@@ -89,13 +98,15 @@ def _self_test() -> str | None:
         raw = torch.randint(0, 256, (5, k // form.weights, form.size), dtype=torch.uint8, generator=generator)
         for start in form.halves:  # finite, small float16 scales
             raw[:, :, start : start + 2] = (torch.rand(5, k // form.weights, 1, generator=generator) / 16).half().view(torch.uint8)
+        if form.values is not None:  # plain 16-bit values: finite ones
+            raw = torch.randn(5, k // form.weights, form.weights, generator=generator).to(form.values).view(torch.uint8)
         blocks = raw.reshape(5, -1).contiguous()
         w = form.decode(raw.reshape(-1, form.size)).reshape(5, k).double()
         if not torch.equal(block_decode(blocks, block_type, k).double(), w):
             return f"the {block_type.name} block decode differs from the gguf library's"
         x = torch.randn(3, k, generator=generator)
         rounded = rounded_activations(x, block_type).double()
-        expected, bound = rounded @ w.t(), product_bound(rounded, w, k)
+        expected, bound = rounded @ w.t(), product_bound(rounded, w, k, block_type)
         for variant in variants():
             with use_variant(variant):
                 got = block_linear(x, blocks, block_type).double()

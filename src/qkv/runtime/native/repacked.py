@@ -87,7 +87,7 @@ def _self_test(block_type: Q) -> str | None:
     w = form.decode(blocks.reshape(-1, form.size)).reshape(-1, k).double()
     x = torch.randn(5, k, generator=generator)
     rounded = rounded_activations(x, block_type).double()
-    expected, bound = rounded @ w.t(), product_bound(rounded, w, k)
+    expected, bound = rounded @ w.t(), product_bound(rounded, w, k, block_type)
     first = None
     for variant in variants():
         with use_variant(variant):

@@ -7,6 +7,9 @@
 #include "repacked/q6k.h"
 
 #include <math.h>
+#include <string.h>
+
+#include <type_traits>
 
 #if defined(__clang__)
 #pragma clang fp contract(off)
@@ -156,6 +159,24 @@ void decode_iq4_xs(const uint8_t *p, float *out) {
     }
 }
 
+inline float bf16(uint16_t h) {  // bfloat16 is float32's upper half: exact
+    const uint32_t bits = static_cast<uint32_t>(h) << 16;
+    float v;
+    memcpy(&v, &bits, sizeof v);
+    return v;
+}
+
+void decode_f16(const uint8_t *p, float *out) {
+    const BlockF16 &b = at<BlockF16>(p);
+    for (int j = 0; j < FLOAT_BLOCK; j++) out[j] = f16(b.w[j]);
+}
+
+void decode_bf16(const uint8_t *p, float *out) {
+    const BlockBF16 &b = at<BlockBF16>(p);
+    for (int j = 0; j < FLOAT_BLOCK; j++) out[j] = bf16(b.w[j]);
+}
+
+static_assert(sizeof(BlockF16) == 2 * FLOAT_BLOCK && sizeof(BlockBF16) == 2 * FLOAT_BLOCK, "16 bits a weight");
 static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(BlockQ5_0) == 22 && sizeof(BlockQ5_1) == 24 &&
                   sizeof(BlockQ8_0) == 34 && sizeof(BlockIQ4_NL) == 18 && sizeof(BlockQ2_K) == 84 &&
                   sizeof(BlockQ3_K) == 110 && sizeof(BlockQ4_K) == 144 && sizeof(BlockQ5_K) == 176 &&
@@ -175,6 +196,8 @@ constexpr Traits TABLE[] = {
     {Q6_K, "Q6_K", 256, sizeof(BlockQ6_K), PER256, decode_q6_k},
     {IQ4_NL, "IQ4_NL", 32, sizeof(BlockIQ4_NL), PER32, decode_iq4_nl},
     {IQ4_XS, "IQ4_XS", 256, sizeof(BlockIQ4_XS), PER256, decode_iq4_xs},
+    {F16, "F16", FLOAT_BLOCK, sizeof(BlockF16), FLOAT, decode_f16},
+    {BF16, "BF16", FLOAT_BLOCK, sizeof(BlockBF16), FLOAT, decode_bf16},
 };
 
 // -- the generic dot products: one exact integer sum a block, its scales applied once --------
@@ -297,6 +320,16 @@ float dot256(const uint8_t *row, const XRow &x, int64_t K) {
     return acc;
 }
 
+// A row of plain 16-bit floats against float32 activations: one float32 sum of w x, in order
+// (the contraction is off: each product rounded, then added).
+template <class B>
+float dot_float(const uint8_t *row, const XRow &x, int64_t K) {
+    const uint16_t *w = reinterpret_cast<const uint16_t *>(row);
+    float acc = 0.f;
+    for (int64_t k = 0; k < K; k++) acc += (std::is_same_v<B, BlockF16> ? f16(w[k]) : bf16(w[k])) * x.x[k];
+    return acc;
+}
+
 }  // namespace
 
 const Traits *traits_of(int64_t type) {
@@ -317,6 +350,11 @@ int64_t row_bytes_of(int64_t type, int64_t K) {
 }
 
 Rounded round_activations(const float *x, int64_t M, int64_t K, Activation kind, bool simd) {
+    if (kind == FLOAT) {  // as they come
+        Rounded r;
+        r.kind = FLOAT, r.K = K, r.x = x;
+        return r;
+    }
     const int64_t step = kind == PER32 ? 32 : 256, groups = M * K / step;
     Rounded r;
     r.kind = kind;
@@ -369,6 +407,8 @@ RowDot generic_dot(int64_t type) {
         case Q5_K: return dot256<BlockQ5_K, Q5_K>;
         case Q6_K: return dot256<BlockQ6_K, Q6_K>;
         case IQ4_XS: return dot256<BlockIQ4_XS, IQ4_XS>;
+        case F16: return dot_float<BlockF16>;
+        case BF16: return dot_float<BlockBF16>;
         default: return nullptr;
     }
 }

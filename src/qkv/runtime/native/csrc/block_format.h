@@ -9,9 +9,14 @@
 //     (Q8_0-style, PER32): step d = max|x| / 127, codes round(x / d) ties to even, and the
 //     block's d * sum(codes) (what a minimum, Q4_1 / Q5_1's m, multiplies);
 //   - super-blocks of 256 (Q2_K .. Q6_K, IQ4_XS) meet activations rounded per 256 (Q8_K-style, PER256):
-//     one step a 256, the same codes, and the codes' sums per 16 (what the minimums multiply).
-// Each block's integer dot product of weight codes and activation codes is exact; the block's
-// float scales multiply it once (a K-quant super-block: once per 256 weights).
+//     one step a 256, the same codes, and the codes' sums per 16 (what the minimums multiply);
+//   - the plain 16-bit floats (F16, BF16; a "block" here is 32 weights, 64 bytes) meet the
+//     activations as they come (FLOAT): float32, not rounded, and the product is the float32
+//     sum of w x, w widened exactly from its 16 bits. (ggml multiplies F16 weights against
+//     activations it rounds to float16; qkv keeps them float32: no rounding of x at all.)
+// Each quantized block's integer dot product of weight codes and activation codes is exact; the
+// block's float scales multiply it once (a K-quant super-block: once per 256 weights). A FLOAT
+// product's sums are float32 ones: the variants agree with the generic C++ up to its order.
 //
 // Shape legend: K inputs; a row of K weights is K / W blocks of Z bytes.
 #pragma once
@@ -25,12 +30,13 @@ namespace blocks {
 
 enum Type : int64_t {  // GGML's type ids
     Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14,
-    IQ4_NL = 20, IQ4_XS = 23,
+    IQ4_NL = 20, IQ4_XS = 23, F16 = 1, BF16 = 30,
     Q4_K_X16 = 1012,  // qkv's own: Q4_K rows repacked at load, 16 interleaved (repacked/q4k.h)
     Q5_K_X16 = 1013,  // Q5_K's, the same layout with qh after it (repacked/q4k.h)
     Q6_K_X16 = 1014,  // and Q6_K's (repacked/q6k.h)
 };
-enum Activation : int64_t { PER32 = 0, PER256 = 1 };  // how the activations a type multiplies are rounded
+enum Activation : int64_t { PER32 = 0, PER256 = 1, FLOAT = 2 };  // how the activations a type multiplies are rounded (FLOAT: not)
+constexpr int ACTIVATIONS = 3;
 
 // -- the blocks, as stored (float16 fields as their bits) ----------------------------------
 struct BlockQ4_0 { uint16_t d; uint8_t qs[16]; };                           // w = d (q - 8)
@@ -45,6 +51,9 @@ struct BlockQ4_K { uint16_t d, dmin; uint8_t scales[12], qs[128]; };        // w
 struct BlockQ5_K { uint16_t d, dmin; uint8_t scales[12], qh[32], qs[128]; };
 struct BlockQ6_K { uint8_t ql[128], qh[64]; int8_t scales[16]; uint16_t d; };  // w = d sc (q - 32), per 16
 struct BlockIQ4_XS { uint16_t d, scales_h; uint8_t scales_l[4], qs[128]; };  // w = d (sc - 32) IQ4_NL_VALUES[q], per 32
+constexpr int64_t FLOAT_BLOCK = 32;                                         // weights a "block" of F16 / BF16
+struct BlockF16 { uint16_t w[FLOAT_BLOCK]; };                               // w = the float16 itself
+struct BlockBF16 { uint16_t w[FLOAT_BLOCK]; };                              // w = float32 of bits w << 16
 
 // IQ4_NL's non-linear code book (GGML's kvalues_iq4nl).
 constexpr int8_t IQ4_NL_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
@@ -91,25 +100,29 @@ static inline int iq4_xs_scale(const BlockIQ4_XS &b, int s) {
 
 // -- the activations, rounded as the block types multiply them -----------------------------
 // M rows of K inputs: codes q (M, K); PER32: step d (M, K / 32), d * sum(codes) s (M, K / 32);
-// PER256: step d (M, K / 256), the codes' sums per 16 (M, K / 16).
+// PER256: step d (M, K / 256), the codes' sums per 16 (M, K / 16); FLOAT: x itself (M, K),
+// not copied (the caller's, for as long as the product runs).
 struct Rounded {
     Activation kind = PER32;
     int64_t K = 0;
     std::vector<int8_t> q;
     std::vector<float> d, s;
     std::vector<int16_t> sums;
+    const float *x = nullptr;
 };
 
 struct XRow {  // one row of a Rounded
     const int8_t *q;
     const float *d, *s;
     const int16_t *sums;
+    const float *x;  // FLOAT: the row's K inputs
 };
 
 static inline XRow row_of(const Rounded &r, int64_t m) {
+    if (r.kind == FLOAT) return {nullptr, nullptr, nullptr, nullptr, r.x + m * r.K};
     const int64_t step = r.kind == PER32 ? 32 : 256;
     return {r.q.data() + m * r.K, r.d.data() + m * (r.K / step), r.kind == PER32 ? r.s.data() + m * (r.K / 32) : nullptr,
-            r.kind == PER256 ? r.sums.data() + m * (r.K / 16) : nullptr};
+            r.kind == PER256 ? r.sums.data() + m * (r.K / 16) : nullptr, nullptr};
 }
 
 // `simd`: the x86 variants' rounding (block_x86.h: the same codes, steps and sums, faster).

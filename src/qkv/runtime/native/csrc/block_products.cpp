@@ -1,18 +1,23 @@
 // Matrix products straight from GGUF's stored blocks (block_format.h's table: Q4_0 .. Q8_0,
-// Q2_K .. Q6_K, IQ4_NL), on activations rounded as the weight type multiplies them.
+// Q2_K .. Q6_K, IQ4_NL, F16, BF16), on activations rounded as the weight type multiplies them
+// (F16 / BF16: not rounded).
 //
 //   qkv::block_linear(x (M, K) f32, blocks (N, K / W * Z) u8, int block_type, Tensor? bias (N,) f32)
 //       -> (M, N) f32: y = x' @ w^T + bias, w the (N, K) weights the blocks stand for and x' the
-//       activations rounded per 32 (32-blocks) or per 256 (K-quants), block_format.h; in the
+//       activations rounded per 32 (32-blocks) or per 256 (K-quants) or as they are (F16, BF16),
+//       block_format.h; in the
 //       active variant (qkv::set_variant caps it), as qkv's whole-layer kernel runs a block layer
 //   qkv::block_decode(blocks (N, K / W * Z) u8, int block_type, int K) -> (N, K) f32: the table's
 //       generic decode (the gguf library's float32 values)
 //   qkv::block_table(Tensor like) -> (types, 4) i64: the table itself (type id, W, Z, activation
-//       step), which the tests hold against the gguf package's GGML_QUANT_SIZES
+//       step: 0 for activations not rounded), which the tests hold against the gguf package's
+//       GGML_QUANT_SIZES
 //
 // The product is the dequantized weights times the rounded activations: every block's integer
 // sum is exact, and the generic C++ (the reference), AVX2 and AVX-512 differ only in the order
-// of the float32 sums of those (AVX2 and AVX-512 not at all: the same kernels, block_x86.h).
+// of the float32 sums of those (AVX2 and AVX-512 not at all: the same kernels, block_x86.h);
+// F16 / BF16 are float32 sums of w x throughout, the variants' order the generic one's but for
+// its lanes.
 // Each output is computed by the same operations whatever M is (batch invariance): four or more
 // rows run in tiles (block_format.h's Tile), whose outputs are the one-row kernels' bits.
 // A tile's prepared activations (AVX-512's) are about 2.3 bytes an input, less than x itself.
@@ -74,14 +79,15 @@ struct PreparedParts {
     const void *at[MAX_PARTS] = {};
 };
 
-void prepare_parts(const Linear &L, const XRow *rows32, const XRow *rows256, int64_t M, Variant v, PreparedParts &out) {
+// rows[kind]: each row of x as the activations of that kind (block_format.h's Activation) hold it.
+void prepare_parts(const Linear &L, const std::vector<XRow> *rows, int64_t M, Variant v, PreparedParts &out) {
     for (int64_t p = 0; p < L.part_count; p++) {
         const Tile tile = tile_of(L.parts[p].type, v);
         if (tile.prepare == nullptr || M < TILE_ROWS) continue;
         std::vector<uint8_t> &bytes = out.bytes[p];
         bytes.resize(static_cast<size_t>(tile.prepared_bytes(M, L.K) + 64));
         uint8_t *at = bytes.data() + (64 - reinterpret_cast<uintptr_t>(bytes.data()) % 64) % 64;
-        tile.prepare(traits_of(L.parts[p].type)->activation == PER32 ? rows32 : rows256, M, L.K, at);
+        tile.prepare(rows[traits_of(L.parts[p].type)->activation].data(), M, L.K, at);
         out.at[p] = at;
     }
 }
@@ -104,26 +110,28 @@ void run_tiles(const Tile &tile, const uint8_t *blocks, int64_t row_bytes, int64
 
 void apply_blocks(const Linear &L, const float *x, float *y, int64_t M) {
     using namespace blocks;
-    bool per32 = false, per256 = false;
-    for (int64_t p = 0; p < L.part_count; p++) (traits_of(L.parts[p].type)->activation == PER32 ? per32 : per256) = true;
+    bool used[ACTIVATIONS] = {};
+    for (int64_t p = 0; p < L.part_count; p++) used[traits_of(L.parts[p].type)->activation] = true;
     const Variant variant = active_variant();
-    const Rounded r32 = per32 ? round_activations(x, M, L.K, PER32, variant >= AVX2) : Rounded{};
-    const Rounded r256 = per256 ? round_activations(x, M, L.K, PER256, variant >= AVX2) : Rounded{};
-    std::vector<XRow> rows32(per32 ? M : 0), rows256(per256 ? M : 0);  // each row of x's pointers, made once
-    for (int64_t m = 0; m < M; m++) {
-        if (per32) rows32[m] = row_of(r32, m);
-        if (per256) rows256[m] = row_of(r256, m);
+    Rounded rounded[ACTIVATIONS];   // x as each kind of activations the parts multiply
+    std::vector<XRow> rows[ACTIVATIONS];  // each row of those's pointers, made once
+    for (int kind = 0; kind < ACTIVATIONS; kind++) {
+        if (!used[kind]) continue;
+        rounded[kind] = round_activations(x, M, L.K, static_cast<Activation>(kind), variant >= AVX2);
+        rows[kind].resize(static_cast<size_t>(M));
+        for (int64_t m = 0; m < M; m++) rows[kind][m] = row_of(rounded[kind], m);
     }
+    const XRow *rows256 = rows[PER256].data();
     PreparedParts prepared;
-    prepare_parts(L, rows32.data(), rows256.data(), M, variant, prepared);
+    prepare_parts(L, rows, M, variant, prepared);
     auto outputs = [&](const BlockPart &part, int64_t n0, int64_t n1, int64_t first) {
         if (part.type == Q4_K_X16 || part.type == Q5_K_X16)  // whole groups of 16 rows (for_each_part's chunks and PIECE keep them whole)
-            return q4k::rows(part, rows256.data(), M, L.K, L.N, n0, n1, first, L.bias ? L.bias + first : nullptr, y, variant);
+            return q4k::rows(part, rows256, M, L.K, L.N, n0, n1, first, L.bias ? L.bias + first : nullptr, y, variant);
         if (part.type == Q6_K_X16)
-            return q6k::rows(part, rows256.data(), M, L.K, L.N, n0, n1, first, L.bias ? L.bias + first : nullptr, y, variant);
+            return q6k::rows(part, rows256, M, L.K, L.N, n0, n1, first, L.bias ? L.bias + first : nullptr, y, variant);
         const RowDot dot = dot_of(part.type, variant);
         const RowsDot several = rows_of(part.type, variant);
-        const XRow *xs = traits_of(part.type)->activation == PER32 ? rows32.data() : rows256.data();
+        const XRow *xs = rows[traits_of(part.type)->activation].data();
         const float *bias = L.bias ? L.bias + first : nullptr;
         // whole tiles where the variant has them (block_format.h's Tile: the same bits), the one-row kernels past them
         const Tile tile = tile_of(part.type, variant);
@@ -203,14 +211,14 @@ Tensor block_decode(Tensor blocks, int64_t block_type, int64_t K) {
     return out;
 }
 
-Tensor block_table(Tensor like) {  // (types, 4) int64: type id, weights, bytes, activation step
+Tensor block_table(Tensor like) {  // (types, 4) int64: type id, weights, bytes, activation step (0: not rounded)
     int64_t count = 0;
     const blocks::Traits *table = blocks::all_traits(count);
     Tensor out = torch::stable::new_empty(like, {count, 4}, ScalarType::Long);
     int64_t *o = static_cast<int64_t *>(out.data_ptr());
     for (int64_t i = 0; i < count; i++) {
         const blocks::Traits &t = table[i];
-        o[4 * i] = t.type, o[4 * i + 1] = t.weights, o[4 * i + 2] = t.bytes, o[4 * i + 3] = t.activation == blocks::PER32 ? 32 : 256;
+        o[4 * i] = t.type, o[4 * i + 1] = t.weights, o[4 * i + 2] = t.bytes, o[4 * i + 3] = t.activation == blocks::PER32 ? 32 : t.activation == blocks::PER256 ? 256 : 0;
     }
     return out;
 }

@@ -280,6 +280,41 @@ void tile256(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t M, i
         }
 }
 
+// -- F16 / BF16: rows_float's four accumulators per output, a chunk of FLOAT_CHUNK inputs of
+// the NR weight rows widened once into float32 for the band ------------------------------
+constexpr int64_t FLOAT_CHUNK = 256;
+
+template <int64_t T, int NR>
+void tile_float(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t M, int64_t K, const void *, float *out,
+                int64_t ldo) {
+    alignas(32) float w[NR][FLOAT_CHUNK];
+    __m256 acc[BAND][NR][4];
+    for (int64_t m = 0; m < M; m++)
+        for (int n = 0; n < NR; n++)
+            for (int j = 0; j < 4; j++) acc[m][n][j] = _mm256_setzero_ps();
+    for (int64_t k0 = 0; k0 < K; k0 += FLOAT_CHUNK) {
+        const int64_t count = std::min(FLOAT_CHUNK, K - k0);  // whole blocks of 32
+        for (int n = 0; n < NR; n++)
+            for (int64_t k = 0; k < count; k += 8)
+                _mm256_store_ps(w[n] + k, widen8<T>(reinterpret_cast<const uint16_t *>(row + n * row_bytes) + k0 + k));
+        for (int64_t m = 0; m < M; m++) {
+            const float *x = xs[m].x + k0;
+            __m256 a[NR][4];
+            for (int n = 0; n < NR; n++)
+                for (int j = 0; j < 4; j++) a[n][j] = acc[m][n][j];
+            for (int64_t k = 0; k < count; k += 32)
+                for (int j = 0; j < 4; j++) {
+                    const __m256 xv = _mm256_loadu_ps(x + k + 8 * j);
+                    for (int n = 0; n < NR; n++) a[n][j] = _mm256_fmadd_ps(_mm256_load_ps(w[n] + k + 8 * j), xv, a[n][j]);
+                }
+            for (int n = 0; n < NR; n++)
+                for (int j = 0; j < 4; j++) acc[m][n][j] = a[n][j];
+        }
+    }
+    for (int64_t m = 0; m < M; m++)
+        for (int n = 0; n < NR; n++) out[m * ldo + n] = float_total(acc[m][n]);
+}
+
 // The tile each type runs (Q4_K: none here, its interleaved kernels are its own), or {}.
 // NR32 / NR256: weight rows a tile of 32-blocks / super-blocks (AVX2's tiles; AVX-512 has wide
 // ones of its own, block_tiles_avx512.h); Q4_K: none here, its interleaved kernels are its own.
@@ -297,6 +332,8 @@ Tile tile_for(int64_t type) {
         case Q5_K: return {tile256<Q5_K, NR256>, NR256};
         case Q6_K: return {tile256<Q6_K, NR256>, NR256};
         case IQ4_XS: return {tile256<IQ4_XS, NR256>, NR256};
+        case F16: return {tile_float<F16, 2>, 2};
+        case BF16: return {tile_float<BF16, 2>, 2};
         default: return {};
     }
 }

@@ -149,6 +149,44 @@ void rows32(const uint8_t *row, int64_t row_bytes, const XRow &x, int64_t K, flo
     for (int r = 0; r < NR; r++) out[r] = hsum(_mm256_add_ps(acc0[r], acc1[r])) + (offset0[r] + offset1[r]);
 }
 
+// -- the plain 16-bit floats (F16, BF16) against float32 activations -----------------------
+// Each row keeps four accumulators: a_j += w x over inputs 32 g + 8 j .. 32 g + 8 j + 7 (one
+// fused multiply-add a lane, w widened exactly), then hsum((a0 + a1) + (a2 + a3)). AVX-512's
+// kernels (block_avx512.cpp) hold a0 | a1 and a2 | a3 in two zmm registers: the same lanes
+// take the same operations, so they give these bits.
+template <int64_t T>
+inline __m256 widen8(const uint16_t *w) {  // 8 weights as float32
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i *>(w));
+    if constexpr (T == F16) return _mm256_cvtph_ps(h);
+    else return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));  // bfloat16: the upper half
+}
+
+inline float float_total(const __m256 *a) { return hsum(_mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]))); }
+
+// NR rows of F16 / BF16 (row_bytes apart) against one row of x, out[0 .. NR); x loaded once for the NR.
+template <int64_t T, int NR>
+void rows_float(const uint8_t *row, int64_t row_bytes, const XRow &x, int64_t K, float *out) {
+    __m256 a[NR][4];
+    for (int r = 0; r < NR; r++)
+        for (int j = 0; j < 4; j++) a[r][j] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k += 32)
+        for (int j = 0; j < 4; j++) {
+            const __m256 xv = _mm256_loadu_ps(x.x + k + 8 * j);
+            for (int r = 0; r < NR; r++) {
+                const uint16_t *w = reinterpret_cast<const uint16_t *>(row + r * row_bytes);
+                a[r][j] = _mm256_fmadd_ps(widen8<T>(w + k + 8 * j), xv, a[r][j]);
+            }
+        }
+    for (int r = 0; r < NR; r++) out[r] = float_total(a[r]);
+}
+
+template <int64_t T>
+float dot_float(const uint8_t *row, const XRow &x, int64_t K) {
+    float out;
+    rows_float<T, 1>(row, 0, x, K, &out);
+    return out;
+}
+
 // -- the activations' rounding (block_format.cpp's round_activations, the same codes) ------
 inline __m256i codes8(const float *x, __m256 inverse) {  // to nearest, ties to even (MXCSR's default), as lrintf
     return _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), inverse));
@@ -363,6 +401,8 @@ RowsDot rows_for(int64_t type) {
         case Q4_1: return rows32<S, Q4_1, FOUR>;
         case Q5_0: return rows32<S, Q5_0, FOUR>;
         case IQ4_NL: return rows32<S, IQ4_NL, FOUR>;
+        case F16: return rows_float<F16, FOUR>;
+        case BF16: return rows_float<BF16, FOUR>;
         default: return nullptr;
     }
 }
@@ -382,6 +422,8 @@ RowDot dot_for(int64_t type) {
         case Q2_K: return dot_k2<S, Q2_K>;
         case Q3_K: return dot_k2<S, Q3_K>;
         case IQ4_XS: return dot_iq4_xs<S>;
+        case F16: return dot_float<F16>;
+        case BF16: return dot_float<BF16>;
         default: return nullptr;
     }
 }
