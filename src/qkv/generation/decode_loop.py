@@ -33,6 +33,7 @@ from torch import Tensor
 from qkv.errors import QkvError
 from qkv.generation.constraints import Constraint
 from qkv.generation.sampling import RowSampling, Sampling, choose_rows
+from qkv.util.threads import one_thread
 
 Alternatives = tuple[tuple[int, float], ...]  # (token id, logprob), most likely first
 
@@ -161,6 +162,34 @@ class DecodeLoop:
         if not running:
             return []
         states = [self._rows[row] for row in running]
+        with one_thread():  # small operations over (b, V), which a second thread only waits on (qkv.util.threads)
+            tokens, choices = self._choose(running, states)
+        going = [c for c in choices if c.end is None]
+        for choice in choices:
+            if choice.end is not None:
+                self.finish(choice.row)
+            else:
+                self._last[choice.row] = choice.token
+        self._batch = None
+        if chosen is not None:
+            chosen(choices)
+            going = [c for c in going if c.row in self._rows]
+        if going:
+            if self.session.decodes_rows:
+                rows = [c.row for c in going]
+                step_tokens = tokens if len(going) == len(running) else torch.tensor([c.token for c in going])
+                logits = self.session.decode(step_tokens, rows=rows)  # (b, V)
+            else:  # every row steps; a row that has ended feeds its last token and is not read
+                rows = list(range(self.session.batch_size))
+                logits = self.session.decode(torch.tensor(self._last))  # (B, V)
+            for i, row in enumerate(rows):
+                if row in self._rows:
+                    self._rows[row].logits = logits[i:i + 1]
+            self._batch = (rows, logits)
+        return choices
+
+    def _choose(self, running: list[int], states: list[_Row]) -> tuple[Tensor, list[StepToken]]:
+        """The running rows' tokens (b,) and what each means for its row (`_ended`)."""
         logits = self._logits(running, states)  # (b, V)
         failed: dict[int, str] = {}
         choosing = []
@@ -185,29 +214,7 @@ class DecodeLoop:
                 choices.append(StepToken(row, -1, end="error", message=failed[i]))
             else:
                 choices.append(_ended(row, state, picked[i], *scores.get(i, (None, ()))))
-        going = [c for c in choices if c.end is None]
-        for choice in choices:
-            if choice.end is not None:
-                self.finish(choice.row)
-            else:
-                self._last[choice.row] = choice.token
-        self._batch = None
-        if chosen is not None:
-            chosen(choices)
-            going = [c for c in going if c.row in self._rows]
-        if going:
-            if self.session.decodes_rows:
-                rows = [c.row for c in going]
-                step_tokens = tokens if len(going) == len(running) else torch.tensor([c.token for c in going])
-                logits = self.session.decode(step_tokens, rows=rows)  # (b, V)
-            else:  # every row steps; a row that has ended feeds its last token and is not read
-                rows = list(range(self.session.batch_size))
-                logits = self.session.decode(torch.tensor(self._last))  # (B, V)
-            for i, row in enumerate(rows):
-                if row in self._rows:
-                    self._rows[row].logits = logits[i:i + 1]
-            self._batch = (rows, logits)
-        return choices
+        return tokens, choices
 
     def _logits(self, running: list[int], states: list[_Row]) -> Tensor:
         """The running rows' logits (b, V): the last decode's output as it is when those rows

@@ -124,6 +124,14 @@ class Api:
             raise ApiError(400, str(error), param="messages") from None
         return gil_free_encoder(self.served.tokenizer)(text, add_special_tokens=False).ids
 
+    def _prepared(self, req: CompletionRequest, chat: bool) -> tuple[Plan, list[tuple[list[int], str]]]:
+        """The request's plan and its prompts, in one job on a prompt worker (one hand-over to a
+        thread and back per request, not one per part). The plan: response_format / tools -> a
+        grammar (qkv.serve.api.structured; the first one builds the token tables, ~0.4 s on
+        SmolLM2); a chat's also knows the template's tool format, for earlier calls in its messages."""
+        plan = Plan.for_request(req, self.served) if chat or req.response_schema is not None else Plan()
+        return plan, self._prompts(req, chat, plan)
+
     def _prompts(self, req: CompletionRequest, chat: bool, plan: Plan) -> list[tuple[list[int], str]]:
         """Each prompt's token ids and the text an echo shows. Runs on a prompt worker
         (`PromptWorker`), so the event loop goes on meanwhile. A prompt the tokenizer's bounds
@@ -186,12 +194,7 @@ class Api:
     async def _complete(self, request: Request, *, chat: bool) -> Response:
         req = parse(await self.read_body(request), chat=chat, limits=self.limits, vocab_size=self.vocab_size)
         self.check_model(req.model)
-        # response_format / tools -> a grammar (qkv.serve.api.structured); off the event loop too:
-        # the first one builds the token tables (~0.4 s on SmolLM2)
-        # A chat's plan also knows the template's tool format, for earlier calls in its messages.
-        structured = chat or req.response_schema is not None
-        plan = await self.prompts.run(Plan.for_request, req, self.served) if structured else Plan()
-        prompts = await self.prompts.run(self._prompts, req, chat, plan)  # off the event loop, with a deadline
+        plan, prompts = await self.prompts.run(self._prepared, req, chat)  # off the event loop, with a deadline
         loop = asyncio.get_running_loop()
         if self._outbox is None or self._outbox.loop is not loop:
             self._outbox = LoopOutbox(loop)  # every request's events: one call onto the loop per step
