@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from qkv.cli.main import main
-from qkv.util.threads import apply_threads, idle_cores, usable_cores
+from qkv.util.threads import apply_threads, idle_cores, one_thread, usable_cores
 
 
 @pytest.fixture(autouse=True)
@@ -98,3 +98,15 @@ print(before, with_team, released, after, first == again, len(os.listdir("/proc/
         pytest.skip("this torch's OpenMP runtime has no omp_pause_resource_all")
     assert int(with_team) >= int(before) + 2  # two workers beside the calling thread
     assert int(after) == int(with_team) - 2 and same == "True" and int(restarted) == int(with_team)
+
+
+def test_one_thread_runs_torch_on_the_calling_thread_and_restores_the_count() -> None:
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with pytest.raises(RuntimeError), one_thread():
+            assert torch.get_num_threads() == 1
+            raise RuntimeError("an error inside still restores the count")
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
