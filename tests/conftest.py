@@ -10,14 +10,33 @@ import json
 import os
 from pathlib import Path
 
-import pytest
-import torch
-from hypothesis import settings
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from qkv.models.hf.checkpoint import save_pretrained
-from qkv.models.llama import LlamaForCausalLM
-from qkv.models.configs.llama import LlamaConfig
+def _threads_per_worker() -> int | None:
+    """Under `pytest -n N` each of the N workers gets an equal share of this machine's cores,
+    None outside xdist. PyTorch's OpenMP team defaults to every core in each worker: N teams
+    on the same cores wait for each other at every parallel region (a 135M model's decode step
+    then takes a scheduler quantum per op, 5-10x slower), which made most of the suite's time."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not workers or not workers.isdigit() or int(workers) < 1:
+        return None
+    return max(1, len(os.sched_getaffinity(0)) // int(workers))
+
+
+_SHARE = _threads_per_worker()
+if _SHARE is not None:  # before torch is imported, so that processes the tests start inherit it too
+    os.environ.setdefault("OMP_NUM_THREADS", str(_SHARE))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hypothesis import settings  # noqa: E402
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+
+from qkv.models.hf.checkpoint import save_pretrained  # noqa: E402
+from qkv.models.llama import LlamaForCausalLM  # noqa: E402
+from qkv.models.configs.llama import LlamaConfig  # noqa: E402
+
+if _SHARE is not None:
+    torch.set_num_threads(_SHARE)
 
 # In CI the property tests draw the same examples on every run, so a red build can be
 # reproduced and a green one is not luck; locally they keep exploring new examples.
