@@ -36,8 +36,9 @@ _OPS = {Q.Q4_K: "q4k", Q.Q5_K: "q5k", Q.Q6_K: "q6k", Q.Q8_0: "q8_0"}
 GROUP_ROWS = 16
 # the types BlockLinear repacks at load (Q4_K_X16, Q5_K_X16 and Q8_0_X16 measured faster than the
 # file's rows in a decode step and in a prefill, benchmarks/kernels/block_types.py: Q8_0_X16 on
-# one thread 1.9x at a decode step of Gemma 3's 262144 x 640 head, 3.5x at 8192 x 2048, 1.2-1.8x
-# in a 128-row prefill on AVX-512): Q6_K_X16's kernels
+# one thread 1.5-1.9x at a decode step of Gemma 3's 262144 x 640 head, 2.0-3.5x at 8192 x 2048,
+# 1.3-1.8x in a 64- or 128-row prefill of a 1B model's shapes on AVX-512, about even at K = 640
+# (machine shared, load 6-9, 2026-12-03)): Q6_K_X16's kernels
 # are not yet faster than the one-row Q6_K ones in a decode step (1 thread, 2048 x 2048: AVX-512
 # about even, AVX2 1.8x slower; a 64-row prefill 1.18x faster on AVX-512), so Q6_K stays as
 # stored until they are
