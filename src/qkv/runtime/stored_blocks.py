@@ -9,7 +9,8 @@ the file's bytes, not more. Stacked layers (q/k/v, gate/up: qkv.attention.stacki
 their parts' blocks, one block type each where they differ (`StackedBlockLinear`); qkv's
 whole-layer kernel multiplies them as one product (runtime/native/csrc/kernels.h's BLOCKS Linear). The
 embedding table stays in blocks too (`BlockEmbedding`: a lookup decodes only its rows), and a
-tied output head reads the same blocks.
+tied output head reads the same blocks (where the head repacks them, the lookup reads the
+head's copy: one table in memory).
 
     loaded = load_stored_blocks(opened)   # None when the file's layers are not all in block types
 
@@ -24,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from qkv.attention.stacking import stack_projections, stacked_from
-from qkv.runtime.linear.block import BlockEmbedding, stacked_block_linear
+from qkv.runtime.linear.block import block_embedding, stacked_block_linear
 from qkv.runtime.stored_four_bits import EMBEDDING, fill_from_state, stacked_values, stored_parts
 
 if TYPE_CHECKING:
@@ -67,7 +68,8 @@ def use_file_blocks(model: nn.Module, state: dict[str, Tensor], blocks: dict[str
     embedding = blocks.get(EMBEDDING)
     holder = EMBEDDING.removesuffix(".weight")
     if embedding is not None and isinstance(model.get_submodule(holder), nn.Embedding):
-        model.set_submodule(holder, BlockEmbedding(embedding))
+        tied = blocks.get("lm_head.weight") is embedding
+        model.set_submodule(holder, block_embedding(embedding, model.get_submodule("lm_head") if tied else None, tied))
     return fill_from_state(model, state)
 
 

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from qkv.attention.stacking import stacked_from
 from qkv.models.gguf.dequantize import Q
-from qkv.runtime.linear.block import BlockEmbedding, BlockLinear, native_reason
+from qkv.runtime.linear.block import BlockLinear, block_embedding, native_reason
 from qkv.runtime.linear.quantized import Int4Linear, Int8Linear, quantize_groups, quantize_rows
 
 if TYPE_CHECKING:
@@ -130,7 +130,7 @@ def _fill(model: nn.Module, state: dict[str, Tensor], blocks: dict[str, StoredBl
             module.bias = nn.Parameter(torch.cat(biases).to(module.bias.dtype), requires_grad=False)  # type: ignore[arg-type]
     holder = EMBEDDING.removesuffix(".weight")
     if embedding is not None and isinstance(model.get_submodule(holder), nn.Embedding):
-        model.set_submodule(holder, BlockEmbedding(embedding))
+        model.set_submodule(holder, block_embedding(embedding, model.get_submodule("lm_head"), head is embedding))
     return fill_from_state(model, state)
 
 

@@ -16,7 +16,7 @@ from gguf.constants import GGMLQuantizationType as Q
 from qkv.models.gguf.stored import StoredBlocks
 from qkv.runtime.native import native_kernels
 from qkv.runtime.native.block_ops import product_bound, rounded_activations
-from qkv.runtime.linear.block import BlockLinear, stacked_block_linear
+from qkv.runtime.linear.block import BlockEmbedding, BlockLinear, block_embedding, stacked_block_linear
 from tests.models.gguf.block_files import random_blocks
 
 native = pytest.mark.skipif(not native_kernels().available, reason=f"qkv's kernels are not available: {native_kernels().reason}")
@@ -141,3 +141,19 @@ def test_without_the_native_kernels_the_reference_runs_and_says_so_once(tmp_path
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
     lines = [line for line in done.stderr.splitlines() if "reference product" in line]
     assert lines == ["qkv: GGUF block layers run PyTorch's reference product (turned off with QKV_NATIVE=0)"]
+
+
+@native
+@pytest.mark.parametrize("block_type", [Q.Q8_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+def test_a_tied_tables_lookup_reads_the_heads_blocks_and_gives_the_files_rows(block_type: Q) -> None:
+    """A tied output head repacked at load (Q8_0, Q4_K) holds the only copy of the table: the
+    lookup reads the head's blocks and gives the rows the file's blocks decode to, bit for bit;
+    a head kept as stored (Q6_K) shares the file's blocks as before."""
+    table = stored(block_type, rows=48, cols=512, seed=3)
+    head = BlockLinear(table)
+    lookup = block_embedding(table, head, tied=True)
+    assert lookup.blocks.data_ptr() == head.blocks.data_ptr() and lookup.repacked == head.repacked
+    ids = torch.tensor([[0, 47, 16, 16], [31, 5, 32, 1]])  # (2, 4): rows of every group, one twice
+    assert torch.equal(lookup(ids), BlockEmbedding(table)(ids))
+    assert torch.equal(lookup(ids), table.dequantize()[ids])
+    assert block_embedding(table, head, tied=False).blocks.data_ptr() == table.blocks.data_ptr()  # an untied table: the file's

@@ -1,9 +1,9 @@
-"""Q4_K, Q5_K and Q6_K repacked into qkv's Q4_K_X16 / Q5_K_X16 / Q6_K_X16 layouts
-(qkv.runtime.native.repacked, csrc/repacked/): the repacking is the documented byte
+"""Q4_K, Q5_K, Q6_K and Q8_0 repacked into qkv's Q4_K_X16 / Q5_K_X16 / Q6_K_X16 / Q8_0_X16
+layouts (qkv.runtime.native.repacked, csrc/repacked/): the repacking is the documented byte
 permutation, undoing it gives the file's bytes back, and its product is the gguf library's
 dequantized weights times the rounded activations (float64, within the float bound the block
 products are held to), the same bits in every variant and for each row whatever the other
-rows, as the server's batches need."""
+rows, as the server's batches need; Q8_0_X16's are the generic C++ Q8_0 product's bits."""
 
 from __future__ import annotations
 
@@ -21,17 +21,35 @@ from tests.models.gguf.block_files import random_blocks
 from tests.runtime.native.test_block_products import numpy_rounded
 
 pytestmark = pytest.mark.skipif(repacked.repack_status() is not None, reason="qkv's repacked K-quant products do not build here")
-TYPES = [Q.Q4_K, Q.Q5_K, Q.Q6_K]
+TYPES = [Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q8_0]
 
 
 def k_rows(block_type: Q, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random rows (N, K / 256 * Z) uint8 and the gguf library's weights (N, K) float64."""
+    """Random rows (N, K / W * Z) uint8 and the gguf library's weights (N, K) float64."""
     raw = np.ascontiguousarray(random_blocks(block_type, (n, k), np.random.default_rng(seed)))
     return torch.from_numpy(raw), torch.from_numpy(gguf.quants.dequantize(raw, block_type)).reshape(n, k).double()
 
 
 def numpy_layout(block_type: Q, rows: np.ndarray) -> np.ndarray:
+    if block_type == Q.Q8_0:
+        return numpy_q8_0_layout(rows)
     return numpy_q6_k_layout(rows) if block_type == Q.Q6_K else numpy_k4_layout(rows, block_type)
+
+
+def numpy_q8_0_layout(rows: np.ndarray) -> np.ndarray:
+    """q8_0.h's layout written out in numpy: per group of 16 rows, every block's d of the 16
+    rows, then every block's qs in 4-byte units of 16 rows."""
+    n, row_bytes = rows.shape
+    count = row_bytes // 34
+    blocks = rows.reshape(n // 16, 16, count, 34).transpose(0, 2, 1, 3)  # (groups, blocks, 16, 34)
+    d = blocks[..., 0:2].reshape(n // 16, -1)  # (groups, blocks * 16 * 2)
+    qs = blocks[..., 2:].reshape(n // 16, count, 16, 8, 4).transpose(0, 1, 3, 2, 4).reshape(n // 16, -1)  # (groups, blocks * 8 * 16 * 4)
+    return np.concatenate([d, qs], axis=-1).reshape(n, row_bytes)
+
+
+def rounded(x: torch.Tensor, block_type: Q) -> torch.Tensor:
+    """x rounded as `block_type`'s products meet it (per 32 for Q8_0, per 256 for the K-quants), float64."""
+    return numpy_rounded(x, block_ops.activation_step(block_type))
 
 
 def numpy_q6_k_layout(rows: np.ndarray) -> np.ndarray:
@@ -100,9 +118,9 @@ def test_the_repacked_product_is_the_dequantized_weights_times_the_rounded_activ
     packed, code = repacked.repack(blocks, block_type), repacked.REPACKED[block_type]
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * 3
     bias = torch.randn(n, generator=torch.Generator().manual_seed(7))
-    rounded = numpy_rounded(x, 256)
-    expected = rounded @ w.t() + bias.double()
-    bound = block_ops.product_bound(rounded, w, k, block_type) + 1e-6 * bias.double().abs()
+    x_rounded = rounded(x, block_type)
+    expected = x_rounded @ w.t() + bias.double()
+    bound = block_ops.product_bound(x_rounded, w, k, block_type) + 1e-6 * bias.double().abs()
     results = {}
     for variant in variants():
         with use_variant(variant):
@@ -110,6 +128,9 @@ def test_the_repacked_product_is_the_dequantized_weights_times_the_rounded_activ
         assert ((results[variant].double() - expected).abs() <= bound).all(), variant
     first = results[variants()[0]]
     assert all(torch.equal(first, got) for got in results.values()), "every variant gives the same bits"
+    if block_type == Q.Q8_0:  # the generic Q8_0 product's operations (q8_0.h), on the file's rows
+        with use_variant("generic"):
+            assert torch.equal(first, block_ops.block_linear(x, blocks, block_type, bias))
 
 
 @pytest.mark.parametrize("block_type", TYPES)
@@ -136,8 +157,8 @@ def test_block_linear_repacks_in_whole_groups_and_keeps_the_rest_as_stored(block
     assert layer.repacked and layer.blocks.numel() == blocks.numel()  # the file's size, permuted
     assert torch.equal(layer.stored.blocks, blocks)  # `stored` undoes the repacking
     x = torch.randn(3, 512, generator=torch.Generator().manual_seed(6))
-    rounded = numpy_rounded(x, 256)
-    assert ((layer(x).double() - rounded @ w.t()).abs() <= block_ops.product_bound(rounded, w, 512, block_type)).all()
+    x_rounded = rounded(x, block_type)
+    assert ((layer(x).double() - x_rounded @ w.t()).abs() <= block_ops.product_bound(x_rounded, w, 512, block_type)).all()
     odd, _ = k_rows(block_type, 24, 512, seed=6)  # not whole groups of 16: the file's layout
     assert not BlockLinear(StoredBlocks(odd, block_type, (24, 512))).repacked
 

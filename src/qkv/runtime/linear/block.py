@@ -34,7 +34,7 @@ from qkv.models.gguf.stored import StoredBlocks
 from qkv.runtime.linear.kernel import kernel_list
 from qkv.runtime.native.block_ops import block_linear, block_products_status, rounded_activations
 from qkv.runtime.huge_pages import huge_empty
-from qkv.runtime.native.repacked import REPACKED, repack_into, repack_status, repackable, unrepack
+from qkv.runtime.native.repacked import GROUP_ROWS, REPACKED, repack_into, repack_status, repackable, unrepack
 
 MAX_STACKED_BLOCKS = 4  # runtime/native/csrc/kernels.h's MAX_PARTS: matrices of different block types in one product
 _said: set[str] = set()
@@ -71,7 +71,7 @@ class BlockLinear(nn.Module):
         if not self.native and native is None and reason not in _said:
             _said.add(reason)
             print(f"qkv: GGUF block layers run PyTorch's reference product ({reason})", file=sys.stderr)
-        # Q4_K and Q5_K in whole groups of 16 rows run repacked (qkv.runtime.native.repacked's AT_LOAD),
+        # Q4_K, Q5_K and Q8_0 in whole groups of 16 rows run repacked (qkv.runtime.native.repacked's AT_LOAD),
         # the same products faster; `stored` undoes it
         self.repacked = (self.native and all(repackable(p.block_type, p.shape[0]) for p in parts)
                          and repack_status() is None)
@@ -163,6 +163,9 @@ class BlockEmbedding(nn.Module):
     """An embedding table kept as GGUF blocks (Gemma 3's 262,144 x 640 table is 178 MB as Q8_0
     and 671 MB as float32): a lookup decodes only the rows it gathers, with the gguf library's
     float32 values (qkv.models.gguf.dequantize), so it equals nn.Embedding over the dequantized table.
+    `BlockEmbedding.tied_to(head)` reads a tied output head's repacked table instead of the
+    file's (one copy of the table in memory, not two): each id's group of 16 rows is put back
+    in the file's layout (a lossless permutation) and its row decoded, the same values.
 
     ids (...) -> (..., C)."""
 
@@ -170,18 +173,43 @@ class BlockEmbedding(nn.Module):
         super().__init__()
         self.block_type = stored.block_type
         self.num_embeddings, self.embedding_dim = stored.shape
+        self.repacked = False  # blocks in REPACKED[block_type]'s layout (a tied head's), not the file's
         self.register_buffer("blocks", stored.blocks)
+
+    @classmethod
+    def tied_to(cls, head: BlockLinear) -> BlockEmbedding:
+        """The table a tied output head multiplies, looked up from the head's own blocks."""
+        table = cls(StoredBlocks(head.blocks, head.block_type, (head.out_features, head.in_features)))
+        table.repacked = head.repacked
+        return table
 
     def forward(self, ids: Tensor) -> Tensor:
         from qkv.models.gguf.dequantize import BLOCK_FORMATS
 
         form = BLOCK_FORMATS[self.block_type]
-        rows = self.blocks.index_select(0, ids.reshape(-1))  # (n, bytes a row)
+        rows = self._file_rows(ids.reshape(-1))  # (n, bytes a row)
         values = form.decode(rows.view(-1, form.size))  # (n * K / W, W)
         return values.reshape(*ids.shape, self.embedding_dim)  # (..., C)
 
+    def _file_rows(self, ids: Tensor) -> Tensor:
+        """Rows `ids` (n,) of the table as the file stores them (n, bytes a row)."""
+        if not self.repacked:
+            return self.blocks.index_select(0, ids)
+        row_bytes = self.blocks.shape[1]
+        groups = self.blocks.view(-1, GROUP_ROWS * row_bytes).index_select(0, ids // GROUP_ROWS)  # (n, 16 * bytes a row)
+        rows = unrepack(groups.view(-1, row_bytes), self.block_type).view(-1, GROUP_ROWS, row_bytes)  # (n, 16, bytes a row)
+        return rows[torch.arange(len(ids)), ids % GROUP_ROWS]
+
     def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.embedding_dim}, {self.block_type.name}"
+        return f"{self.num_embeddings}, {self.embedding_dim}, {self.block_type.name}" + (", repacked" if self.repacked else "")
+
+
+def block_embedding(stored: StoredBlocks, head: nn.Module | None, tied: bool) -> BlockEmbedding:
+    """The embedding table's lookup: from a tied output head's blocks where it holds the table
+    repacked (the file's rows would be a second copy), else from the file's blocks."""
+    if tied and isinstance(head, BlockLinear) and head.repacked and head.block_type == stored.block_type:
+        return BlockEmbedding.tied_to(head)
+    return BlockEmbedding(stored)
 
 
 def stacked_block_linear(parts: Sequence[StoredBlocks], bias: Tensor | None = None) -> nn.Module:

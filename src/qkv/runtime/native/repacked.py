@@ -1,17 +1,19 @@
-"""K-quant matrices repacked at load into qkv's interleaved layouts (runtime/native/csrc/repacked/):
+"""Matrices repacked at load into qkv's interleaved layouts (runtime/native/csrc/repacked/):
 Q4_K -> Q4_K_X16 and Q5_K -> Q5_K_X16 (q4k.h: one layout, Q5_K's fifth bits after Q4_K's bytes,
-one set of kernels) and Q6_K -> Q6_K_X16 (q6k.h), groups of 16 rows interleaved 4 bytes at
-a time, each super-block's scales side by side, so a decode step's product runs a row of the
-group per SIMD lane (one 64-byte load is 4 or 8 weights of 16 rows) and a prompt's product reads
-each weight block once per 4 activation rows.
+one set of kernels), Q6_K -> Q6_K_X16 (q6k.h) and Q8_0 -> Q8_0_X16 (q8_0.h), groups of 16 rows
+interleaved 4 bytes at a time, each block's scales side by side, so a decode step's product
+runs a row of the group per SIMD lane (one 64-byte load is 4 or 8 weights of 16 rows) and a
+prompt's product reads each weight block once per 4 activation rows.
 
 The repacking is a byte permutation into a copy (`unrepack` gives the file's bytes back; the
 file's mapping is never written), and the product is the same math as `qkv::block_linear` on
-the file's blocks: the dequantized weights times the activations rounded per 256, every integer
-sum exact. Each output is the same float operations in every variant (generic C++, AVX2,
-AVX-512: the same bits) and whatever the number of activation rows (batch invariance).
+the file's blocks: the dequantized weights times the activations rounded as the file's type
+meets them (per 256 for the K-quants, per 32 for Q8_0), every integer sum exact. Each output is
+the same float operations in every variant (generic C++, AVX2, AVX-512: the same bits) and
+whatever the number of activation rows (batch invariance); Q8_0_X16's are the generic C++ Q8_0
+product's own operations, so its results are that product's bits.
 
-Shape legend: N outputs (a multiple of 16), K inputs, M activation rows.
+Shape legend: N outputs (a multiple of 16), K inputs, M activation rows, W weights and Z bytes a block.
 """
 
 from __future__ import annotations
@@ -28,15 +30,19 @@ from qkv.runtime.native.block_ops import block_linear, block_products_status, pr
 Q4_K_X16 = 1012  # block_format.h's type ids of the repacked layouts (not GGML types)
 Q5_K_X16 = 1013
 Q6_K_X16 = 1014
-REPACKED: dict[Q, int] = {Q.Q4_K: Q4_K_X16, Q.Q5_K: Q5_K_X16, Q.Q6_K: Q6_K_X16}  # the file's type -> the layout it runs in
-_OPS = {Q.Q4_K: "q4k", Q.Q5_K: "q5k", Q.Q6_K: "q6k"}
+Q8_0_X16 = 1008
+REPACKED: dict[Q, int] = {Q.Q4_K: Q4_K_X16, Q.Q5_K: Q5_K_X16, Q.Q6_K: Q6_K_X16, Q.Q8_0: Q8_0_X16}  # the file's type -> its layout
+_OPS = {Q.Q4_K: "q4k", Q.Q5_K: "q5k", Q.Q6_K: "q6k", Q.Q8_0: "q8_0"}
 GROUP_ROWS = 16
-# the types BlockLinear repacks at load (Q4_K_X16 and Q5_K_X16 measured faster than the file's
-# rows in a decode step and in a prefill, benchmarks/kernels/block_types.py): Q6_K_X16's kernels
+# the types BlockLinear repacks at load (Q4_K_X16, Q5_K_X16 and Q8_0_X16 measured faster than the
+# file's rows in a decode step and in a prefill, benchmarks/kernels/block_types.py: Q8_0_X16 on
+# one thread 1.5-1.9x at a decode step of Gemma 3's 262144 x 640 head, 2.0-3.5x at 8192 x 2048,
+# 1.3-1.8x in a 64- or 128-row prefill of a 1B model's shapes on AVX-512, about even at K = 640
+# (machine shared, load 6-9, 2026-12-03)): Q6_K_X16's kernels
 # are not yet faster than the one-row Q6_K ones in a decode step (1 thread, 2048 x 2048: AVX-512
 # about even, AVX2 1.8x slower; a 64-row prefill 1.18x faster on AVX-512), so Q6_K stays as
 # stored until they are
-AT_LOAD: tuple[Q, ...] = (Q.Q4_K, Q.Q5_K)
+AT_LOAD: tuple[Q, ...] = (Q.Q4_K, Q.Q5_K, Q.Q8_0)
 
 
 def repackable(block_type: Q, rows: int) -> bool:
@@ -46,7 +52,7 @@ def repackable(block_type: Q, rows: int) -> bool:
 
 
 def repack(blocks: Tensor, block_type: Q) -> Tensor:
-    """The file's rows (N, K / 256 * Z) uint8 of `block_type`, N a multiple of 16 -> a copy in
+    """The file's rows (N, K / W * Z) uint8 of `block_type`, N a multiple of 16 -> a copy in
     REPACKED[block_type]'s layout, the same shape."""
     return getattr(torch.ops.qkv, f"{_OPS[block_type]}_repack").default(blocks)
 
@@ -58,16 +64,16 @@ def repack_into(blocks: Tensor, block_type: Q, out: Tensor) -> Tensor:
 
 
 def unrepack(packed: Tensor, block_type: Q) -> Tensor:
-    """REPACKED[block_type]'s layout (N, K / 256 * Z) uint8 -> the file's rows of `block_type`."""
+    """REPACKED[block_type]'s layout (N, K / W * Z) uint8 -> the file's rows of `block_type`."""
     return getattr(torch.ops.qkv, f"{_OPS[block_type]}_unrepack").default(packed)
 
 
 def random_rows(block_type: Q, rows: int, k: int, generator: torch.Generator) -> Tensor:
-    """(rows, K / 256 * Z) uint8 of random `block_type` blocks with small finite float16 scales."""
+    """(rows, K / W * Z) uint8 of random `block_type` blocks with small finite float16 scales."""
     form = BLOCK_FORMATS[block_type]
-    raw = torch.randint(0, 256, (rows, k // 256, form.size), dtype=torch.uint8, generator=generator)
+    raw = torch.randint(0, 256, (rows, k // form.weights, form.size), dtype=torch.uint8, generator=generator)
     for start in form.halves:
-        raw[:, :, start : start + 2] = (torch.rand(rows, k // 256, 1, generator=generator) / 16).half().view(torch.uint8)
+        raw[:, :, start : start + 2] = (torch.rand(rows, k // form.weights, 1, generator=generator) / 16).half().view(torch.uint8)
     return raw.reshape(rows, -1).contiguous()
 
 
@@ -109,7 +115,7 @@ def repack_status() -> str | None:
     if reason is not None:
         return reason
     if not all(hasattr(torch.ops.qkv, f"{op}_repack") for op in _OPS.values()):
-        return "the loaded kernels have no repacked K-quant products (an older build)"
+        return "the loaded kernels have no repacked products (an older build)"
     try:
         for block_type in REPACKED:
             reason = _self_test(block_type)
@@ -118,4 +124,4 @@ def repack_status() -> str | None:
         return None
     except Exception as error:  # noqa: BLE001 - a library that loads but whose op fails
         lines = str(error).strip().splitlines()
-        return f"the repacked K-quant products do not work: {lines[0][:160] if lines else type(error).__name__}"
+        return f"the repacked products do not work: {lines[0][:160] if lines else type(error).__name__}"

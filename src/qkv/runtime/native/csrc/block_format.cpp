@@ -5,6 +5,7 @@
 #include "kernels.h"
 #include "repacked/q4k.h"
 #include "repacked/q6k.h"
+#include "repacked/q8_0.h"
 
 #include <math.h>
 #include <string.h>
@@ -335,7 +336,11 @@ float dot_float(const uint8_t *row, const XRow &x, int64_t K) {
 const Traits *traits_of(int64_t type) {
     for (const Traits &t : TABLE)
         if (t.type == type) return &t;
-    return type == Q4_K_X16 ? q4k::traits(Q4_K) : type == Q5_K_X16 ? q4k::traits(Q5_K) : type == Q6_K_X16 ? q6k::traits() : nullptr;
+    return type == Q4_K_X16   ? q4k::traits(Q4_K)
+           : type == Q5_K_X16 ? q4k::traits(Q5_K)
+           : type == Q6_K_X16 ? q6k::traits()
+           : type == Q8_0_X16 ? q8_0::traits()
+                              : nullptr;
 }
 
 const Traits *all_traits(int64_t &count) {

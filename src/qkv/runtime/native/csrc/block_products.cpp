@@ -27,6 +27,7 @@
 #include "kernels.h"
 #include "repacked/q4k.h"
 #include "repacked/q6k.h"
+#include "repacked/q8_0.h"
 
 #include <atomic>
 #include <vector>
@@ -129,6 +130,8 @@ void apply_blocks(const Linear &L, const float *x, float *y, int64_t M) {
             return q4k::rows(part, rows256, M, L.K, L.N, n0, n1, first, L.bias ? L.bias + first : nullptr, y, variant);
         if (part.type == Q6_K_X16)
             return q6k::rows(part, rows256, M, L.K, L.N, n0, n1, first, L.bias ? L.bias + first : nullptr, y, variant);
+        if (part.type == Q8_0_X16)
+            return q8_0::rows(part, rows[PER32].data(), M, L.K, L.N, n0, n1, first, L.bias ? L.bias + first : nullptr, y, variant);
         const RowDot dot = dot_of(part.type, variant);
         const RowsDot several = rows_of(part.type, variant);
         const XRow *xs = rows[traits_of(part.type)->activation].data();

@@ -1,4 +1,4 @@
-// The repacked layouts (Q4_K_X16 and Q5_K_X16: q4k.h, Q6_K_X16: q6k.h) in the library: their products inside
+// The repacked layouts (Q4_K_X16 and Q5_K_X16: q4k.h, Q6_K_X16: q6k.h, Q8_0_X16: q8_0.h) in the library: their products inside
 // a BLOCKS Linear (block_products.cpp's apply_blocks hands such a part here), and the ops that
 // repack a matrix at load (a copy: the file's mapping is never written):
 //
@@ -6,7 +6,8 @@
 //   qkv::q4k_unrepack(packed (N, K / 256 * 144) u8 Q4_K_X16) -> the file's Q4_K bytes
 //   qkv::q5k_repack / q5k_unrepack: the same for Q5_K (N, K / 256 * 176) and Q5_K_X16
 //   qkv::q6k_repack / q6k_unrepack: the same for Q6_K (N, K / 256 * 210) and Q6_K_X16
-//   qkv::q4k_repack_into / q5k_repack_into / q6k_repack_into(blocks, out): the repacking written into `out` (a slice
+//   qkv::q8_0_repack / q8_0_unrepack: the same for Q8_0 (N, K / 32 * 34) and Q8_0_X16
+//   qkv::q4k_repack_into / q5k_repack_into / q6k_repack_into / q8_0_repack_into(blocks, out): the repacking written into `out` (a slice
 //   of a stacked matrix on 2 MB pages: one copy at load, not three)
 //
 // A product over M activation rows takes them MR at a time per group of 16 weight rows, and up
@@ -20,6 +21,7 @@
 #include "../kernels.h"
 #include "q4k.h"
 #include "q6k.h"
+#include "q8_0.h"
 
 namespace qkv {
 namespace blocks {
@@ -88,6 +90,24 @@ void rows(const BlockPart &part, const XRow *xs, int64_t M, int64_t K, int64_t l
 }
 
 }  // namespace q6k
+
+namespace q8_0 {
+
+void rows(const BlockPart &part, const XRow *xs, int64_t M, int64_t K, int64_t ldy, int64_t n0, int64_t n1, int64_t first,
+          const float *bias, float *y, Variant v) {
+#if QKV_X86
+    const q4k::GroupRows kernel = v >= AVX512 ? avx512_group : v >= AVX2 ? avx2_group : generic_group;
+#else
+    const q4k::GroupRows kernel = generic_group;
+    (void)v;
+#endif
+    const int64_t words = K / 32;
+    std::vector<int32_t> p(static_cast<size_t>(M * words));
+    for (int64_t m = 0; m < M; m++) offsets(xs[m].q, K, p.data() + m * words);
+    group_rows(part, kernel, p.data(), words, xs, M, K, ldy, n0, n1, first, bias, y);
+}
+
+}  // namespace q8_0
 }  // namespace blocks
 
 namespace {
@@ -133,7 +153,8 @@ Tensor permuted_out(const Tensor &from, Tensor out, int64_t block_bytes, Permute
     return out;
 }
 
-constexpr int64_t Q4K = sizeof(blocks::BlockQ4_K), Q5K = sizeof(blocks::BlockQ5_K), Q6K = sizeof(blocks::BlockQ6_K);
+constexpr int64_t Q4K = sizeof(blocks::BlockQ4_K), Q5K = sizeof(blocks::BlockQ5_K), Q6K = sizeof(blocks::BlockQ6_K),
+                  Q80 = sizeof(blocks::BlockQ8_0);
 
 Tensor q4k_repack(Tensor blocks) {
     return permuted(blocks, Q4K, blocks::q4k::repack<blocks::Q4_K>, "qkv::q4k_repack: blocks must be contiguous uint8 Q4_K rows (N, K / 256 * 144), N a multiple of 16");
@@ -171,6 +192,18 @@ Tensor q6k_unrepack(Tensor packed) {
     return permuted(packed, Q6K, blocks::q6k::unrepack, "qkv::q6k_unrepack: packed must be contiguous uint8 (N, K / 256 * 210), N a multiple of 16");
 }
 
+Tensor q8_0_repack(Tensor blocks) {
+    return permuted(blocks, Q80, blocks::q8_0::repack, "qkv::q8_0_repack: blocks must be contiguous uint8 Q8_0 rows (N, K / 32 * 34), N a multiple of 16");
+}
+
+Tensor q8_0_repack_into(Tensor blocks, Tensor out) {
+    return permuted_out(blocks, out, Q80, blocks::q8_0::repack, "qkv::q8_0_repack_into: blocks and out must be contiguous uint8 Q8_0 rows of one shape (N, K / 32 * 34), N a multiple of 16, not overlapping");
+}
+
+Tensor q8_0_unrepack(Tensor packed) {
+    return permuted(packed, Q80, blocks::q8_0::unrepack, "qkv::q8_0_unrepack: packed must be contiguous uint8 (N, K / 32 * 34), N a multiple of 16");
+}
+
 }  // namespace
 }  // namespace qkv
 
@@ -184,6 +217,9 @@ STABLE_TORCH_LIBRARY_FRAGMENT(qkv, m) {
     m.def("q6k_unrepack(Tensor packed) -> Tensor");
     m.def("q4k_repack_into(Tensor blocks, Tensor(a!) out) -> Tensor(a!)");
     m.def("q6k_repack_into(Tensor blocks, Tensor(a!) out) -> Tensor(a!)");
+    m.def("q8_0_repack(Tensor blocks) -> Tensor");
+    m.def("q8_0_unrepack(Tensor packed) -> Tensor");
+    m.def("q8_0_repack_into(Tensor blocks, Tensor(a!) out) -> Tensor(a!)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(qkv, CPU, m) {
@@ -196,4 +232,7 @@ STABLE_TORCH_LIBRARY_IMPL(qkv, CPU, m) {
     m.impl("q4k_repack_into", TORCH_BOX(&qkv::q4k_repack_into));
     m.impl("q6k_repack_into", TORCH_BOX(&qkv::q6k_repack_into));
     m.impl("q6k_unrepack", TORCH_BOX(&qkv::q6k_unrepack));
+    m.impl("q8_0_repack", TORCH_BOX(&qkv::q8_0_repack));
+    m.impl("q8_0_unrepack", TORCH_BOX(&qkv::q8_0_unrepack));
+    m.impl("q8_0_repack_into", TORCH_BOX(&qkv::q8_0_repack_into));
 }

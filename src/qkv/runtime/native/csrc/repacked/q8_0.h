@@ -1,0 +1,87 @@
+// Q8_0 repacked at load into groups of 16 interleaved rows (block_format.h's Q8_0_X16), and the
+// products that read it, in the shape of Q4_K_X16's (q4k.h: a SIMD lane is a row of the group,
+// one activation row for a decode step or tiles of up to MR for a prefill; each output the same
+// float operations whatever the tile and whatever the variant).
+//
+// Layout: rows 16 g .. 16 g + 15 of the (N, K / 32 * 34) matrix hold group g, 16 * 34 * B bytes
+// (B = K / 32 blocks a row), a byte permutation of the 16 rows' BlockQ8_0 (lossless:
+// q8_0_unrepack gives the file's bytes back):
+//   [0, 32 B)          block i's d of rows 0..15 (float16 bits) at 32 i
+//   [32 B, 544 B)      block i's unit u (0..7) of 64 bytes at 32 B + 512 i + 64 u: qs[4 u .. + 4) of rows 0..15
+// so one 64-byte load is 4 weights (32 i + 4 u + 0..3) of each of the 16 rows against 4
+// activation codes broadcast, and the scales of a block are one 32-byte load.
+//
+// The math, per row and activation row, block by block (w = d q, x' = dx c the activations
+// rounded per 32 as Q8_0 already meets them):
+//   isum = sum_32(q c)                                    (exact int32)
+//   acc  = acc + (d * dx) * float(isum)                   (two products rounded, then the sum)
+// in exactly that order in every variant: the generic Q8_0 product's own (block_format.cpp's
+// dot32), so Q8_0_X16's results are the generic C++ Q8_0 product's bits on every CPU.
+//
+// Shape legend: K inputs (K % 32 == 0), B = K / 32 blocks a row, N outputs (N % 16 == 0), M activation rows.
+#pragma once
+
+#include <stdint.h>
+#if defined(__x86_64__) || defined(_M_X64)
+#include <xmmintrin.h>
+#endif
+
+#include "q4k.h"
+
+namespace qkv {
+namespace blocks {
+namespace q8_0 {
+
+using q4k::GroupRows;
+using q4k::MR;
+using q4k::ROWS;
+constexpr int64_t Z = sizeof(BlockQ8_0);     // 34 bytes a block
+constexpr int64_t UNITS = 512;               // bytes of one block's qs in a group (16 rows x 32)
+constexpr int64_t BLOCK = ROWS * Z;          // bytes of one block of a group, its d's and qs (544)
+
+#if defined(__x86_64__) || defined(_M_X64)
+// A decode step's read-ahead: block i of a group brings its 544 bytes' share of the group,
+// AHEAD bytes on, towards the core (the groups of a part lie one after another, so the sweep
+// runs on into the next group's scales and weights).
+constexpr int64_t AHEAD = 4096;
+static inline void read_ahead(const uint8_t *group, int64_t i) {
+    const char *base = reinterpret_cast<const char *>(group) + AHEAD;
+    for (int64_t a = (BLOCK * i + 63) / 64 * 64; a < BLOCK * (i + 1); a += 64) _mm_prefetch(base + a, _MM_HINT_T0);
+}
+#endif
+
+// The Q8_0_X16 row of the format table (no per-block decode: q8_0_unrepack first).
+const Traits *traits();
+
+// rows (N, row_bytes) Q8_0 -> the groups' layout, groups [g0, g1) (and back)
+void repack(const uint8_t *rows, uint8_t *packed, int64_t row_bytes, int64_t g0, int64_t g1);
+void unrepack(const uint8_t *packed, uint8_t *rows, int64_t row_bytes, int64_t g0, int64_t g1);
+
+// What the AVX-512 kernel's unsigned weights (q + 128) need taken off again: for each block i
+// of an activation row, p[i] = -128 * sum_32(c) (exact int32).
+void offsets(const int8_t *codes, int64_t K, int32_t *p);
+
+// One group against `count` (1 .. MR) activation rows xs[0 .. count) (their offsets at
+// p[m * K / 32]: read by the AVX-512 kernel only): out[m * 16 + r], row r of the group.
+void generic_group(const uint8_t *group, int64_t K, const XRow *xs, const int32_t *p, int count, float *out);
+#if defined(__x86_64__) || defined(_M_X64)
+void avx2_group(const uint8_t *group, int64_t K, const XRow *xs, const int32_t *p, int count, float *out);
+void avx512_group(const uint8_t *group, int64_t K, const XRow *xs, const int32_t *p, int count, float *out);
+#endif
+
+}  // namespace q8_0
+}  // namespace blocks
+
+struct BlockPart;
+enum Variant : int64_t;
+
+namespace blocks {
+namespace q8_0 {
+
+// apply_blocks' share of a Q8_0_X16 part (as q4k::rows, ops.cpp).
+void rows(const BlockPart &part, const XRow *xs, int64_t M, int64_t K, int64_t ldy, int64_t n0, int64_t n1, int64_t first,
+          const float *bias, float *y, Variant v);
+
+}  // namespace q8_0
+}  // namespace blocks
+}  // namespace qkv
