@@ -59,7 +59,8 @@ from qkv.generation.constraints import Constraint
 from qkv.generation.decode_loop import Alternatives, StepToken, DecodeLoop, RowRequest, scored
 from qkv.generation.sampling import Sampling
 from qkv.runtime.prepare import DecodeSetup
-from qkv.runtime.session import PREFILL_ALIGN, DecodeSession, reusable_prefix
+from qkv.runtime.prompt_parts import PREFILL_ALIGN, reusable_prefix
+from qkv.runtime.session import DecodeSession
 from qkv.models.decoder import CausalDecoder
 from qkv.serve.engine.prefill import Prefilling, next_piece
 from qkv.serve.engine.prefix_cache import RowPrefixes
