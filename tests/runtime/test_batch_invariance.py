@@ -20,7 +20,7 @@ from qkv.models.llama import LlamaForCausalLM
 from qkv.models.configs.llama import LlamaConfig
 from qkv.runtime.native import native_kernels
 from qkv.runtime import DecodeSession, DecodeSetup, prepare_for_decoding, reusable_prefix
-from qkv.runtime.session import PREFILL_ALIGN, aligned_parts
+from qkv.runtime.prompt_parts import PREFILL_ALIGN, aligned_parts
 from qkv.serve.engine.batching import Engine, Finished
 
 PRECISIONS = ["float32", "int8", "int4"]

@@ -139,7 +139,7 @@ def test_other_cache_kinds_run_the_modules_and_compile_them_once(kind_name: str)
     assert torch.equal(generate(model, prompt, 24, setup=setup), generate(reference, prompt, 24))  # static again: fused
 
 
-def test_calls_with_gradients_or_prompts_run_the_modules() -> None:
+def test_calls_with_gradients_masks_or_other_dtypes_run_the_modules() -> None:
     fused, _, setup = _pair("llama", "float32")
     x = torch.zeros(1, 1, 64)
     with DecodeSession(fused, capacity=64, setup=setup) as session:
@@ -147,10 +147,76 @@ def test_calls_with_gradients_or_prompts_run_the_modules() -> None:
         assert layers is not None and session.runs_native
         with torch.inference_mode():
             assert layers.takes(x, torch.tensor([0]), None)
-            assert not layers.takes(torch.zeros(1, 3, 64), torch.arange(3), None)  # a prompt
+            assert not layers.takes(torch.zeros(1, 3, 64), torch.arange(3), None)  # a prompt: `prompt` runs it
+            assert layers.takes_prompts()
             assert not layers.takes(x, torch.tensor([0]), torch.ones(1, 1, 1, 64, dtype=torch.bool))
             assert not layers.takes(x.bfloat16(), torch.tensor([0]), None)
-        assert not layers.takes(x, torch.tensor([0]), None)  # gradients on
+        assert not layers.takes(x, torch.tensor([0]), None) and not layers.takes_prompts()  # gradients on
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_prompt_piece_is_one_native_call_giving_the_module_logits_and_caches(family: str) -> None:
+    """A prompt through the native layers (its tokens as rows of one cache row, stack.cpp): one
+    `qkv::stack_step` a piece and no PyTorch attention, giving the modules' logits (the last
+    token's, and every position's after a kept prefix) and the modules' keys and values. Its
+    rows are computed alone, so the prompt prefilled whole and in two pieces agree bit for bit."""
+    from qkv.attention.caches.kv_cache import SlotKVCache
+
+    fused, modules, setup = _pair(family, "float32")
+    prompt = torch.tensor([3, 14, 15, 92, 65, 35, 89, 79, 32, 38])
+    runs = []
+    for model, how in ((fused, setup), (modules, None)):
+        with torch.inference_mode(), DecodeSession(model, batch_size=3, capacity=64, kind=SlotKVCache,
+                                                   setup=how) as session:
+            with torch.profiler.profile() as profile:
+                last = session.prefill_row(2, prompt)  # (V,)
+                session.prefill_row(0, prompt[:4])
+                every = session.prefill_row_all(0, prompt[4:], start=4)  # (6, V), positions 4..9
+            ops = {event.name for event in profile.events()}
+            caches = [(c.k_cache[[0, 2], :, :10].clone(), c.v_cache[[0, 2], :, :10].clone()) for c in session.caches]
+        runs.append((last, every, caches, ops))
+    (last, every, caches, ops), (want_last, want_every, want_caches, module_ops) = runs
+    assert "qkv::stack_step" in ops and not any("scaled_dot_product" in op for op in ops)
+    assert "qkv::stack_step" not in module_ops
+    torch.testing.assert_close(last, want_last, rtol=0, atol=_tolerance("float32", want_last))
+    torch.testing.assert_close(every, want_every, rtol=0, atol=_tolerance("float32", want_every))
+    for (keys, values), (want_keys, want_values) in zip(caches, want_caches):
+        torch.testing.assert_close(keys, want_keys, rtol=0, atol=1e-4)
+        torch.testing.assert_close(values, want_values, rtol=0, atol=1e-4)
+        assert torch.equal(keys[0], keys[1]) and torch.equal(values[0], values[1])  # two pieces = whole
+    assert torch.equal(every[-1], last)
+
+
+@pytest.mark.parametrize("precision", ["float32", "int8", "int4"])
+def test_a_native_prompt_is_its_tokens_decoded_one_at_a_time_bit_for_bit(precision: str) -> None:
+    """The native prompt path is the decode step's math, not an approximation of it: a prompt
+    prefilled natively gives, at every position, the logits, keys and values that native decode
+    steps give fed its tokens one at a time, bit for bit; several rows' prompts in one call
+    (`prefill_rows`) give what each gives alone. Against the modules, the bound is int4's
+    rounding (`_tolerance`; qkv.runtime.layer_step's docstring), as for the decode steps."""
+    from qkv.attention.caches.kv_cache import SlotKVCache
+
+    fused, modules, setup = _pair("llama", precision)
+    prompt = torch.tensor([3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26, 43, 38, 32, 79, 50, 28, 84, 19])
+    t = prompt.shape[0]
+    with torch.inference_mode(), DecodeSession(fused, batch_size=4, capacity=64, kind=SlotKVCache,
+                                               setup=setup) as session:
+        every = session.prefill_row_all(0, prompt)  # (T, V): row t scores the token after prompt[t]
+        session.prefill_row(1, prompt[:1])
+        steps = torch.stack([session.decode(token[None], rows=[1])[0] for token in prompt[1:]])  # (T - 1, V)
+        with torch.profiler.profile() as profile:
+            together = session.prefill_rows([(2, prompt, 0), (3, prompt[:7], 0)])
+        assert [event.name for event in profile.events()].count("qkv::stack_step") == 1  # both rows in one call
+        caches = [(c.k_cache[:, :, :t].clone(), c.v_cache[:, :, :t].clone()) for c in session.caches]
+    assert torch.equal(every[1:], steps)
+    assert torch.equal(together[0], every[-1]) and torch.equal(together[1], every[6])
+    for keys, values in caches:
+        assert torch.equal(keys[0], keys[1]) and torch.equal(values[0], values[1])  # prefilled = decoded
+        assert torch.equal(keys[0], keys[2]) and torch.equal(values[0], values[2])  # with another row = alone
+        assert torch.equal(keys[0, :, :7], keys[3, :, :7])
+    with torch.inference_mode(), DecodeSession(modules, capacity=64, kind=SlotKVCache) as session:
+        want = session.prefill_row_all(0, prompt)  # (T, V)
+    torch.testing.assert_close(every, want, rtol=0, atol=_tolerance(precision, want))
 
 
 def test_models_the_kernels_cannot_run_whole_are_not_fused() -> None:

@@ -169,6 +169,17 @@ def test_a_ring_decodes_and_rewinds_natively_as_through_the_modules() -> None:
         torch.testing.assert_close(k_native, k_modules, rtol=0, atol=1e-5)
 
 
+def test_prompts_on_rings_run_the_modules_and_decode_steps_the_native_layers() -> None:
+    """A prompt's later tokens would overwrite ring slots its earlier queries still read, so a
+    session holding rings prefills through the modules (the decode steps stay native)."""
+    native, _, setup = _pair("gemma3", "float32")
+    with torch.inference_mode(), DecodeSession(native, capacity=64, setup=setup) as session:
+        layers = session._native
+        assert layers is not None and any(isinstance(cache, WindowKVCache) for cache in session.caches)
+        assert layers.takes(torch.zeros(1, 1, 64), torch.tensor([0]), None)
+        assert not layers.takes_prompts()
+
+
 def test_a_ring_shorter_than_the_window_decodes_natively() -> None:
     """A session of fewer positions than the window keeps a ring of its capacity; the kernel
     writes it as the ring does, and refuses positions past it."""

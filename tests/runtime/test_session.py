@@ -84,7 +84,7 @@ def test_a_copied_row_continues_as_its_own_prefill_would() -> None:
 
 
 def test_a_prompts_pieces_run_the_head_on_one_position_each() -> None:
-    """prefill_row's aligned pieces (runtime.session.PREFILL_ALIGN) before the last keep only
+    """prefill_row's aligned pieces (runtime.prompt_parts.PREFILL_ALIGN) before the last keep only
     their cache: the head never multiplies a piece's every position."""
     model = tiny_llama()
     rows_through_head: list[int] = []
@@ -106,7 +106,7 @@ def test_a_prompts_next_token_logits_are_computed_alone_as_they_are_among_all() 
     torch.manual_seed(0)
     gpt2 = GPT2Decoder(GPTConfig(vocab_size=97, context_length=128, emb_dim=32, n_heads=4, n_layers=2,
                                  drop_rate=0.0, qkv_bias=True)).eval()
-    ids = torch.randint(0, 97, (100,))  # more than one aligned piece (runtime.session.PREFILL_ALIGN)
+    ids = torch.randint(0, 97, (100,))  # more than one aligned piece (runtime.prompt_parts.PREFILL_ALIGN)
     for model in (tiny_llama(), gpt2):
         with DecodeSession(model, batch_size=2, capacity=120, kind=SlotKVCache) as session:
             last = session.prefill_row(0, ids)

@@ -34,7 +34,7 @@ from qkv.attention.caches.sink_cache import SinkKVCache
 from qkv.errors import QkvError
 from qkv.generation import Sampling, continue_from
 from qkv.runtime import DecodeSession, DecodeSetup, cache_capacity, reusable_prefix
-from qkv.runtime.session import common_prefix
+from qkv.runtime.prompt_parts import common_prefix
 from qkv.models.decoder import CausalDecoder
 
 if TYPE_CHECKING:

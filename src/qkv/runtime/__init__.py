@@ -15,7 +15,8 @@ Models are pure (qkv.models): they hold weights, never caches or fast paths. Gen
 from qkv.runtime.prepare import (
     DecodeSetup, PreparedModel, load_dtype, load_for_generation, prepare_for_decoding,
 )
-from qkv.runtime.session import STEPS, DecodeSession, aligned_parts, cache_capacity, reusable_prefix
+from qkv.runtime.prompt_parts import aligned_parts, reusable_prefix
+from qkv.runtime.session import STEPS, DecodeSession, cache_capacity
 
 __all__ = [
     "STEPS", "DecodeSession", "DecodeSetup", "PreparedModel", "aligned_parts", "cache_capacity", "load_dtype",

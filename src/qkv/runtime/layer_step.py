@@ -24,20 +24,33 @@ the C++.
     step = NativeLayerStep.for_model(model)   # qkv.runtime.prepare.prepare_for_decoding does this
     # then: step.bound_to(model, caches) per session (qkv.runtime.session); None: the modules run
     logits = bound(x, positions)              # (B, 1, C) -> (B, 1, V), one native call
+    logits = bound.prompt(x, positions, rows, wanted)   # prompt tokens (M, C) of any cache rows -> (R, V)
 
-Which calls it takes: one new token per row, float32, no gradients, no extra mask, and
-caches whose kind gives `kernel_buffers()` (StaticKVCache, SlotKVCache) or is a sliding-window
-ring (`WindowKVCache.kernel_ring()`: the kernel writes slot p mod W and keeps the ring's key
-positions, as the ring's own `update` does); other kinds and prompts run the layers as
-modules. A session that records the modules with hooks (a trace, `qkv.trace`) asks the
-runtime for the module step (`step="modules"`), so its hooks see every step.
+Which calls it takes: one new token per row (a decode step), or prompt tokens of any cache
+rows, each prompt's at consecutive positions (`prompt`: several prompts' pieces in one call,
+the head run on the tokens asked for only), float32, no gradients, no extra mask, and caches
+whose kind gives `kernel_buffers()` (StaticKVCache, SlotKVCache) or, for decode steps only, is
+a sliding-window ring (`WindowKVCache.kernel_ring()`: the kernel writes slot p mod W and keeps
+the ring's key positions, as the ring's own `update` does); other kinds, and prompts on rings,
+run the layers as modules. A session that records the modules with hooks (a trace, `qkv.trace`)
+asks the runtime for the module step (`step="modules"`), so its hooks see every step.
 
 The math is the layers': the same weights through the same kernels (`qkv::int4_linear`'s
 activation rounding included) in the same order, so its logits match the module path to
-float rounding (tests/runtime/test_layer_step.py and test_native_families.py; with int4,
-to the rounding of an activation that lands on a step boundary).
+float rounding (tests/runtime/test_layer_step.py and test_native_families.py). Where the
+activations are rounded (int4, and the GGUF block types: to int8 steps per block of inputs)
+that bound is looser than it sounds, because rounding is not continuous: the modules' float32
+RMSNorm (PyTorch's summation order) and the kernel's (double sums) differ in the last bit, and
+an activation that lies on a step boundary then moves by a whole step (1/127 of its block's
+largest), a difference the later tokens' attention carries on. On SmolLM2's Q4_1 file the two
+paths' logits for a chat prompt differ by up to about 2, decode steps and
+prompts alike (2026-12-03), which can change a greedy answer; neither path is the other's
+approximation, both are the precision's math. A prompt through `prompt` gives what the decode
+steps give for its tokens one at a time, bit for bit (test_layer_step.py), so a prompt and its
+answer run one computation.
 
-Shape legend: B batch (rows), C hidden size, H query heads, D head size.
+Shape legend: B batch (rows), M prompt tokens of a call, R tokens whose logits are wanted, C
+hidden size, V vocabulary.
 """
 
 from __future__ import annotations
@@ -179,9 +192,14 @@ class NativeLayerStep:
         self._cache, self._model = caches[0], model
 
     def takes(self, x: Tensor, positions: Tensor, mask: Tensor | None) -> bool:
-        """Whether a call with these inputs is a decode step the layer step run."""
+        """Whether a call with these inputs is a decode step the native layers run (one token a row)."""
         return (self._stack is not None and mask is None and x.shape[1] == 1 and x.dtype == torch.float32
                 and x.device.type == "cpu" and not torch.is_grad_enabled() and positions.numel() in (1, x.shape[0]))
+
+    def takes_prompts(self) -> bool:
+        """Whether prompt tokens may run natively (`prompt`): not with gradients, nor on a
+        sliding-window ring, whose later slots would overwrite keys its earlier queries still read."""
+        return self._stack is not None and not self._stack.rings and not torch.is_grad_enabled()
 
     @property
     def runs_head(self) -> bool:
@@ -192,35 +210,55 @@ class NativeLayerStep:
         """x (B, 1, C), positions (1,) or (B, 1) -> logits (B, 1, V): every layer and the head in
         one `qkv::stack_step` (the head in PyTorch where the kernel cannot run it); the caches
         hold the new keys and values (in the cache rows the call carries: `kernel_rows`)."""
-        assert self._stack is not None and self._cache is not None and self._model is not None
+        assert self._stack is not None and self._cache is not None
         b, _, c = x.shape
-        hidden = x.reshape(b, c).contiguous()  # (B, C)
         where = positions.reshape(-1).to(torch.int64).expand(b).contiguous()  # (B,)
-        rows = self._cache.kernel_rows()  # (B,) cache rows, or None: row r is cache row r
-        out = torch.ops.qkv.stack_step.default(self._stack.handle, hidden, where, rows)  # (B, V) or (B, C)
+        return self._run(x.reshape(b, c), where, self._cache.kernel_rows(), None)[:, None]  # (B, 1, V)
+
+    def prompt(self, x: Tensor, positions: Tensor, rows: Tensor, wanted: Tensor | None) -> Tensor:
+        """Prompt tokens of any cache rows in one `qkv::stack_step`: token i, x[i] (M, C) float32,
+        goes at positions[i] (M,) of cache row rows[i] (M,) -> the logits of the tokens `wanted`
+        (R,) names (each prompt's last, say: the head over every token is most of a short
+        prompt's work on a large vocabulary), (R, V), or every token's, (M, V). Every layer
+        writes all the tokens' keys and values before any of them attends (stack.cpp), so a
+        token sees its prompt's keys up to its own position: what the decode steps would give
+        for the same tokens one at a time, bit for bit, since each token is computed alone."""
+        return self._run(x, positions.to(torch.int64), rows.to(torch.int64), wanted)
+
+    def _run(self, x: Tensor, positions: Tensor, rows: Tensor | None, wanted: Tensor | None) -> Tensor:
+        """x (M, C) at positions (M,) of cache rows (M,) (None: row i is cache row i) -> (M or R, V)."""
+        assert self._stack is not None and self._model is not None
+        hidden = x.contiguous()  # (M, C)
+        head_rows = None if wanted is None else wanted.to(torch.int64).contiguous()  # (R,)
+        out = torch.ops.qkv.stack_step.default(self._stack.handle, hidden, positions.contiguous(),
+                                               None if rows is None else rows.contiguous(),
+                                               head_rows if self._stack.has_head else None)
         if self._stack.has_head:
-            return out.reshape(b, 1, -1)  # (B, 1, V)
-        return self._model.head(out.reshape(b, 1, c))  # (B, 1, V)
+            return out  # (M or R, V)
+        states = out if head_rows is None else out.index_select(0, head_rows)  # (M or R, C)
+        return self._model.head(states[None])[0]  # (M or R, V)
 
 
 @dataclass(frozen=True)
 class _Stack:
     handle: int  # qkv::stack_open's
     has_head: bool
+    rings: bool  # some layer's cache is a sliding-window ring: prompts run the modules
 
 
 def _open_stack(hidden: int, layers: list[tuple[tuple[Any, ...], Tensor | None]], head: HeadParts | None) -> _Stack:
     """The layers (and the head, where the kernel can run it) bound once as one native stack."""
     handle = int(torch.ops.qkv.stack_open.default())
+    rings = any(ring is not None for _, ring in layers)
     try:
         for arguments, ring in layers:
             torch.ops.qkv.stack_add_layer.default(handle, hidden, *arguments, ring)
         head_linear = None if head is None else linear_tensors(head.head)
         if head is None or head_linear is None or any(t.dtype != torch.float32 for t in head.norm_tensors):
-            return _Stack(handle, False)
+            return _Stack(handle, False, rings)
         kind, norm = packed_norm(head.norm, head.norm_tensors)
         torch.ops.qkv.stack_set_head.default(handle, kind, head.norm.eps, norm, head_linear, head.softcap or 0.0)
-        return _Stack(handle, True)
+        return _Stack(handle, True, rings)
     except BaseException:
         torch.ops.qkv.stack_close.default(handle)
         raise

@@ -27,7 +27,13 @@ graph for the cache's whole capacity.
 
 Prompts (compute-bound, large products) run eagerly even on a compiled model, through
 `torch.compiler.set_stance("force_eager")` where PyTorch has it; only the decode steps
-run compiled, which keeps the compiled graphs to one shape family.
+run compiled, which keeps the compiled graphs to one shape family. Where the native layers
+run, a prompt runs natively too (`NativeLayerStep.prompt`: its tokens as rows of the row's
+cache), one call instead of some 40 PyTorch operations a layer around the products (a busy
+core stretches each to milliseconds), and it computes what the decode steps would for its
+tokens one at a time, bit for bit; `prefill_rows` prefills several rows' prompts in one such
+call. Prompts on a sliding-window ring, and every call of a session running the modules, go
+through the modules in aligned parts (PREFILL_ALIGN).
 
 Shape legend: B batch, T prompt tokens, S cache capacity, V vocabulary.
 """
@@ -48,6 +54,7 @@ from qkv.errors import QkvError
 from qkv.models.decoder import CausalDecoder
 from qkv.runtime.layer_step import NativeLayerStep
 from qkv.runtime.prepare import DecodeSetup
+from qkv.runtime.prompt_parts import aligned_parts
 
 STEPS = ("auto", "native", "modules")
 
@@ -58,38 +65,6 @@ SMALLEST_CAPACITY = 256
 
 
 ROW_REACH_STEP = 64  # calls on some slot rows read keys up to a multiple of this
-
-# Prompts are prefilled in parts that begin and end at multiples of this many positions
-# (the last part ends with the prompt). A part's numbers depend only on its tokens and what the
-# cache holds before it, never on how long the rest of the prompt is (the matrix products and
-# the attention kernel choose their blocking by the row count), so a prompt prefilled whole,
-# after a kept prefix, alone or in a server's slot writes the same numbers.
-PREFILL_ALIGN = 64
-
-
-def aligned_parts(start: int, end: int, align: int = PREFILL_ALIGN) -> list[tuple[int, int]]:
-    """[start, end) cut at the multiples of `align`: the parts a prompt is prefilled in."""
-    cuts = [start, *range((start // align + 1) * align, end, align), end]
-    return list(zip(cuts[:-1], cuts[1:]))
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """How many leading tokens `a` and `b` share."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-def reusable_prefix(length: int, held: int) -> int:
-    """How many of the `held` leading positions of a `length`-token prompt a prefill may keep
-    (rather than compute again) and still write what a whole prefill of the prompt writes:
-    the whole parts (PREFILL_ALIGN) among them, leaving at least the last token to compute.
-    Positions written by decode steps are not whole parts: a server keeps prompts only."""
-    return (min(held, length - 1) // PREFILL_ALIGN) * PREFILL_ALIGN if length > 0 else 0
-
 
 def cache_capacity(tokens: int, context_length: int) -> int:
     """The capacity a session allocates for `tokens` positions: the next power of two, at
@@ -225,6 +200,26 @@ class DecodeSession:
             return self.model(ids, positions=positions, caches=self.caches, last_only=True)
         return self.model(ids, positions=positions, caches=self.caches)
 
+    def _prompt_layers(self) -> NativeLayerStep | None:
+        """The native layers, when they may run this session's prompts (not on rings)."""
+        native = self._native
+        return native if native is not None and native.takes_prompts() else None
+
+    def _native_prompts(self, native: NativeLayerStep, pieces: list[tuple[int, Tensor, int]],
+                        wanted: list[int] | None) -> Tensor:
+        """Pieces (cache row, ids (t,), start) through `native` in one call -> the logits of
+        token wanted[i] of piece i, (pieces, V), or of every token, (sum t, V), for None."""
+        xs, where, rows, picked, first = [], [], [], [], 0
+        for i, (row, ids, start) in enumerate(pieces):
+            positions = torch.arange(start, start + ids.shape[0], device=self.device)  # (t,)
+            xs.append(self.model.embed(ids.to(self.device)[None], positions)[0])  # (t, C)
+            where.append(positions)
+            rows.append(torch.full_like(positions, row))
+            picked.append(first + (wanted[i] if wanted is not None else 0))
+            first += ids.shape[0]
+        heads = torch.tensor(picked, device=self.device) if wanted is not None else None  # (pieces,)
+        return native.prompt(torch.cat(xs), torch.cat(where), torch.cat(rows), heads)
+
     def cache_nbytes(self) -> int:
         """Bytes held by this session's KV caches."""
         return sum(cache.nbytes for cache in self.caches)
@@ -292,14 +287,19 @@ class DecodeSession:
             raise QkvError(f"prompts longer than {chunk} tokens are prefilled in parts, which needs rows "
                            "of equal length; prefill them one at a time")
         with torch.inference_mode(), _eager_prompts():
-            for begin, end in parts:
-                positions = torch.arange(begin, end, device=self.device)  # (t',)
-                logits = self._forward(ids[:, begin - start:end - start].to(self.device), positions)  # (B, t', V)
+            native = self._prompt_layers() if chunk is None else None
+            if native is not None:  # every row's tokens (its padding too, as the modules write it) in one call
+                out = self._native_prompts(native, [(r, ids[r], start) for r in range(b)], [n - 1 for n in lengths])
+            else:
+                for begin, end in parts:
+                    positions = torch.arange(begin, end, device=self.device)  # (t',)
+                    logits = self._forward(ids[:, begin - start:end - start].to(self.device), positions)  # (B, t', V)
+                skipped = t - logits.shape[1]  # tokens of earlier parts
+                last = torch.tensor([n - 1 - skipped for n in lengths], device=self.device)  # (B,)
+                out = logits[torch.arange(b, device=self.device), last]  # (B, V)
         self.lengths = [start + n for n in lengths]
-        skipped = t - logits.shape[1]  # tokens of earlier parts
-        last = torch.tensor([n - 1 - skipped for n in lengths], device=self.device)  # (B,)
         self._next = self._positions()
-        return logits[torch.arange(b, device=self.device), last]  # (B, V)
+        return out  # (B, V)
 
     def prefill_scores(self, ids: Tensor) -> Tensor:
         """One row's next tokens ids (T,) after what it holds -> the logits at each of them,
@@ -311,10 +311,14 @@ class DecodeSession:
         self._need(start + ids.shape[0])
         positions = torch.arange(start, start + ids.shape[0], device=self.device)  # (T,)
         with torch.inference_mode(), _eager_prompts():
-            logits = self._forward(ids.to(self.device)[None], positions)  # (1, T, V)
+            native = self._prompt_layers()
+            if native is not None:
+                scores = self._native_prompts(native, [(0, ids, start)], None)  # (T, V)
+            else:
+                scores = self._forward(ids.to(self.device)[None], positions)[0]  # (T, V)
         self.lengths = [start + ids.shape[0]]
         self._next = None
-        return logits[0]  # (T, V)
+        return scores  # (T, V)
 
     def prefill_row(self, row: int, ids: Tensor, *, start: int = 0) -> Tensor:
         """Start row `row` afresh with one request's prompt ids (T,), leaving the other rows
@@ -329,25 +333,57 @@ class DecodeSession:
         positions (a prompt prefix the row holds already, qkv.serve.engine.prefix_cache)."""
         return self._prefill_row(row, ids, start, last_only=False)
 
-    def _prefill_row(self, row: int, ids: Tensor, start: int, *, last_only: bool) -> Tensor:
-        """The prompt through the model in aligned pieces; last_only: the head runs on each piece's
-        last position only and the prompt's is returned (the head over a 512-token prompt, or
-        over every piece but the last, is most of a prefill's work on a large vocabulary), (1, V);
-        else (T, V)."""
+    def prefill_rows(self, pieces: list[tuple[int, Tensor, int]]) -> list[Tensor]:
+        """Several rows' prompt pieces at once, each (row, ids (t,), start) as `prefill_row` takes
+        them, on distinct rows -> each piece's last token's logits, (V,) each. Where the native
+        layers run the prompts they all go in one call, the weights read once for every row (a
+        server's prompts that arrive together), and each piece's numbers are its own
+        `prefill_row`'s, since each token is computed alone; else one `prefill_row` each."""
         self._check_open()
+        if len({row for row, _, _ in pieces}) != len(pieces):
+            raise QkvError(f"prefill_rows takes pieces of distinct rows, got rows {[row for row, _, _ in pieces]}")
+        with torch.inference_mode():
+            native = self._prompt_layers()
+        if native is None or len(pieces) < 2:
+            return [self.prefill_row(row, ids, start=start) for row, ids, start in pieces]
+        for row, ids, start in pieces:
+            self._check_piece(row, ids, start)
+        with torch.inference_mode():
+            logits = self._native_prompts(native, pieces, [ids.shape[0] - 1 for _, ids, _ in pieces])  # (pieces, V)
+        for row, ids, start in pieces:
+            self.lengths[row] = start + ids.shape[0]
+        self._next = None
+        return list(logits)
+
+    def _check_piece(self, row: int, ids: Tensor, start: int) -> None:
+        if self.kind is not SlotKVCache:
+            raise QkvError("calls on some rows of the batch need a session with kind=SlotKVCache")
         if not 0 <= row < self.batch_size or ids.dim() != 1 or ids.shape[0] < 1 or start < 0:
             raise QkvError(f"prefill_row takes a row in 0..{self.batch_size - 1}, ids (T,) and start >= 0, got row "
                            f"{row}, ids of shape {tuple(ids.shape)}, start {start}")
+        self._need(start + ids.shape[0])
+
+    def _prefill_row(self, row: int, ids: Tensor, start: int, *, last_only: bool) -> Tensor:
+        """The prompt through the native layers in one call, or through the model in aligned
+        pieces; last_only: the head runs on the last position only (of each piece, through the
+        model) and the prompt's is returned (the head over a 512-token prompt, or over every
+        piece but the last, is most of a prefill's work on a large vocabulary), (1, V); else (T, V)."""
+        self._check_open()
+        self._check_piece(row, ids, start)
         end = start + ids.shape[0]
-        self._need(end)
         pieces = []
         with torch.inference_mode(), _eager_prompts():
-            for begin, stop in aligned_parts(start, end):  # positions [begin, stop)
-                positions = torch.arange(begin, stop, device=self.device)  # (t',)
-                with self._on_rows([row], reach=stop):
-                    # last_only: a piece before the last keeps only its cache, one position through the head
-                    pieces.append(self._forward(ids[begin - start:stop - start].to(self.device)[None], positions,
-                                                last_only=last_only)[0])
+            native = self._prompt_layers()
+            if native is not None:
+                wanted = [ids.shape[0] - 1] if last_only else None
+                pieces.append(self._native_prompts(native, [(row, ids, start)], wanted))  # (1 or T, V)
+            else:
+                for begin, stop in aligned_parts(start, end):  # positions [begin, stop)
+                    positions = torch.arange(begin, stop, device=self.device)  # (t',)
+                    with self._on_rows([row], reach=stop):
+                        # last_only: a piece before the last keeps only its cache, one position through the head
+                        pieces.append(self._forward(ids[begin - start:stop - start].to(self.device)[None], positions,
+                                                    last_only=last_only)[0])
         self.lengths[row] = end
         self._next = None
         if last_only:

@@ -118,6 +118,10 @@ class TensorParallelLayerStep:
         return (self._layers is not None and mask is None and x.shape[1] == 1 and x.dtype == torch.float32
                 and x.device.type == "cpu" and not torch.is_grad_enabled() and positions.numel() in (1, x.shape[0]))
 
+    def takes_prompts(self) -> bool:
+        """Prompts run the modules (their collectives are the modules' own), never these layers."""
+        return False
+
     def __call__(self, x: Tensor, positions: Tensor) -> Tensor:
         """x (B, 1, C) (the embedding, all-reduced), positions (1,) or (B, 1) -> logits (B, 1, V)."""
         assert self._layers is not None and self._cache is not None and self._model is not None

@@ -145,6 +145,26 @@ def test_a_seeded_request_samples_the_same_whatever_runs_beside_it(tiny_folder: 
     assert beside[0] == _alone(model, others[0][0], 16, ())  # the greedy neighbour is qkv.generate's answer
 
 
+def test_prompts_that_arrive_together_prefill_in_one_native_call_and_answer_as_alone(tiny_folder: Path) -> None:
+    """A step's prompt pieces go to the native layers together (`DecodeSession.prefill_rows`),
+    each row's numbers its own: every answer is the prompt's alone through qkv.generate."""
+    from qkv.runtime.prepare import prepare_for_decoding
+
+    model, tokenizer = load_pretrained(tiny_folder)
+    setup = prepare_for_decoding(model, precision="float32", compile=True)
+    assert setup.layer_step is not None
+    prompts = [tokenizer.encode(p).ids for p in PROMPTS[:4]]
+    engine = Engine(model, max_batch=4, capacity=64, setup=setup, prefill_budget=256)  # every prompt in one step
+    engine.start()
+    try:
+        assert engine.session.runs_native
+        got = _run_jobs(engine, [(ids, Sampling()) for ids in prompts], 8)
+    finally:
+        engine.stop()
+    assert got == [generate(model, torch.tensor([ids]), 8, setup=setup)[0, len(ids):].tolist() for ids in prompts]
+    assert engine.stats.prefill_chunks == len(prompts)
+
+
 class RecordingOutbox:
     """An Outbox (qkv.serve.engine.batching) that keeps each hand-off."""
 

@@ -11,7 +11,7 @@ import torch
 
 from qkv.generation.sampling import Sampling
 from qkv.models.loader import load_pretrained
-from qkv.runtime.session import PREFILL_ALIGN
+from qkv.runtime.prompt_parts import PREFILL_ALIGN
 from qkv.serve.engine.batching import Engine, Finished, Job
 from qkv.serve.engine.prefill import Prefilling, next_piece
 

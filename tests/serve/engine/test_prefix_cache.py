@@ -11,7 +11,8 @@ import torch
 from qkv.attention.caches.kv_cache import SlotKVCache
 from qkv.generation import generate
 from qkv.generation.sampling import Sampling
-from qkv.runtime.session import PREFILL_ALIGN, DecodeSession, reusable_prefix
+from qkv.runtime.prompt_parts import PREFILL_ALIGN, reusable_prefix
+from qkv.runtime.session import DecodeSession
 from qkv.models.loader import load_pretrained
 from qkv.serve.engine.batching import Engine, Finished
 from qkv.serve.engine.prefix_cache import RowPrefixes, common_prefix

@@ -14,7 +14,9 @@ request takes a free row, and its prompt is prefilled in pieces between decode s
 most PREFILL_BUDGET prompt tokens per step (one PREFILL_ALIGN part), the prompt with the
 fewest tokens left first (qkv.serve.engine.prefill): a long prompt never stalls the running
 streams, a short one is not stuck behind it, and of prompts that arrive together the first
-prefilled gets its first token after its own prefill, not after all of theirs. Then the decoding rows (only those) decode one token per step, each
+prefilled gets its first token after its own prefill, not after all of theirs. The pieces of
+one step go in one call (`DecodeSession.prefill_rows`: one native call, each row's numbers its
+own). Then the decoding rows (only those) decode one token per step, each
 at its own position, all rows' tokens chosen in one pass (qkv.generation.sampling.choose_rows),
 and a request leaves as soon as it stops, reaches max_tokens or is cancelled. Each step's
 events are handed off once (an `Outbox` per event loop, or `emit` per job), as soon as its
@@ -59,7 +61,8 @@ from qkv.generation.constraints import Constraint
 from qkv.generation.decode_loop import Alternatives, StepToken, DecodeLoop, RowRequest, scored
 from qkv.generation.sampling import Sampling
 from qkv.runtime.prepare import DecodeSetup
-from qkv.runtime.session import PREFILL_ALIGN, DecodeSession, reusable_prefix
+from qkv.runtime.prompt_parts import PREFILL_ALIGN, reusable_prefix
+from qkv.runtime.session import DecodeSession
 from qkv.models.decoder import CausalDecoder
 from qkv.serve.engine.prefill import Prefilling, next_piece
 from qkv.serve.engine.prefix_cache import RowPrefixes
@@ -367,26 +370,38 @@ class Engine:
 
     def _prefill_pieces(self) -> None:
         """Prefill prompt pieces within the step's budget, the fewest tokens left first
-        (qkv.serve.engine.prefill); a prompt done joins the decode loop, and its first token
-        is chosen and handed off in this step's decode."""
+        (qkv.serve.engine.prefill), the pieces whose next token is all that is wanted in one
+        call (`DecodeSession.prefill_rows`: one native call for all of them, each row's numbers
+        its own); a prompt done joins the decode loop, and its first token is chosen and handed
+        off in this step's decode."""
         budget = whole = self.prefill_budget
-        while (piece := next_piece(self._prefilling, budget, first=budget == whole)) is not None:
+        planned: dict[int, int] = {}  # row -> where this step's piece of its prompt ends
+        while (piece := next_piece({r: s for r, s in self._prefilling.items() if r not in planned}, budget,
+                                   first=budget == whole)) is not None:
             row, end = piece
-            state = self._prefilling[row]
-            job = state.job
-            ids = torch.tensor(job.prompt[state.done:end], dtype=torch.long)  # (t,)
-            if job.score_prompt:  # the prompt's own tokens are scored: every position's logits
-                logits = self.session.prefill_row_all(row, ids, start=state.done)  # (t, V)
-            else:  # only the next token's: the head runs on the last position alone
-                logits = self.session.prefill_row(row, ids, start=state.done)[None]  # (1, V)
+            planned[row] = end
+            budget -= end - self._prefilling[row].done
+        together = [row for row in planned if not self._prefilling[row].job.score_prompt]
+        lasts = self.session.prefill_rows([self._piece(row, planned[row]) for row in together])
+        results = dict(zip(together, (last[None] for last in lasts)))  # row -> (1, V)
+        for row in planned:
+            if row not in results:  # the prompt's own tokens are scored: every position's logits
+                _, ids, start = self._piece(row, planned[row])
+                results[row] = self.session.prefill_row_all(row, ids, start=start)  # (t, V)
+        for row, end in planned.items():
+            state, logits = self._prefilling[row], results[row]
             self.stats.prefill_chunks += 1
-            budget -= end - state.done
             state.done = end
-            if job.score_prompt:
+            if state.job.score_prompt:
                 state.pieces.append(logits)
             if state.left == 0:
                 del self._prefilling[row]
                 self._prefilled(row, state, logits[-1:])
+
+    def _piece(self, row: int, end: int) -> tuple[int, torch.Tensor, int]:
+        """Row `row`'s prompt piece up to `end`: (row, ids (t,), start)."""
+        state = self._prefilling[row]
+        return row, torch.tensor(state.job.prompt[state.done:end], dtype=torch.long), state.done
 
     def _prefilled(self, row: int, state: Prefilling[Job], last: torch.Tensor) -> None:
         """Row `row` holds its whole prompt; `last` (1, V) are its last token's logits."""

@@ -1,7 +1,7 @@
 """Chunked prefill: which prompt piece the engine prefills next, between two decode steps.
 
 A prompt is prefilled in pieces that end on PREFILL_ALIGN boundaries (or at the prompt's
-end), the same parts a whole prefill computes (qkv.runtime.session.aligned_parts), so its
+end), the same parts a whole prefill computes (qkv.runtime.prompt_parts.aligned_parts), so its
 keys, values and logits are what one call would give. Between two decode steps the engine
 prefills at most `budget` prompt tokens (at least one part, when nothing else was), the
 prompt with the fewest tokens left first: a short prompt that arrives while a long one is
@@ -18,7 +18,7 @@ from typing import Generic, TypeVar
 
 from torch import Tensor
 
-from qkv.runtime.session import PREFILL_ALIGN
+from qkv.runtime.prompt_parts import PREFILL_ALIGN
 
 J = TypeVar("J")
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import itertools
 
-from qkv.runtime.session import common_prefix
+from qkv.runtime.prompt_parts import common_prefix
 
 
 class RowPrefixes:

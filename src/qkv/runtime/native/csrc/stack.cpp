@@ -8,12 +8,20 @@
 //   h = qkv::stack_open()                                          -> a handle (int)
 //   qkv::stack_add_layer(h, C, spec, vectors, qkv, o, up, down, k_cache!, v_cache!, lengths!, key_positions!?)
 //   qkv::stack_set_head(h, norm_kind, eps, norm [weight, bias?], head [linear], softcap)   (optional)
-//   qkv::stack_step(h, x (B, C), positions (B,), rows (B,)?)       -> logits (B, V), or (B, C) without a head
+//   qkv::stack_step(h, x (B, C), positions (B,), rows (B,)?, head_rows (R,)?)
+//                                                                  -> logits (B or R, V), or (B, C) without a head
 //   qkv::stack_close(h)
 //
 // The math is layer.cpp's run_layer per layer, in order, then norm(x) and the head's product
 // (then cap * tanh(logits / cap) where softcap > 0): what the layers as separate calls and the
 // model's own head compute. The kept tensors (weights, caches) live until stack_close.
+//
+// Rows of x may share a cache row at consecutive positions: a prompt's tokens, whose keys and
+// values every layer writes before any of its queries attends (run_layer), so query p sees the
+// prompt's keys up to p as a prefill does (not on a sliding-window ring, whose later slots
+// would overwrite keys an earlier query still reads). `head_rows` names the rows of x whose
+// logits are wanted (a prompt's last token): the head, most of a short prompt's work on a large
+// vocabulary, runs on those rows only.
 //
 // Shape legend: B rows, C hidden size, V vocabulary (the head's outputs).
 #include "kernels.h"
@@ -85,7 +93,8 @@ int64_t stack_set_head(int64_t handle, int64_t norm_kind, double eps, std::vecto
     return stack->head.N;
 }
 
-Tensor stack_step(int64_t handle, Tensor x, Tensor positions, std::optional<Tensor> rows) {
+Tensor stack_step(int64_t handle, Tensor x, Tensor positions, std::optional<Tensor> rows,
+                  std::optional<Tensor> head_rows) {
     using torch::headeronly::ScalarType;
     const std::shared_ptr<Stack> stack = stack_at(handle);
     check(!stack->layers.empty(), "qkv::stack_step: the stack has no layers");
@@ -111,15 +120,28 @@ Tensor stack_step(int64_t handle, Tensor x, Tensor positions, std::optional<Tens
         std::copy(y.begin(), y.end(), static_cast<float *>(out.data_ptr()));
         return out;
     }
+    int64_t R = M;  // the rows the head runs on: every row, or `head_rows` gathered to the front of y
+    if (head_rows.has_value()) {
+        check(head_rows->dim() == 1 && head_rows->scalar_type() == ScalarType::Long && head_rows->is_contiguous(),
+              "qkv::stack_step: head_rows must be contiguous int64 (R,)");
+        R = head_rows->size(0);
+        const int64_t *wanted = static_cast<const int64_t *>(head_rows->data_ptr());
+        std::vector<float> picked(static_cast<size_t>(R * C));
+        for (int64_t r = 0; r < R; r++) {
+            check(wanted[r] >= 0 && wanted[r] < M, "qkv::stack_step: a head row lies outside x");
+            std::copy(y.begin() + wanted[r] * C, y.begin() + (wanted[r] + 1) * C, picked.begin() + r * C);
+        }
+        y.swap(picked);
+    }
     if (stack->norm.kind != NO_NORM)
-        for (int64_t r = 0; r < M; r++) normalize(stack->norm, y.data() + r * C, y.data() + r * C);
+        for (int64_t r = 0; r < R; r++) normalize(stack->norm, y.data() + r * C, y.data() + r * C);
     const int64_t V = stack->head.N;
-    Tensor logits = torch::stable::new_empty(x, {M, V});
+    Tensor logits = torch::stable::new_empty(x, {R, V});
     float *out = static_cast<float *>(logits.data_ptr());
-    apply(stack->head, y.data(), out, M);
+    apply(stack->head, y.data(), out, R);
     const float cap = stack->softcap;
     if (cap > 0.f)
-        for (int64_t i = 0; i < M * V; i++) out[i] = cap * tanhf(out[i] / cap);
+        for (int64_t i = 0; i < R * V; i++) out[i] = cap * tanhf(out[i] / cap);
     return logits;
 }
 
@@ -136,7 +158,7 @@ STABLE_TORCH_LIBRARY_FRAGMENT(qkv, m) {
     m.def("stack_add_layer(int handle, int hidden, Tensor spec, Tensor[] vectors, Tensor[] qkv, Tensor[] o, Tensor[] up, "
           "Tensor[] down, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor(c!) lengths, Tensor(d!)? key_positions) -> int");
     m.def("stack_set_head(int handle, int norm_kind, float eps, Tensor[] norm, Tensor[] head, float softcap) -> int");
-    m.def("stack_step(int handle, Tensor x, Tensor positions, Tensor? rows) -> Tensor");
+    m.def("stack_step(int handle, Tensor x, Tensor positions, Tensor? rows, Tensor? head_rows=None) -> Tensor");
     m.def("stack_close(int handle) -> int");
 }
 
