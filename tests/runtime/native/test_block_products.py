@@ -136,14 +136,15 @@ def test_a_row_gets_the_same_bits_whatever_rows_are_beside_it(block_type: Q) -> 
         assert torch.equal(together, alone), variant
 
 
+@pytest.mark.parametrize("rows", (65, 70, 71))
 @pytest.mark.parametrize("block_type", TYPES, ids=lambda t: t.name)
-def test_a_prefills_tiles_give_every_row_the_bits_it_gets_alone(block_type: Q) -> None:
+def test_a_prefills_tiles_give_every_row_the_bits_it_gets_alone(block_type: Q, rows: int) -> None:
     """Many rows run in tiles of a band of rows by several outputs (block_format.h's Tile: bands
-    of 64 rows, AVX-512's in groups of 16), the outputs past the last whole tile by the one-row
-    kernels: every output, bias included, is the same bits as its row's product alone, in every
-    variant (70 rows: a second, ragged band; K: an odd number of 32-blocks, several super-blocks)."""
+    of 64 rows, AVX-512's in groups of 16 or register blocks of 4), the outputs past the last
+    whole tile by the one-row kernels: every output, bias included, is the same bits as its
+    row's product alone, in every variant (65, 70, 71 rows: a second, ragged band of 1, 6, 7
+    rows; K: an odd number of 32-blocks, several super-blocks)."""
     k = 768 if block_type in SUPER_BLOCKS else 800
-    rows = 70
     blocks, w = matrix(block_type, 19, k, 6)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(7)) * 3
     bias = torch.randn(19, generator=torch.Generator().manual_seed(8))
@@ -155,6 +156,22 @@ def test_a_prefills_tiles_give_every_row_the_bits_it_gets_alone(block_type: Q) -
         alone = torch.cat([run(x[i : i + 1], blocks, block_type, variant, bias) for i in range(rows)])
         assert torch.equal(together, alone), variant
         assert bool(((together.double() - expected).abs() <= bound).all()), variant
+
+
+@pytest.mark.parametrize("block_type", sorted(SUPER_BLOCKS), ids=lambda t: t.name)
+def test_a_long_rows_tiles_give_every_row_the_bits_it_gets_alone(block_type: Q) -> None:
+    """K of nine super-blocks: past the eight a tile may unpack at once (AVX-512's Q6_K tile
+    takes them in chunks), each output still the bits of its row alone and near the exact product."""
+    k, rows = 9 * 256, 6
+    blocks, w = matrix(block_type, 8, k, 9)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(10))
+    rounded = reference_activations(x, block_type)
+    bound = block_ops.product_bound(rounded, w, k, block_type)
+    for variant in variants():
+        together = run(x, blocks, block_type, variant)
+        alone = torch.cat([run(x[i : i + 1], blocks, block_type, variant) for i in range(rows)])
+        assert torch.equal(together, alone), variant
+        assert bool(((together.double() - rounded @ w.t()).abs() <= bound).all()), variant
 
 
 @pytest.mark.parametrize("block_type", TYPES, ids=lambda t: t.name)

@@ -23,7 +23,8 @@ namespace {
 constexpr int WIDE_ROWS_256 = 4, WIDE_ROWS_32 = 8;  // weight rows a wide tile: K-quants, 32-blocks
 
 // -- AVX-512's wide tiles (block_format.h's Tile): sixteen rows of activations in the 16 lanes
-// of a zmm register, the weights broadcast. Super-blocks (Q2_K, Q3_K, Q5_K, Q6_K, IQ4_XS):
+// of a zmm register, the weights broadcast. Super-blocks (Q2_K, Q3_K, Q5_K, IQ4_XS; Q6_K has a
+// tile of its own in ymm registers, further down):
 //
 // The one-row kernels (block_x86.h) give each (row, super-block) 8 int32 lanes, lane j summing
 // scale * code * x over bytes 4j .. 4j + 3 of each of the eight 32-code vectors t, and one float
@@ -87,7 +88,7 @@ void prepare256(const XRow *xs, int64_t M, int64_t K, void *prepared) {
 
 struct Weights256 {  // one weight row's super-block as the wide tile broadcasts it
     alignas(64) int32_t W[128];  // int16 pairs: code * scale
-    int32_t E[8];                // Q6_K / Q3_K: pairs of -32 or -4 times the 16 scales; Q2_K: the 16 minimums; Q5_K: the 8 minimums (E[4 .. 8))
+    int32_t E[8];                // Q3_K: pairs of -4 times the 16 scales; Q2_K: the 16 minimums; Q5_K: the 8 minimums (E[4 .. 8))
     float d, dmin;
 };
 
@@ -103,7 +104,6 @@ inline void weights256(const uint8_t *block, Weights256 &w) {
         _mm512_store_si512(w.W + 16 * t, _mm512_mullo_epi16(codes, scale));
     }
     __m256i extra = u.extra;
-    if constexpr (T == Q6_K) extra = _mm256_mullo_epi16(extra, _mm256_set1_epi16(-32));
     if constexpr (T == Q3_K) extra = _mm256_mullo_epi16(extra, _mm256_set1_epi16(-4));
     _mm256_storeu_si256(reinterpret_cast<__m256i *>(w.E), extra);
     w.d = u.d;
@@ -146,7 +146,7 @@ void wide256(const uint8_t *row, int64_t row_bytes, const XRow *, int64_t M, int
                         for (int n = 0; n < NR; n++) s[n] = _mm512_dpwssd_epi32(s[n], x, _mm512_set1_epi32(w[n].W[k]));
                     }
                 for (int n = 0; n < NR; n++) {
-                    if constexpr (T == Q6_K || T == Q3_K) s[n] = _mm512_dpwssd_epi32(s[n], p.S[j], _mm512_set1_epi32(w[n].E[j]));
+                    if constexpr (T == Q3_K) s[n] = _mm512_dpwssd_epi32(s[n], p.S[j], _mm512_set1_epi32(w[n].E[j]));
                     acc[q][n][j] = _mm512_fmadd_ps(dd[n], _mm512_cvtepi32_ps(s[n]), acc[q][n][j]);
                     if constexpr (T == Q2_K) {
                         const __m512i msum = _mm512_dpwssd_epi32(_mm512_setzero_si512(), p.S[j], _mm512_set1_epi32(w[n].E[j]));
@@ -175,6 +175,72 @@ void wide256(const uint8_t *row, int64_t row_bytes, const XRow *, int64_t M, int
             _mm512_store_ps(lanes, v);
             for (int64_t l = 0; l < LANES && q * LANES + l < M; l++) out[(q * LANES + l) * ldo + n] = lanes[l];
         }
+}
+
+// -- Q6_K in ymm registers (VNNI's 256-bit vpdpwssd): take256's integer lanes, a register
+// block of RB activation rows by the tile's NR weight rows at a time. Per 32 codes t the int16
+// pair sums of vpmaddubsw (as dot_q6_k) meet the scales in vpdpwssd, which adds them into lane
+// j as vpmaddwd then vpaddd would: the same integers, so the same bits as the one-row kernel.
+// vpmaddubsw and vpdpwssd on ymm issue on two ports where wide256's zmm vpdpwssd takes one;
+// measured about 1.2x wide256's speed for Q6_K at 512 rows (benchmarks/kernels/block_types.py
+// --rows 512). IQ4_XS measured no faster this way (its signed codes as int16 pairs, or a
+// vpsignb a product) and keeps wide256.
+constexpr int RB = 4;            // activation rows a register block (RB x NR int32 accumulators of 8 lanes)
+constexpr int64_t SB_CHUNK = 8;  // super-blocks of the weight rows unpacked at once (17 KiB for 4 rows: in L1)
+
+template <int NR, int R>
+inline __attribute__((always_inline)) void rows_q6_k(const Unpacked256 *u, const XRow *xs, int64_t i, __m256 (*acc)[NR]) {
+    __m256i sumi[R][NR];
+    for (int m = 0; m < R; m++)
+        for (int n = 0; n < NR; n++) sumi[m][n] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int t = 0; t < 8; t++) {
+        __m256i x[R];
+        for (int m = 0; m < R; m++) x[m] = load(xs[m].q + 256 * i + 32 * t);
+        for (int n = 0; n < NR; n++)
+            for (int m = 0; m < R; m++)
+                sumi[m][n] = _mm256_dpwssd_epi32(sumi[m][n], _mm256_maddubs_epi16(u[n].q[t], x[m]), u[n].scales[t]);
+    }
+    for (int m = 0; m < R; m++) {
+        const float dx = xs[m].d[i];
+        const __m256i sums = load(xs[m].sums + 16 * i);
+        for (int n = 0; n < NR; n++) {
+            // the codes' offset of 32 (extra holds -32 times the 16 scales), as take256
+            sumi[m][n] = _mm256_dpwssd_epi32(sumi[m][n], sums, u[n].extra);
+            acc[m][n] = _mm256_fmadd_ps(_mm256_set1_ps(u[n].d * dx), _mm256_cvtepi32_ps(sumi[m][n]), acc[m][n]);
+        }
+    }
+}
+
+template <int NR>
+void ymm_q6_k(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t M, int64_t K, const void *, float *out, int64_t ldo) {
+    constexpr int64_t Z = sizeof(BlockQ6_K);
+    __m256 acc[BAND][NR];
+    for (int64_t m = 0; m < M; m++)
+        for (int n = 0; n < NR; n++) acc[m][n] = _mm256_setzero_ps();
+    // SB_CHUNK super-blocks of the NR rows unpacked at once, then each register block of rows
+    // takes them in order (its activations: RB sequential streams)
+    Unpacked256 u[SB_CHUNK][NR];
+    for (int64_t i0 = 0; i0 < K / 256; i0 += SB_CHUNK) {
+        const int64_t count = std::min(SB_CHUNK, K / 256 - i0);
+        for (int64_t c = 0; c < count; c++)
+            for (int n = 0; n < NR; n++) {
+                unpack256<Q6_K>(row + n * row_bytes + (i0 + c) * Z, u[c][n]);
+                u[c][n].extra = _mm256_mullo_epi16(u[c][n].extra, _mm256_set1_epi16(-32));
+            }
+        int64_t m = 0;
+        for (; m + RB <= M; m += RB)
+            for (int64_t c = 0; c < count; c++) rows_q6_k<NR, RB>(u[c], xs + m, i0 + c, acc + m);
+        for (int64_t c = 0; c < count; c++)
+            switch (M - m) {  // a ragged band's last rows
+                case 1: rows_q6_k<NR, 1>(u[c], xs + m, i0 + c, acc + m); break;
+                case 2: rows_q6_k<NR, 2>(u[c], xs + m, i0 + c, acc + m); break;
+                case 3: rows_q6_k<NR, 3>(u[c], xs + m, i0 + c, acc + m); break;
+                default: break;
+            }
+    }
+    for (int64_t m = 0; m < M; m++)
+        for (int n = 0; n < NR; n++) out[m * ldo + n] = hsum(acc[m][n]);
 }
 
 // -- 32-blocks: one-row lane j is sum(w x) over bytes 4j .. 4j + 3 of the block (vpdpbusd on
@@ -343,14 +409,14 @@ void wide_tile_float(const uint8_t *row, int64_t row_bytes, const XRow *xs, int6
         for (int n = 0; n < NR; n++) out[m * ldo + n] = wide_float_total(acc[m][n]);
 }
 
-// The wide tile of a type (Q4_K: none here), or {}.
+// The wide tile of a type (Q6_K's in ymm; Q4_K: none here), or {}.
 template <int NR256, int NR32>
 Tile wide_tile_for(int64_t type) {
     switch (type) {
         case Q2_K: return {wide256<Q2_K, NR256>, NR256, prepared256_bytes, prepare256};
         case Q3_K: return {wide256<Q3_K, NR256>, NR256, prepared256_bytes, prepare256};
         case Q5_K: return {wide256<Q5_K, NR256>, NR256, prepared256_bytes, prepare256};
-        case Q6_K: return {wide256<Q6_K, NR256>, NR256, prepared256_bytes, prepare256};
+        case Q6_K: return {ymm_q6_k<NR256>, NR256};
         case IQ4_XS: return {wide256<IQ4_XS, NR256>, NR256, prepared256_bytes, prepare256};
         case Q4_0: return {wide32<Q4_0, NR32>, NR32, prepared32_bytes, prepare32<Q4_0>};
         case Q4_1: return {wide32<Q4_1, NR32>, NR32, prepared32_bytes, prepare32<Q4_1>};
