@@ -26,6 +26,7 @@ the self-test runs every variant this CPU has against PyTorch before the library
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import functools
 import hashlib
@@ -34,6 +35,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -147,16 +149,32 @@ def build_announcement() -> str:
 def build_library(compiler: str, target: Path, build_flags: tuple[str, ...], *,
                   announce: Callable[[], contextlib.AbstractContextManager[object]] | None = None) -> None:
     """Compile SOURCES into `target`, atomically; raises RuntimeError with the compiler's
-    first error line. `announce()` is entered just before the compiler starts and left when
-    it ends (native_kernels: a line on stderr, counting seconds on a terminal)."""
+    first error line. Each source is compiled to an object of its own, as many at once as this
+    process may use cores (one g++ over every source ran them one after another), then linked.
+    `announce()` is entered just before the compiler starts and left when it ends
+    (native_kernels: a line on stderr, counting seconds on a terminal)."""
     include, lib = _torch_dirs()
     target.parent.mkdir(parents=True, exist_ok=True)
     temporary = str(temporary_name(target))
-    command = [compiler, *build_flags, "-isystem", str(include), *(str(HERE / name) for name in SOURCES), "-o", temporary, f"-L{lib}",
-               "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{lib}"]
+    compile_flags = [flag for flag in build_flags if flag != "-shared"]
+    # the largest sources first, so that the last to finish is a small one
+    sources = sorted(SOURCES, key=lambda name: -(HERE / name).stat().st_size)
     try:
-        with announce() if announce is not None else contextlib.nullcontext():
-            done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        with tempfile.TemporaryDirectory(prefix="qkv-kernels-") as folder, \
+                announce() if announce is not None else contextlib.nullcontext():
+            objects = {name: os.path.join(folder, f"{index}.o") for index, name in enumerate(sources)}
+
+            def compile_one(name: str) -> subprocess.CompletedProcess[str]:
+                command = [compiler, *compile_flags, "-c", "-isystem", str(include), str(HERE / name), "-o", objects[name]]
+                return subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+
+            with concurrent.futures.ThreadPoolExecutor(max_workers=_build_jobs()) as pool:
+                compiled = dict(zip(sources, pool.map(compile_one, sources)))
+            done = next((compiled[name] for name in SOURCES if compiled[name].returncode != 0), None)  # in the sources' order
+            if done is None:  # every object compiled: link them
+                link = [compiler, *build_flags, *(objects[name] for name in SOURCES), "-o", temporary, f"-L{lib}",
+                        "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{lib}"]
+                done = subprocess.run(link, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
         if done.returncode != 0:
             errors = [line for line in done.stderr.splitlines() if "error" in line] or done.stderr.splitlines()
             raise RuntimeError(f"the C++ compiler failed: {errors[0].strip() if errors else done.returncode}")
@@ -167,6 +185,14 @@ def build_library(compiler: str, target: Path, build_flags: tuple[str, ...], *,
     finally:
         if os.path.exists(temporary):
             os.unlink(temporary)
+
+
+def _build_jobs() -> int:
+    """How many compilers run at once: the cores this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def _self_test() -> str | None:
