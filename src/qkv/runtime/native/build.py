@@ -7,7 +7,7 @@ torch builds anew, and two processes building at once each write a temporary fil
 rename it into place (the last rename wins, both are the same library).
 
 Beside the library, `<name>.so.sha256` holds the SHA-256 of its bytes, written before the
-library is renamed into place. A library is loaded only when its bytes match (a truncated
+library is renamed into place, and `<name>.so.log` what the compilers said (their warnings). A library is loaded only when its bytes match (a truncated
 file would otherwise SIGBUS the process in dlopen; another library under the name would
 register other operators) and then only used when its self-test passes. One that fails its
 checksum or does not load is deleted and rebuilt; one that loads but fails its self-test is
@@ -65,6 +65,8 @@ FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-ffp-contract=off", "-Wall", 
 VARIANTS = ("generic", "avx2", "avx512")  # slowest first, the names qkv::set_variant takes
 VARIANT_NAMES = {"generic": "generic C++", "avx2": "AVX2", "avx512": "AVX-512 VNNI"}
 BUILD_TIMEOUT_S = 300
+# what a build leaves in the cache folder, part of the key: a library from a build that left less is built again
+BUILD_LAYOUT = "library, .sha256, .log"
 BUILD_MINUTES = 3  # one g++ over every source: 160 s measured on two cores (issue 37)
 _OFF = {"0", "false", "no", "off"}
 LOADED = False  # set once the kernels are loaded and self-tested in this process
@@ -133,7 +135,7 @@ def _key(compiler: str, build_flags: tuple[str, ...]) -> str:
         version = ""
     digest = hashlib.sha256()
     sources = b"".join(name.encode() + b"\0" + (HERE / name).read_bytes() for name in SOURCES + HEADERS)
-    for part in (sources, compiler.encode(), version.encode(), " ".join(build_flags).encode(),
+    for part in (BUILD_LAYOUT.encode(), sources, compiler.encode(), version.encode(), " ".join(build_flags).encode(),
                  torch.__version__.encode(), str(_torch_dirs()[1]).encode()):
         digest.update(part)
         digest.update(b"\0")
@@ -178,6 +180,8 @@ def build_library(compiler: str, target: Path, build_flags: tuple[str, ...], *,
         if done.returncode != 0:
             errors = [line for line in done.stderr.splitlines() if "error" in line] or done.stderr.splitlines()
             raise RuntimeError(f"the C++ compiler failed: {errors[0].strip() if errors else done.returncode}")
+        said = "".join(compiled[name].stderr for name in SOURCES) + done.stderr
+        atomic_write_text(build_log_path(target), said)  # the compilers' warnings, if any (a test asserts none)
         atomic_write_text(_checksum_path(target), file_sha256(Path(temporary)) + "\n")
         os.replace(temporary, target)
     except subprocess.TimeoutExpired as error:
@@ -234,6 +238,11 @@ def _checksum_path(target: Path) -> Path:
     return target.with_name(target.name + ".sha256")
 
 
+def build_log_path(target: Path) -> Path:
+    """What the compilers said while building the library at `target` (empty: no warning)."""
+    return target.with_name(target.name + ".log")
+
+
 def _damage(target: Path) -> str | None:
     """Why the library at `target` may not be loaded (its bytes do not match its checksum),
     or None when they match."""
@@ -249,7 +258,7 @@ def _damage(target: Path) -> str | None:
 
 
 def _discard(target: Path) -> None:
-    for path in (target, _checksum_path(target)):
+    for path in (target, _checksum_path(target), build_log_path(target)):
         try:
             path.unlink()
         except OSError:
