@@ -127,3 +127,13 @@ def tiny_chat_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     save_pretrained(model, tokenizer, folder)
     (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE, "eos_token": "<|end|>"}))
     return folder
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under xdist, the controller builds qkv's kernels (or finds them in the cache) before the
+    workers start: otherwise every worker's first native test compiles the same library at
+    once, each on a share of the cores (minutes of the suite's time), and one rename wins."""
+    if getattr(config, "workerinput", None) is None and config.getoption("numprocesses", None):
+        from qkv.runtime.native import native_kernels
+
+        native_kernels()
