@@ -119,3 +119,43 @@ def test_a_matrix_made_on_huge_pages_is_not_copied_again() -> None:
     assert place_on_huge_pages(model) == 0 and model.made.data_ptr() == pointer
     if sys.platform.startswith("linux"):
         assert any(start <= pointer < end for start, end in _advised_ranges())
+
+
+def _resident_kb(path) -> int:
+    """This process's resident kB of the mappings of the file at `path` (smaps' Rss)."""
+    total, current = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if "-" in fields[0] and not fields[0].endswith(":"):
+                current = len(fields) >= 6 and fields[5] == str(path)
+            elif fields[0] == "Rss:" and current:
+                total += int(fields[1])
+    return total
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="smaps and madvise are Linux's")
+def test_released_file_pages_leave_the_process_and_read_back_the_same(tmp_path) -> None:
+    """`release_file_pages` on a view of a file's copy-on-write mapping (as a GGUF file's blocks
+    are, once repacked elsewhere): its whole pages stop being resident in this process, a page
+    only partly its own stays, and reading the view again gives the file's bytes."""
+    import mmap
+
+    from qkv.runtime.huge_pages import release_file_pages
+
+    torch.manual_seed(0)
+    values = torch.randn(64 * mmap.PAGESIZE // 4)  # 64 pages of float32
+    path = tmp_path / "weights.bin"
+    path.write_bytes(values.numpy().tobytes())
+    with open(path, "rb") as handle:
+        mapping = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+    on_file = torch.frombuffer(mapping, dtype=torch.float32)
+    assert torch.equal(on_file, values)  # every page read, so resident
+    before = _resident_kb(path)
+    assert before >= 64 * mmap.PAGESIZE // 1024
+    quarter = mmap.PAGESIZE // 4 // 4  # floats in a quarter page
+    part = on_file[quarter:]  # starts a quarter into page 0: pages 1..63 are wholly its own
+    assert release_file_pages(part) == 63 * mmap.PAGESIZE
+    assert _resident_kb(path) == before - 63 * mmap.PAGESIZE // 1024
+    assert torch.equal(on_file, values)  # faulted back in from the file, the same bytes
+    assert release_file_pages(values) == 0  # not a file's: nothing to release

@@ -17,10 +17,16 @@ where they are: copying them would spend the time and the memory that mapping sa
 decode measured within a few percent either way (benchmarks/RESULTS.md, "Startup and load").
 
 Elsewhere (no `madvise`, THP "never", not Linux) the copy is skipped: nothing else changes.
+
+A matrix copied out of the file's mapping at load (repacked, or stacked with others) leaves its
+file pages resident in the process for nothing: `release_file_pages` drops them
+(madvise(MADV_DONTNEED) on a private mapping never written: the page cache keeps them for the next
+run, and a later read would fault the same bytes back in from the file).
 """
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import weakref
 from pathlib import Path
@@ -145,3 +151,25 @@ def place_on_huge_pages(model: nn.Module) -> int:
 def _bytes_of(storage: torch.UntypedStorage) -> Tensor:
     """A storage's bytes as a uint8 tensor (no copy)."""
     return torch.empty(0, dtype=torch.uint8).set_(storage)
+
+
+def release_file_pages(tensor: Tensor, ranges: list[tuple[int, int]] | None = None) -> int:
+    """Drop this process's resident pages of the file mapping under `tensor`, a view of a file's
+    mapping whose bytes were copied elsewhere (module docstring): only whole pages inside its bytes,
+    so a neighbour's pages stay. `ranges`: file_mapped_ranges(), when the caller has read it
+    already. Returns the bytes released (0 off Linux, or where the tensor is not a file's)."""
+    if not hasattr(mmap, "MADV_DONTNEED") or tensor.device.type != "cpu":
+        return 0
+    start = tensor.data_ptr()
+    end = start + tensor.numel() * tensor.element_size()
+    if not _in_ranges(start, file_mapped_ranges() if ranges is None else ranges):
+        return 0
+    first, last = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, end // mmap.PAGESIZE * mmap.PAGESIZE
+    if last <= first:
+        return 0
+    done = _libc().madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), mmap.MADV_DONTNEED)
+    return last - first if done == 0 else 0
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)

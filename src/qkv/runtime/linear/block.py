@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from qkv.models.gguf.stored import StoredBlocks
 from qkv.runtime.linear.kernel import kernel_list
 from qkv.runtime.native.block_ops import block_linear, block_products_status, rounded_activations
-from qkv.runtime.huge_pages import huge_empty
+from qkv.runtime.huge_pages import file_mapped_ranges, huge_empty, release_file_pages
 from qkv.runtime.native.repacked import GROUP_ROWS, REPACKED, repack_into, repack_status, repackable, unrepack
 
 MAX_STACKED_BLOCKS = 4  # runtime/native/csrc/kernels.h's MAX_PARTS: matrices of different block types in one product
@@ -118,13 +118,14 @@ def _rows_of(parts: list[StoredBlocks], repacked: bool) -> Tensor:
     if len(parts) == 1 and not repacked:
         return parts[0].blocks
     out = huge_empty(sum(p.blocks.shape[0] for p in parts), parts[0].blocks.shape[1])  # (N, bytes a row)
-    row = 0
+    row, files = 0, file_mapped_ranges()
     for part in parts:
         rows = part.blocks.shape[0]
         if repacked:
             repack_into(part.blocks, part.block_type, out[row : row + rows])
         else:
             out[row : row + rows].copy_(part.blocks)
+        release_file_pages(part.blocks, files)  # copied: its file pages need not stay resident
         row += rows
     return out
 
