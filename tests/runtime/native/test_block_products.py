@@ -136,14 +136,14 @@ def test_a_row_gets_the_same_bits_whatever_rows_are_beside_it(block_type: Q) -> 
         assert torch.equal(together, alone), variant
 
 
-@pytest.mark.parametrize("rows", (65, 70, 71))
+@pytest.mark.parametrize("rows", (65, 67, 70, 71))
 @pytest.mark.parametrize("block_type", TYPES, ids=lambda t: t.name)
 def test_a_prefills_tiles_give_every_row_the_bits_it_gets_alone(block_type: Q, rows: int) -> None:
     """Many rows run in tiles of a band of rows by several outputs (block_format.h's Tile: bands
-    of 64 rows, AVX-512's in groups of 16 or register blocks of 4), the outputs past the last
-    whole tile by the one-row kernels: every output, bias included, is the same bits as its
-    row's product alone, in every variant (65, 70, 71 rows: a second, ragged band of 1, 6, 7
-    rows; K: an odd number of 32-blocks, several super-blocks)."""
+    of 64 rows, AVX-512's in groups of 16, register blocks of 4 or 4 pairs of rows), the outputs
+    past the last whole tile by the one-row kernels: every output, bias included, is the same
+    bits as its row's product alone, in every variant (65, 67, 70, 71 rows: a second, ragged
+    band of 1, 3, 6, 7 rows; K: an odd number of 32-blocks, several super-blocks)."""
     k = 768 if block_type in SUPER_BLOCKS else 800
     blocks, w = matrix(block_type, 19, k, 6)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(7)) * 3

@@ -24,7 +24,7 @@ constexpr int WIDE_ROWS_256 = 4, WIDE_ROWS_32 = 8;  // weight rows a wide tile: 
 
 // -- AVX-512's wide tiles (block_format.h's Tile): sixteen rows of activations in the 16 lanes
 // of a zmm register, the weights broadcast. Super-blocks (Q2_K, Q3_K, Q5_K, IQ4_XS; Q6_K has a
-// tile of its own in ymm registers, further down):
+// tile of its own, two activation rows a zmm register, further down):
 //
 // The one-row kernels (block_x86.h) give each (row, super-block) 8 int32 lanes, lane j summing
 // scale * code * x over bytes 4j .. 4j + 3 of each of the eight 32-code vectors t, and one float
@@ -177,70 +177,108 @@ void wide256(const uint8_t *row, int64_t row_bytes, const XRow *, int64_t M, int
         }
 }
 
-// -- Q6_K in ymm registers (VNNI's 256-bit vpdpwssd): take256's integer lanes, a register
-// block of RB activation rows by the tile's NR weight rows at a time. Per 32 codes t the int16
-// pair sums of vpmaddubsw (as dot_q6_k) meet the scales in vpdpwssd, which adds them into lane
-// j as vpmaddwd then vpaddd would: the same integers, so the same bits as the one-row kernel.
-// vpmaddubsw and vpdpwssd on ymm issue on two ports where wide256's zmm vpdpwssd takes one;
-// measured about 1.2x wide256's speed for Q6_K at 512 rows (benchmarks/kernels/block_types.py
-// --rows 512). IQ4_XS measured no faster this way (its signed codes as int16 pairs, or a
-// vpsignb a product) and keeps wide256.
-constexpr int RB = 4;            // activation rows a register block (RB x NR int32 accumulators of 8 lanes)
+// -- Q6_K in zmm registers, two activation rows a register: take256's integer lanes (the
+// one-row kernel's 8 int32 lanes of a row) in each 256-bit half of a zmm, the low half one
+// activation row and the high half the next, the weights' codes and scales broadcast to both
+// halves. Per 32 codes t the int16 pair sums of vpmaddubsw (as dot_q6_k) meet the scales in
+// vpdpwssd, which adds them into lane j as vpmaddwd then vpaddd would: the same integers, so
+// the same bits as the one-row kernel. A register block is PAIR_BLOCK pairs by the tile's NR
+// weight rows; SB_CHUNK super-blocks of those rows are unpacked once for the whole band.
+// Measured about 1.5x the ymm tile it replaces (one row a ymm register) at 512 rows, one
+// thread (2048 x 2048, benchmarks/kernels/block_types.py --rows 512). IQ4_XS measured no
+// faster in ymm registers (signed codes as int16 pairs, or a vpsignb a product) and keeps wide256.
+//
+// The band's activations are prepared once a product (prepare_pairs): per pair of rows and
+// super-block, X[t] the two rows' 32 codes t side by side, S their 16-sums, D their steps
+// (8 lanes each). A ragged band's odd last row pairs with zeros, its output never stored.
+//
+// Shape legend: a pair p of activation rows 2p, 2p + 1 (zmm halves); NR weight rows n a tile;
+// t < 8 the 32-code vectors of a super-block.
+constexpr int PAIR_BLOCK = 4;    // pairs of activation rows a register block (PAIR_BLOCK x NR zmm accumulators)
 constexpr int64_t SB_CHUNK = 8;  // super-blocks of the weight rows unpacked at once (17 KiB for 4 rows: in L1)
 
-template <int NR, int R>
-inline __attribute__((always_inline)) void rows_q6_k(const Unpacked256 *u, const XRow *xs, int64_t i, __m256 (*acc)[NR]) {
-    __m256i sumi[R][NR];
-    for (int m = 0; m < R; m++)
-        for (int n = 0; n < NR; n++) sumi[m][n] = _mm256_setzero_si256();
-#pragma GCC unroll 8
-    for (int t = 0; t < 8; t++) {
-        __m256i x[R];
-        for (int m = 0; m < R; m++) x[m] = load(xs[m].q + 256 * i + 32 * t);
-        for (int n = 0; n < NR; n++)
-            for (int m = 0; m < R; m++)
-                sumi[m][n] = _mm256_dpwssd_epi32(sumi[m][n], _mm256_maddubs_epi16(u[n].q[t], x[m]), u[n].scales[t]);
-    }
-    for (int m = 0; m < R; m++) {
-        const float dx = xs[m].d[i];
-        const __m256i sums = load(xs[m].sums + 16 * i);
-        for (int n = 0; n < NR; n++) {
-            // the codes' offset of 32 (extra holds -32 times the 16 scales), as take256
-            sumi[m][n] = _mm256_dpwssd_epi32(sumi[m][n], sums, u[n].extra);
-            acc[m][n] = _mm256_fmadd_ps(_mm256_set1_ps(u[n].d * dx), _mm256_cvtepi32_ps(sumi[m][n]), acc[m][n]);
+struct Pair256 {  // one pair of activation rows, one super-block
+    __m512i X[8], S;
+    __m512 D;
+};
+
+int64_t pair_bytes(int64_t M, int64_t K) { return (M + 1) / 2 * (K / 256) * static_cast<int64_t>(sizeof(Pair256)); }
+
+inline __m512i halves(__m256i low, __m256i high) { return _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1); }
+
+void prepare_pairs(const XRow *xs, int64_t M, int64_t K, void *prepared) {
+    const int64_t SB = K / 256, pairs = (M + 1) / 2;
+    Pair256 *P = static_cast<Pair256 *>(prepared);
+    for (int64_t p = 0; p < pairs; p++) {
+        const XRow &a = xs[2 * p];
+        const XRow *b = 2 * p + 1 < M ? &xs[2 * p + 1] : nullptr;
+        for (int64_t i = 0; i < SB; i++) {
+            Pair256 &o = P[p * SB + i];
+            for (int t = 0; t < 8; t++)
+                o.X[t] = halves(load(a.q + 256 * i + 32 * t), b ? load(b->q + 256 * i + 32 * t) : _mm256_setzero_si256());
+            o.S = halves(load(a.sums + 16 * i), b ? load(b->sums + 16 * i) : _mm256_setzero_si256());
+            o.D = _mm512_insertf32x8(_mm512_set1_ps(a.d[i]), _mm256_set1_ps(b ? b->d[i] : 0.f), 1);
         }
     }
 }
 
+// Super-block i (unpacked: u[n]) into the accumulators of P pairs (x[p * SB]: pair p's super-block i).
+template <int NR, int P>
+inline __attribute__((always_inline)) void pairs_q6_k(const Unpacked256 *u, const Pair256 *x, int64_t SB, __m512 (*acc)[NR]) {
+    __m512i sumi[P][NR];
+    for (int p = 0; p < P; p++)
+        for (int n = 0; n < NR; n++) sumi[p][n] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int t = 0; t < 8; t++) {
+        __m512i X[P];
+        for (int p = 0; p < P; p++) X[p] = x[p * SB].X[t];
+        for (int n = 0; n < NR; n++) {
+            const __m512i q = _mm512_broadcast_i64x4(u[n].q[t]), scales = _mm512_broadcast_i64x4(u[n].scales[t]);
+            for (int p = 0; p < P; p++) sumi[p][n] = _mm512_dpwssd_epi32(sumi[p][n], _mm512_maddubs_epi16(q, X[p]), scales);
+        }
+    }
+    for (int p = 0; p < P; p++)
+        for (int n = 0; n < NR; n++) {
+            // the codes' offset of 32 (extra holds -32 times the 16 scales), as take256; half(d) * dx as the one-row kernel's product
+            sumi[p][n] = _mm512_dpwssd_epi32(sumi[p][n], x[p * SB].S, _mm512_broadcast_i64x4(u[n].extra));
+            const __m512 dd = _mm512_mul_ps(_mm512_set1_ps(u[n].d), x[p * SB].D);
+            acc[p][n] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(sumi[p][n]), acc[p][n]);
+        }
+}
+
 template <int NR>
-void ymm_q6_k(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t M, int64_t K, const void *, float *out, int64_t ldo) {
+void zmm_q6_k(const uint8_t *row, int64_t row_bytes, const XRow *, int64_t M, int64_t K, const void *prepared, float *out,
+              int64_t ldo) {
     constexpr int64_t Z = sizeof(BlockQ6_K);
-    __m256 acc[BAND][NR];
-    for (int64_t m = 0; m < M; m++)
-        for (int n = 0; n < NR; n++) acc[m][n] = _mm256_setzero_ps();
-    // SB_CHUNK super-blocks of the NR rows unpacked at once, then each register block of rows
-    // takes them in order (its activations: RB sequential streams)
+    const int64_t SB = K / 256, pairs = (M + 1) / 2;
+    const Pair256 *X = static_cast<const Pair256 *>(prepared);
+    __m512 acc[BAND / 2][NR];
+    for (int64_t p = 0; p < pairs; p++)
+        for (int n = 0; n < NR; n++) acc[p][n] = _mm512_setzero_ps();
     Unpacked256 u[SB_CHUNK][NR];
-    for (int64_t i0 = 0; i0 < K / 256; i0 += SB_CHUNK) {
-        const int64_t count = std::min(SB_CHUNK, K / 256 - i0);
+    for (int64_t i0 = 0; i0 < SB; i0 += SB_CHUNK) {
+        const int64_t count = std::min(SB_CHUNK, SB - i0);
         for (int64_t c = 0; c < count; c++)
             for (int n = 0; n < NR; n++) {
                 unpack256<Q6_K>(row + n * row_bytes + (i0 + c) * Z, u[c][n]);
                 u[c][n].extra = _mm256_mullo_epi16(u[c][n].extra, _mm256_set1_epi16(-32));
             }
-        int64_t m = 0;
-        for (; m + RB <= M; m += RB)
-            for (int64_t c = 0; c < count; c++) rows_q6_k<NR, RB>(u[c], xs + m, i0 + c, acc + m);
+        int64_t p = 0;
+        for (; p + PAIR_BLOCK <= pairs; p += PAIR_BLOCK)
+            for (int64_t c = 0; c < count; c++) pairs_q6_k<NR, PAIR_BLOCK>(u[c], X + p * SB + i0 + c, SB, acc + p);
         for (int64_t c = 0; c < count; c++)
-            switch (M - m) {  // a ragged band's last rows
-                case 1: rows_q6_k<NR, 1>(u[c], xs + m, i0 + c, acc + m); break;
-                case 2: rows_q6_k<NR, 2>(u[c], xs + m, i0 + c, acc + m); break;
-                case 3: rows_q6_k<NR, 3>(u[c], xs + m, i0 + c, acc + m); break;
+            switch (pairs - p) {  // a ragged band's last pairs
+                case 1: pairs_q6_k<NR, 1>(u[c], X + p * SB + i0 + c, SB, acc + p); break;
+                case 2: pairs_q6_k<NR, 2>(u[c], X + p * SB + i0 + c, SB, acc + p); break;
+                case 3: pairs_q6_k<NR, 3>(u[c], X + p * SB + i0 + c, SB, acc + p); break;
                 default: break;
             }
     }
-    for (int64_t m = 0; m < M; m++)
-        for (int n = 0; n < NR; n++) out[m * ldo + n] = hsum(acc[m][n]);
+    for (int64_t p = 0; p < pairs; p++)
+        for (int n = 0; n < NR; n++) {
+            out[2 * p * ldo + n] = hsum(_mm512_castps512_ps256(acc[p][n]));
+            if (2 * p + 1 < M) out[(2 * p + 1) * ldo + n] = hsum(_mm512_extractf32x8_ps(acc[p][n], 1));
+        }
 }
 
 // -- 32-blocks: one-row lane j is sum(w x) over bytes 4j .. 4j + 3 of the block (vpdpbusd on
@@ -409,14 +447,14 @@ void wide_tile_float(const uint8_t *row, int64_t row_bytes, const XRow *xs, int6
         for (int n = 0; n < NR; n++) out[m * ldo + n] = wide_float_total(acc[m][n]);
 }
 
-// The wide tile of a type (Q6_K's in ymm; Q4_K: none here), or {}.
+// The wide tile of a type (Q6_K's of row pairs; Q4_K: none here), or {}.
 template <int NR256, int NR32>
 Tile wide_tile_for(int64_t type) {
     switch (type) {
         case Q2_K: return {wide256<Q2_K, NR256>, NR256, prepared256_bytes, prepare256};
         case Q3_K: return {wide256<Q3_K, NR256>, NR256, prepared256_bytes, prepare256};
         case Q5_K: return {wide256<Q5_K, NR256>, NR256, prepared256_bytes, prepare256};
-        case Q6_K: return {ymm_q6_k<NR256>, NR256};
+        case Q6_K: return {zmm_q6_k<NR256>, NR256, pair_bytes, prepare_pairs};
         case IQ4_XS: return {wide256<IQ4_XS, NR256>, NR256, prepared256_bytes, prepare256};
         case Q4_0: return {wide32<Q4_0, NR32>, NR32, prepared32_bytes, prepare32<Q4_0>};
         case Q4_1: return {wide32<Q4_1, NR32>, NR32, prepared32_bytes, prepare32<Q4_1>};
