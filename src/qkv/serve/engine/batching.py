@@ -159,10 +159,11 @@ class Engine:
                  max_waiting: int | None = None, threads: FollowIdleCores | None = None,
                  prefix_reuse: bool = True, prefill_budget: int | None = None,
                  setup: DecodeSetup | None = None, session_type: Callable[..., DecodeSession] = DecodeSession) -> None:
-        """prefill_budget: prompt tokens prefilled a step, every step (None: as qkv.serve.engine.prefill's
-        `PrefillBudget` measures); setup: how `model` was prepared (qkv.runtime.prepare), so the slots' steps run as prepared;
-        session_type: what holds the slots (tensor parallel: one that shares each step with the
-        other ranks, qkv.runtime.tensor_parallel_steps)."""
+        """prefill_budget: prompt tokens prefilled a step, every step (None: what
+        qkv.serve.engine.prefill's `PrefillBudget` measures); setup: how `model` was prepared
+        (qkv.runtime.prepare), so the slots' steps run as prepared; session_type: what holds the
+        slots (tensor parallel: one that shares each step with the other ranks,
+        qkv.runtime.tensor_parallel_steps)."""
         if max_batch < 1:
             raise QkvError(f"--max-batch must be at least 1, got {max_batch}")
         if prefill_budget is not None and prefill_budget < 1:
