@@ -13,8 +13,7 @@ from qkv.generation.sampling import Sampling
 from qkv.models.loader import load_pretrained
 from qkv.runtime.prompt_parts import PREFILL_ALIGN
 from qkv.serve.engine.batching import Engine, Finished, Job
-from qkv.serve.engine.prefill import (GAP_SHARE, IDLE_BUDGET, SHORT_PROMPT, PrefillBudget, Prefilling,
-                                      plan_pieces)
+from qkv.serve.engine.prefill import IDLE_BUDGET, SHORT_PROMPT, Prefilling, plan_pieces, step_budget
 
 from .test_batching import _alone
 
@@ -64,8 +63,7 @@ def test_a_long_prompt_is_prefilled_between_the_steps_of_a_running_stream(tiny_f
 
 
 def test_while_streams_run_a_long_prompt_takes_one_part_per_step(tiny_folder: Path) -> None:
-    """The default budget beside a decoding row: what costs part of a step, at least one part
-    (this model runs the modules, whose prompts are cut on parts): one part per step here."""
+    """The default budget beside a decoding row: one part per step."""
     model, tokenizer = load_pretrained(tiny_folder)
     stream, long = tokenizer.encode("The cat").ids, _long_prompt(200, model.cfg.vocab_size)
     engine = Engine(model, max_batch=2, capacity=256)
@@ -134,16 +132,10 @@ def test_short_prompts_are_prefilled_whole_beside_the_room_of_a_step() -> None:
     assert plan_pieces(waiting, 8, 100, align=1) == {1: 20, 2: 30, 3: 40, 0: 8}
 
 
-def test_the_budget_is_large_while_no_row_decodes_and_keeps_the_gaps_when_rows_do() -> None:
-    budget = PrefillBudget()
-    assert budget.tokens(decoding=0) == (IDLE_BUDGET, SHORT_PROMPT)
-    budget.prefilled(tokens=100, seconds=0.5)  # 5 ms a prompt token
-    budget.decoded(seconds=0.05)  # 50 ms a decode step
-    room, short = budget.tokens(decoding=7)
-    assert room == int(GAP_SHARE * 0.05 / 0.005) and short == SHORT_PROMPT  # its prefill: GAP_SHARE of a step
-    budget.decoded(seconds=0.01)
-    assert budget.tokens(decoding=7)[0] < room  # faster steps, a smaller room
-    assert PrefillBudget(fixed=64).tokens(decoding=0) == PrefillBudget(fixed=64).tokens(decoding=7) == (64, 0)
+def test_the_budget_is_large_while_no_row_decodes_and_one_part_when_rows_do() -> None:
+    assert step_budget(0) == (IDLE_BUDGET, SHORT_PROMPT) and IDLE_BUDGET > PREFILL_ALIGN
+    assert step_budget(7) == (PREFILL_ALIGN, SHORT_PROMPT)
+    assert step_budget(0, fixed=64) == step_budget(7, fixed=64) == (64, 0)
 
 
 def test_of_prompts_sent_together_the_first_prefilled_gets_its_token_before_the_others_are(

@@ -12,9 +12,9 @@
 The engine owns one `DecodeSession` of kind `SlotKVCache`: batch row r is slot r. A new
 request takes a free row, and its prompt is prefilled in pieces between decode steps, the
 prompt with the fewest tokens left first, within a budget that is large while no row decodes
-and, while rows decode, what keeps their gaps within about twice a plain step
-(qkv.serve.engine.prefill `PrefillBudget`): a long prompt never stalls the running streams, a
-short one is not stuck behind it, and prompts that arrive together are prefilled together.
+and one part while rows do, short prompts whole beside it (qkv.serve.engine.prefill
+`step_budget`): a long prompt never stalls the running streams, a short one is not stuck
+behind it, and prompts that arrive together are prefilled together.
 The pieces of one step go in one call (`DecodeSession.prefill_rows`: one native call, each
 row's numbers its own). Then the decoding rows (only those) decode one token per step, each
 at its own position, all rows' tokens chosen in one pass (qkv.generation.sampling.choose_rows),
@@ -66,7 +66,7 @@ from qkv.runtime.prepare import DecodeSetup
 from qkv.runtime.prompt_parts import reusable_prefix
 from qkv.runtime.session import DecodeSession
 from qkv.models.decoder import CausalDecoder
-from qkv.serve.engine.prefill import PrefillBudget, Prefilling, plan_pieces
+from qkv.serve.engine.prefill import Prefilling, plan_pieces, step_budget
 from qkv.serve.engine.prefix_cache import RowPrefixes
 from qkv.serve.engine.stats import EngineStats
 from qkv.util.threads import FollowIdleCores, release_openmp_workers
@@ -159,8 +159,8 @@ class Engine:
                  max_waiting: int | None = None, threads: FollowIdleCores | None = None,
                  prefix_reuse: bool = True, prefill_budget: int | None = None,
                  setup: DecodeSetup | None = None, session_type: Callable[..., DecodeSession] = DecodeSession) -> None:
-        """prefill_budget: prompt tokens prefilled a step, every step (None: what
-        qkv.serve.engine.prefill's `PrefillBudget` measures); setup: how `model` was prepared
+        """prefill_budget: prompt tokens prefilled a step, every step (None: qkv.serve.engine.prefill's
+        `step_budget`, by whether rows decode); setup: how `model` was prepared
         (qkv.runtime.prepare), so the slots' steps run as prepared; session_type: what holds the
         slots (tensor parallel: one that shares each step with the other ranks,
         qkv.runtime.tensor_parallel_steps)."""
@@ -182,7 +182,7 @@ class Engine:
             collections.deque())
         self._rows: list[Job | None] = [None] * max_batch  # a row's job: prefilling, then in the decode loop
         self._prefilling: dict[int, Prefilling[Job]] = {}  # rows whose prompt is being prefilled
-        self.budget = PrefillBudget(fixed=prefill_budget)
+        self.prefill_budget = prefill_budget
         self._outgoing: list[tuple[Job, Event]] = []  # this step's events, handed off after it
         self.prefixes = RowPrefixes(max_batch, enabled=prefix_reuse)
         self._wake = threading.Condition()
@@ -313,7 +313,6 @@ class Engine:
         # each running row's next token, handed off before the decode call of those going on
         choices = self.loop.step(chosen=self._deliver_all)
         elapsed = time.perf_counter() - start
-        self.budget.decoded(elapsed)
         self.stats.steps += 1
         self.stats.tokens_per_second = len(choices) / elapsed if elapsed > 0 else 0.0
 
@@ -376,9 +375,8 @@ class Engine:
         off in this step's decode."""
         if not self._prefilling:
             return
-        room, short = self.budget.tokens(decoding=len(self.loop.running))
+        room, short = step_budget(len(self.loop.running), self.prefill_budget)
         planned = plan_pieces(self._prefilling, room, short, self.session.prompt_align)  # row -> piece's end
-        start = time.perf_counter()
         together = [row for row in planned if not self._prefilling[row].job.score_prompt]
         lasts = self.session.prefill_rows([self._piece(row, planned[row]) for row in together])
         results = dict(zip(together, (last[None] for last in lasts)))  # row -> (1, V)
@@ -386,8 +384,6 @@ class Engine:
             if row not in results:  # the prompt's own tokens are scored: every position's logits
                 _, ids, begin = self._piece(row, planned[row])
                 results[row] = self.session.prefill_row_all(row, ids, start=begin)  # (t, V)
-        self.budget.prefilled(sum(end - self._prefilling[row].done for row, end in planned.items()),
-                              time.perf_counter() - start)
         for row, end in planned.items():
             state, logits = self._prefilling[row], results[row]
             self.stats.prefill_chunks += 1

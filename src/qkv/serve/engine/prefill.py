@@ -1,9 +1,7 @@
 """Chunked prefill: which prompt pieces the engine prefills between two decode steps, and how many.
 
-    budget = PrefillBudget()                     # or PrefillBudget(fixed=64): the same every step
-    tokens, short = budget.tokens(decoding=3)    # this step's room, and its room for short prompts
-    planned = plan_pieces(prefilling, tokens, short, align=session.prompt_align)  # row -> end
-    budget.prefilled(tokens=40, seconds=0.09); budget.decoded(seconds=0.02)      # what they cost
+    room, short = step_budget(decoding=3)        # this step's room, and its room for short prompts
+    planned = plan_pieces(prefilling, room, short, align=session.prompt_align)  # row -> end
 
 A prompt is cut where its session says a cut changes no number (`DecodeSession.prompt_align`:
 anywhere where the native layers compute each token alone, else on PREFILL_ALIGN boundaries,
@@ -11,22 +9,22 @@ the parts a whole prefill computes), so its keys, values and logits are what one
 give. The prompts with the fewest tokens left go first: a short prompt that arrives while a
 long one is being prefilled is prefilled by the next step.
 
-How many tokens a step prefills (why, in the order the rules apply):
+How many tokens a step prefills (why, rule by rule):
 - No row decoding: IDLE_BUDGET. No stream's gap is at stake, and prompts that arrive together
   (a wave of chats) go in one call, their first tokens all after that one call rather than
   the k-th after k steps, the weights read once for all of them.
-- Rows decoding: as many tokens as cost about GAP_SHARE of a decode step (seconds per prompt
-  token and per decode step measured as they run, EMA_WEIGHT to the newest), at least one
-  part: a step that prefills lasts at most about (1 + GAP_SHARE) plain steps, so the
-  running streams' gaps stay under twice their median while a long prompt is admitted
-  beside them (benchmarks/serve/long_prompt_streams.py). A fixed 64 tokens, the old rule,
-  made a step with 7 streams several plain steps long on a 2-core machine.
+- Rows decoding: one part (PREFILL_ALIGN tokens), so the running streams get a token at every
+  step whatever is being prefilled. (A room sized from measured costs, tokens worth 0.8 of a
+  decode step, was tried: a small piece's measured cost per token carries the call's own cost,
+  about a decode step's on 30 layers, so the room fell to a token or so a step and a 2,557-token
+  prompt beside 6 streams took 311 s instead of about 20; a cost model with a per-call part
+  would be needed.)
 - Besides that room, prompts with at most SHORT_PROMPT tokens left (a chat's question after
   its reused template prefix) are prefilled whole, up to SHORT_PROMPT tokens a step: a new
-  request's first token comes at the next step, not after several steps of a few tokens,
-  for one longer gap of the running streams per such request.
-`PrefillBudget(fixed=n)` takes n tokens every step and no short-prompt room (tests that count
-steps; a server tuned by hand).
+  request's first token comes at the next step even while a long prompt takes the room, for
+  one longer gap of the running streams per such request.
+A fixed budget (`step_budget(..., fixed=n)`) takes n tokens every step and no short-prompt
+room (tests that count steps; a server tuned by hand).
 
 Shape legend: T prompt tokens, V vocabulary.
 """
@@ -44,8 +42,6 @@ J = TypeVar("J")
 
 IDLE_BUDGET = 4 * PREFILL_ALIGN  # tokens a step prefills when no row is decoding
 SHORT_PROMPT = PREFILL_ALIGN  # prompts with at most this many tokens left are prefilled whole
-GAP_SHARE = 0.8  # of a decode step's time, what a step's prefill may add while rows decode
-EMA_WEIGHT = 0.25  # of the newest measurement in the running estimates
 
 
 @dataclass
@@ -63,34 +59,11 @@ class Prefilling(Generic[J]):
         return self.prompt_length - self.done
 
 
-def _ema(old: float | None, new: float) -> float:
-    return new if old is None else (1 - EMA_WEIGHT) * old + EMA_WEIGHT * new
-
-
-@dataclass
-class PrefillBudget:
-    """How many prompt tokens a step prefills (module docstring), from what steps cost."""
-
-    fixed: int | None = None
-    token_seconds: float | None = None  # one prompt token's prefill, measured
-    step_seconds: float | None = None  # one decode step, measured
-
-    def tokens(self, decoding: int) -> tuple[int, int]:
-        """(room, short room) for a step beside `decoding` decoding rows."""
-        if self.fixed is not None:
-            return self.fixed, 0
-        if decoding == 0:
-            return IDLE_BUDGET, SHORT_PROMPT
-        if self.token_seconds is None or self.step_seconds is None:
-            return PREFILL_ALIGN, SHORT_PROMPT  # nothing measured yet
-        return max(1, int(GAP_SHARE * self.step_seconds / self.token_seconds)), SHORT_PROMPT
-
-    def prefilled(self, tokens: int, seconds: float) -> None:
-        if tokens > 0:
-            self.token_seconds = _ema(self.token_seconds, seconds / tokens)
-
-    def decoded(self, seconds: float) -> None:
-        self.step_seconds = _ema(self.step_seconds, seconds)
+def step_budget(decoding: int, fixed: int | None = None) -> tuple[int, int]:
+    """(room, short room) in prompt tokens for a step beside `decoding` decoding rows (module docstring)."""
+    if fixed is not None:
+        return fixed, 0
+    return (IDLE_BUDGET if decoding == 0 else PREFILL_ALIGN), SHORT_PROMPT
 
 
 def plan_pieces(prefilling: dict[int, Prefilling[J]], room: int, short: int, align: int = PREFILL_ALIGN
