@@ -84,6 +84,29 @@ def test_a_reused_prefix_writes_what_a_whole_prefill_writes(precision: str) -> N
 
 
 @needs_kernels
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_where_native_layers_run_prompts_a_prefix_cut_anywhere_writes_what_a_whole_prefill_writes(
+        precision: str) -> None:
+    """`prompt_align` 1 (each token computed alone): a prefill after a kept prefix of any
+    length gives the whole prompt's last logits and cached keys, bit for bit."""
+    model, setup = _model(precision)
+    prompt = torch.randint(0, 128, (50,), generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode(), DecodeSession(model, batch_size=2, capacity=128, kind=SlotKVCache,
+                                               setup=setup) as session:
+        assert session.prompt_align == 1
+        whole = session.prefill_row(0, prompt)
+        for kept in (1, 23, 49):
+            assert reusable_prefix(50, kept, session.prompt_align) == kept
+            session.prefill_row(1, prompt[:kept])
+            after = session.prefill_row(1, prompt[kept:], start=kept)
+            assert torch.equal(whole, after), kept
+            for cache in session.caches:
+                assert torch.equal(cache.k_cache[0, :, :50], cache.k_cache[1, :, :50])
+    with DecodeSession(model, batch_size=2, capacity=128, kind=SlotKVCache) as modules:
+        assert modules.prompt_align == PREFILL_ALIGN  # the modules' products block by the row count
+
+
+@needs_kernels
 @pytest.mark.parametrize("precision", ["int8", "int4"])
 def test_the_engine_gives_each_request_its_alone_tokens(precision: str) -> None:
     """Six requests at once through the server's engine, each equal token for token to the

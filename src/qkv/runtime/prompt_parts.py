@@ -37,9 +37,10 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def reusable_prefix(length: int, held: int) -> int:
+def reusable_prefix(length: int, held: int, align: int = PREFILL_ALIGN) -> int:
     """How many of the `held` leading positions of a `length`-token prompt a prefill may keep
     (rather than compute again) and still write what a whole prefill of the prompt writes:
-    the whole parts (PREFILL_ALIGN) among them, leaving at least the last token to compute.
-    Positions written by decode steps are not whole parts: a server keeps prompts only."""
-    return (min(held, length - 1) // PREFILL_ALIGN) * PREFILL_ALIGN if length > 0 else 0
+    the whole parts (`align`) among them, leaving at least the last token to compute.
+    Positions written by decode steps are not whole parts: a server keeps prompts only.
+    align=1 where each token is computed alone (`DecodeSession.prompt_align`): any prefix."""
+    return (min(held, length - 1) // align) * align if length > 0 else 0

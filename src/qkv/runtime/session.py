@@ -54,7 +54,7 @@ from qkv.errors import QkvError
 from qkv.models.decoder import CausalDecoder
 from qkv.runtime.layer_step import NativeLayerStep
 from qkv.runtime.prepare import DecodeSetup
-from qkv.runtime.prompt_parts import aligned_parts
+from qkv.runtime.prompt_parts import PREFILL_ALIGN, aligned_parts
 
 STEPS = ("auto", "native", "modules")
 
@@ -62,9 +62,8 @@ STEPS = ("auto", "native", "modules")
 # buffers of one shape (and a compiled model its graphs); attention reads every slot of
 # the capacity (masked), so the rounding is kept small for short generations.
 SMALLEST_CAPACITY = 256
-
-
 ROW_REACH_STEP = 64  # calls on some slot rows read keys up to a multiple of this
+
 
 def cache_capacity(tokens: int, context_length: int) -> int:
     """The capacity a session allocates for `tokens` positions: the next power of two, at
@@ -174,9 +173,14 @@ class DecodeSession:
 
     @property
     def keeps_every_position(self) -> bool:
-        """Whether every cache keeps all the positions it was given (no sliding-window ring
-        dropping old keys), so a row's first positions can be kept for a later prompt."""
+        """Whether every cache keeps all its positions (no sliding-window ring dropping old keys)."""
         return not any(getattr(cache, "windowed", False) for cache in self.caches)
+
+    @property
+    def prompt_align(self) -> int:
+        """Where a prompt may be cut (pieces, a kept prefix) and write one prefill's numbers: anywhere
+        where the native layers run it (each token alone; not on rings), else on parts (prompt_parts)."""
+        return 1 if self.runs_native and self.keeps_every_position else PREFILL_ALIGN
 
     @property
     def decodes_rows(self) -> bool:
@@ -228,8 +232,7 @@ class DecodeSession:
         """Positions the longest row holds."""
         return max(self.lengths)
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
 
     def close(self) -> None:

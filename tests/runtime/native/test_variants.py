@@ -58,7 +58,7 @@ def test_int8_variants_give_the_integer_product_exactly(m, n, k, seed) -> None:
 
 
 @settings(max_examples=25, deadline=None)
-@given(m=st.integers(1, 9), n=st.integers(1, 23), blocks=st.integers(1, 6), seed=st.integers(0, 2**16))
+@given(m=st.integers(1, 9), n=st.integers(1, 23), blocks=st.integers(1, 12), seed=st.integers(0, 2**16))
 def test_int4_variants_give_the_integer_block_product_exactly(m, n, blocks, seed) -> None:
     """Activations that are their own int8 codes (each block's largest is 127: step 1) and
     power-of-two d and m: the block dots, scales and sums are all exact, so every variant
@@ -124,6 +124,30 @@ def test_attention_variants_agree_with_the_generic_one_and_torch(b, groups, h_kv
     for variant, got in results.items():
         torch.testing.assert_close(got, expected, atol=2e-6, rtol=2e-5, msg=variant)
         torch.testing.assert_close(got, results["generic"], atol=2e-6, rtol=2e-5, msg=variant)
+
+
+@pytest.mark.parametrize("rows", [4, 5, 9, 13])
+@pytest.mark.parametrize("blocks", [4, 9, 10, 18])
+def test_int4_rows_of_a_prompt_give_each_row_alone_bit_for_bit(rows: int, blocks: int) -> None:
+    """A prompt's rows of x at once: every variant's rows together equal each row alone, with
+    blocks ending in the VNNI four-block steps, in pairs and singly, and outputs beyond the
+    last four-row block; and the generic C++ loop's numbers (in another summation order; where
+    every sum is exact, all variants give the same bits: the test above)."""
+    g = torch.Generator().manual_seed(rows * 100 + blocks)
+    n = 22  # five four-row blocks of outputs and two more
+    x = torch.randn(rows, 32 * blocks, generator=g)
+    q = torch.randint(0, 256, (n, 16 * blocks), dtype=torch.uint8, generator=g)
+    d, mn = (torch.rand(n, blocks, generator=g) * 0.1).half(), (torch.randn(n, blocks, generator=g) * 0.1).half()
+    b = torch.randn(n, generator=g)
+    results = {}
+    for variant in variants():
+        with use_variant(variant):
+            together = int4_linear(x, q, d, mn, b)
+            alone = torch.cat([int4_linear(x[i:i + 1].contiguous(), q, d, mn, b) for i in range(rows)])
+            assert torch.equal(together, alone), variant
+            results[variant] = together
+    for variant, got in results.items():  # the same math as the generic C++ loop, in another summation order
+        torch.testing.assert_close(got, results["generic"], atol=2e-5, rtol=2e-5, msg=variant)
 
 
 @pytest.mark.parametrize("rows", [2, 3, 8])

@@ -13,7 +13,7 @@ from qkv.generation.sampling import Sampling
 from qkv.models.loader import load_pretrained
 from qkv.runtime.prompt_parts import PREFILL_ALIGN
 from qkv.serve.engine.batching import Engine, Finished, Job
-from qkv.serve.engine.prefill import Prefilling, next_piece
+from qkv.serve.engine.prefill import IDLE_BUDGET, SHORT_PROMPT, Prefilling, plan_pieces, step_budget
 
 from .test_batching import _alone
 
@@ -63,7 +63,7 @@ def test_a_long_prompt_is_prefilled_between_the_steps_of_a_running_stream(tiny_f
 
 
 def test_while_streams_run_a_long_prompt_takes_one_part_per_step(tiny_folder: Path) -> None:
-    """The default budget (PREFILL_BUDGET): one part per step."""
+    """The default budget beside a decoding row: one part per step."""
     model, tokenizer = load_pretrained(tiny_folder)
     stream, long = tokenizer.encode("The cat").ids, _long_prompt(200, model.cfg.vocab_size)
     engine = Engine(model, max_batch=2, capacity=256)
@@ -112,23 +112,40 @@ def test_the_pieces_end_on_the_parts_a_whole_prefill_computes() -> None:
     def state(length: int, done: int) -> Prefilling[str]:
         return Prefilling("job", length, done, 0.0)
 
-    assert next_piece({}, 256, first=True) is None
-    assert next_piece({0: state(1000, 0)}, 256, first=True) == (0, 256)
-    assert next_piece({0: state(1000, 10)}, 256, first=True) == (0, 256)  # back on the boundary
-    assert next_piece({0: state(1000, 0)}, 40, first=True) == (0, PREFILL_ALIGN)  # one part at least
-    assert next_piece({0: state(1000, 0)}, 40, first=False) is None  # unless something went before
-    assert next_piece({0: state(1000, 0), 1: state(30, 0)}, 256, first=True) == (1, 30)  # the shortest first
-    assert next_piece({0: state(300, 256)}, 256, first=True) == (0, 300)
+    assert plan_pieces({}, 256, 0) == {}
+    assert plan_pieces({0: state(1000, 0)}, 256, 0) == {0: 256}
+    assert plan_pieces({0: state(1000, 10)}, 256, 0) == {0: 256}  # back on the boundary
+    assert plan_pieces({0: state(1000, 0)}, 40, 0) == {0: PREFILL_ALIGN}  # one part at least
+    assert plan_pieces({0: state(1000, 0), 1: state(30, 0)}, 256, 0) == {1: 30, 0: 192}  # the shortest first
+    assert plan_pieces({0: state(1000, 0), 1: state(30, 0)}, 40, 0) == {1: 30}  # no room left for a part
+    assert plan_pieces({0: state(300, 256)}, 256, 0) == {0: 300}
+    assert plan_pieces({0: state(1000, 10)}, 40, 0, align=1) == {0: 50}  # cut anywhere: what the room holds
+
+
+def test_short_prompts_are_prefilled_whole_beside_the_room_of_a_step() -> None:
+    def state(length: int, done: int) -> Prefilling[str]:
+        return Prefilling("job", length, done, 0.0)
+
+    waiting = {0: state(4000, 0), 1: state(20, 0), 2: state(30, 0), 3: state(40, 10)}
+    # 1, 2 and 3 have at most 64 left, 1 and 2 fit the short room; 3 (30 left) then takes the room
+    assert plan_pieces(waiting, 8, 64, align=1) == {1: 20, 3: 18, 2: 30}
+    assert plan_pieces(waiting, 8, 100, align=1) == {1: 20, 2: 30, 3: 40, 0: 8}
+
+
+def test_the_budget_is_large_while_no_row_decodes_and_one_part_when_rows_do() -> None:
+    assert step_budget(0) == (IDLE_BUDGET, SHORT_PROMPT) and IDLE_BUDGET > PREFILL_ALIGN
+    assert step_budget(7) == (PREFILL_ALIGN, SHORT_PROMPT)
+    assert step_budget(0, fixed=64) == step_budget(7, fixed=64) == (64, 0)
 
 
 def test_of_prompts_sent_together_the_first_prefilled_gets_its_token_before_the_others_are(
         tiny_folder: Path) -> None:
-    """Three prompts of more than half a part each, sent at once: one is prefilled per step, and
-    each one's first token is handed off before the next prompt's prefill (counted in the
-    engine's prefill pieces), not after all three; the answers are each prompt's alone."""
+    """With a fixed budget of one part: three prompts of more than half a part each, sent at
+    once, one prefilled per step, each one's first token handed off before the next prompt's
+    prefill (counted in the engine's prefill pieces); the answers are each prompt's alone."""
     model, _ = load_pretrained(tiny_folder)
     prompts = {name: _long_prompt(n, model.cfg.vocab_size) for name, n in (("a", 40), ("b", 41), ("c", 42))}
-    engine = Engine(model, max_batch=3, capacity=256)
+    engine = Engine(model, max_batch=3, capacity=256, prefill_budget=PREFILL_ALIGN)
     pieces_at_first: dict[str, int] = {}
     tokens: dict[str, list[int]] = {name: [] for name in prompts}
     done = threading.Event()
@@ -151,4 +168,19 @@ def test_of_prompts_sent_together_the_first_prefilled_gets_its_token_before_the_
         engine.stop()
     assert sorted(pieces_at_first.values()) == [1, 2, 3]  # the fewest tokens left first: a, then b, then c
     assert pieces_at_first["a"] == 1
+    assert tokens == {name: _alone(model, ids, 3, ()) for name, ids in prompts.items()}
+
+
+def test_prompts_sent_together_while_no_row_decodes_are_prefilled_in_one_step(tiny_folder: Path) -> None:
+    """The default budget: a wave of prompts, with no row decoding, is prefilled in one step
+    and every first token comes from that step; the answers are each prompt's alone."""
+    model, _ = load_pretrained(tiny_folder)
+    prompts = {name: _long_prompt(n, model.cfg.vocab_size) for name, n in (("a", 40), ("b", 41), ("c", 42))}
+    engine = Engine(model, max_batch=3, capacity=256)
+    engine.start()
+    try:
+        log, tokens = _run(engine, [(name, ids, 3) for name, ids in prompts.items()])
+    finally:
+        engine.stop()
+    assert engine.stats.prefill_chunks == 3 and {name for name, _ in log[:3]} == set(prompts)
     assert tokens == {name: _alone(model, ids, 3, ()) for name, ids in prompts.items()}

@@ -97,3 +97,25 @@ def test_the_row_with_the_longest_shared_prefix_is_reused() -> None:
     off = RowPrefixes(2, enabled=False)
     off.hold(0, [1, 2, 3])
     assert off.pick([0, 1], [1, 2, 3, 4])[2] == 0
+
+
+def test_where_native_layers_run_prompts_the_whole_shared_prefix_is_reused(tiny_folder: Path) -> None:
+    """A chat template's common start shorter than a prefill part: where the native layers
+    compute each token alone (`prompt_align` 1) all of it is kept, and every answer is the
+    request's alone through qkv.generate."""
+    from qkv.runtime.prepare import prepare_for_decoding
+
+    model, tokenizer = load_pretrained(tiny_folder)
+    setup = prepare_for_decoding(model, precision="float32", compile=True)
+    start = tokenizer.encode("Keys, queries and values.").ids  # under one part
+    prompts = [start + tokenizer.encode(q).ids for q in (" The cat", " The mat sat", " Keys")]
+    expected = [generate(model, torch.tensor([ids]), 6, setup=setup)[0, len(ids):].tolist() for ids in prompts]
+    engine = Engine(model, max_batch=2, capacity=128, setup=setup)
+    engine.start()
+    try:
+        assert engine.session.prompt_align == 1
+        got = _run(engine, prompts, 6)
+    finally:
+        engine.stop()
+    assert got == expected
+    assert len(start) < PREFILL_ALIGN and engine.stats.prompt_tokens_reused >= 2 * len(start)

@@ -10,13 +10,13 @@
     engine.stop()
 
 The engine owns one `DecodeSession` of kind `SlotKVCache`: batch row r is slot r. A new
-request takes a free row, and its prompt is prefilled in pieces between decode steps, at
-most PREFILL_BUDGET prompt tokens per step (one PREFILL_ALIGN part), the prompt with the
-fewest tokens left first (qkv.serve.engine.prefill): a long prompt never stalls the running
-streams, a short one is not stuck behind it, and of prompts that arrive together the first
-prefilled gets its first token after its own prefill, not after all of theirs. The pieces of
-one step go in one call (`DecodeSession.prefill_rows`: one native call, each row's numbers its
-own). Then the decoding rows (only those) decode one token per step, each
+request takes a free row, and its prompt is prefilled in pieces between decode steps, the
+prompt with the fewest tokens left first, within a budget that is large while no row decodes
+and one part while rows do, short prompts whole beside it (qkv.serve.engine.prefill
+`step_budget`): a long prompt never stalls the running streams, a short one is not stuck
+behind it, and prompts that arrive together are prefilled together.
+The pieces of one step go in one call (`DecodeSession.prefill_rows`: one native call, each
+row's numbers its own). Then the decoding rows (only those) decode one token per step, each
 at its own position, all rows' tokens chosen in one pass (qkv.generation.sampling.choose_rows),
 and a request leaves as soon as it stops, reaches max_tokens or is cancelled. Each step's
 events are handed off once (an `Outbox` per event loop, or `emit` per job), as soon as its
@@ -27,8 +27,10 @@ Requests beyond the free slots wait in a bounded queue; `submit` refuses one mor
 A freed row keeps its keys and values: a new request takes the free row that shares the
 longest prefix with its prompt and prefills only the rest (qkv.serve.engine.prefix_cache; not for
 a job that scores its prompt, which needs the logits at every prompt position), keeping the
-whole prefill parts of the prefix (`qkv.runtime.reusable_prefix`), so the rest computes
-what a whole prefill would: an answer does not depend on what ran before it. A job may
+part of the prefix after which the rest computes what a whole prefill would
+(`qkv.runtime.reusable_prefix` at the session's `prompt_align`: all of it where the native
+layers compute each token alone, such as a chat template's common start; else whole prefill
+parts): an answer does not depend on what ran before it. A job may
 carry a `Constraint` (qkv.generation.constraints): its row's logits are masked by the
 grammar before sampling, each chosen token advances it, and the job ends when it is
 complete.
@@ -61,19 +63,13 @@ from qkv.generation.constraints import Constraint
 from qkv.generation.decode_loop import Alternatives, StepToken, DecodeLoop, RowRequest, scored
 from qkv.generation.sampling import Sampling
 from qkv.runtime.prepare import DecodeSetup
-from qkv.runtime.prompt_parts import PREFILL_ALIGN, reusable_prefix
+from qkv.runtime.prompt_parts import reusable_prefix
 from qkv.runtime.session import DecodeSession
 from qkv.models.decoder import CausalDecoder
-from qkv.serve.engine.prefill import Prefilling, next_piece
+from qkv.serve.engine.prefill import Prefilling, plan_pieces, step_budget
 from qkv.serve.engine.prefix_cache import RowPrefixes
 from qkv.serve.engine.stats import EngineStats
 from qkv.util.threads import FollowIdleCores, release_openmp_workers
-
-
-# Prompt tokens prefilled between two decode steps (qkv.serve.engine.prefill): one part, so no
-# stream waits long for its next token, and a prompt prefilled hands its first token off at once
-# (with more, prompts that arrive together would all wait for the last of them).
-PREFILL_BUDGET = PREFILL_ALIGN
 
 
 class EngineFull(QkvError):
@@ -161,14 +157,16 @@ class Job:
 class Engine:
     def __init__(self, model: CausalDecoder, *, max_batch: int = 8, capacity: int | None = None,
                  max_waiting: int | None = None, threads: FollowIdleCores | None = None,
-                 prefix_reuse: bool = True, prefill_budget: int = PREFILL_BUDGET,
+                 prefix_reuse: bool = True, prefill_budget: int | None = None,
                  setup: DecodeSetup | None = None, session_type: Callable[..., DecodeSession] = DecodeSession) -> None:
-        """setup: how `model` was prepared (qkv.runtime.prepare), so the slots' steps run as prepared;
-        session_type: what holds the slots (tensor parallel: one that shares each step with the
-        other ranks, qkv.runtime.tensor_parallel_steps)."""
+        """prefill_budget: prompt tokens prefilled a step, every step (None: qkv.serve.engine.prefill's
+        `step_budget`, by whether rows decode); setup: how `model` was prepared
+        (qkv.runtime.prepare), so the slots' steps run as prepared; session_type: what holds the
+        slots (tensor parallel: one that shares each step with the other ranks,
+        qkv.runtime.tensor_parallel_steps)."""
         if max_batch < 1:
             raise QkvError(f"--max-batch must be at least 1, got {max_batch}")
-        if prefill_budget < 1:
+        if prefill_budget is not None and prefill_budget < 1:
             raise QkvError(f"the prefill budget must be at least 1 token per step, got {prefill_budget}")
         self.model = model
         self.max_batch = max_batch
@@ -339,8 +337,9 @@ class Engine:
                 self._admit_copy(self.prefixes.pick(free, job.prompt)[0], job, source)
             else:
                 row, donor, kept = self.prefixes.pick(free, job.prompt)
-                # Only whole prefill parts are kept: the rest computes what a whole prefill would.
-                kept = reusable_prefix(len(job.prompt), kept) if self.session.keeps_every_position else 0
+                # Only what leaves the rest computing what a whole prefill would is kept.
+                keeps = self.session.keeps_every_position
+                kept = reusable_prefix(len(job.prompt), kept, self.session.prompt_align) if keeps else 0
                 if job.score_prompt or kept == 0:  # every prompt position's logits are needed: prefill it whole
                     donor, kept = row, 0
                 self._admit(row, job, donor, kept)
@@ -374,20 +373,17 @@ class Engine:
         call (`DecodeSession.prefill_rows`: one native call for all of them, each row's numbers
         its own); a prompt done joins the decode loop, and its first token is chosen and handed
         off in this step's decode."""
-        budget = whole = self.prefill_budget
-        planned: dict[int, int] = {}  # row -> where this step's piece of its prompt ends
-        while (piece := next_piece({r: s for r, s in self._prefilling.items() if r not in planned}, budget,
-                                   first=budget == whole)) is not None:
-            row, end = piece
-            planned[row] = end
-            budget -= end - self._prefilling[row].done
+        if not self._prefilling:
+            return
+        room, short = step_budget(len(self.loop.running), self.prefill_budget)
+        planned = plan_pieces(self._prefilling, room, short, self.session.prompt_align)  # row -> piece's end
         together = [row for row in planned if not self._prefilling[row].job.score_prompt]
         lasts = self.session.prefill_rows([self._piece(row, planned[row]) for row in together])
         results = dict(zip(together, (last[None] for last in lasts)))  # row -> (1, V)
         for row in planned:
             if row not in results:  # the prompt's own tokens are scored: every position's logits
-                _, ids, start = self._piece(row, planned[row])
-                results[row] = self.session.prefill_row_all(row, ids, start=start)  # (t, V)
+                _, ids, begin = self._piece(row, planned[row])
+                results[row] = self.session.prefill_row_all(row, ids, start=begin)  # (t, V)
         for row, end in planned.items():
             state, logits = self._prefilling[row], results[row]
             self.stats.prefill_chunks += 1
