@@ -5,8 +5,8 @@ line and exit code 2, never a hang."""
 
 from __future__ import annotations
 
+import io
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -100,17 +100,19 @@ def test_smollm2_over_its_three_kv_heads_writes_the_one_process_text(capsysbinar
 
 
 @pytest.mark.slow
-def test_chat_over_smollm2s_three_kv_heads_writes_the_one_process_replies() -> None:
+def test_chat_over_smollm2s_three_kv_heads_writes_the_one_process_replies(capsys, monkeypatch) -> None:
     """Rank 0 reads the piped messages and writes the replies; its sessions share each step
-    (prefill, decode, truncate between turns) with ranks 1 and 2 (qkv.runtime.tensor_parallel_steps)."""
+    (prefill, decode, truncate between turns) with ranks 1 and 2 (qkv.runtime.tensor_parallel_steps).
+    The one-process replies come from main(argv) here, reading the same messages as piped stdin."""
     messages = "Hello there\nWhat is two plus two?\n"
     args = ["chat", "--model", "smollm2", "--temperature", "0", "--max-new-tokens", "12", "--dtype", "float32"]
-    one = subprocess.run([sys.executable, "-m", "qkv", *args], input=messages, capture_output=True, text=True,
-                         timeout=300)
-    assert one.returncode == 0, one.stderr[-3000:]
+    monkeypatch.setattr(sys, "stdin", io.StringIO(messages))  # not a terminal: one message per line
+    code = main(args)
+    one = capsys.readouterr()
+    assert code == 0, one.err[-3000:]
     done = torchrun(3, *args, "--tensor-parallel", "3", timeout=300, stdin=messages)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout == one.stdout and one.stdout.count("\n") == 2
+    assert done.stdout == one.out and one.out.count("\n") == 2
     assert done.stderr.count("decode steps run") == 1  # rank 0 says how it decodes; the others follow quietly
 
 

@@ -19,6 +19,17 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     )
 
 
+def run_in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """`main(argv)` without a new interpreter: the exit code (argparse's SystemExit or the return
+    value), stdout and stderr. The process boundary itself is checked once, by run_cli."""
+    try:
+        code = main(list(args))
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else 1
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
 def _vector(values: list[float]) -> str:
     return "[" + ", ".join("-inf" if v == float("-inf") else f"{v:.4f}" for v in values) + "]"
 
@@ -72,10 +83,20 @@ def test_options_change_the_computation(capsys: pytest.CaptureFixture[str]) -> N
      (["--layer", "-1"], "--layer -1 is out of range"), (["--layer", "1"], "--layer 1 is out of range"),
      (["some text", "--model", "minilm", "--seed", "5"], "--seed")],
 )
-def test_bad_options_give_one_line_and_exit_code_2(args: list[str], fragment: str) -> None:
-    result = run_cli("explain", *args)
+def test_bad_options_give_one_line_and_exit_code_2(
+    args: list[str], fragment: str, capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = run_in_process(capsys, "explain", *args)
+    assert code == 2
+    assert fragment in err
+    assert "Traceback" not in err
+    assert out == ""
+
+
+def test_a_bad_option_from_the_command_line_gives_one_line_and_exit_code_2() -> None:
+    result = run_cli("explain", "--query", "3", "--d-out", "nine")
     assert result.returncode == 2
-    assert fragment in result.stderr
+    assert "argument --d-out: must be a whole number" in result.stderr
     assert "Traceback" not in result.stderr
     assert result.stdout == ""
 
@@ -88,10 +109,18 @@ def test_bad_options_give_one_line_and_exit_code_2(args: list[str], fragment: st
      (["--head", "1", "--json"], "--head 1 is out of range"),
      (["--threads", "0"], "--threads must be at least 1")],
 )
-def test_flags_the_books_example_cannot_honour_are_rejected(args: list[str], fragment: str) -> None:
-    result = run_cli("explain", *args)
+def test_flags_the_books_example_cannot_honour_are_rejected(
+    args: list[str], fragment: str, capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = run_in_process(capsys, "explain", *args)
+    assert (code, out) == (2, ""), err
+    assert fragment in err and err.count("\n") == 1
+
+
+def test_a_flag_the_books_example_cannot_honour_from_the_command_line() -> None:
+    result = run_cli("explain", "--layer", "99")
     assert (result.returncode, result.stdout) == (2, ""), result.stderr
-    assert fragment in result.stderr and result.stderr.count("\n") == 1
+    assert "--layer 99 is out of range" in result.stderr and result.stderr.count("\n") == 1
 
 
 def test_layer_and_head_zero_are_the_books_example(capsys: pytest.CaptureFixture[str]) -> None:
@@ -148,10 +177,10 @@ def test_the_books_example_loads_only_what_it_prints_with() -> None:
     assert result.stdout.strip() == "[]"
 
 
-def test_the_projection_matrices_label_each_row() -> None:
-    result = run_cli("explain")
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
+def test_the_projection_matrices_label_each_row(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_in_process(capsys, "explain")
+    assert code == 0, err
+    lines = out.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("2. "))
     end = next(i for i, line in enumerate(lines) if line.startswith("3. "))
     section = lines[start:end]
