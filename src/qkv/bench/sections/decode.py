@@ -9,6 +9,7 @@ Shape legend: B batch (1), T prompt tokens, N new tokens.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -17,7 +18,7 @@ import torch
 from qkv.bench.common import Context, Section
 from qkv.bench.gpt2_checkpoint import hf_generate, load_hf, load_qkv, qkv_generate
 from qkv.runtime import DecodeSession
-from qkv.generation import warm_up
+from qkv.generation import stream, warm_up
 from qkv.runtime.prepare import PreparedModel
 from qkv.runtime.huge_pages import huge_ones
 from qkv.bench.measure.timing import alternate, alternate_probed, ratio
@@ -35,6 +36,7 @@ class DecodeRun:
     section: Section
     models: dict[str, PreparedModel]  # qkv contenders by name
     prefill_s: dict[str, float]  # median prompt time of each
+    first_token_s: dict[str, tuple[float, ...]]  # per timed call of each: seconds to its first token (the prompt)
     capacity: int  # the session's capacity (the roofline attaches caches of this size to count them)
     probe_bytes: float  # bytes one probe call reads
     around: dict[str, tuple[tuple[float, float], ...]]  # per contender sample: probe seconds before, after
@@ -63,6 +65,19 @@ def prefill_once(prepared: PreparedModel, ids: torch.Tensor, capacity: int) -> C
     return run
 
 
+def timed_generate(prepared: PreparedModel, ids: torch.Tensor, new_tokens: int, firsts: list[float]) -> torch.Tensor:
+    """`generate`'s work (its own token stream, then the ids joined), with the seconds to the
+    first token (the prompt's step) appended to `firsts`: the roofline takes each call's decode
+    steps as its time after that, not after another call's median."""
+    start = time.perf_counter()
+    new: list[torch.Tensor] = []
+    for token in stream(prepared.model, ids, new_tokens, setup=prepared.setup):
+        if not new:
+            firsts.append(time.perf_counter() - start)
+        new.append(token)
+    return torch.cat([ids.long(), torch.stack(new, dim=1)], dim=1)  # (B, T + N)
+
+
 def measure_decode(ctx: Context) -> DecodeRun:
     """Run once per bench run; decode and roofline both read it."""
     if "decode" in ctx.shared:
@@ -81,7 +96,9 @@ def measure_decode(ctx: Context) -> DecodeRun:
         same = (out[:, s.prompt:] == reference[:, s.prompt:]).float().mean().item()
         section.facts[f"{name}: greedy tokens equal to transformers"] = round(same, 4)
     contenders: dict[str, Callable[[], object]] = {TRANSFORMERS: lambda: hf_generate(hf, ids, s.new_tokens)}
-    contenders.update({name: (lambda m=model: qkv_generate(m, ids, s.new_tokens)) for name, model in models.items()})
+    firsts: dict[str, list[float]] = {name: [] for name in models}  # each call's seconds to its first token
+    contenders.update({name: (lambda m=model, f=firsts[name]: timed_generate(m, ids, s.new_tokens, f))
+                       for name, model in models.items()})
     ctx.progress(f"timing {', '.join(contenders)}, with a memory read (torch.sum) between every two")
     # The machine's bandwidth drifts on a shared VM, so the roofline's numerator is
     # measured next to the decoders it judges: just before and just after each call.
@@ -100,7 +117,8 @@ def measure_decode(ctx: Context) -> DecodeRun:
     section.facts["new tokens"] = s.new_tokens
     section.facts["model"] = (f"GPT-2 shape, random weights: n_layer={s.n_layer} n_embd={s.n_embd} "
                               f"n_head={s.n_head} vocab={s.vocab}")
-    run = DecodeRun(section, models, {name: m.median_s for name, m in prompts.items()}, capacity, probe_bytes,
+    timed = {name: tuple(f[-len(measured[name].samples_s):]) for name, f in firsts.items()}  # the timed calls' (not the warm-up's)
+    run = DecodeRun(section, models, {name: m.median_s for name, m in prompts.items()}, timed, capacity, probe_bytes,
                     probed.around)
     ctx.shared["decode"] = run
     return run
