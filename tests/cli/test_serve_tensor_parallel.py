@@ -56,7 +56,10 @@ def serve_ranks(model: Path, tmp_path: Path, *flags: str, n: int = 2) -> Iterato
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "qkv", "serve", "--model", str(model), "--port", str(port),
                  "--tensor-parallel", str(n), *flags], env=env, stdout=subprocess.DEVNULL,
-                stderr=logs[-1].open("w"), text=True))
+                stderr=logs[-1].open("w"), text=True,
+                # As from a terminal: Ctrl-C raises KeyboardInterrupt. A process started with SIGINT
+                # ignored (a background job's children) keeps ignoring it, and exits 0 on it.
+                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)))
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
         while True:
