@@ -21,7 +21,7 @@ from qkv.runtime import DecodeSession
 from qkv.generation import stream, warm_up
 from qkv.runtime.prepare import PreparedModel
 from qkv.runtime.huge_pages import huge_ones
-from qkv.bench.measure.timing import alternate, alternate_probed, ratio
+from qkv.bench.measure.timing import alternate_probed, ratio
 
 PROBE_SUMS = 16  # reductions of the probe tensor per probe call: about 0.1-0.2 s here
 COMPILED = "qkv float32 (default flags: compiled)"
@@ -35,7 +35,6 @@ class DecodeRun:
 
     section: Section
     models: dict[str, PreparedModel]  # qkv contenders by name
-    prefill_s: dict[str, float]  # median prompt time of each
     first_token_s: dict[str, tuple[float, ...]]  # per timed call of each: seconds to its first token (the prompt)
     capacity: int  # the session's capacity (the roofline attaches caches of this size to count them)
     probe_bytes: float  # bytes one probe call reads
@@ -53,16 +52,6 @@ def bandwidth_probe(nbytes: int, sums: int) -> tuple[Callable[[], object], float
         return None
 
     return run, float(probe.numel() * probe.element_size() * sums)
-
-
-def prefill_once(prepared: PreparedModel, ids: torch.Tensor, capacity: int) -> Callable[[], object]:
-    """The prompt through a fresh session, as generate's first step runs it."""
-
-    def run() -> object:
-        with DecodeSession(prepared.model, capacity=capacity, setup=prepared.setup) as session:
-            return session.prefill(ids)
-
-    return run
 
 
 def timed_generate(prepared: PreparedModel, ids: torch.Tensor, new_tokens: int, firsts: list[float]) -> torch.Tensor:
@@ -111,14 +100,12 @@ def measure_decode(ctx: Context) -> DecodeRun:
     section.ratios.extend(ratio(measured[name], measured[TRANSFORMERS]) for name in models)
     section.ratios.append(ratio(measured[COMPILED], measured[EAGER]))
     capacity = DecodeSession(models[COMPILED].model, capacity=s.prompt + s.new_tokens).capacity
-    prompts = alternate({name: prefill_once(model, ids, capacity) for name, model in models.items()},
-                        work=s.prompt, unit="tokens", repeats=ctx.options.repeats)
     section.facts["prompt tokens"] = s.prompt
     section.facts["new tokens"] = s.new_tokens
     section.facts["model"] = (f"GPT-2 shape, random weights: n_layer={s.n_layer} n_embd={s.n_embd} "
                               f"n_head={s.n_head} vocab={s.vocab}")
     timed = {name: tuple(f[-len(measured[name].samples_s):]) for name, f in firsts.items()}  # the timed calls' (not the warm-up's)
-    run = DecodeRun(section, models, {name: m.median_s for name, m in prompts.items()}, timed, capacity, probe_bytes,
+    run = DecodeRun(section, models, timed, capacity, probe_bytes,
                     probed.around)
     ctx.shared["decode"] = run
     return run
