@@ -259,9 +259,14 @@ def generate(
             kv_cache=kv_cache, on_past_context=on_past_context, constraint=constraint, setup=setup,
         )
     )
+    return joined(input_ids, new)
+
+
+def joined(input_ids: Tensor, new: Sequence[Tensor]) -> Tensor:
+    """The prompt ids (B, T) followed by a stream's new tokens, each (B,): (B, T + N)."""
     if not new:
         return input_ids.clone()
-    return torch.cat([input_ids.long(), torch.stack(new, dim=1).to(input_ids.device)], dim=1)  # (B, T + N)
+    return torch.cat([input_ids.long(), torch.stack(list(new), dim=1).to(input_ids.device)], dim=1)  # (B, T + N)
 
 
 def warm_up(model: CausalDecoder, *, capacity: int = SMALLEST_CAPACITY, kind: CacheKind = StaticKVCache,

@@ -18,7 +18,7 @@ import torch
 from qkv.bench.common import Context, Section
 from qkv.bench.gpt2_checkpoint import hf_generate, load_hf, load_qkv, qkv_generate
 from qkv.runtime import DecodeSession
-from qkv.generation import stream, warm_up
+from qkv.generation import joined, stream, warm_up
 from qkv.runtime.prepare import PreparedModel
 from qkv.runtime.huge_pages import huge_ones
 from qkv.bench.measure.timing import alternate_probed, ratio
@@ -64,7 +64,7 @@ def timed_generate(prepared: PreparedModel, ids: torch.Tensor, new_tokens: int, 
         if not new:
             firsts.append(time.perf_counter() - start)
         new.append(token)
-    return torch.cat([ids.long(), torch.stack(new, dim=1)], dim=1)  # (B, T + N)
+    return joined(ids, new)  # (B, T + N)
 
 
 def measure_decode(ctx: Context) -> DecodeRun:
