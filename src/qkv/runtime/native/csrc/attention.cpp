@@ -101,6 +101,10 @@ QKV_AVX2 void avx2_attend(const float *q, const float *k, const float *v, const 
     }
 }
 
+// GCC 12's own AVX-512 headers warn (maybe-uninitialized) where they are inlined (GCC bug 105593).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 // exp of 16 floats: exp8's operations lane for lane (the same bits in each lane)
 QKV_AVX512 inline __m512 exp16(__m512 x) {
     x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
@@ -268,6 +272,7 @@ QKV_AVX512 void avx512_attend_group(const float *q, int64_t ldq, int64_t n, cons
         }
     }
 }
+#pragma GCC diagnostic pop
 #endif
 
 }  // namespace
