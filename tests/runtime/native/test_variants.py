@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from qkv.runtime.native import native_kernels
@@ -124,6 +124,26 @@ def test_attention_variants_agree_with_the_generic_one_and_torch(b, groups, h_kv
     for variant, got in results.items():
         torch.testing.assert_close(got, expected, atol=2e-6, rtol=2e-5, msg=variant)
         torch.testing.assert_close(got, results["generic"], atol=2e-6, rtol=2e-5, msg=variant)
+
+
+@settings(max_examples=25, deadline=None)
+@given(b=st.integers(1, 9), groups=st.sampled_from([1, 2, 3, 4, 5, 8]), h_kv=st.integers(1, 2), s=st.integers(1, 60),
+       d=st.sampled_from([5, 8, 16, 24, 32, 40, 44, 64]), masked=st.booleans(), seed=st.integers(0, 2**16))
+@example(b=8, groups=4, h_kv=2, s=45, d=64, masked=False, seed=1)  # grouped, four queries at once, in registers
+@example(b=8, groups=5, h_kv=1, s=29, d=44, masked=False, seed=2)  # grouped: four and one, head size in steps
+def test_attention_on_avx512_gives_the_avx2_variants_bits(b, groups, h_kv, s, d, masked, seed) -> None:
+    """AVX-512's attention is AVX2's operations lane for lane: the same bits, for one query head at
+    a time (masked, or few rows) and for a row's grouped query heads at once (unmasked, enough
+    rows), with head sizes ending in 16-, 8- and 1-lane steps (or held in registers: 16, 32, 64) and keys in
+    16-, 8- and 1-key steps."""
+    if "avx512" not in variants():
+        pytest.skip("this CPU has no AVX-512")
+    g = torch.Generator().manual_seed(seed)
+    h = groups * h_kv
+    q, k, v = torch.randn(b, h, d, generator=g), torch.randn(b, h_kv, s, d, generator=g), torch.randn(b, h_kv, s, d, generator=g)
+    visible = torch.rand(b, h, s, generator=g) > 0.3 if masked else None
+    results = _each_variant(lambda: decode_attention(q, k, v, visible, d ** -0.5))
+    assert torch.equal(results["avx512"], results["avx2"])
 
 
 @pytest.mark.parametrize("rows", [4, 5, 9, 13])

@@ -188,6 +188,12 @@ void x86_int4_rows(const int8_t *xq, const float *xd, const float *xsum, const u
 // the softmax, taking weight but giving no value (gpt-oss), or null. w: scratch of `end` floats.
 void attend_one(const float *q, const float *k, const float *v, const bool *visible, float *out, int64_t begin,
                 int64_t end, int64_t D, int64_t Dv, float scale, float softcap, const float *sink, float *w);
+// n queries sharing that head and visible (a prompt row's grouped query heads), each as attend_one
+// computes it alone: query j is q + j * ldq, writes out + j * ldo, has sink sinks[j] (or
+// none) and scratch w + j * end (w: n * end floats).
+void attend_group(const float *q, int64_t ldq, int64_t n, const float *k, const float *v, const bool *visible,
+                  float *out, int64_t ldo, int64_t begin, int64_t end, int64_t D, int64_t Dv, float scale,
+                  float softcap, const float *sinks, float *w);
 
 // -- one decoder layer's decode step, checked once and run many times (layer.cpp) -----------
 // `qkv::decoder_layer` checks and runs a LayerCall per call; stack.cpp keeps a model's

@@ -332,18 +332,20 @@ void attention_part(const LayerCall &call, const float *y, float *res, int64_t M
             visible[r * S + s] = s < W && kp[s] >= 0 && kp[s] <= pos[r] && kp[s] > pos[r] - L.window;
     }
     const int64_t group = H / Hkv;
-    torch::stable::parallel_for(0, M * H, 1, [&](int64_t i0, int64_t i1) {
-        std::vector<float> w(static_cast<size_t>(S));
+    // A task: `per` query heads of a row sharing one key/value head (its whole group in a prompt;
+    // one head where that would leave threads idle, as a decode step of few key/value heads)
+    const int64_t per = M * Hkv >= 4 * torch::stable::get_num_threads() ? group : 1, tasks = H / per;
+    torch::stable::parallel_for(0, M * tasks, 1, [&](int64_t i0, int64_t i1) {
+        std::vector<float> w(static_cast<size_t>(per * S));
         for (int64_t i = i0; i < i1; i++) {
-            const int64_t r = i / H, hq = i % H, kv = (row_of ? row_of[r] : r) * Hkv + hq / group;
-            // the keys this query may see: the slots up to its own position (the last `window`),
-            // or a ring's visible slots
+            const int64_t r = i / tasks, hq = i % tasks * per, kv = (row_of ? row_of[r] : r) * Hkv + hq / group;
+            // the keys this row's queries may see: the slots up to its own position (the last
+            // `window`), or a ring's visible slots
             const int64_t end = ring ? W : pos[r] + 1,
                           begin = !ring && L.window > 0 ? std::max<int64_t>(0, end - L.window) : 0;
-            attend_one(proj.data() + r * P + hq * D, kc + kv * S * D, vc + kv * S * D,
-                       ring ? visible.get() + r * S : nullptr,
-                       context.data() + r * Q + hq * D, begin, end, D, D, L.scale, L.softcap,
-                       L.sinks ? L.sinks + hq : nullptr, w.data());
+            attend_group(proj.data() + r * P + hq * D, D, per, kc + kv * S * D, vc + kv * S * D,
+                         ring ? visible.get() + r * S : nullptr, context.data() + r * Q + hq * D, D, begin, end, D,
+                         D, L.scale, L.softcap, L.sinks ? L.sinks + hq : nullptr, w.data());
         }
     });
     apply(call.o, context.data(), res, M);

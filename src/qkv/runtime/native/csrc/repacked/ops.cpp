@@ -57,8 +57,15 @@ void group_rows(const BlockPart &part, q4k::GroupRows kernel, const int32_t *p, 
 
 namespace q4k {
 
-void rows(const BlockPart &part, const XRow *xs, int64_t M, int64_t K, int64_t ldy, int64_t n0, int64_t n1, int64_t first,
-          const float *bias, float *y, Variant v) {
+std::vector<int32_t> row_words(const XRow *xs, int64_t M, int64_t K) {
+    const int64_t words = K / 64;
+    std::vector<int32_t> p(static_cast<size_t>(M * words));
+    for (int64_t m = 0; m < M; m++) minimum_sums(xs[m].sums, K, p.data() + m * words);
+    return p;
+}
+
+void rows(const BlockPart &part, const XRow *xs, const int32_t *p, int64_t M, int64_t K, int64_t ldy, int64_t n0, int64_t n1,
+          int64_t first, const float *bias, float *y, Variant v) {
     const bool five = part.type == Q5_K_X16;
 #if QKV_X86
     const q4k::GroupRows kernel = v >= AVX512 ? (five ? avx512_group<Q5_K> : avx512_group<Q4_K>)
@@ -68,10 +75,7 @@ void rows(const BlockPart &part, const XRow *xs, int64_t M, int64_t K, int64_t l
     const q4k::GroupRows kernel = five ? generic_group<Q5_K> : generic_group<Q4_K>;
     (void)v;
 #endif
-    const int64_t words = K / 64;
-    std::vector<int32_t> p(static_cast<size_t>(M * words));
-    for (int64_t m = 0; m < M; m++) minimum_sums(xs[m].sums, K, p.data() + m * words);
-    group_rows(part, kernel, p.data(), words, xs, M, K, ldy, n0, n1, first, bias, y);
+    group_rows(part, kernel, p, K / 64, xs, M, K, ldy, n0, n1, first, bias, y);
 }
 
 }  // namespace q4k
@@ -93,18 +97,22 @@ void rows(const BlockPart &part, const XRow *xs, int64_t M, int64_t K, int64_t l
 
 namespace q8_0 {
 
-void rows(const BlockPart &part, const XRow *xs, int64_t M, int64_t K, int64_t ldy, int64_t n0, int64_t n1, int64_t first,
-          const float *bias, float *y, Variant v) {
+std::vector<int32_t> row_words(const XRow *xs, int64_t M, int64_t K) {
+    const int64_t words = K / 32;
+    std::vector<int32_t> p(static_cast<size_t>(M * words));
+    for (int64_t m = 0; m < M; m++) offsets(xs[m].q, K, p.data() + m * words);
+    return p;
+}
+
+void rows(const BlockPart &part, const XRow *xs, const int32_t *p, int64_t M, int64_t K, int64_t ldy, int64_t n0, int64_t n1,
+          int64_t first, const float *bias, float *y, Variant v) {
 #if QKV_X86
     const q4k::GroupRows kernel = v >= AVX512 ? avx512_group : v >= AVX2 ? avx2_group : generic_group;
 #else
     const q4k::GroupRows kernel = generic_group;
     (void)v;
 #endif
-    const int64_t words = K / 32;
-    std::vector<int32_t> p(static_cast<size_t>(M * words));
-    for (int64_t m = 0; m < M; m++) offsets(xs[m].q, K, p.data() + m * words);
-    group_rows(part, kernel, p.data(), words, xs, M, K, ldy, n0, n1, first, bias, y);
+    group_rows(part, kernel, p, K / 32, xs, M, K, ldy, n0, n1, first, bias, y);
 }
 
 }  // namespace q8_0

@@ -32,6 +32,9 @@
 #pragma once
 
 #include <stdint.h>
+
+#include <vector>
+
 #if defined(__x86_64__) || defined(_M_X64)
 #include <xmmintrin.h>
 #endif
@@ -98,10 +101,15 @@ enum Variant : int64_t;
 namespace blocks {
 namespace q4k {
 
+// The rows' minimum_sums, K / 64 words a row (p[m * K / 64]): made once a product, before its
+// outputs are split over the threads (ops.cpp).
+std::vector<int32_t> row_words(const XRow *xs, int64_t M, int64_t K);
+
 // apply_blocks' share of a Q4_K_X16 or Q5_K_X16 part: outputs first + [n0, n1) of y (M, ldy),
-// rows [n0, n1) of the part, from the rounded activation rows xs[0 .. M), in variant v (ops.cpp).
-void rows(const BlockPart &part, const XRow *xs, int64_t M, int64_t K, int64_t ldy, int64_t n0, int64_t n1, int64_t first,
-          const float *bias, float *y, Variant v);
+// rows [n0, n1) of the part, from the rounded activation rows xs[0 .. M) and their row_words p,
+// in variant v (ops.cpp).
+void rows(const BlockPart &part, const XRow *xs, const int32_t *p, int64_t M, int64_t K, int64_t ldy, int64_t n0, int64_t n1,
+          int64_t first, const float *bias, float *y, Variant v);
 
 }  // namespace q4k
 }  // namespace blocks

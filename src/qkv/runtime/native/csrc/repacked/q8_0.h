@@ -78,9 +78,12 @@ enum Variant : int64_t;
 namespace blocks {
 namespace q8_0 {
 
-// apply_blocks' share of a Q8_0_X16 part (as q4k::rows, ops.cpp).
-void rows(const BlockPart &part, const XRow *xs, int64_t M, int64_t K, int64_t ldy, int64_t n0, int64_t n1, int64_t first,
-          const float *bias, float *y, Variant v);
+// The rows' offsets, K / 32 words a row, made once a product (as q4k::row_words, ops.cpp).
+std::vector<int32_t> row_words(const XRow *xs, int64_t M, int64_t K);
+
+// apply_blocks' share of a Q8_0_X16 part, p the rows' row_words (as q4k::rows, ops.cpp).
+void rows(const BlockPart &part, const XRow *xs, const int32_t *p, int64_t M, int64_t K, int64_t ldy, int64_t n0, int64_t n1,
+          int64_t first, const float *bias, float *y, Variant v);
 
 }  // namespace q8_0
 }  // namespace blocks
