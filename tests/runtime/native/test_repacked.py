@@ -1,4 +1,4 @@
-"""Q4_K, Q5_K, Q6_K and Q8_0 repacked into qkv's Q4_K_X16 / Q5_K_X16 / Q6_K_X16 / Q8_0_X16
+"""Q4_K, Q5_K and Q8_0 repacked into qkv's Q4_K_X16 / Q5_K_X16 / Q8_0_X16
 layouts (qkv.runtime.native.repacked, csrc/repacked/): the repacking is the documented byte
 permutation, undoing it gives the file's bytes back, and its product is the gguf library's
 dequantized weights times the rounded activations (float64, within the float bound the block
@@ -21,7 +21,7 @@ from tests.models.gguf.block_files import random_blocks
 from tests.runtime.native.test_block_products import numpy_rounded
 
 pytestmark = pytest.mark.skipif(repacked.repack_status() is not None, reason="qkv's repacked K-quant products do not build here")
-TYPES = [Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q8_0]
+TYPES = [Q.Q4_K, Q.Q5_K, Q.Q8_0]
 
 
 def k_rows(block_type: Q, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -33,7 +33,7 @@ def k_rows(block_type: Q, n: int, k: int, seed: int) -> tuple[torch.Tensor, torc
 def numpy_layout(block_type: Q, rows: np.ndarray) -> np.ndarray:
     if block_type == Q.Q8_0:
         return numpy_q8_0_layout(rows)
-    return numpy_q6_k_layout(rows) if block_type == Q.Q6_K else numpy_k4_layout(rows, block_type)
+    return numpy_k4_layout(rows, block_type)
 
 
 def numpy_q8_0_layout(rows: np.ndarray) -> np.ndarray:
@@ -50,21 +50,6 @@ def numpy_q8_0_layout(rows: np.ndarray) -> np.ndarray:
 def rounded(x: torch.Tensor, block_type: Q) -> torch.Tensor:
     """x rounded as `block_type`'s products meet it (per 32 for Q8_0, per 256 for the K-quants), float64."""
     return numpy_rounded(x, block_ops.activation_step(block_type))
-
-
-def numpy_q6_k_layout(rows: np.ndarray) -> np.ndarray:
-    """q6k.h's layout written out in numpy: per group of 16 rows and super-block, ql, qh and the
-    scales in 4-byte units of 16 rows, then d of the 16 rows."""
-    n, row_bytes = rows.shape
-    supers = row_bytes // 210
-    blocks = rows.reshape(n // 16, 16, supers, 210).transpose(0, 2, 1, 3)  # (groups, supers, 16, 210)
-
-    def units(part: np.ndarray) -> np.ndarray:  # (groups, supers, 16, 4 u) -> (groups, supers, u, 16, 4)
-        return part.reshape(n // 16, supers, 16, -1, 4).transpose(0, 1, 3, 2, 4).reshape(n // 16, supers, -1)
-
-    parts = [units(blocks[..., 0:128]), units(blocks[..., 128:192]), units(blocks[..., 192:208]),
-             blocks[..., 208:210].reshape(n // 16, supers, -1)]
-    return np.concatenate(parts, axis=-1).reshape(n, row_bytes)
 
 
 def numpy_k4_layout(rows: np.ndarray, block_type: Q) -> np.ndarray:

@@ -38,7 +38,7 @@ def activation_step(block_type: Q) -> int:
 
 def block_linear(x: Tensor, blocks: Tensor, block_type: Q | int, bias: Tensor | None = None) -> Tensor:
     """x (M, K) float32, rounded as `block_type` multiplies it, @ w^T + bias, w (N, K) stored as
-    `blocks` (N, K / W * Z) uint8 of `block_type` (a GGML type, or qkv's repacked Q4_K_X16 / Q5_K_X16 / Q6_K_X16 / Q8_0_X16:
+    `blocks` (N, K / W * Z) uint8 of `block_type` (a GGML type, or qkv's repacked Q4_K_X16 / Q5_K_X16 / Q8_0_X16:
     qkv.runtime.native.repacked); in the active variant (ops.use_variant caps it), exactly
     what qkv's whole-layer kernel computes for a block layer."""
     return torch.ops.qkv.block_linear.default(x, blocks, int(block_type), bias)

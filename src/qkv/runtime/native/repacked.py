@@ -1,6 +1,6 @@
 """Matrices repacked at load into qkv's interleaved layouts (runtime/native/csrc/repacked/):
 Q4_K -> Q4_K_X16 and Q5_K -> Q5_K_X16 (q4k.h: one layout, Q5_K's fifth bits after Q4_K's bytes,
-one set of kernels), Q6_K -> Q6_K_X16 (q6k.h) and Q8_0 -> Q8_0_X16 (q8_0.h), groups of 16 rows
+one set of kernels) and Q8_0 -> Q8_0_X16 (q8_0.h), groups of 16 rows
 interleaved 4 bytes at a time, each block's scales side by side, so a decode step's product
 runs a row of the group per SIMD lane (one 64-byte load is 4 or 8 weights of 16 rows) and a
 prompt's product reads each weight block once per 4 activation rows.
@@ -29,19 +29,18 @@ from qkv.runtime.native.block_ops import block_linear, block_products_status, pr
 
 Q4_K_X16 = 1012  # block_format.h's type ids of the repacked layouts (not GGML types)
 Q5_K_X16 = 1013
-Q6_K_X16 = 1014
 Q8_0_X16 = 1008
-REPACKED: dict[Q, int] = {Q.Q4_K: Q4_K_X16, Q.Q5_K: Q5_K_X16, Q.Q6_K: Q6_K_X16, Q.Q8_0: Q8_0_X16}  # the file's type -> its layout
-_OPS = {Q.Q4_K: "q4k", Q.Q5_K: "q5k", Q.Q6_K: "q6k", Q.Q8_0: "q8_0"}
+REPACKED: dict[Q, int] = {Q.Q4_K: Q4_K_X16, Q.Q5_K: Q5_K_X16, Q.Q8_0: Q8_0_X16}  # the file's type -> its layout
+_OPS = {Q.Q4_K: "q4k", Q.Q5_K: "q5k", Q.Q8_0: "q8_0"}
 GROUP_ROWS = 16
 # the types BlockLinear repacks at load (Q4_K_X16, Q5_K_X16 and Q8_0_X16 measured faster than the
 # file's rows in a decode step and in a prefill, benchmarks/kernels/block_types.py: Q8_0_X16 on
 # one thread 1.5-1.9x at a decode step of Gemma 3's 262144 x 640 head, 2.0-3.5x at 8192 x 2048,
 # 1.3-1.8x in a 64- or 128-row prefill of a 1B model's shapes on AVX-512, about even at K = 640
-# (machine shared, load 6-9, 2026-12-03)): Q6_K_X16's kernels
-# are not yet faster than the one-row Q6_K ones in a decode step (1 thread, 2048 x 2048: AVX-512
-# about even, AVX2 1.8x slower; a 64-row prefill 1.18x faster on AVX-512), so Q6_K stays as
-# stored until they are
+# (machine shared, load 6-9, 2026-12-03)). Q6_K stays as stored: a Q6_K_X16 layout was built and
+# measured (1 thread, 2048 x 2048: a decode step about even on AVX-512 and 1.8x slower on AVX2),
+# and the stored rows' multi-row prompt tiles (block_avx512.cpp's zmm_q6_k) passed its prefill,
+# so it served no path and was removed (2026-12-03).
 AT_LOAD: tuple[Q, ...] = (Q.Q4_K, Q.Q5_K, Q.Q8_0)
 
 

@@ -4,7 +4,6 @@
 #include "block_format.h"
 #include "kernels.h"
 #include "repacked/q4k.h"
-#include "repacked/q6k.h"
 #include "repacked/q8_0.h"
 
 #include <math.h>
@@ -338,7 +337,6 @@ const Traits *traits_of(int64_t type) {
         if (t.type == type) return &t;
     return type == Q4_K_X16   ? q4k::traits(Q4_K)
            : type == Q5_K_X16 ? q4k::traits(Q5_K)
-           : type == Q6_K_X16 ? q6k::traits()
            : type == Q8_0_X16 ? q8_0::traits()
                               : nullptr;
 }

@@ -33,7 +33,6 @@ enum Type : int64_t {  // GGML's type ids
     IQ4_NL = 20, IQ4_XS = 23, F16 = 1, BF16 = 30,
     Q4_K_X16 = 1012,  // qkv's own: Q4_K rows repacked at load, 16 interleaved (repacked/q4k.h)
     Q5_K_X16 = 1013,  // Q5_K's, the same layout with qh after it (repacked/q4k.h)
-    Q6_K_X16 = 1014,  // and Q6_K's (repacked/q6k.h)
     Q8_0_X16 = 1008,  // and Q8_0's (repacked/q8_0.h)
 };
 enum Activation : int64_t { PER32 = 0, PER256 = 1, FLOAT = 2 };  // how the activations a type multiplies are rounded (FLOAT: not)

@@ -1,13 +1,12 @@
-// The repacked layouts (Q4_K_X16 and Q5_K_X16: q4k.h, Q6_K_X16: q6k.h, Q8_0_X16: q8_0.h) in the library: their products inside
+// The repacked layouts (Q4_K_X16 and Q5_K_X16: q4k.h, Q8_0_X16: q8_0.h) in the library: their products inside
 // a BLOCKS Linear (block_products.cpp's apply_blocks hands such a part here), and the ops that
 // repack a matrix at load (a copy: the file's mapping is never written):
 //
 //   qkv::q4k_repack(blocks (N, K / 256 * 144) u8 Q4_K, N % 16 == 0) -> the same shape, Q4_K_X16
 //   qkv::q4k_unrepack(packed (N, K / 256 * 144) u8 Q4_K_X16) -> the file's Q4_K bytes
 //   qkv::q5k_repack / q5k_unrepack: the same for Q5_K (N, K / 256 * 176) and Q5_K_X16
-//   qkv::q6k_repack / q6k_unrepack: the same for Q6_K (N, K / 256 * 210) and Q6_K_X16
 //   qkv::q8_0_repack / q8_0_unrepack: the same for Q8_0 (N, K / 32 * 34) and Q8_0_X16
-//   qkv::q4k_repack_into / q5k_repack_into / q6k_repack_into / q8_0_repack_into(blocks, out): the repacking written into `out` (a slice
+//   qkv::q4k_repack_into / q5k_repack_into / q8_0_repack_into(blocks, out): the repacking written into `out` (a slice
 //   of a stacked matrix on 2 MB pages: one copy at load, not three)
 //
 // A product over M activation rows takes them MR at a time per group of 16 weight rows, and up
@@ -20,7 +19,6 @@
 
 #include "../kernels.h"
 #include "q4k.h"
-#include "q6k.h"
 #include "q8_0.h"
 
 namespace qkv {
@@ -79,21 +77,6 @@ void rows(const BlockPart &part, const XRow *xs, const int32_t *p, int64_t M, in
 }
 
 }  // namespace q4k
-
-namespace q6k {
-
-void rows(const BlockPart &part, const XRow *xs, int64_t M, int64_t K, int64_t ldy, int64_t n0, int64_t n1, int64_t first,
-          const float *bias, float *y, Variant v) {
-#if QKV_X86
-    const q4k::GroupRows kernel = v >= AVX512 ? avx512_group : v >= AVX2 ? avx2_group : generic_group;
-#else
-    const q4k::GroupRows kernel = generic_group;
-    (void)v;
-#endif
-    group_rows(part, kernel, nullptr, 0, xs, M, K, ldy, n0, n1, first, bias, y);
-}
-
-}  // namespace q6k
 
 namespace q8_0 {
 
@@ -184,20 +167,8 @@ Tensor q5k_repack_into(Tensor blocks, Tensor out) {
     return permuted_out(blocks, out, Q5K, blocks::q4k::repack<blocks::Q5_K>, "qkv::q5k_repack_into: blocks and out must be contiguous uint8 Q5_K rows of one shape (N, K / 256 * 176), N a multiple of 16, not overlapping");
 }
 
-Tensor q6k_repack(Tensor blocks) {
-    return permuted(blocks, Q6K, blocks::q6k::repack, "qkv::q6k_repack: blocks must be contiguous uint8 Q6_K rows (N, K / 256 * 210), N a multiple of 16");
-}
-
 Tensor q4k_repack_into(Tensor blocks, Tensor out) {
     return permuted_out(blocks, out, Q4K, blocks::q4k::repack<blocks::Q4_K>, "qkv::q4k_repack_into: blocks and out must be contiguous uint8 Q4_K rows of one shape (N, K / 256 * 144), N a multiple of 16, not overlapping");
-}
-
-Tensor q6k_repack_into(Tensor blocks, Tensor out) {
-    return permuted_out(blocks, out, Q6K, blocks::q6k::repack, "qkv::q6k_repack_into: blocks and out must be contiguous uint8 Q6_K rows of one shape (N, K / 256 * 210), N a multiple of 16, not overlapping");
-}
-
-Tensor q6k_unrepack(Tensor packed) {
-    return permuted(packed, Q6K, blocks::q6k::unrepack, "qkv::q6k_unrepack: packed must be contiguous uint8 (N, K / 256 * 210), N a multiple of 16");
 }
 
 Tensor q8_0_repack(Tensor blocks) {
@@ -221,10 +192,7 @@ STABLE_TORCH_LIBRARY_FRAGMENT(qkv, m) {
     m.def("q5k_repack(Tensor blocks) -> Tensor");
     m.def("q5k_unrepack(Tensor packed) -> Tensor");
     m.def("q5k_repack_into(Tensor blocks, Tensor(a!) out) -> Tensor(a!)");
-    m.def("q6k_repack(Tensor blocks) -> Tensor");
-    m.def("q6k_unrepack(Tensor packed) -> Tensor");
     m.def("q4k_repack_into(Tensor blocks, Tensor(a!) out) -> Tensor(a!)");
-    m.def("q6k_repack_into(Tensor blocks, Tensor(a!) out) -> Tensor(a!)");
     m.def("q8_0_repack(Tensor blocks) -> Tensor");
     m.def("q8_0_unrepack(Tensor packed) -> Tensor");
     m.def("q8_0_repack_into(Tensor blocks, Tensor(a!) out) -> Tensor(a!)");
@@ -236,10 +204,7 @@ STABLE_TORCH_LIBRARY_IMPL(qkv, CPU, m) {
     m.impl("q5k_repack", TORCH_BOX(&qkv::q5k_repack));
     m.impl("q5k_unrepack", TORCH_BOX(&qkv::q5k_unrepack));
     m.impl("q5k_repack_into", TORCH_BOX(&qkv::q5k_repack_into));
-    m.impl("q6k_repack", TORCH_BOX(&qkv::q6k_repack));
     m.impl("q4k_repack_into", TORCH_BOX(&qkv::q4k_repack_into));
-    m.impl("q6k_repack_into", TORCH_BOX(&qkv::q6k_repack_into));
-    m.impl("q6k_unrepack", TORCH_BOX(&qkv::q6k_unrepack));
     m.impl("q8_0_repack", TORCH_BOX(&qkv::q8_0_repack));
     m.impl("q8_0_unrepack", TORCH_BOX(&qkv::q8_0_unrepack));
     m.impl("q8_0_repack_into", TORCH_BOX(&qkv::q8_0_repack_into));
