@@ -63,7 +63,7 @@ def main() -> int:
     from qkv.models.loader import open_model, smollm2_path
 
     tokenizer = open_model("smollm2").source.tokenizer
-    per = len(tokenizer.encode(FILLER).ids)
+    per = len(tokenizer.encode(FILLER * 2).ids) - len(tokenizer.encode(FILLER).ids)  # what one more repeat adds
     long_prompt = FILLER * max(1, args.long_tokens // per) + "Summarize this in one line."
     port = harness.free_port()
     command = [sys.executable, "-m", "qkv", "serve", "--model", str(smollm2_path()), "--port", str(port),
