@@ -2,9 +2,12 @@
 prompt sent just after it wait for it?
 
     python benchmarks/serve/long_prompt_streams.py --streams 6 --long-tokens 2700 [--json PATH]
+    python benchmarks/serve/long_prompt_streams.py --streams 7 --max-batch 9 --long-tokens 4000
 
-Starts `qkv serve --max-batch 8 --context 4096` on a free 127.0.0.1 port, opens --streams
-(at most 6, so that the long and the short chat find a free slot each) greedy streamed chats of --stream-tokens tokens, and once every one has its first token,
+Starts `qkv serve --max-batch N --context C` (--max-batch, default 8; --context, default
+4096) on a free 127.0.0.1 port, opens --streams (at most N - 2, so that the long and the
+short chat find a free slot each) greedy streamed chats of --stream-tokens tokens, and once
+every one has its first token,
 sends one chat of about --long-tokens prompt tokens and, --short-after seconds later, a
 short chat. Reported: the long and the short request's time to first token, and the
 streams' inter-token gaps while the long prompt was being prefilled (from its sending to its
@@ -44,23 +47,27 @@ def stream(client: OpenAI, model: str, prompt: str, max_tokens: int, stamps: lis
 
 def main() -> int:
     parser = harness.parser(__doc__, json=True)
-    parser.add_argument("--streams", type=int, default=6, choices=range(1, 7), metavar="1..6")
+    parser.add_argument("--streams", type=int, default=6, help="running streams, at most --max-batch - 2")
+    parser.add_argument("--max-batch", type=int, default=8, help="the server's slots (default: %(default)s)")
+    parser.add_argument("--context", type=int, default=4096, help="the server's context (default: %(default)s)")
     parser.add_argument("--stream-tokens", type=int, default=160)
     parser.add_argument("--long-tokens", type=int, default=2700, help="about this many prompt tokens")
     parser.add_argument("--short-after", type=float, default=0.5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=900)
     args = parser.parse_args()
+    if not 1 <= args.streams <= args.max_batch - 2:
+        parser.error(f"--streams must be 1..{args.max_batch - 2} (--max-batch less the long and the short chat)")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     facts = harness.header("running streams beside a long prompt, qkv serve")
     from qkv.models.loader import open_model, smollm2_path
 
     tokenizer = open_model("smollm2").source.tokenizer
-    per = len(tokenizer.encode(FILLER).ids)
+    per = len(tokenizer.encode(FILLER * 2).ids) - len(tokenizer.encode(FILLER).ids)  # what one more repeat adds
     long_prompt = FILLER * max(1, args.long_tokens // per) + "Summarize this in one line."
     port = harness.free_port()
     command = [sys.executable, "-m", "qkv", "serve", "--model", str(smollm2_path()), "--port", str(port),
-               "--max-batch", "8", "--context", "4096", "--threads", str(args.threads)]
+               "--max-batch", str(args.max_batch), "--context", str(args.context), "--threads", str(args.threads)]
     with harness.running(command, f"http://127.0.0.1:{port}/health", timeout=args.timeout):
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=args.timeout)
         model = client.models.list().data[0].id

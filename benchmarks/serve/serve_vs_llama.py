@@ -11,6 +11,9 @@ through benchmarks/harness.py's `alternate_own`, 2 x --rounds of them), so a dri
 machine's load falls on both. The load is benchmarks/serve/serve_load.py's: streamed greedy
 chats of --max-tokens tokens from that many client threads; tokens are counted from the
 usage each server reports. Without --llama-server, llama_tools.BIN/llama-server is used.
+--endpoint completions: the same prompts as streamed /v1/completions of raw text on both
+servers (serve_load's --endpoint), for a file without a chat template such as Gemma 3 270M's
+(default: chat).
 
 --shared-prefix N: instead, one client sends --requests chats in turn that share a system
 prompt of about N tokens (each with its own question), against qkv serve with prefix reuse,
@@ -39,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # serve_load, beside this file
 import harness  # noqa: E402
 import llama_tools  # noqa: E402
-from serve_load import PROMPTS, run  # noqa: E402  (the same load for both servers)
+from serve_load import ENDPOINTS, PROMPTS, one, run  # noqa: E402  (the same load for both servers)
 
 SYSTEM_SENTENCE = ("You are a careful assistant for a library of books about attention, keys, queries and values; "
                    "answer briefly, name the chapter you rely on, and say so when you are not sure. ")
@@ -74,6 +77,8 @@ def main() -> int:
     harness.add_rounds(parser, 2, help="ABBA rounds per client count (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--shared-prefix", type=int, metavar="N")
+    parser.add_argument("--endpoint", choices=ENDPOINTS, default="chat",
+                        help="streamed chats, or raw-text completions of the same prompts (default: %(default)s)")
     parser.add_argument("--llama-threads", type=int, help="llama-server's -t (default: --threads)")
     parser.add_argument("--llama-args", default="", help="more llama-server arguments, e.g. '--poll 0'")
     parser.add_argument("--timeout", type=float, default=900)
@@ -102,22 +107,24 @@ def main() -> int:
         clients = {kind: OpenAI(base_url=f"http://127.0.0.1:{ports[kind]}/v1", api_key="unused", max_retries=0,
                                 timeout=args.timeout) for kind in commands}
         for kind in commands:  # warm-up
-            first_token_seconds(clients[kind], names[kind], [{"role": "user", "content": "Hi"}])
+            one(clients[kind], names[kind], "Hi", 8, args.endpoint)
         results = shared(args, names, clients) if args.shared_prefix else table(args, names, clients)
     if args.json:
-        harness.write_json(args.json, {"gguf": gguf, "commands": commands, **results}, facts)
+        harness.write_json(args.json, {"gguf": gguf, "endpoint": args.endpoint, "commands": commands, **results},
+                           facts)
     return 0
 
 
 def table(args: argparse.Namespace, names: dict[str, str], clients: dict[str, OpenAI]) -> dict[str, Any]:
     print(f"{'clients':>7} {'server':>6} {'tokens/s':>9} {'ttft p50':>9} {'ttft p95':>9} {'itl p50':>8}  (median of "
-          f"{args.rounds * 2} runs each; {args.requests} streamed chats of {args.max_tokens} tokens per run)")
+          f"{args.rounds * 2} runs each; {args.requests} streamed {args.endpoint} requests of {args.max_tokens} tokens "
+          "per run)")
     out: dict[str, Any] = {}
     for count in args.clients:
         # 2 x rounds rotating rounds of two: qkv, llama | llama, qkv | ...: ABBA
         runs = harness.alternate_own(
-            {kind: (lambda kind=kind: run(clients[kind], names[kind], count, args.requests, args.max_tokens))
-             for kind in ("qkv", "llama")}, rounds=2 * args.rounds)
+            {kind: (lambda kind=kind: run(clients[kind], names[kind], count, args.requests, args.max_tokens,
+                                          args.endpoint)) for kind in ("qkv", "llama")}, rounds=2 * args.rounds)
         medians = {kind: {key: harness.median(values) for key, values in samples.items()}
                    for kind, samples in runs.items()}
         for kind in ("qkv", "llama"):
