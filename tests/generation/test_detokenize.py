@@ -50,13 +50,19 @@ def streamed(tokenizer, ids: list[int], stop: list[str] = (), context: list[int]
     return chunks, stream
 
 
+@functools.lru_cache(maxsize=None)
+def single_byte_ids(name: str) -> list[int]:
+    """The ids whose token is one character (one byte of byte-level BPE): listed once per
+    tokenizer, not at every example drawn (SmolLM2's 49,152 ids took most of the test's time)."""
+    tokenizer = TOKENIZERS[name]()
+    return [i for i in range(tokenizer.get_vocab_size()) if len(tokenizer.id_to_token(i) or "") == 1]
+
+
 @st.composite
 def token_ids(draw, name: str) -> list[int]:
     """Random ids, often from the single-byte tokens, so characters split and bytes go invalid."""
-    tokenizer = TOKENIZERS[name]()
-    size = tokenizer.get_vocab_size()
-    single = [i for i in range(size) if len(tokenizer.id_to_token(i) or "") == 1]
-    one = st.one_of(st.integers(0, size - 1), st.sampled_from(single))
+    size = TOKENIZERS[name]().get_vocab_size()
+    one = st.one_of(st.integers(0, size - 1), st.sampled_from(single_byte_ids(name)))
     return draw(st.lists(one, max_size=40))
 
 

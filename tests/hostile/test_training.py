@@ -36,6 +36,23 @@ def run(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, timeout=600, **kwargs)
 
 
+def run_here(argv: list[str], capsys: pytest.CaptureFixture[str]) -> subprocess.CompletedProcess:
+    """train_argv's command run by main(argv) in this process, where a test checks the folder's
+    files and the one line, not the process (the other tests start real processes)."""
+    import torch
+
+    from qkv.cli.main import main
+
+    capsys.readouterr()
+    threads = torch.get_num_threads()
+    try:
+        code = main(argv[3:])  # past `python -m qkv`
+    finally:
+        torch.set_num_threads(threads)  # --threads 1 set this worker's
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(argv, code, out, err)
+
+
 @pytest.fixture
 def data(tmp_path: Path) -> Path:
     path = tmp_path / "story.txt"
@@ -71,7 +88,8 @@ def test_a_stale_lock_of_a_dead_process_is_taken_over(data: Path, tmp_path: Path
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == [RUN_NAME]
 
 
-def test_overwrite_replaces_qkv_files_and_model_folder_files_only(data: Path, tmp_path: Path) -> None:
+def test_overwrite_replaces_qkv_files_and_model_folder_files_only(data: Path, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     import qkv
 
     out = tmp_path / "out"
@@ -80,9 +98,9 @@ def test_overwrite_replaces_qkv_files_and_model_folder_files_only(data: Path, tm
     (out / "generation_config.json").write_text('{"eos_token_id": 0}')
     (out / "tokenizer_config.json").write_text('{"chat_template": "x"}')
     (out / "metrics.jsonl").write_text("5\n")
-    one_line(run(train_argv(data, out, "--max-steps", "2")), "--overwrite")
+    one_line(run_here(train_argv(data, out, "--max-steps", "2"), capsys), "--overwrite")
     assert (out / "metrics.jsonl").read_text() == "5\n"  # refused: nothing touched
-    result = run(train_argv(data, out, "--max-steps", "2", "--overwrite"))
+    result = run_here(train_argv(data, out, "--max-steps", "2", "--overwrite"), capsys)
     assert result.returncode == 0, result.stderr
     names = sorted(p.name for p in out.iterdir())
     assert "notes.txt" in names and "generation_config.json" not in names and "tokenizer_config.json" not in names
@@ -90,7 +108,7 @@ def test_overwrite_replaces_qkv_files_and_model_folder_files_only(data: Path, tm
     assert [r["step"] for r in MetricsLog(out / "metrics.jsonl").read()] == [0, 2]
     model, _ = qkv.load_pretrained(out)
     assert model.eos_token_ids  # from config.json, not the stray generation_config.json's 0
-    one_line(run(train_argv(data, out, "--max-steps", "2")), "already holds a training run")
+    one_line(run_here(train_argv(data, out, "--max-steps", "2"), capsys), "already holds a training run")
 
 
 @pytest.mark.parametrize("umask", [0o022])
