@@ -20,6 +20,7 @@ from typing import Any
 import gguf
 import numpy as np
 import pytest
+import regex
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -229,10 +230,24 @@ NAMES = ["spm-llama", "spm-phi3", "spm-gemma3", "spm-llama-merges", "bpe-default
          "bpe-qwen2", "bpe-smollm", "bpe-gpt-4o", SMOLLM2]
 
 
+def reference_ids(ours: Any, theirs: Any, text: str) -> list[int]:
+    """transformers' ids for `text`, but for SmolLM's pre-tokenizer, which transformers' GGUF
+    reading applies in the other order: llama.cpp (its `\\p{N}` split, then GPT-2's, each within
+    the pieces before) and SmolLM2's own tokenizer.json (Digits, then ByteLevel) cut every digit
+    off first, so a run of spaces before a digit stays one piece ("   0": llama-tokenize on
+    SmolLM2's file gives [333, 32], transformers' reading [256, 216, 32]). There the reference
+    is transformers encoding each piece of that first cut."""
+    if ours.vocabulary.pre != "smollm":
+        return list(theirs(text)["input_ids"])
+    bos = [ours.vocabulary.bos_id] if ours.vocabulary.add_bos else []
+    pieces = [p for p in regex.split(r"(\p{N})", text) if p]
+    return bos + [i for p in pieces for i in theirs(p, add_special_tokens=False)["input_ids"]]
+
+
 def check_text(all_files: dict[str, Written], name: str, text: str, request: pytest.FixtureRequest) -> None:
     ours, theirs = pair(all_files, name, request)
     ids = ours.tokenizer.encode(text).ids
-    assert ids == theirs(text)["input_ids"], (name, text)
+    assert ids == reference_ids(ours, theirs, text), (name, text)
     for skip in (True, False):
         assert ours.tokenizer.decode(ids, skip_special_tokens=skip) == theirs.decode(ids, skip_special_tokens=skip)
     written = all_files[name]
@@ -256,7 +271,9 @@ def check_text(all_files: dict[str, Written], name: str, text: str, request: pyt
 @pytest.mark.parametrize("name", NAMES)
 def test_ids_equal_transformers_on_hard_texts(all_files, name: str, request) -> None:
     specials = all_files[name].specials
-    texts = TEXTS + [f"a{s}b {s} {s}{s}\n{s}" for s in specials] + ["".join(specials)]
+    if ours_for(all_files, name).vocabulary.pre == "smollm":  # reference_ids' digit cut never splits one
+        assert not any(regex.search(r"\p{N}", s) for s in specials)
+    texts = TEXTS + ["  0", "x  0", "   0", "a \t 7 b  12"] + [f"a{s}b {s} {s}{s}\n{s}" for s in specials] + ["".join(specials)]
     for text in texts:
         check_text(all_files, name, text, request)
 
