@@ -66,6 +66,9 @@ def replace_chain(steps: int, times: int) -> Callable[[object], None]:
     return change
 
 
+SPLIT_REFUSED = "the regex '(a|aa)+$'"  # split_regex's, in either refusal's line
+
+
 def split_regex(tok) -> None:
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex("(a|aa)+$"), "isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False)])
@@ -245,10 +248,12 @@ CASES: dict[str, tuple[Callable[[Path, dict], list[str]], Expect]] = {
     "tokenizer-replace-5-steps": (with_tokenizer(replace_chain(5, 40)), Expect(fragment="can grow text 102,400,000 times")),
     "tokenizer-replace-1-step": (with_tokenizer(replace_chain(1, 1000), lambda c: [
         "generate", "--model", str(c), "--prompt", "o" * 4000, "--max-new-tokens", "1"]), Expect(fragment="would grow this")),
-    "tokenizer-split-panic": (with_tokenizer(split_regex), Expect(fragment="backtracks exponentially")),
+    # refused either by the probe's timing ("backtracks exponentially") or, when a loaded machine
+    # lets the ladder run longer, by the library's panic ("catastrophic backtracking"): both name it
+    "tokenizer-split-panic": (with_tokenizer(split_regex), Expect(fragment=SPLIT_REFUSED)),
     "tokenizer-decoder-5-steps": (with_tokenizer(decoder_chain), Expect(fragment="its decoder can grow text")),
     "train-tokenizer-replace-4-steps": (train_with(replace_chain(4, 40)), Expect(fragment="can grow text", unchanged=True)),
-    "train-tokenizer-split-panic": (train_with(split_regex), Expect(fragment="backtracks exponentially", unchanged=True)),
+    "train-tokenizer-split-panic": (train_with(split_regex), Expect(fragment=SPLIT_REFUSED, unchanged=True)),
     # -- chat templates (GGUF templates take the same path)
     "template-join": (template("{{ ([('x'*1000000)]*2500)|join }}"), Expect(fragment="chat template went over")),
     "template-expandtabs": (template("{{ ('\\t'*1000).expandtabs(1000000) }}"), Expect(fragment="chat template went over")),
