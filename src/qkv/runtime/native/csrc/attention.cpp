@@ -63,6 +63,24 @@ QKV_AVX2 inline float dot(const float *a, const float *b, int64_t n) {
     return total;
 }
 
+// w[s, end) = exp(w - top) where visible (0 where -inf), 8 lanes at a time then one by one;
+// returns their sum added to `sums`' lanes, with the sink's share (it takes weight, gives no value).
+QKV_AVX2 inline float ymm_weights(float *w, int64_t s, int64_t end, float top, const float *sink, __m256 sums) {
+    const __m256 shift = _mm256_set1_ps(top), hidden = _mm256_set1_ps(-INFINITY);
+    for (; s + 8 <= end; s += 8) {
+        const __m256 x = _mm256_loadu_ps(w + s);
+        const __m256 e = _mm256_andnot_ps(_mm256_cmp_ps(x, hidden, _CMP_EQ_OQ), exp8(_mm256_sub_ps(x, shift)));
+        _mm256_storeu_ps(w + s, e);
+        sums = _mm256_add_ps(sums, e);
+    }
+    float total = hsum(sums) + (sink ? expf(*sink - top) : 0.f);
+    for (; s < end; s++) {
+        w[s] = w[s] == -INFINITY ? 0.f : expf(w[s] - top);
+        total += w[s];
+    }
+    return total;
+}
+
 QKV_AVX2 void avx2_attend(const float *q, const float *k, const float *v, const bool *visible, float *out,
                           int64_t begin, int64_t end, int64_t D, int64_t Dv, float scale, float softcap,
                           const float *sink, float *w) {
@@ -75,22 +93,8 @@ QKV_AVX2 void avx2_attend(const float *q, const float *k, const float *v, const 
     for (int64_t j = 0; j < Dv; j++) out[j] = 0.f;
     if (top == -INFINITY) return;
     if (sink) top = std::max(top, *sink);
-    const __m256 shift = _mm256_set1_ps(top), hidden = _mm256_set1_ps(-INFINITY);
-    __m256 sums = _mm256_setzero_ps();
-    int64_t s = begin;
-    for (; s + 8 <= end; s += 8) {
-        __m256 x = _mm256_loadu_ps(w + s);
-        __m256 e = _mm256_andnot_ps(_mm256_cmp_ps(x, hidden, _CMP_EQ_OQ), exp8(_mm256_sub_ps(x, shift)));
-        _mm256_storeu_ps(w + s, e);
-        sums = _mm256_add_ps(sums, e);
-    }
-    float total = hsum(sums) + (sink ? expf(*sink - top) : 0.f);  // the sink takes weight, gives no value
-    for (; s < end; s++) {
-        w[s] = w[s] == -INFINITY ? 0.f : expf(w[s] - top);
-        total += w[s];
-    }
-    const float inv = 1.f / total;
-    for (s = begin; s < end; s++) {
+    const float inv = 1.f / ymm_weights(w, begin, end, top, sink, _mm256_setzero_ps());
+    for (int64_t s = begin; s < end; s++) {
         if (w[s] == 0.f) continue;
         const __m256 ws = _mm256_set1_ps(w[s] * inv);
         const float *vs = v + s * Dv;
@@ -168,7 +172,7 @@ QKV_AVX512 void zmm_scores(const float *q, int64_t ldq, const float *k, const bo
 }
 
 // w[begin, end) = exp(w - top) where visible (0 where -inf); returns their sum with the sink's
-// share, in avx2_attend's order: 8 lanes at a time, then one by one.
+// share, in avx2_attend's order: 16 lanes at a time as two 8-lane sums, then ymm_weights.
 QKV_AVX512 float zmm_weights(float *w, int64_t begin, int64_t end, float top, const float *sink) {
     const __m512 shift = _mm512_set1_ps(top), hidden = _mm512_set1_ps(-INFINITY);
     __m256 sums = _mm256_setzero_ps();
@@ -180,19 +184,7 @@ QKV_AVX512 float zmm_weights(float *w, int64_t begin, int64_t end, float top, co
         sums = _mm256_add_ps(sums, _mm512_castps512_ps256(e));
         sums = _mm256_add_ps(sums, _mm512_extractf32x8_ps(e, 1));
     }
-    for (; s + 8 <= end; s += 8) {
-        const __m256 x = _mm256_loadu_ps(w + s);
-        const __m256 e = _mm256_andnot_ps(_mm256_cmp_ps(x, _mm512_castps512_ps256(hidden), _CMP_EQ_OQ),
-                                          exp8(_mm256_sub_ps(x, _mm512_castps512_ps256(shift))));
-        _mm256_storeu_ps(w + s, e);
-        sums = _mm256_add_ps(sums, e);
-    }
-    float total = hsum(sums) + (sink ? expf(*sink - top) : 0.f);  // the sink takes weight, gives no value
-    for (; s < end; s++) {
-        w[s] = w[s] == -INFINITY ? 0.f : expf(w[s] - top);
-        total += w[s];
-    }
-    return total;
+    return ymm_weights(w, s, end, top, sink, sums);  // the rest as avx2_attend takes it
 }
 
 // out_j += (w_j[s] * inv_j) * v_s over the keys, avx2_attend's fused multiply-adds lane for lane,
@@ -277,6 +269,10 @@ QKV_AVX512 void avx512_attend_group(const float *q, int64_t ldq, int64_t n, cons
 
 }  // namespace
 
+int64_t heads_per_task(int64_t rows, int64_t kv_heads, int64_t group) {
+    return rows * kv_heads >= 4 * torch::stable::get_num_threads() ? group : 1;
+}
+
 void attend_group(const float *q, int64_t ldq, int64_t n, const float *k, const float *v, const bool *visible,
                   float *out, int64_t ldo, int64_t begin, int64_t end, int64_t D, int64_t Dv, float scale,
                   float softcap, const float *sinks, float *w) {
@@ -325,9 +321,8 @@ Tensor decode_attention(Tensor q, Tensor k, Tensor v, std::optional<Tensor> visi
                 *vp = static_cast<const float *>(v.data_ptr());
     float *op = static_cast<float *>(out.data_ptr());
     const int64_t group = H / Hkv;
-    // A task: a row's `per` query heads of one key/value head (the whole group where that keeps
-    // the threads busy); without a mask they share it. A mask is per query head: one at a time.
-    const int64_t per = !vis && B * Hkv >= 4 * torch::stable::get_num_threads() ? group : 1, tasks = B * H / per;
+    // A mask is per query head: one at a time; without one a task takes heads_per_task of a row.
+    const int64_t per = vis ? 1 : heads_per_task(B, Hkv, group), tasks = B * H / per;
     torch::stable::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
         std::vector<float> w(static_cast<size_t>(per * S));
         for (int64_t t = t0; t < t1; t++) {

@@ -194,6 +194,10 @@ void attend_one(const float *q, const float *k, const float *v, const bool *visi
 void attend_group(const float *q, int64_t ldq, int64_t n, const float *k, const float *v, const bool *visible,
                   float *out, int64_t ldo, int64_t begin, int64_t end, int64_t D, int64_t Dv, float scale,
                   float softcap, const float *sinks, float *w);
+// How many query heads of a key/value head one attention task takes over `rows` rows: the whole
+// group (each key and value loaded once for it) where that leaves >= 4 tasks a thread, else one
+// (a decode step of few key/value heads would leave threads idle).
+int64_t heads_per_task(int64_t rows, int64_t kv_heads, int64_t group);
 
 // -- one decoder layer's decode step, checked once and run many times (layer.cpp) -----------
 // `qkv::decoder_layer` checks and runs a LayerCall per call; stack.cpp keeps a model's

@@ -332,9 +332,7 @@ void attention_part(const LayerCall &call, const float *y, float *res, int64_t M
             visible[r * S + s] = s < W && kp[s] >= 0 && kp[s] <= pos[r] && kp[s] > pos[r] - L.window;
     }
     const int64_t group = H / Hkv;
-    // A task: `per` query heads of a row sharing one key/value head (its whole group in a prompt;
-    // one head where that would leave threads idle, as a decode step of few key/value heads)
-    const int64_t per = M * Hkv >= 4 * torch::stable::get_num_threads() ? group : 1, tasks = H / per;
+    const int64_t per = heads_per_task(M, Hkv, group), tasks = H / per;  // a task: `per` query heads of a row
     torch::stable::parallel_for(0, M * tasks, 1, [&](int64_t i0, int64_t i1) {
         std::vector<float> w(static_cast<size_t>(per * S));
         for (int64_t i = i0; i < i1; i++) {
