@@ -169,15 +169,82 @@ def test_a_ring_decodes_and_rewinds_natively_as_through_the_modules() -> None:
         torch.testing.assert_close(k_native, k_modules, rtol=0, atol=1e-5)
 
 
-def test_prompts_on_rings_run_the_modules_and_decode_steps_the_native_layers() -> None:
-    """A prompt's later tokens would overwrite ring slots its earlier queries still read, so a
-    session holding rings prefills through the modules (the decode steps stay native)."""
-    native, _, setup = _pair("gemma3", "float32")
-    with torch.inference_mode(), DecodeSession(native, capacity=64, setup=setup) as session:
+def _ring_contents(session) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Each ring's key positions, the keys and values of its held slots, in slot order."""
+    out = []
+    for cache in session.caches:
+        if isinstance(cache, WindowKVCache):
+            held = cache.key_positions >= 0  # (B, W + 1)
+            out.append((cache.key_positions.clone(), cache.k_cache.transpose(1, 2)[held].clone(),
+                        cache.v_cache.transpose(1, 2)[held].clone()))
+    return out
+
+
+@pytest.mark.parametrize("name,precision", [("gemma3", "float32"), ("gemma2", "int8"), ("mistral", "float32")])
+def test_prompts_on_rings_run_natively_past_the_window_as_through_the_modules(name: str, precision: str) -> None:
+    """A prompt on a session holding rings is one native call (no PyTorch attention), whole past
+    the window (W = 5, 12 tokens), in pieces that start below and past it, and after decode steps
+    that wrapped the ring: every position's logits and the rings as the modules give them (the
+    modules' ring answers each piece with the slots as they were before it, then its own)."""
+    native, modules, setup = _pair(name, precision)
+    g = torch.Generator().manual_seed(4)
+    prompt, more = torch.randint(0, VOCAB, (12,), generator=g), torch.randint(0, VOCAB, (9,), generator=g)
+    runs = []
+    for model, how in ((native, setup), (modules, None)):
+        with torch.inference_mode(), DecodeSession(model, batch_size=3, capacity=64, kind=SlotKVCache,
+                                                   setup=how) as session:
+            with torch.profiler.profile() as profile:
+                whole = session.prefill_row_all(0, prompt)  # (12, V), positions 0..11
+                first = session.prefill_row_all(1, prompt[:3])  # 0..2: below the window
+                second = session.prefill_row_all(1, prompt[3:], start=3)  # 3..11: across it
+                session.prefill_row(2, prompt[:2])
+                steps = [session.decode(prompt[2 + i:3 + i], rows=[2]) for i in range(8)]  # 2..9: wrapped
+                after = session.prefill_row_all(2, more, start=10)  # 10..18, read from a wrapped ring
+            ops = [event.name for event in profile.events()]
+            rings = _ring_contents(session)
+        runs.append((torch.cat([whole, first, second, *steps, after]), rings, ops))
+    (have, have_rings, ops), (want, want_rings, module_ops) = runs
+    assert ops.count("qkv::stack_step") == 5 + 8 and not any("scaled_dot_product" in op for op in ops)
+    assert "qkv::stack_step" not in module_ops
+    torch.testing.assert_close(have, want, rtol=0, atol=_tolerance(precision, want))
+    assert len(have_rings) == len(want_rings) > 0
+    for (kp, keys, values), (want_kp, want_keys, want_values) in zip(have_rings, want_rings):
+        assert torch.equal(kp, want_kp)
+        torch.testing.assert_close(keys, want_keys, rtol=0, atol=1e-4)
+        torch.testing.assert_close(values, want_values, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("precision", ["float32", "int4"])
+def test_a_ring_prompt_within_the_window_is_its_tokens_decoded_one_at_a_time_bit_for_bit(precision: str) -> None:
+    """Below the window a ring's slot s holds position s, so a prompt there overwrites nothing its
+    queries read: natively it gives, at every position, what native decode steps give fed its
+    tokens one at a time, bit for bit, alone or beside another row's prompt in one call."""
+    native, _, setup = _pair("gemma3", precision)
+    prompt = torch.tensor([3, 14, 15, 92, 65])  # positions 0..4, W = 5
+    with torch.inference_mode(), DecodeSession(native, batch_size=3, capacity=64, kind=SlotKVCache,
+                                               setup=setup) as session:
+        every = session.prefill_row_all(0, prompt)  # (5, V)
+        session.prefill_row(1, prompt[:1])
+        steps = torch.stack([session.decode(token[None], rows=[1])[0] for token in prompt[1:]])  # (4, V)
+        together = session.prefill_rows([(2, prompt, 0), (0, prompt[:3], 0)])
+        rings = _ring_contents(session)
+    assert torch.equal(every[1:], steps)
+    assert torch.equal(together[0], every[-1]) and torch.equal(together[1], every[2])
+    for kp, _, _ in rings:
+        assert torch.equal(kp[1], kp[2])
+
+
+def test_a_ring_row_given_tokens_at_gaps_in_one_call_is_refused_in_one_line() -> None:
+    """A ring row's tokens past the window in one call must be one consecutive piece: the kernel
+    says so rather than read a ring its own writes changed."""
+    native, _, setup = _pair("mistral", "float32")
+    with torch.inference_mode(), DecodeSession(native, batch_size=1, capacity=64, kind=SlotKVCache,
+                                               setup=setup) as session:
         layers = session._native
-        assert layers is not None and any(isinstance(cache, WindowKVCache) for cache in session.caches)
-        assert layers.takes(torch.zeros(1, 1, 64), torch.tensor([0]), None)
-        assert not layers.takes_prompts()
+        assert layers is not None and layers.takes_prompts()
+        x = native.embed(torch.tensor([[1, 2, 3]]), torch.tensor([0, 1, 2]))[0]  # (3, C)
+        with pytest.raises(RuntimeError, match="consecutive positions"):
+            layers.prompt(x, torch.tensor([0, 4, 9]), torch.tensor([0, 0, 0]), None)
 
 
 def test_a_ring_shorter_than_the_window_decodes_natively() -> None:

@@ -29,10 +29,11 @@ the C++.
 Which calls it takes: one new token per row (a decode step), or prompt tokens of any cache
 rows, each prompt's at consecutive positions (`prompt`: several prompts' pieces in one call,
 the head run on the tokens asked for only), float32, no gradients, no extra mask, and caches
-whose kind gives `kernel_buffers()` (StaticKVCache, SlotKVCache) or, for decode steps only, is
-a sliding-window ring (`WindowKVCache.kernel_ring()`: the kernel writes slot p mod W and keeps
-the ring's key positions, as the ring's own `update` does); other kinds, and prompts on rings,
-run the layers as modules. A session that records the modules with hooks (a trace, `qkv.trace`)
+whose kind gives `kernel_buffers()` (StaticKVCache, SlotKVCache) or is a sliding-window ring
+(`WindowKVCache.kernel_ring()`: the kernel writes slot p mod W and keeps the ring's key
+positions, as the ring's own `update` does; a prompt piece that reaches past the window has its
+queries read the ring as it was before the piece plus the piece's own keys, as `update` answers);
+other kinds run the layers as modules. A session that records the modules with hooks (a trace, `qkv.trace`)
 asks the runtime for the module step (`step="modules"`), so its hooks see every step.
 
 The math is the layers': the same weights through the same kernels (`qkv::int4_linear`'s
@@ -197,9 +198,10 @@ class NativeLayerStep:
                 and x.device.type == "cpu" and not torch.is_grad_enabled() and positions.numel() in (1, x.shape[0]))
 
     def takes_prompts(self) -> bool:
-        """Whether prompt tokens may run natively (`prompt`): not with gradients, nor on a
-        sliding-window ring, whose later slots would overwrite keys its earlier queries still read."""
-        return self._stack is not None and not self._stack.rings and not torch.is_grad_enabled()
+        """Whether prompt tokens may run natively (`prompt`): not with gradients. (On a
+        sliding-window ring a piece that reaches past the window has its queries read a copy of
+        the ring taken before the piece's writes: layer.cpp's RingCopy.)"""
+        return self._stack is not None and not torch.is_grad_enabled()
 
     @property
     def runs_head(self) -> bool:
@@ -243,22 +245,20 @@ class NativeLayerStep:
 class _Stack:
     handle: int  # qkv::stack_open's
     has_head: bool
-    rings: bool  # some layer's cache is a sliding-window ring: prompts run the modules
 
 
 def _open_stack(hidden: int, layers: list[tuple[tuple[Any, ...], Tensor | None]], head: HeadParts | None) -> _Stack:
     """The layers (and the head, where the kernel can run it) bound once as one native stack."""
     handle = int(torch.ops.qkv.stack_open.default())
-    rings = any(ring is not None for _, ring in layers)
     try:
         for arguments, ring in layers:
             torch.ops.qkv.stack_add_layer.default(handle, hidden, *arguments, ring)
         head_linear = None if head is None else linear_tensors(head.head)
         if head is None or head_linear is None or any(t.dtype != torch.float32 for t in head.norm_tensors):
-            return _Stack(handle, False, rings)
+            return _Stack(handle, False)
         kind, norm = packed_norm(head.norm, head.norm_tensors)
         torch.ops.qkv.stack_set_head.default(handle, kind, head.norm.eps, norm, head_linear, head.softcap or 0.0)
-        return _Stack(handle, True, rings)
+        return _Stack(handle, True)
     except BaseException:
         torch.ops.qkv.stack_close.default(handle)
         raise

@@ -179,7 +179,8 @@ class DecodeSession:
     @property
     def prompt_align(self) -> int:
         """Where a prompt may be cut (pieces, a kept prefix) and write one prefill's numbers: anywhere
-        where the native layers run it (each token alone; not on rings), else on parts (prompt_parts)."""
+        where the native layers run it and every cache keeps every position (each token alone), else on
+        parts (prompt_parts): a ring's prompt past its window reads its keys in another order."""
         return 1 if self.runs_native and self.keeps_every_position else PREFILL_ALIGN
 
     @property
@@ -205,7 +206,7 @@ class DecodeSession:
         return self.model(ids, positions=positions, caches=self.caches)
 
     def _prompt_layers(self) -> NativeLayerStep | None:
-        """The native layers, when they may run this session's prompts (not on rings)."""
+        """The native layers, when they may run this session's prompts."""
         native = self._native
         return native if native is not None and native.takes_prompts() else None
 

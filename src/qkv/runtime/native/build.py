@@ -48,13 +48,14 @@ from qkv.util.cache_integrity import absolute_folder, file_sha256, remove_stale_
 from qkv.util.progress import slow_step
 
 HERE = Path(__file__).parent / "csrc"  # the C++ sources, shipped with the package
-# Compiled together, in this order: the products, attention, the layer and the whole stack of
-# layers with the head (sharing kernels.h); products straight from GGUF's stored blocks
+# Compiled together, in this order: the products, attention, the layer (ring_copy.cpp: what a
+# ring's prompt past its window reads) and the whole stack of layers with the head (sharing kernels.h); products straight from GGUF's stored blocks
 # (block_format.cpp: the block-format table and the generic reference; block_products.cpp: the
 # op and the dispatch, one row at a time or in tiles of many; block_avx2.cpp and block_avx512.cpp:
 # the x86 variants, sharing block_x86.h and block_tiles_x86.h; repacked/: Q4_K, Q5_K and Q8_0 repacked at load into
 # interleaved rows, its layout and products); attention over a quantized KV cache's packed codes.
-SOURCES: tuple[str, ...] = ("products.cpp", "products_x86.cpp", "attention.cpp", "layer.cpp", "stack.cpp",
+SOURCES: tuple[str, ...] = ("products.cpp", "products_x86.cpp", "attention.cpp", "layer.cpp", "ring_copy.cpp",
+                            "stack.cpp",
                             "block_format.cpp", "block_products.cpp", "block_avx2.cpp", "block_avx512.cpp",
                             "quantized_attention.cpp", "repacked/q4k_layout.cpp", "repacked/q4k_avx2.cpp", "repacked/q4k_avx512.cpp",
                             "repacked/q8_0_layout.cpp", "repacked/q8_0_avx2.cpp", "repacked/q8_0_avx512.cpp", "repacked/ops.cpp")

@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include <algorithm>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -242,6 +243,27 @@ LayerCall layer_call(int64_t C, const Tensor &spec, const std::vector<Tensor> &v
                      const std::vector<Tensor> &o, const std::vector<Tensor> &up, const std::vector<Tensor> &down,
                      const Tensor &k_cache, const Tensor &v_cache, const Tensor &lengths,
                      const std::optional<Tensor> &key_positions);
+
+// What a ring row's queries read when its tokens in one call reach position W or beyond (a
+// prompt piece past the window, whose later slots would overwrite keys its earlier queries
+// still read): the ring's keys and values at positions [base, first) as they were before the
+// call's writes (those it holds: `held`), then the call's own at [first, last] (`take`), in
+// position order, (H_kv, n, D) each (ring_copy.cpp). The query at p attends the copy's last
+// `window` entries up to p, as it would the ring in a decode step at p, in another order of the
+// same keys (the ring's is slot order).
+struct RingCopy {
+    int64_t base = 0, n = 0;
+    std::vector<float> k, v;
+    std::unique_ptr<bool[]> held;
+    void take(int64_t position, const float *keys, const float *values, int64_t kv_heads, int64_t head_dim);
+};
+
+// The copies a ring call of M rows needs, one per cache row whose tokens (more than one, at
+// consecutive positions) reach W or beyond; copy_of[cache row] becomes its index in them, or -1
+// (that row's queries read the ring itself after the writes: a decode step evicts only the key
+// at p - W, outside its window; a piece below W overwrites nothing). Taken before any write.
+std::vector<RingCopy> ring_copies(const LayerCall &call, int64_t M, const int64_t *positions, const int64_t *rows,
+                                  std::vector<int64_t> &copy_of);
 
 // The rows (cache rows, or null: row r is cache row r) and positions of a step of M rows,
 // checked against the call's cache.

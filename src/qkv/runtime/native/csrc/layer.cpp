@@ -26,7 +26,9 @@
 // W + 1) int64 the caches are a sliding-window ring (qkv.attention.caches.window_cache, W slots and
 // a scratch slot): what a row held at its position and beyond is forgotten (a rewind),
 // position p is written at slot p mod W, lengths[row] becomes p + 1, and the query sees the
-// slots whose key position kp satisfies p - window < kp <= p.
+// slots whose key position kp satisfies p - window < kp <= p. A row's tokens that reach W or
+// beyond in one call (a prompt piece past the window) would overwrite slots their earlier
+// queries still read: those queries read a copy taken before the writes (RingCopy).
 //
 // Every row is computed by the same operations whatever B is (batch invariance).
 //
@@ -289,6 +291,12 @@ void attention_part(const LayerCall &call, const float *y, float *res, int64_t M
     apply(call.qkv, h.data(), proj.data(), M);
     float *kc = call.k_cache, *vc = call.v_cache;
     int64_t *held = call.lengths;
+    // A ring row whose tokens in this call reach position W or beyond, more than one of them
+    // (a prompt piece past the window): its later tokens' slots hold keys its earlier queries
+    // still read, so its queries read a copy taken before the writes (RingCopy).
+    std::vector<RingCopy> copies;
+    std::vector<int64_t> copy_of;
+    if (ring) copies = ring_copies(call, M, pos, row_of, copy_of);
     const int64_t half = L.rotary_dim / 2;
     std::vector<float> cos_(static_cast<size_t>(half)), sin_(static_cast<size_t>(half));
     for (int64_t r = 0; r < M; r++) {
@@ -316,6 +324,7 @@ void attention_part(const LayerCall &call, const float *y, float *res, int64_t M
             at = pos[r] % W;
             kp[at] = pos[r];
             kp[W] = -1;
+            if (copy_of[c] >= 0) copies[copy_of[c]].take(pos[r], keys, values, Hkv, D);
         }
         for (int64_t g = 0; g < Hkv; g++) {
             const int64_t slot = ((c * Hkv + g) * S + at) * D;
@@ -331,19 +340,32 @@ void attention_part(const LayerCall &call, const float *y, float *res, int64_t M
         for (int64_t s = 0; s < S; s++)
             visible[r * S + s] = s < W && kp[s] >= 0 && kp[s] <= pos[r] && kp[s] > pos[r] - L.window;
     }
+    int64_t widest = S;  // the most keys a query's range spans
+    for (const RingCopy &copy : copies) widest = std::max(widest, copy.n);
     const int64_t group = H / Hkv;
     const int64_t per = heads_per_task(M, Hkv, group), tasks = H / per;  // a task: `per` query heads of a row
     torch::stable::parallel_for(0, M * tasks, 1, [&](int64_t i0, int64_t i1) {
-        std::vector<float> w(static_cast<size_t>(per * S));
+        std::vector<float> w(static_cast<size_t>(per * widest));
         for (int64_t i = i0; i < i1; i++) {
-            const int64_t r = i / tasks, hq = i % tasks * per, kv = (row_of ? row_of[r] : r) * Hkv + hq / group;
+            const int64_t r = i / tasks, hq = i % tasks * per, c = row_of ? row_of[r] : r;
+            const float *q = proj.data() + r * P + hq * D;
+            float *out = context.data() + r * Q + hq * D;
+            const float *sinks = L.sinks ? L.sinks + hq : nullptr;
+            if (ring && copy_of[c] >= 0) {  // the copy: positions base.. in order, the last `window` up to p
+                const RingCopy &copy = copies[copy_of[c]];
+                const int64_t end = pos[r] - copy.base + 1, begin = std::max<int64_t>(0, end - L.window);
+                const int64_t head = (hq / group) * copy.n * D;
+                attend_group(q, D, per, copy.k.data() + head, copy.v.data() + head, copy.held.get(), out, D, begin, end,
+                             D, D, L.scale, L.softcap, sinks, w.data());
+                continue;
+            }
+            const int64_t kv = c * Hkv + hq / group;
             // the keys this row's queries may see: the slots up to its own position (the last
-            // `window`), or a ring's visible slots
-            const int64_t end = ring ? W : pos[r] + 1,
+            // `window`), or a ring's visible slots: below W, slot s holds position s, so those up to p
+            const int64_t end = ring ? std::min(W, pos[r] + 1) : pos[r] + 1,
                           begin = !ring && L.window > 0 ? std::max<int64_t>(0, end - L.window) : 0;
-            attend_group(proj.data() + r * P + hq * D, D, per, kc + kv * S * D, vc + kv * S * D,
-                         ring ? visible.get() + r * S : nullptr, context.data() + r * Q + hq * D, D, begin, end, D,
-                         D, L.scale, L.softcap, L.sinks ? L.sinks + hq : nullptr, w.data());
+            attend_group(q, D, per, kc + kv * S * D, vc + kv * S * D, ring ? visible.get() + r * S : nullptr, out, D,
+                         begin, end, D, D, L.scale, L.softcap, sinks, w.data());
         }
     });
     apply(call.o, context.data(), res, M);

@@ -18,8 +18,8 @@
 //
 // Rows of x may share a cache row at consecutive positions: a prompt's tokens, whose keys and
 // values every layer writes before any of its queries attends (run_layer), so query p sees the
-// prompt's keys up to p as a prefill does (not on a sliding-window ring, whose later slots
-// would overwrite keys an earlier query still reads). `head_rows` names the rows of x whose
+// prompt's keys up to p as a prefill does (on a sliding-window ring, a piece past the window
+// reads a copy of the ring taken before its writes: layer.cpp). `head_rows` names the rows of x whose
 // logits are wanted (a prompt's last token): the head, most of a short prompt's work on a large
 // vocabulary, runs on those rows only.
 //
