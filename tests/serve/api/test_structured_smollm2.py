@@ -40,12 +40,14 @@ def test_json_schema_and_json_object_on_smollm2(client) -> None:
                        response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": CITY}})
         assert choice["finish_reason"] == "stop"
         jsonschema.validate(json.loads(choice["message"]["content"]), CITY)
-    # Greedy, "Describe a city as JSON." sends SmolLM2 into a loop of ever longer keys, or not, by
-    # a last-bit difference of one activation (int4's rounding: qkv.runtime.layer_step): naming
-    # the fields asked for gives an object that ends whichever way the prompt is computed.
-    named = [{"role": "user", "content": "Describe a city as JSON with its name and population."}]
-    choice = _chat(client, messages=named, max_tokens=80, temperature=0, response_format={"type": "json_object"})
-    assert choice["finish_reason"] == "stop" and isinstance(json.loads(choice["message"]["content"]), dict)
+    # Greedy, an open request ("Describe a city as JSON", even naming the fields) sends SmolLM2
+    # into a loop of ever longer keys or digits, or not, by a last-bit difference of one
+    # activation (int4's rounding: qkv.runtime.layer_step; it loops on AVX2 and not on AVX-512):
+    # an object to copy ends whichever way the prompt is computed.
+    wanted = {"name": "Paris", "population": 2100000}
+    copy = [{"role": "user", "content": f"Reply with exactly this JSON: {json.dumps(wanted)}"}]
+    choice = _chat(client, messages=copy, max_tokens=80, temperature=0, response_format={"type": "json_object"})
+    assert choice["finish_reason"] == "stop" and json.loads(choice["message"]["content"]) == wanted
 
 
 def test_a_required_tool_call_on_smollm2(client) -> None:
