@@ -219,6 +219,40 @@ def test_a_native_prompt_is_its_tokens_decoded_one_at_a_time_bit_for_bit(precisi
     torch.testing.assert_close(every, want, rtol=0, atol=_tolerance(precision, want))
 
 
+@pytest.mark.parametrize("precision", ["float32", "int4"])
+def test_a_decode_step_with_prompt_pieces_beside_is_one_call_giving_each_calls_numbers(precision: str) -> None:
+    """`decode_with_pieces`: a step of some rows and other rows' prompt pieces in one native call
+    (a server's chunked prefill beside its streams) gives, bit for bit, the decode step's logits
+    and each piece's last logits that the two calls give apart, and leaves the same caches."""
+    from qkv.attention.caches.kv_cache import SlotKVCache
+
+    fused, _, setup = _pair("llama", precision)
+    prompt = torch.tensor([3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26, 43, 38, 32, 79, 50, 28])
+    runs = []
+    for together in (True, False):
+        with torch.inference_mode(), DecodeSession(fused, batch_size=4, capacity=64, kind=SlotKVCache,
+                                                   setup=setup) as session:
+            session.prefill_row(0, prompt[:5])
+            session.prefill_row(1, prompt[:9])
+            session.prefill_row(2, prompt[:4])
+            tokens, rows, pieces = torch.tensor([7, 11]), [0, 1], [(2, prompt[4:12], 4), (3, prompt[:6], 0)]
+            with torch.profiler.profile() as profile:
+                if together:
+                    logits, lasts = session.decode_with_pieces(tokens, rows, pieces)
+                else:
+                    logits, lasts = session.decode(tokens, rows=rows), session.prefill_rows(pieces)
+            calls = [event.name for event in profile.events()].count("qkv::stack_step")
+            after = session.decode(torch.tensor([5, 6, 7, 8]), rows=[0, 1, 2, 3])  # every row goes on
+            caches = [(c.k_cache[:, :, :13].clone(), c.v_cache[:, :, :13].clone()) for c in session.caches]
+            assert session.lengths == [7, 11, 13, 7]
+        runs.append((calls, logits, torch.stack(lasts), after, caches))
+    (calls, logits, lasts, after, caches), (apart_calls, *apart) = runs
+    assert calls == 1 and apart_calls == 2
+    assert torch.equal(logits, apart[0]) and torch.equal(lasts, apart[1]) and torch.equal(after, apart[2])
+    for (k, v), (want_k, want_v) in zip(caches, apart[3]):
+        assert torch.equal(k, want_k) and torch.equal(v, want_v)
+
+
 def test_models_the_kernels_cannot_run_whole_are_not_fused() -> None:
     model = _model("llama", 4, 2, 16, seed=2)
     prepare_for_decoding(model, precision="bfloat16", compile=False)

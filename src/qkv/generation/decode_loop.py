@@ -49,6 +49,16 @@ class RowSession(Protocol):
     def release_row(self, row: int) -> None: ...
 
 
+class PieceSession(RowSession, Protocol):
+    """A session of slots that also prefills other rows' prompt pieces in a step's call
+    (qkv.runtime.DecodeSession.decode_with_pieces): a server's chunked prefill."""
+
+    def decode_with_pieces(self, tokens: Tensor, rows: list[int], pieces: list[tuple[int, Tensor, int]]
+                           ) -> tuple[Tensor, list[Tensor]]: ...
+
+    def prefill_rows(self, pieces: list[tuple[int, Tensor, int]]) -> list[Tensor]: ...
+
+
 @dataclass
 class RowRequest:
     """How one row generates: sampling, its generator (None: greedy, or a fresh one),
@@ -152,14 +162,24 @@ class DecodeLoop:
         if self._rows.pop(row, None) is not None and self.session.decodes_rows:
             self.session.release_row(row)
 
-    def step(self, chosen: Callable[[list[StepToken]], None] | None = None) -> list[StepToken]:
+    def step(self, chosen: Callable[[list[StepToken]], None] | None = None,
+             pieces: list[tuple[int, Tensor, int]] | None = None,
+             prefilled: Callable[[list[Tensor]], None] | None = None) -> list[StepToken]:
         """Each running row's next token (`choose_rows`, all rows in one pass), then one
         decode call for the rows that go on, which gives their next logits. `chosen(choices)`
         runs in between, the ended rows already finished: a server hands the tokens to its
         clients while the step computes the next ones, not a step later. It may `finish` rows
-        (a row finished there is not decoded)."""
+        (a row finished there is not decoded).
+
+        pieces: other rows' prompt pieces (row, ids (t,), start) computed in the same call
+        (`PieceSession.decode_with_pieces`, a session of slots); `prefilled(last logits)` gets
+        each piece's last token's logits (V,) once the step is done (rows may `start` then)."""
         running = self.running
+        if pieces and not self.session.decodes_rows:
+            raise QkvError("prompt pieces beside a step need a session of slots (kind=SlotKVCache)")
         if not running:
+            if pieces and prefilled is not None:
+                prefilled(self._pieces_session().prefill_rows(pieces))
             return []
         states = [self._rows[row] for row in running]
         with one_thread():  # small operations over (b, V), which a second thread only waits on (qkv.util.threads)
@@ -174,11 +194,15 @@ class DecodeLoop:
         if chosen is not None:
             chosen(choices)
             going = [c for c in going if c.row in self._rows]
+        lasts: list[Tensor] = []
         if going:
             if self.session.decodes_rows:
                 rows = [c.row for c in going]
                 step_tokens = tokens if len(going) == len(running) else torch.tensor([c.token for c in going])
-                logits = self.session.decode(step_tokens, rows=rows)  # (b, V)
+                if pieces:
+                    logits, lasts = self._pieces_session().decode_with_pieces(step_tokens, rows, pieces)  # (b, V)
+                else:
+                    logits = self.session.decode(step_tokens, rows=rows)  # (b, V)
             else:  # every row steps; a row that has ended feeds its last token and is not read
                 rows = list(range(self.session.batch_size))
                 logits = self.session.decode(torch.tensor(self._last))  # (B, V)
@@ -186,7 +210,17 @@ class DecodeLoop:
                 if row in self._rows:
                     self._rows[row].logits = logits[i:i + 1]
             self._batch = (rows, logits)
+        elif pieces:
+            lasts = self._pieces_session().prefill_rows(pieces)
+        if pieces and prefilled is not None:
+            prefilled(lasts)
         return choices
+
+    def _pieces_session(self) -> PieceSession:
+        session = self.session
+        if not hasattr(session, "decode_with_pieces"):
+            raise QkvError(f"{type(session).__name__} cannot prefill prompt pieces beside a step")
+        return session  # type: ignore[return-value]
 
     def _choose(self, running: list[int], states: list[_Row]) -> tuple[Tensor, list[StepToken]]:
         """The running rows' tokens (b,) and what each means for its row (`_ended`)."""

@@ -359,6 +359,43 @@ class DecodeSession:
         self._next = None
         return list(logits)
 
+    def decode_with_pieces(self, tokens: Tensor, rows: list[int], pieces: list[tuple[int, Tensor, int]]
+                           ) -> tuple[Tensor, list[Tensor]]:
+        """One decode step of `rows` (as `decode(tokens, rows=rows)`) and other rows' prompt pieces
+        (as `prefill_rows(pieces)`) -> (the rows' logits (b, V), each piece's last logits (V,)).
+        Where the native layers run prompts, all of it is one call: the weights are read once for
+        the step's rows and the pieces' tokens (a decode token is a one-token piece at the row's
+        next position), so a piece beside the streams costs its own tokens, not another pass
+        over the weights. Each token is computed alone, so the numbers are the two calls'."""
+        self._check_open()
+        if not pieces:
+            return self.decode(tokens, rows=rows), []
+        if not rows:
+            return tokens.new_empty((0,)), self.prefill_rows(pieces)
+        b = len(rows)
+        if ({row for row, _, _ in pieces} & set(rows) or tokens.shape != (b,) or len(set(rows)) != b
+                or not all(0 <= r < self.batch_size for r in rows)):
+            raise QkvError(f"decode_with_pieces takes distinct rows in 0..{self.batch_size - 1}, one token each, "
+                           f"and pieces of other rows; got rows {rows}, pieces of rows {[r for r, _, _ in pieces]}")
+        with torch.inference_mode():
+            native = self._prompt_layers()
+        if native is None:
+            return self.decode(tokens, rows=rows), self.prefill_rows(pieces)
+        if len({row for row, _, _ in pieces}) != len(pieces):
+            raise QkvError(f"decode_with_pieces takes pieces of distinct rows, got rows {[r for r, _, _ in pieces]}")
+        self._need(max(self.lengths[r] for r in rows) + 1)
+        for row, ids, start in pieces:
+            self._check_piece(row, ids, start)
+        steps = [(row, tokens[i:i + 1], self.lengths[row]) for i, row in enumerate(rows)]  # one-token pieces
+        with torch.inference_mode():
+            logits = self._native_prompts(native, steps + pieces, [0] * b + [ids.shape[0] - 1 for _, ids, _ in pieces])
+        for row in rows:
+            self.lengths[row] += 1
+        for row, ids, start in pieces:
+            self.lengths[row] = start + ids.shape[0]
+        self._next, self._row_step = None, None
+        return logits[:b], list(logits[b:])  # (b, V), (V,) each
+
     def _check_piece(self, row: int, ids: Tensor, start: int) -> None:
         if self.kind is not SlotKVCache:
             raise QkvError("calls on some rows of the batch need a session with kind=SlotKVCache")

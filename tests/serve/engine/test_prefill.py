@@ -13,7 +13,8 @@ from qkv.generation.sampling import Sampling
 from qkv.models.loader import load_pretrained
 from qkv.runtime.prompt_parts import PREFILL_ALIGN
 from qkv.serve.engine.batching import Engine, Finished, Job
-from qkv.serve.engine.prefill import IDLE_BUDGET, SHORT_PROMPT, Prefilling, plan_pieces, step_budget
+from qkv.serve.engine.prefill import (IDLE_BUDGET, SHORT_PROMPT, PieceBudget, Prefilling, key_equivalents, piece_work,
+                                      plan_pieces, step_budget)
 
 from .test_batching import _alone
 
@@ -62,14 +63,17 @@ def test_a_long_prompt_is_prefilled_between_the_steps_of_a_running_stream(tiny_f
     assert tokens["long"] == _alone(model, long, 6, ()) and tokens["stream"] == _alone(model, stream, 30, ())
 
 
-def test_while_streams_run_a_long_prompt_takes_one_part_per_step(tiny_folder: Path) -> None:
-    """The default budget beside a decoding row: one part per step."""
+def test_while_streams_run_a_long_prompt_goes_in_pieces_beside_their_steps(tiny_folder: Path) -> None:
+    """The default budget beside a decoding row: the long prompt's pieces go in the steps' own
+    calls, the stream gets a token at every one of them, and both answers are their own alone."""
     model, tokenizer = load_pretrained(tiny_folder)
     stream, long = tokenizer.encode("The cat").ids, _long_prompt(200, model.cfg.vocab_size)
     engine = Engine(model, max_batch=2, capacity=256)
     log: list[str] = []
+    tokens: dict[str, list[int]] = {"stream": [], "long": []}
     first, done = threading.Event(), threading.Event()
     left = [2]
+    chunks_at: list[int] = []  # the prefill pieces done when each stream token was handed off
 
     def emitter(name: str):
         def emit(event) -> None:
@@ -79,19 +83,59 @@ def test_while_streams_run_a_long_prompt_takes_one_part_per_step(tiny_folder: Pa
                     done.set()
                 return
             log.append(name)
+            tokens[name].append(event.id)
+            if name == "stream":
+                chunks_at.append(engine.stats.prefill_chunks)
             first.set()
         return emit
 
     engine.start()
     try:
-        engine.submit_jobs([Job(stream, 40, Sampling(), frozenset(), emitter("stream"))])
+        engine.submit_jobs([Job(stream, 60, Sampling(), frozenset(), emitter("stream"))])
         assert first.wait(60)
         submitted = len(log)
         engine.submit_jobs([Job(long, 4, Sampling(), frozenset(), emitter("long"))])
         assert done.wait(120)
     finally:
         engine.stop()
-    assert log[submitted:log.index("long")].count("stream") >= 200 // PREFILL_ALIGN  # a token per part
+    pieces = engine.stats.prefill_chunks
+    during = log[submitted:log.index("long")].count("stream")
+    assert pieces >= 1 and during >= pieces  # a stream token at each step that computed a piece
+    assert all(b - a <= 1 for a, b in zip(chunks_at, chunks_at[1:]))  # one piece a step, a stream token each
+    assert tokens["long"] == _alone(model, long, 4, ()) and tokens["stream"] == _alone(model, stream, 60, ())
+
+
+def test_the_piece_budget_sizes_a_piece_by_its_cost_at_its_position() -> None:
+    """From a step alone and a step beside a measured piece: the work that fits keeps a step
+    within `slack` of one alone, and a piece later in a prompt (more keys before each token)
+    gets fewer tokens, each the most whose work fits."""
+    budget = PieceBudget(keys_per_token=1000.0, slack=1.5)
+    assert budget.room() is None  # nothing measured: plan_pieces counts tokens
+    budget.observe(0.010, 0.0)  # a step alone: 10 ms
+    budget.observe(0.020, piece_work(64, 0, 1000.0))  # beside 64 tokens at 0: 10 ms more
+    room = budget.room()
+    assert room is not None and abs(room - 0.5 * piece_work(64, 0, 1000.0)) < 1e-6 * room
+    early, late = budget.tokens_at(0, 4000, room), budget.tokens_at(3000, 4000, room)
+    assert 0 < late < early < 64
+    for start, tokens in ((0, early), (3000, late)):
+        assert piece_work(tokens, start, 1000.0) <= room < piece_work(tokens + 1, start, 1000.0)
+    assert budget.tokens_at(0, 5, room) == 5  # at most what is left
+    planned = plan_pieces({0: Prefilling("job", 8000, 3000, 0.0)}, PREFILL_ALIGN, 0, align=1, budget=budget)
+    assert planned == {0: 3000 + late}
+    # two long prompts share the room: the second gets what the first leaves
+    two = plan_pieces({0: Prefilling("a", 8000, 3000, 0.0), 1: Prefilling("b", 9000, 0, 0.0)}, PREFILL_ALIGN, 0,
+                      align=1, budget=budget)
+    assert two[0] == 3000 + late and sum(piece_work(end - done, done, 1000.0) for end, done in
+                                         ((two[0], 3000), (two.get(1, 0), 0))) <= room
+    # cuts on parts: one part at least, so the prompt goes on
+    assert plan_pieces({0: Prefilling("job", 8000, 3008, 0.0)}, PREFILL_ALIGN, 0, budget=budget) == {0: 3072}
+
+
+def test_a_tokens_products_in_keys_follow_the_models_shape(tiny_folder: Path) -> None:
+    model, _ = load_pretrained(tiny_folder)
+    layers = list(model.attention_layers())
+    c, h, d = layers[0].emb_dim, layers[0].num_heads, layers[0].head_dim
+    assert key_equivalents(model) == 24.0 * c * c / (4.0 * h * d)
 
 
 def test_a_short_prompt_is_not_stuck_behind_a_long_one(tiny_folder: Path) -> None:

@@ -66,7 +66,7 @@ from qkv.runtime.prepare import DecodeSetup
 from qkv.runtime.prompt_parts import reusable_prefix
 from qkv.runtime.session import DecodeSession
 from qkv.models.decoder import CausalDecoder
-from qkv.serve.engine.prefill import Prefilling, plan_pieces, step_budget
+from qkv.serve.engine.prefill import PieceBudget, Prefilling, key_equivalents, piece_work, plan_pieces, step_budget
 from qkv.serve.engine.prefix_cache import RowPrefixes
 from qkv.serve.engine.stats import EngineStats
 from qkv.util.threads import FollowIdleCores, release_openmp_workers
@@ -183,6 +183,8 @@ class Engine:
         self._rows: list[Job | None] = [None] * max_batch  # a row's job: prefilling, then in the decode loop
         self._prefilling: dict[int, Prefilling[Job]] = {}  # rows whose prompt is being prefilled
         self.prefill_budget = prefill_budget
+        self._budget = PieceBudget(key_equivalents(model))  # pieces beside decoding rows, sized by their cost
+        self._piece_starts: list[int] = []  # where this step's pieces start (their work, once timed)
         self._outgoing: list[tuple[Job, Event]] = []  # this step's events, handed off after it
         self.prefixes = RowPrefixes(max_batch, enabled=prefix_reuse)
         self._wake = threading.Condition()
@@ -305,14 +307,20 @@ class Engine:
             if job is not None and job.cancelled:
                 self._finish(row, Finished("cancelled"))
         self._admit_waiting()
-        self._prefill_pieces()
+        if not self.loop.running:  # nothing decoding: the prompts alone, then their rows' first step
+            self._prefill_pieces()
+        pieces = self._plan_beside_step() if self.loop.running else []
         self.stats.occupied = sum(job is not None for job in self._rows)
         if not self.loop.running:
             return
         start = time.perf_counter()
-        # each running row's next token, handed off before the decode call of those going on
-        choices = self.loop.step(chosen=self._deliver_all)
+        # each running row's next token, handed off before the decode call of those going on,
+        # which also computes the planned prompt pieces of other rows
+        choices = self.loop.step(chosen=self._deliver_all, pieces=[self._piece(row, end) for row, end in pieces],
+                                 prefilled=lambda lasts: self._took_pieces(pieces, lasts))
         elapsed = time.perf_counter() - start
+        self._budget.observe(elapsed, sum(piece_work(end - done, done, self._budget.keys_per_token)
+                                          for (_, end), done in zip(pieces, self._piece_starts)))
         self.stats.steps += 1
         self.stats.tokens_per_second = len(choices) / elapsed if elapsed > 0 else 0.0
 
@@ -368,22 +376,54 @@ class Engine:
             job.share.prefilling = True
 
     def _prefill_pieces(self) -> None:
-        """Prefill prompt pieces within the step's budget, the fewest tokens left first
-        (qkv.serve.engine.prefill), the pieces whose next token is all that is wanted in one
-        call (`DecodeSession.prefill_rows`: one native call for all of them, each row's numbers
-        its own); a prompt done joins the decode loop, and its first token is chosen and handed
-        off in this step's decode."""
+        """With no row decoding: prefill prompt pieces within the idle budget, the fewest tokens
+        left first (qkv.serve.engine.prefill), the pieces whose next token is all that is wanted
+        in one call (`DecodeSession.prefill_rows`: one native call for all of them, each row's
+        numbers its own); a prompt done joins the decode loop, and its first token is chosen and
+        handed off in this step's decode."""
         if not self._prefilling:
             return
         room, short = step_budget(len(self.loop.running), self.prefill_budget)
         planned = plan_pieces(self._prefilling, room, short, self.session.prompt_align)  # row -> piece's end
         together = [row for row in planned if not self._prefilling[row].job.score_prompt]
         lasts = self.session.prefill_rows([self._piece(row, planned[row]) for row in together])
-        results = dict(zip(together, (last[None] for last in lasts)))  # row -> (1, V)
-        for row in planned:
-            if row not in results:  # the prompt's own tokens are scored: every position's logits
-                _, ids, begin = self._piece(row, planned[row])
+        results = self._scored_alone(planned)
+        results.update(zip(together, (last[None] for last in lasts)))  # row -> (1, V)
+        self._advance(planned, results)
+
+    def _plan_beside_step(self) -> list[tuple[int, int]]:
+        """Rows decoding: this step's pieces (row, end) that go in the decode call, sized by
+        their cost (`PieceBudget`; a fixed --prefill-budget counts tokens instead). A prompt
+        whose own tokens are scored needs every position's logits: its piece runs alone first."""
+        if not self._prefilling:
+            self._piece_starts = []
+            return []
+        room, short = step_budget(len(self.loop.running), self.prefill_budget)
+        budget = self._budget if self.prefill_budget is None else None
+        planned = plan_pieces(self._prefilling, room, short, self.session.prompt_align, budget)  # row -> end
+        scored = {row: end for row, end in planned.items() if self._prefilling[row].job.score_prompt}
+        if scored:
+            self._advance(scored, self._scored_alone(scored))
+        pieces = [(row, end) for row, end in planned.items() if row not in scored]
+        self._piece_starts = [self._prefilling[row].done for row, _ in pieces]
+        return pieces
+
+    def _took_pieces(self, pieces: list[tuple[int, int]], lasts: list[torch.Tensor]) -> None:
+        """The step computed `pieces` beside its rows: each one's last logits (V,) in `lasts`."""
+        self._advance(dict(pieces), {row: last[None] for (row, _), last in zip(pieces, lasts)})
+
+    def _scored_alone(self, planned: dict[int, int]) -> dict[int, torch.Tensor]:
+        """The planned pieces of prompts whose own tokens are scored: every position's logits, (t, V) each."""
+        results = {}
+        for row, end in planned.items():
+            if self._prefilling[row].job.score_prompt:
+                _, ids, begin = self._piece(row, end)
                 results[row] = self.session.prefill_row_all(row, ids, start=begin)  # (t, V)
+        return results
+
+    def _advance(self, planned: dict[int, int], results: dict[int, torch.Tensor]) -> None:
+        """The planned pieces are computed: `results[row]` their logits (1 or t, V); a prompt done
+        joins the decode loop."""
         for row, end in planned.items():
             state, logits = self._prefilling[row], results[row]
             self.stats.prefill_chunks += 1
