@@ -282,7 +282,32 @@ void tile256(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t M, i
 
 // -- F16 / BF16: rows_float's four accumulators per output, a chunk of FLOAT_CHUNK inputs of
 // the NR weight rows widened once into float32 for the band ------------------------------
-constexpr int64_t FLOAT_CHUNK = 256;
+// The accumulators a_j of an output are independent sums (inputs 32 g + 8 j .., g in order),
+// so a chunk runs one j at a time, and for that j a block of MR activation rows x NR weight
+// rows keeps its MR * NR sums in registers: per 32 inputs, MR + NR loads feed MR * NR fused
+// multiply-adds (rows_float's order per sum, so its bits), not the 12 loads per 8 of an
+// output's four sums held together. FLOAT_MR = 3 rows x 4 weight rows: 12 sums, 7 registers
+// of loads; chunks of 512 inputs (4 rows: 8 KiB widened) amortize the passes' loads and stores.
+constexpr int64_t FLOAT_CHUNK = 512;
+constexpr int FLOAT_MR = 3;
+
+template <int MR, int NR>
+inline void float_pass(const float (*w)[FLOAT_CHUNK], const XRow *xs, int64_t k0, int64_t count, int j,
+                       __m256 (*acc)[NR][4]) {
+    __m256 a[MR][NR];
+    for (int m = 0; m < MR; m++)
+        for (int n = 0; n < NR; n++) a[m][n] = acc[m][n][j];
+    for (int64_t k = 8 * j; k < count; k += 32) {
+        __m256 x[MR];
+        for (int m = 0; m < MR; m++) x[m] = _mm256_loadu_ps(xs[m].x + k0 + k);
+        for (int n = 0; n < NR; n++) {
+            const __m256 wv = _mm256_load_ps(w[n] + k);
+            for (int m = 0; m < MR; m++) a[m][n] = _mm256_fmadd_ps(wv, x[m], a[m][n]);
+        }
+    }
+    for (int m = 0; m < MR; m++)
+        for (int n = 0; n < NR; n++) acc[m][n][j] = a[m][n];
+}
 
 template <int64_t T, int NR>
 void tile_float(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t M, int64_t K, const void *, float *out,
@@ -297,19 +322,14 @@ void tile_float(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t M
         for (int n = 0; n < NR; n++)
             for (int64_t k = 0; k < count; k += 8)
                 _mm256_store_ps(w[n] + k, widen8<T>(reinterpret_cast<const uint16_t *>(row + n * row_bytes) + k0 + k));
-        for (int64_t m = 0; m < M; m++) {
-            const float *x = xs[m].x + k0;
-            __m256 a[NR][4];
-            for (int n = 0; n < NR; n++)
-                for (int j = 0; j < 4; j++) a[n][j] = acc[m][n][j];
-            for (int64_t k = 0; k < count; k += 32)
-                for (int j = 0; j < 4; j++) {
-                    const __m256 xv = _mm256_loadu_ps(x + k + 8 * j);
-                    for (int n = 0; n < NR; n++) a[n][j] = _mm256_fmadd_ps(_mm256_load_ps(w[n] + k + 8 * j), xv, a[n][j]);
+        for (int64_t m = 0; m < M; m += FLOAT_MR)
+            for (int j = 0; j < 4; j++) {
+                switch (std::min<int64_t>(FLOAT_MR, M - m)) {
+                    case 1: float_pass<1, NR>(w, xs + m, k0, count, j, acc + m); break;
+                    case 2: float_pass<2, NR>(w, xs + m, k0, count, j, acc + m); break;
+                    default: float_pass<FLOAT_MR, NR>(w, xs + m, k0, count, j, acc + m); break;
                 }
-            for (int n = 0; n < NR; n++)
-                for (int j = 0; j < 4; j++) acc[m][n][j] = a[n][j];
-        }
+            }
     }
     for (int64_t m = 0; m < M; m++)
         for (int n = 0; n < NR; n++) out[m * ldo + n] = float_total(acc[m][n]);
@@ -336,8 +356,8 @@ Tile tile_for(int64_t type) {
         case Q5_K: return {tile256<Q5_K, NR256>, NR256};
         case Q6_K: return {tile256<Q6_K, Q6_K_TILE_ROWS>, Q6_K_TILE_ROWS};
         case IQ4_XS: return {tile256<IQ4_XS, NR256>, NR256};
-        case F16: return {tile_float<F16, 2>, 2};
-        case BF16: return {tile_float<BF16, 2>, 2};
+        case F16: return {tile_float<F16, 4>, 4};
+        case BF16: return {tile_float<BF16, 4>, 4};
         default: return {};
     }
 }
