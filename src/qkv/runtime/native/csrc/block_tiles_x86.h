@@ -140,17 +140,10 @@ template <int64_t T>
 inline void unpack256(const uint8_t *p, Unpacked256 &u) {
     if constexpr (T == Q6_K) {
         const BlockQ6_K &b = *reinterpret_cast<const BlockQ6_K *>(p);
-        const __m256i low4 = _mm256_set1_epi8(15), three = _mm256_set1_epi8(3);
         const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i *>(b.scales));
         for (int h = 0; h < 2; h++) {  // as dot_q6_k
-            const __m256i l0 = load(b.ql + 64 * h), l1 = load(b.ql + 64 * h + 32), qh = load(b.qh + 32 * h);
-            u.q[4 * h] = _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_slli_epi16(_mm256_and_si256(qh, three), 4));
-            u.q[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, low4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), three), 4));
-            u.q[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
-                                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), three), 4));
-            u.q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
-                                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), three), 4));
-            for (int t = 0; t < 4; t++) u.scales[4 * h + t] = two_scales16(sc8, 8 * h + 2 * t, true);
+            q6_k_codes(b.ql + 64 * h, b.qh + 32 * h, u.q + 4 * h);
+            q6_k_scales(sc8, h, u.scales + 4 * h);
         }
         u.extra = _mm256_cvtepi8_epi16(sc8);
         u.d = half(b.d);

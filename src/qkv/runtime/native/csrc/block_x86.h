@@ -283,34 +283,52 @@ float dot_k4(const uint8_t *row, const XRow &x, int64_t K) {
     return hsum(acc) - _mm_cvtss_f32(m);
 }
 
-// Q6_K: per half h of 128 weights, the four 32s t from ql's nibbles and qh's 2-bit fields;
-// the codes' offset of 32 is taken off as 32 sum(scale * the activations' 16-sums).
+// Q6_K: per half h of 128 weights, the four 32s t from ql's nibbles and qh's 2-bit fields
+// (each field moved to bits 4..5 of its byte by one 16-bit shift and a mask: no bit crosses a
+// byte there); the codes' offset of 32 is taken off as 32 sum(scale * the activations' 16-sums).
+inline void q6_k_codes(const uint8_t *ql, const uint8_t *qh, __m256i q[4]) {
+    const __m256i low4 = _mm256_set1_epi8(15), field = _mm256_set1_epi8(0x30);
+    const __m256i l0 = load(ql), l1 = load(ql + 32), h = load(qh);
+    q[0] = _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_and_si256(_mm256_slli_epi16(h, 4), field));
+    q[1] = _mm256_or_si256(_mm256_and_si256(l1, low4), _mm256_and_si256(_mm256_slli_epi16(h, 2), field));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4), _mm256_and_si256(h, field));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4), _mm256_and_si256(_mm256_srli_epi16(h, 2), field));
+}
+
+// Q6_K's int16 scales of the 32s 4 h + t (t = 0..3): lanes 0..7 scale 8 h + 2 t, 8..15 scale
+// 8 h + 2 t + 1, one in-lane byte shuffle each of the half's 8 scales widened to int16 in both lanes.
+inline void q6_k_scales(__m128i sc8, int h, __m256i scales[4]) {
+    const __m128i half8 = _mm_cvtepi8_epi16(h == 0 ? sc8 : _mm_srli_si128(sc8, 8));  // scales 8 h .. 8 h + 7 as int16
+    const __m256i both = _mm256_set_m128i(half8, half8);
+    for (int t = 0; t < 4; t++) {
+        const long long lo = 0x0100010001000100ll + 0x0404040404040404ll * t, hi = lo + 0x0202020202020202ll;
+        const __m256i pick = _mm256_set_epi64x(hi, hi, lo, lo);  // bytes of int16 scale 2 t (low lane), 2 t + 1 (high lane)
+        scales[t] = _mm256_shuffle_epi8(both, pick);
+    }
+}
+
+// The read-ahead of a row's super-blocks: Q6_K_AHEAD bytes further on (past a row's end, the next
+// row's first: a part's rows lie one after another), four lines a super-block of 210 bytes.
+constexpr int64_t Q6_K_AHEAD = 1024;
+
 template <class S>
 float dot_q6_k(const uint8_t *row, const XRow &x, int64_t K) {
-    const __m256i low4 = _mm256_set1_epi8(15), three = _mm256_set1_epi8(3);
     __m256 acc = _mm256_setzero_ps();
+#pragma GCC unroll 2
     for (int64_t i = 0; i < K / 256; i++) {
-        const BlockQ6_K &b = *reinterpret_cast<const BlockQ6_K *>(row + i * static_cast<int64_t>(sizeof(BlockQ6_K)));
+        const uint8_t *p = row + i * static_cast<int64_t>(sizeof(BlockQ6_K));
+        const BlockQ6_K &b = *reinterpret_cast<const BlockQ6_K *>(p);
+        for (int l = 0; l < 4; l++) _mm_prefetch(reinterpret_cast<const char *>(p + Q6_K_AHEAD + 64 * l), _MM_HINT_T0);
         const int8_t *c = x.q + 256 * i;
         const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i *>(b.scales));
         const __m256i offset = _mm256_madd_epi16(load(x.sums + 16 * i), _mm256_cvtepi8_epi16(sc8));
         __m256i sumi = _mm256_setzero_si256();
         for (int h = 0; h < 2; h++) {
-            const __m256i l0 = load(b.ql + 64 * h), l1 = load(b.ql + 64 * h + 32), qh = load(b.qh + 32 * h);
-            const __m256i q[4] = {
-                _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_slli_epi16(_mm256_and_si256(qh, three), 4)),
-                _mm256_or_si256(_mm256_and_si256(l1, low4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), three), 4)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
-                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), three), 4)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
-                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), three), 4)),
-            };
-            for (int t = 0; t < 4; t++) {
-                const int s = 8 * h + 2 * t;  // the 32's two sub-blocks of 16: s and s + 1
-                const __m256i scales = _mm256_cvtepi8_epi16(
-                    _mm_shuffle_epi8(sc8, _mm_unpacklo_epi64(_mm_set1_epi8(static_cast<char>(s)), _mm_set1_epi8(static_cast<char>(s + 1)))));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(q[t], load(c + 128 * h + 32 * t)), scales));
-            }
+            __m256i q[4], scales[4];
+            q6_k_codes(b.ql + 64 * h, b.qh + 32 * h, q);
+            q6_k_scales(sc8, h, scales);
+            for (int t = 0; t < 4; t++)
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(q[t], load(c + 128 * h + 32 * t)), scales[t]));
         }
         sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(offset, 5));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(half(b.d) * x.d[i]), _mm256_cvtepi32_ps(sumi), acc);
