@@ -68,7 +68,7 @@ class Prefilling(Generic[J]):
         return self.prompt_length - self.done
 
 
-SLACK = 1.5  # a step with prompt pieces takes at most this many times a step without (the target: 2, with room)
+SLACK = 1.25  # a step with prompt pieces takes at most this many times a step without (the target: 2, with room)
 SMOOTHING = 0.3  # the weight of the newest measurement in the budget's running estimates
 
 
