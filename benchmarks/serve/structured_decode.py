@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the
 import harness  # noqa: E402
 from qkv.generation.constraints import Grammars, json_schema_grammar  # noqa: E402
 from qkv.generation.sampling import Sampling  # noqa: E402
-from qkv.serve.engine.batching import Finished  # noqa: E402
+from qkv.serve.engine.jobs import Finished  # noqa: E402
 from qkv.serve.http.server import load_served  # noqa: E402
 
 PERSON = {"type": "object", "properties": {

@@ -21,7 +21,8 @@ from qkv.models.configs.llama import LlamaConfig
 from qkv.runtime.native import native_kernels
 from qkv.runtime import DecodeSession, DecodeSetup, prepare_for_decoding, reusable_prefix
 from qkv.runtime.prompt_parts import PREFILL_ALIGN, aligned_parts
-from qkv.serve.engine.batching import Engine, Finished
+from qkv.serve.engine.batching import Engine
+from qkv.serve.engine.jobs import Finished
 
 PRECISIONS = ["float32", "int8", "int4"]
 needs_kernels = pytest.mark.skipif(not native_kernels().available, reason="qkv's kernels do not build here")

@@ -30,6 +30,7 @@ nothing of the failed call was applied.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
@@ -233,3 +234,11 @@ def _quiet_cache_damage() -> None:
     """Install the one-line report of damaged Inductor cache entries (module docstring), once."""
     logging.getLogger("torch._inductor.codecache").addFilter(_CacheDamage())
     sys.unraisablehook = _drop_half_read_graphs(sys.unraisablehook)
+
+
+def eager_prompts() -> contextlib.AbstractContextManager[object]:
+    """Prompts run eagerly even on a compiled model (one shape family of graphs: the decode steps)."""
+    if "torch._dynamo" not in sys.modules:  # nothing can be compiled; set_stance would import Dynamo (1.6 s)
+        return contextlib.nullcontext()
+    set_stance = getattr(torch.compiler, "set_stance", None)
+    return set_stance("force_eager") if set_stance is not None else contextlib.nullcontext()

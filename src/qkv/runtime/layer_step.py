@@ -76,6 +76,18 @@ if TYPE_CHECKING:
     from qkv.models.decoder import CausalDecoder, HeadParts, LayerParts
 
 
+def has_forward_hooks(model: CausalDecoder) -> bool:
+    """Whether a forward hook is on any module of `model` (or on every module): a session
+    entered then runs the modules, so the hooks see every step. (Checked once, when the
+    session is entered: a hook put on later needs a session with step="modules".)"""
+    from torch.nn.modules import module as torch_module
+
+    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+        return True
+    own = getattr(model, "own_hooks", frozenset())  # a tensor-parallel rank's collectives: its native step makes them too
+    return any(set(m._forward_hooks) - own or m._forward_pre_hooks for m in model.modules())
+
+
 def linear_tensors(layer: nn.Module) -> list[Tensor] | None:
     """A linear layer as the kernel reads it, as the layer says (`KernelLinear.kernel_tensors`,
     qkv.runtime.linear.kernel), or None when it is not one qkv's kernels run."""
@@ -226,6 +238,22 @@ class NativeLayerStep:
         token sees its prompt's keys up to its own position: what the decode steps would give
         for the same tokens one at a time, bit for bit, since each token is computed alone."""
         return self._run(x, positions.to(torch.int64), rows.to(torch.int64), wanted)
+
+    def pieces(self, pieces: list[tuple[int, Tensor, int]], wanted: list[int] | None) -> Tensor:
+        """Prompt pieces (cache row, ids (t,), start) embedded and run in one `prompt` call ->
+        the logits of token wanted[i] of piece i, (pieces, V), or of every token, (sum t, V), for None."""
+        assert self._model is not None
+        device = next(self._model.parameters()).device
+        xs, where, rows, picked, first = [], [], [], [], 0
+        for i, (row, ids, start) in enumerate(pieces):
+            positions = torch.arange(start, start + ids.shape[0], device=device)  # (t,)
+            xs.append(self._model.embed(ids.to(device)[None], positions)[0])  # (t, C)
+            where.append(positions)
+            rows.append(torch.full_like(positions, row))
+            picked.append(first + (wanted[i] if wanted is not None else 0))
+            first += ids.shape[0]
+        heads = torch.tensor(picked, device=device) if wanted is not None else None  # (pieces,)
+        return self.prompt(torch.cat(xs), torch.cat(where), torch.cat(rows), heads)
 
     def _run(self, x: Tensor, positions: Tensor, rows: Tensor | None, wanted: Tensor | None) -> Tensor:
         """x (M, C) at positions (M,) of cache rows (M,) (None: row i is cache row i) -> (M or R, V)."""

@@ -4,36 +4,30 @@
         logits = session.prefill(ids (B, T), lengths=None)   # (B, V), the caches filled
         logits = session.decode(tokens (B,))                  # (B, V), one position each
 
-The session builds its caches when it is entered (one per attention layer, from the
-model's `cache_specs`) and drops them when it is left; it hands them to every call of the
-model, which holds none itself, so any number of sessions run on one model without
-touching each other (a server's slots and an explorer's trace side by side).
+The session builds its caches when entered (one per attention layer, from the model's
+`cache_specs`) and drops them when left; it hands them to every call of the model, which
+holds none itself, so any number of sessions run on one model side by side (a server's
+slots and an explorer's trace).
 
-How a decode step runs is chosen per session, once, when it is entered (`step`):
-"native" runs each layer as one call of qkv's C++ (`qkv.runtime.layer_step`), where the
-session is given the setup of a model prepared for it (`setup=`, from `qkv.runtime.prepare`)
-and the cache kind lets it;
-"modules" runs the PyTorch modules (compiled where the preparation compiled them); "auto"
-(the default) takes native where it can. A trace, whose hooks must see every module, asks
-for "modules" (and a session entered while any forward hook is on the model runs the
-modules, but for a tensor-parallel rank's own collectives, `own_hooks`). Asked for "native"
-where it cannot run, the session says so in one line and runs the modules. It carries the
-positions as tensors: a prefill writes positions [n, n + T) of every row; a decode step
-writes each row's next position. Rows may have different lengths (a batch of prompts laid
-out with their padding at the end, `lengths` giving the real ones): positions are then
-(B, 1) per row, and each row's cache mask hides what lies beyond its own position.
-A decode step has the same shapes at every length, so a compiled model runs it with one
-graph for the cache's whole capacity.
+How a step runs is chosen once, when the session is entered (`step`): "native" runs every
+layer and the head as one call of qkv's C++ (`qkv.runtime.layer_step`), given the setup of a
+model prepared for it (`setup=`, qkv.runtime.prepare) and a cache kind it takes; "modules"
+runs the PyTorch modules (compiled where the preparation compiled them); "auto" (the
+default) takes native where it can. A trace, whose hooks must see every module, asks for
+"modules" (a session entered while a forward hook is on the model runs the modules too,
+but for a tensor-parallel rank's own collectives, `own_hooks`); asked for "native" where it
+cannot run, the session says so in one line. Positions are tensors: a prefill writes
+[n, n + T) of every row, a decode step each row's next position; rows may differ in length
+(`lengths`: padding at the end, positions (B, 1), each row's mask hiding what lies beyond it).
+A decode step has the same shapes at every length: one compiled graph for the whole capacity.
 
-Prompts (compute-bound, large products) run eagerly even on a compiled model, through
-`torch.compiler.set_stance("force_eager")` where PyTorch has it; only the decode steps
-run compiled, which keeps the compiled graphs to one shape family. Where the native layers
-run, a prompt runs natively too (`NativeLayerStep.prompt`: its tokens as rows of the row's
-cache), one call instead of some 40 PyTorch operations a layer around the products (a busy
-core stretches each to milliseconds), and it computes what the decode steps would for its
-tokens one at a time, bit for bit; `prefill_rows` prefills several rows' prompts in one such
-call. Prompts on a sliding-window ring, and every call of a session running the modules, go
-through the modules in aligned parts (PREFILL_ALIGN).
+Prompts run eagerly even on a compiled model (`qkv.runtime.compile.eager_prompts`). Where
+the native layers run, a prompt runs natively too (`NativeLayerStep.prompt`: its tokens as
+rows of the row's cache, one call instead of some 40 operations a layer), computing what the
+decode steps would for its tokens one at a time, bit for bit; `prefill_rows` and
+`decode_with_pieces` put several rows' prompt pieces (and a step's decode rows) in one such
+call. Every call of a session running the modules goes through them in aligned parts
+(PREFILL_ALIGN).
 
 Shape legend: B batch, T prompt tokens, S cache capacity, V vocabulary.
 """
@@ -52,7 +46,8 @@ from qkv.attention.caches.kv_cache import CacheKind, CacheSpec, KVCache, SlotKVC
 from qkv.attention.caches.window_cache import cache_kind_for
 from qkv.errors import QkvError
 from qkv.models.decoder import CausalDecoder
-from qkv.runtime.layer_step import NativeLayerStep
+from qkv.runtime.compile import eager_prompts
+from qkv.runtime.layer_step import NativeLayerStep, has_forward_hooks
 from qkv.runtime.prepare import DecodeSetup
 from qkv.runtime.prompt_parts import PREFILL_ALIGN, aligned_parts
 
@@ -72,25 +67,6 @@ def cache_capacity(tokens: int, context_length: int) -> int:
         raise QkvError(f"{tokens} tokens exceed the model's context length ({context_length})")
     rounded = max(SMALLEST_CAPACITY, 1 << max(0, tokens - 1).bit_length())
     return min(rounded, context_length)
-
-
-def _eager_prompts() -> contextlib.AbstractContextManager[object]:
-    if "torch._dynamo" not in sys.modules:  # nothing can be compiled; set_stance would import Dynamo (1.6 s)
-        return contextlib.nullcontext()
-    set_stance = getattr(torch.compiler, "set_stance", None)
-    return set_stance("force_eager") if set_stance is not None else contextlib.nullcontext()
-
-
-def _hooked(model: CausalDecoder) -> bool:
-    """Whether a forward hook is on any module of `model` (or on every module): a session
-    entered then runs the modules, so the hooks see every step. (Checked once, when the
-    session is entered: a hook put on later needs a session with step="modules".)"""
-    from torch.nn.modules import module as torch_module
-
-    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
-        return True
-    own = getattr(model, "own_hooks", frozenset())  # a tensor-parallel rank's collectives: its native step makes them too
-    return any(set(m._forward_hooks) - own or m._forward_pre_hooks for m in model.modules())
 
 
 class DecodeSession:
@@ -122,10 +98,8 @@ class DecodeSession:
         self.model = model
         self.setup = setup
         self.batch_size = batch_size
-        if exact_capacity and capacity is not None:  # a window cache's size, say: not rounded
-            self.capacity = capacity
-        else:
-            self.capacity = cache_capacity(capacity or model.context_length, model.context_length)
+        exact = exact_capacity and capacity is not None  # a window cache's size, say: not rounded
+        self.capacity = capacity if exact else cache_capacity(capacity or model.context_length, model.context_length)
         self.kind = kind
         self.dtype = dtype
         self.device = next(model.parameters()).device
@@ -162,7 +136,7 @@ class DecodeSession:
 
     def _native_layers(self) -> NativeLayerStep | None:
         """The native layers bound to this session's caches, when its step may use them."""
-        if self.step == "modules" or _hooked(self.model):
+        if self.step == "modules" or has_forward_hooks(self.model):
             return None
         layer_step = None if self.setup is None else self.setup.layer_step
         native = None if layer_step is None else layer_step.bound_to(self.model, self.caches)
@@ -209,21 +183,6 @@ class DecodeSession:
         """The native layers, when they may run this session's prompts."""
         native = self._native
         return native if native is not None and native.takes_prompts() else None
-
-    def _native_prompts(self, native: NativeLayerStep, pieces: list[tuple[int, Tensor, int]],
-                        wanted: list[int] | None) -> Tensor:
-        """Pieces (cache row, ids (t,), start) through `native` in one call -> the logits of
-        token wanted[i] of piece i, (pieces, V), or of every token, (sum t, V), for None."""
-        xs, where, rows, picked, first = [], [], [], [], 0
-        for i, (row, ids, start) in enumerate(pieces):
-            positions = torch.arange(start, start + ids.shape[0], device=self.device)  # (t,)
-            xs.append(self.model.embed(ids.to(self.device)[None], positions)[0])  # (t, C)
-            where.append(positions)
-            rows.append(torch.full_like(positions, row))
-            picked.append(first + (wanted[i] if wanted is not None else 0))
-            first += ids.shape[0]
-        heads = torch.tensor(picked, device=self.device) if wanted is not None else None  # (pieces,)
-        return native.prompt(torch.cat(xs), torch.cat(where), torch.cat(rows), heads)
 
     def cache_nbytes(self) -> int:
         """Bytes held by this session's KV caches."""
@@ -290,10 +249,10 @@ class DecodeSession:
         if len(parts) > 1 and lengths != [t] * b:
             raise QkvError(f"prompts longer than {chunk} tokens are prefilled in parts, which needs rows "
                            "of equal length; prefill them one at a time")
-        with torch.inference_mode(), _eager_prompts():
+        with torch.inference_mode(), eager_prompts():
             native = self._prompt_layers() if chunk is None else None
             if native is not None:  # every row's tokens (its padding too, as the modules write it) in one call
-                out = self._native_prompts(native, [(r, ids[r], start) for r in range(b)], [n - 1 for n in lengths])
+                out = native.pieces([(r, ids[r], start) for r in range(b)], [n - 1 for n in lengths])
             else:
                 for begin, end in parts:
                     positions = torch.arange(begin, end, device=self.device)  # (t',)
@@ -314,10 +273,10 @@ class DecodeSession:
         start = self.lengths[0]
         self._need(start + ids.shape[0])
         positions = torch.arange(start, start + ids.shape[0], device=self.device)  # (T,)
-        with torch.inference_mode(), _eager_prompts():
+        with torch.inference_mode(), eager_prompts():
             native = self._prompt_layers()
             if native is not None:
-                scores = self._native_prompts(native, [(0, ids, start)], None)  # (T, V)
+                scores = native.pieces([(0, ids, start)], None)  # (T, V)
             else:
                 scores = self._forward(ids.to(self.device)[None], positions)[0]  # (T, V)
         self.lengths = [start + ids.shape[0]]
@@ -344,8 +303,7 @@ class DecodeSession:
         server's prompts that arrive together), and each piece's numbers are its own
         `prefill_row`'s, since each token is computed alone; else one `prefill_row` each."""
         self._check_open()
-        if len({row for row, _, _ in pieces}) != len(pieces):
-            raise QkvError(f"prefill_rows takes pieces of distinct rows, got rows {[row for row, _, _ in pieces]}")
+        self._check_distinct(pieces, "prefill_rows")
         with torch.inference_mode():
             native = self._prompt_layers()
         if native is None or len(pieces) < 2:
@@ -353,7 +311,7 @@ class DecodeSession:
         for row, ids, start in pieces:
             self._check_piece(row, ids, start)
         with torch.inference_mode():
-            logits = self._native_prompts(native, pieces, [ids.shape[0] - 1 for _, ids, _ in pieces])  # (pieces, V)
+            logits = native.pieces(pieces, [ids.shape[0] - 1 for _, ids, _ in pieces])  # (pieces, V)
         for row, ids, start in pieces:
             self.lengths[row] = start + ids.shape[0]
         self._next = None
@@ -373,28 +331,35 @@ class DecodeSession:
         if not rows:
             return tokens.new_empty((0,)), self.prefill_rows(pieces)
         b = len(rows)
-        if ({row for row, _, _ in pieces} & set(rows) or tokens.shape != (b,) or len(set(rows)) != b
-                or not all(0 <= r < self.batch_size for r in rows)):
-            raise QkvError(f"decode_with_pieces takes distinct rows in 0..{self.batch_size - 1}, one token each, "
-                           f"and pieces of other rows; got rows {rows}, pieces of rows {[r for r, _, _ in pieces]}")
+        self._check_rows(tokens, rows)
+        self._check_distinct([(row, tokens, 0) for row in rows] + pieces, "decode_with_pieces")
         with torch.inference_mode():
             native = self._prompt_layers()
         if native is None:
             return self.decode(tokens, rows=rows), self.prefill_rows(pieces)
-        if len({row for row, _, _ in pieces}) != len(pieces):
-            raise QkvError(f"decode_with_pieces takes pieces of distinct rows, got rows {[r for r, _, _ in pieces]}")
         self._need(max(self.lengths[r] for r in rows) + 1)
         for row, ids, start in pieces:
             self._check_piece(row, ids, start)
         steps = [(row, tokens[i:i + 1], self.lengths[row]) for i, row in enumerate(rows)]  # one-token pieces
         with torch.inference_mode():
-            logits = self._native_prompts(native, steps + pieces, [0] * b + [ids.shape[0] - 1 for _, ids, _ in pieces])
+            logits = native.pieces(steps + pieces, [0] * b + [ids.shape[0] - 1 for _, ids, _ in pieces])
         for row in rows:
             self.lengths[row] += 1
         for row, ids, start in pieces:
             self.lengths[row] = start + ids.shape[0]
         self._next, self._row_step = None, None
         return logits[:b], list(logits[b:])  # (b, V), (V,) each
+
+    @staticmethod
+    def _check_distinct(pieces: list[tuple[int, Tensor, int]], call: str) -> None:
+        if len({row for row, _, _ in pieces}) != len(pieces):
+            raise QkvError(f"{call} takes distinct rows, got rows {[row for row, _, _ in pieces]}")
+
+    def _check_rows(self, tokens: Tensor, rows: list[int]) -> None:
+        b = len(rows)
+        if tokens.shape != (b,) or len(set(rows)) != b or not all(0 <= r < self.batch_size for r in rows):
+            raise QkvError(f"decode on rows {rows} takes distinct rows in 0..{self.batch_size - 1} and one token "
+                           f"per row, shape ({b},); got {tuple(tokens.shape)}")
 
     def _check_piece(self, row: int, ids: Tensor, start: int) -> None:
         if self.kind is not SlotKVCache:
@@ -413,11 +378,11 @@ class DecodeSession:
         self._check_piece(row, ids, start)
         end = start + ids.shape[0]
         pieces = []
-        with torch.inference_mode(), _eager_prompts():
+        with torch.inference_mode(), eager_prompts():
             native = self._prompt_layers()
             if native is not None:
                 wanted = [ids.shape[0] - 1] if last_only else None
-                pieces.append(self._native_prompts(native, [(row, ids, start)], wanted))  # (1 or T, V)
+                pieces.append(native.pieces([(row, ids, start)], wanted))  # (1 or T, V)
             else:
                 for begin, stop in aligned_parts(start, end):  # positions [begin, stop)
                     positions = torch.arange(begin, stop, device=self.device)  # (t',)
@@ -479,10 +444,7 @@ class DecodeSession:
         return logits[:, -1]  # (B, V)
 
     def _decode_rows(self, tokens: Tensor, rows: list[int]) -> Tensor:
-        b = len(rows)
-        if tokens.shape != (b,) or len(set(rows)) != b or not all(0 <= r < self.batch_size for r in rows):
-            raise QkvError(f"decode on rows {rows} takes distinct rows in 0..{self.batch_size - 1} and one token "
-                           f"per row, shape ({b},); got {tuple(tokens.shape)}")
+        self._check_rows(tokens, rows)
         lengths = [self.lengths[r] for r in rows]
         reach = max(lengths) + 1
         self._need(reach)

@@ -1,4 +1,4 @@
-"""qkv::quantized_decode_attention (runtime/native/csrc/quantized_attention.cpp) against attention written out
+"""qkv::quantized_decode_attention (runtime/native/csrc/quantized_cache/attention.cpp) against attention written out
 in torch over the cache's dequantized contents: int4 and int2 codes, keys per channel or per
 token, before or after RoPE, sinks, grouped query heads, caches of many lengths (inside the
 full-precision tail, at group boundaries, many groups), every variant the CPU runs (generic,

@@ -7,7 +7,7 @@ stop string. Real tokenizer (byte-level BPE), real request parsing."""
 from __future__ import annotations
 
 from qkv.serve.api.answer import Choice
-from qkv.serve.engine.batching import Finished, Token
+from qkv.serve.engine.jobs import Finished, Token
 from qkv.serve.api.schemas import Limits, parse
 from qkv.serve.api.tokens import TokenTexts
 from tests.models.conftest import make_tokenizer

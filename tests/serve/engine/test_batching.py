@@ -11,7 +11,8 @@ import torch
 from qkv.generation import generate
 from qkv.generation.sampling import Sampling
 from qkv.models.loader import load_pretrained
-from qkv.serve.engine.batching import Engine, EngineFull, Finished, Job
+from qkv.serve.engine.batching import Engine
+from qkv.serve.engine.jobs import EngineFull, Finished, Job
 
 PROMPTS = ["The cat", "Attention is all you need, they", "Keys", "The mat. The cat sat on",
            "queries and values", "A"]
@@ -166,7 +167,7 @@ def test_prompts_that_arrive_together_prefill_in_one_native_call_and_answer_as_a
 
 
 class RecordingOutbox:
-    """An Outbox (qkv.serve.engine.batching) that keeps each hand-off."""
+    """An Outbox (qkv.serve.engine.jobs) that keeps each hand-off."""
 
     def __init__(self) -> None:
         self.posts: list[list] = []

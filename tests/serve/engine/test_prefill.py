@@ -12,7 +12,8 @@ import torch
 from qkv.generation.sampling import Sampling
 from qkv.models.loader import load_pretrained
 from qkv.runtime.prompt_parts import PREFILL_ALIGN
-from qkv.serve.engine.batching import Engine, Finished, Job
+from qkv.serve.engine.batching import Engine
+from qkv.serve.engine.jobs import Finished, Job
 from qkv.serve.engine.prefill import (IDLE_BUDGET, SHORT_PROMPT, PieceBudget, Prefilling, key_equivalents, piece_work,
                                       plan_pieces, step_budget)
 

@@ -14,7 +14,8 @@ from qkv.generation.sampling import Sampling
 from qkv.runtime.prompt_parts import PREFILL_ALIGN, reusable_prefix
 from qkv.runtime.session import DecodeSession
 from qkv.models.loader import load_pretrained
-from qkv.serve.engine.batching import Engine, Finished
+from qkv.serve.engine.batching import Engine
+from qkv.serve.engine.jobs import Finished
 from qkv.serve.engine.prefix_cache import RowPrefixes, common_prefix
 
 # long enough (over two prefill parts of PREFILL_ALIGN tokens) that whole parts can be kept

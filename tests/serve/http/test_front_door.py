@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from qkv.serve.engine.batching import EngineStats
+from qkv.serve.engine.stats import EngineStats
 from qkv.serve.http.front_door import Door, host_part, json_type_problem
 from qkv.serve.http.metrics import MODEL_ROUTE, OTHER, ROUTES, Metrics, escape_label, route_label
 

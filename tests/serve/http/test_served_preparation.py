@@ -17,7 +17,7 @@ from qkv.generation.sampling import Sampling
 from qkv.models.loader import smollm2_path
 from qkv.names import CHOICES
 from qkv.runtime.linear.block import BlockEmbedding, BlockLinear, StackedBlockLinear, native_reason
-from qkv.serve.engine.batching import Finished
+from qkv.serve.engine.jobs import Finished
 from qkv.serve.http.server import load_served
 from tests.models.gguf.block_files import write_block_gguf
 

@@ -36,7 +36,7 @@ shape at every length and compiles to one graph; a longer call (a prompt, run ea
 reads the cache's counters into Python once.
 
 A decode step is attended by the cache itself (`decode_attention`: write, then `attend`),
-so attention never reads these buffers: qkv's kernel (qkv.runtime.native, quantized_attention.cpp)
+so attention never reads these buffers: qkv's kernel (qkv.runtime.native, csrc/quantized_cache/attention.cpp)
 reads the packed codes, dequantizes them in registers, rotates the keys at their positions
 from RoPE tables shared by every layer, and reads the keys of a KV head once for all the
 query heads that share them. Where the kernel is not loaded, `reference_attention` computes

@@ -18,7 +18,7 @@ machine. The ops are `torch.ops.qkv.int8_linear`, `int4_linear`, `f32_linear`,
 `stack_step` (every layer and the head of a session's model in one call, stack.cpp,
 qkv.runtime.layer_step) and `block_linear` (products straight from GGUF's stored blocks,
 block_products.cpp, qkv.runtime.native.block_ops) and `quantized_decode_attention`
-(quantized_attention.cpp: one query per row over the quantized KV cache's packed codes, which
+(csrc/quantized_cache/attention.cpp: one query per row over the quantized KV cache's packed codes, which
 qkv.attention.caches.quantized_cache calls); they have fake implementations, so torch.compile traces
 them as one opaque call each.
 

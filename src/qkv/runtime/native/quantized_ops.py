@@ -1,4 +1,4 @@
-"""`qkv::quantized_decode_attention` (quantized_attention.cpp) as a Python function, and its
+"""`qkv::quantized_decode_attention` (csrc/quantized_cache/attention.cpp) as a Python function, and its
 fake implementation for torch.compile.
 
 The op is attention of one query per row over qkv.attention.caches.quantized_cache's packed codes;
@@ -21,7 +21,7 @@ def quantized_decode_attention(q: Tensor, k_codes: Tensor, k_scale: Tensor, k_ze
                                tail_v: Tensor, held: Tensor, quantized: Tensor, rope_cos: Tensor | None,
                                rope_sin: Tensor | None, *, bits: int, group_size: int, keys_per_channel: bool,
                                scale: float, variant: str = "best") -> Tensor:
-    """q (B, H, D) float32 and the cache's tensors (quantized_attention.cpp's header) -> (B, H, D_v)."""
+    """q (B, H, D) float32 and the cache's tensors (quantized_cache/attention.cpp's header) -> (B, H, D_v)."""
     return torch.ops.qkv.quantized_decode_attention.default(
         q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, sink_k, sink_v, tail_k, tail_v, held, quantized,
         rope_cos, rope_sin, bits, group_size, keys_per_channel, scale, VARIANTS[variant])

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qkv.generation.detokenize import TextStream
-from qkv.serve.engine.batching import Alternatives, Finished, PromptScores, Token
+from qkv.generation.decode_loop import Alternatives
+from qkv.serve.engine.jobs import Finished, PromptScores, Token
 from qkv.serve.errors import ApiError
 from qkv.serve.api.schemas import CompletionRequest
 from qkv.serve.api.structured import Plan

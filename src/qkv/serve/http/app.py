@@ -26,7 +26,7 @@ from qkv.errors import QkvError
 from qkv.generation.sampling import Sampling
 from qkv.models.hf.tokenizer_guard import TokenizerPanicError
 from qkv.serve.api.answer import Answer, Choice
-from qkv.serve.engine.batching import EngineFull, Event, Finished, Job, SharedPrompt
+from qkv.serve.engine.jobs import EngineFull, Event, Finished, Job, SharedPrompt
 from qkv.serve.explorer.routes import Explorer
 from qkv.serve.explorer.why import ExplorerWhy, with_why
 from qkv.serve.http.front_door import Door, front_door
@@ -47,7 +47,7 @@ def _error(error: ApiError) -> JSONResponse:
 
 class LoopOutbox:
     """Hands each engine step's events to one event loop in a single call
-    (qkv.serve.engine.batching.Outbox): the events of every running request, in order."""
+    (qkv.serve.engine.jobs.Outbox): the events of every running request, in order."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop

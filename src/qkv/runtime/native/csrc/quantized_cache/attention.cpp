@@ -22,14 +22,14 @@
 // row's answer does not depend on the rows beside it.
 //
 // Three variants of the same math: `attend_generic` (plain C++, the reference, and what runs
-// where the sizes do not fit the vectors), AVX2 and AVX-512 (quantized_attention_simd.h, one
+// where the sizes do not fit the vectors), AVX2 and AVX-512 (attention_simd.h, one
 // body for both). variant: -1 = the active one (kernels.h's detection under qkv::set_variant's
 // cap), else kernels.h's numbering: 0 = generic, 1 = AVX2, 2 = AVX-512 (refused where the CPU
 // lacks it); the tests compare them all.
 //
 // Shape legend: B batch, H query heads, H_kv KV heads, D head size of keys, D_v of values,
 // N group slots, G tokens per key group, C_k / C_v channels per statistic, N_s sinks, P tail rows.
-#include "kernels.h"
+#include "../kernels.h"
 
 #include <immintrin.h>
 #include <stdint.h>
@@ -232,7 +232,7 @@ struct Lanes {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
-#include "quantized_attention_simd.h"
+#include "attention_simd.h"
 #pragma GCC diagnostic pop
 }  // namespace avx2
 #pragma GCC pop_options
@@ -290,7 +290,7 @@ struct Lanes {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
-#include "quantized_attention_simd.h"
+#include "attention_simd.h"
 #pragma GCC diagnostic pop
 }  // namespace avx512
 #pragma GCC pop_options

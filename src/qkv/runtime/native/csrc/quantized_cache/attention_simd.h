@@ -1,10 +1,10 @@
-// The vectorised body of qkv::quantized_decode_attention (quantized_attention.cpp), written
+// The vectorised body of qkv::quantized_decode_attention (quantized_cache/attention.cpp), written
 // once over a vector type `I` (I::W float lanes) and included twice by that file: once for
 // AVX2 and once inside an AVX-512 target region, each time in its own namespace, so each copy
 // is compiled for its own instruction set. No include guard on purpose; it includes nothing
-// itself (quantized_attention.cpp includes the intrinsics and defines `View` first).
+// itself (attention.cpp includes the intrinsics and defines `View` first).
 //
-// The math is the generic reference's (quantized_attention.cpp, `attend_generic`): per key,
+// The math is the generic reference's (attention.cpp, `attend_generic`): per key,
 // dequantize its codes in registers (code * scale + zero), rotate it at its position when the
 // cache rotates keys, and take its dot product with every query head of the group (read once
 // for all of them); exponentials of the scores less their maximum; then the values, dequantized
