@@ -17,6 +17,9 @@ from tests.cli.torchrun import torchrun
 from tests.models.conftest import save_tiny
 
 PROMPT = "Keys, queries and values"
+VERDICT_START = ("I HAD always thought Jack Gisburn rather a cheap genius--though a good fellow enough--so it was no "
+                 "great surprise to me to hear that, in the height of his glory, he had dropped his painting, married a "
+                 "rich widow, and established himself in a villa on the Riviera. ") * 3
 
 
 
@@ -85,18 +88,32 @@ def test_one_rank_is_the_plain_command(llama: Path, capsysbinary, monkeypatch) -
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("dtype", "tokens"), [("float32", 16), ("auto", 8)])
-def test_smollm2_over_its_three_kv_heads_writes_the_one_process_text(capsysbinary, dtype: str, tokens: int) -> None:
-    """float32 ranks give one process's logits to 1e-5; at the default int4 the ranks' sums round
-    apart by a float ulp that a rounded activation can turn into a step, so the text is compared
-    over the tokens before SmolLM2's first near-tie on this prompt (a number, at token 16)."""
-    args = ["generate", "--model", "smollm2", "--prompt", "The capital of France is", "--max-new-tokens",
-            str(tokens), "--dtype", dtype]
+def test_smollm2_over_its_three_kv_heads_writes_the_one_process_text(capsysbinary) -> None:
+    """float32 ranks give one process's logits to 1e-5, so the greedy text is the same."""
+    args = ["generate", "--model", "smollm2", "--prompt", "The capital of France is", "--max-new-tokens", "16",
+            "--dtype", "float32"]
     assert main(args) == 0
     one = capsysbinary.readouterr().out.decode()
     done = torchrun(3, *args, "--tensor-parallel", "3", timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout == one
+
+
+@pytest.mark.slow
+def test_smollm2_int4_over_three_ranks_is_the_one_process_perplexity(tmp_path: Path, capsys) -> None:
+    """At int4 (the default precision of SmolLM2's Q4_1 file) the ranks' partial sums round apart
+    from one process's by a float ulp, which a rounded activation can turn into a whole step (1/127
+    of its block's largest): a greedy near-tie can then go either way, on one CPU and not another.
+    So the int4 ranks are held to the one-process figure over a text, where such steps average out."""
+    text = tmp_path / "verdict.txt"
+    text.write_text(VERDICT_START)
+    args = ["perplexity", "--model", "smollm2", "--data", str(text), "--context-length", "128", "--dtype", "int4"]
+    assert main(args) == 0
+    one = float(re.search(r"perplexity ([0-9.]+)", capsys.readouterr().out).group(1))
+    done = torchrun(3, *args, "--tensor-parallel", "3", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "int4" in done.stdout and "tensor-parallel over 3 processes" in done.stdout
+    assert float(re.search(r"perplexity ([0-9.]+)", done.stdout).group(1)) == pytest.approx(one, rel=5e-3)
 
 
 @pytest.mark.slow
