@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
 
 from qkv.cli.main import main
-from qkv.util.threads import apply_threads, idle_cores, one_thread, usable_cores
+from qkv.util.threads import CpuClock, apply_threads, idle_cores, one_thread, other_busy_cores, usable_cores
 
 
 @pytest.fixture(autouse=True)
@@ -20,29 +22,55 @@ def keep_threads():
     torch.set_num_threads(before)
 
 
-def test_idle_cores_are_the_usable_cores_less_the_load() -> None:
-    load = os.getloadavg()[0]
+def test_idle_cores_are_the_usable_cores_less_the_others_busy_ones() -> None:
     idle = idle_cores()
     assert usable_cores() == len(os.sched_getaffinity(0))
     assert 1 <= idle <= usable_cores()
-    assert abs(idle - max(1, min(usable_cores(), usable_cores() - round(load)))) <= 1  # the load moves
 
 
-def test_apply_threads_sets_torchs_count() -> None:
-    assert apply_threads(1) == 1 and torch.get_num_threads() == 1
-    chosen = apply_threads(None)
-    assert torch.get_num_threads() == chosen and 1 <= chosen <= usable_cores()
-    assert apply_threads(None, processes=64) == 1  # torchrun's processes share the idle cores
+def test_other_busy_cores_is_the_machines_busy_time_less_this_processs_over_the_wall_time() -> None:
+    start = CpuClock(at=10.0, busy=100.0, own=5.0)
+    # 2 s of wall time, 3.0 busy core-seconds of which this process's 1.0: one core kept busy by others
+    assert other_busy_cores(start, CpuClock(at=12.0, busy=103.0, own=6.0)) == pytest.approx(1.0)
+    assert other_busy_cores(start, CpuClock(at=12.0, busy=101.0, own=6.0)) == 0.0  # only this process ran
+    assert other_busy_cores(start, CpuClock(at=10.0, busy=101.0, own=5.0)) is None  # no wall time
+    assert other_busy_cores(CpuClock(10.0, None, 5.0), CpuClock(12.0, None, 6.0)) is None  # no /proc/stat
 
 
-def test_the_affinity_mask_bounds_the_default() -> None:
-    """A process pinned to one core never picks more than one thread (a real taskset)."""
-    probe = "from qkv.util.threads import idle_cores, usable_cores; print(usable_cores(), idle_cores())"
-    result = subprocess.run(["taskset", "-c", "0", sys.executable, "-c", probe], capture_output=True, text=True,
-                            timeout=60)
-    if result.returncode != 0 and "taskset" in result.stderr:
-        pytest.skip("taskset is not available")
-    assert result.stdout.split() == ["1", "1"]
+def test_a_real_reading_counts_this_processs_own_spinning_as_its_own() -> None:
+    """Spinning on this thread for a quarter second busies one core, which is this process's:
+    the cores kept busy by others stay within the usable cores (whatever else runs)."""
+    start = CpuClock.now()
+    while time.monotonic() - start.at < 0.25:
+        pass
+    until = CpuClock.now()
+    assert until.busy is not None and until.busy - start.busy >= 0.15  # /proc/stat saw the spin
+    assert until.own - start.own >= 0.15
+    others = other_busy_cores(start, until)
+    assert others is not None and 0.0 <= others <= usable_cores() - 0.5
+
+
+def _cpu_seconds_of(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def test_another_programs_spinning_is_counted_among_the_busy_cores() -> None:
+    """A child spinning on a core during the window is another program: its CPU time is among
+    the cores other programs kept busy (which may hold more: whatever else runs here)."""
+    spin = "import time\nend = time.monotonic() + 2.0\nwhile time.monotonic() < end: pass"
+    child = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        time.sleep(0.4)  # its interpreter has started and spins
+        start, child_start = CpuClock.now(), _cpu_seconds_of(child.pid)
+        time.sleep(0.6)
+        until, child_until = CpuClock.now(), _cpu_seconds_of(child.pid)
+    finally:
+        child.wait(timeout=60)
+    others = other_busy_cores(start, until)
+    share = (child_until - child_start) / (until.at - start.at)
+    assert share > 0.3  # it ran
+    assert others is not None and share - 0.15 <= others <= usable_cores() + 0.15
 
 
 @pytest.mark.parametrize("command", [
@@ -58,20 +86,34 @@ def test_every_command_rejects_zero_threads(command: list[str], capsys, tmp_path
 
 
 def test_the_count_follows_the_load_while_a_process_lives(monkeypatch) -> None:
-    """FollowIdleCores re-reads the machine: busy -> one thread, quiet again -> every core.
-    The load average is the machine's, which a test cannot set: it is given here."""
-    from qkv.util.threads import FollowIdleCores
+    """FollowIdleCores looks again over the window since its last look: other programs keeping
+    every core busy -> one thread, quiet again -> every core. What other programs do is the
+    machine's, which a test cannot set: the usable cores' busy time is given here."""
+    from qkv.util import threads
 
-    load = [float(usable_cores())]
-    monkeypatch.setattr(os, "getloadavg", lambda: (load[0], load[0], load[0]))
-    follow = FollowIdleCores(every=0.0)
+    cores = usable_cores()
+    busy = [0.0]
+    last = [time.monotonic()]
+
+    def busy_seconds() -> float:  # every usable core busy since the last reading, or none
+        now = time.monotonic()
+        busy[0] += (now - last[0]) * cores * load[0]
+        last[0] = now
+        return busy[0]
+
+    load = [1.0]
+    monkeypatch.setattr(threads, "_busy_seconds", busy_seconds)
+    follow = threads.FollowIdleCores(every=0.0)
+    time.sleep(0.05)
     assert follow.poll() == 1 and torch.get_num_threads() == 1
     load[0] = 0.0
-    assert follow.poll() == usable_cores() == torch.get_num_threads()
-    slow = FollowIdleCores(every=3600.0)
-    assert slow.poll() == usable_cores()  # the first poll looks
-    load[0] = float(usable_cores())
-    assert slow.poll() == torch.get_num_threads() == usable_cores()  # not yet time to look again
+    time.sleep(0.05)
+    assert follow.poll() == cores == torch.get_num_threads()
+    slow = threads.FollowIdleCores(every=3600.0)
+    assert slow.poll() == cores  # the first poll looks
+    load[0] = 1.0
+    time.sleep(0.05)
+    assert slow.poll() == torch.get_num_threads() == cores  # not yet time to look again
 
 
 def test_release_openmp_workers_lets_the_calling_threads_team_go() -> None:

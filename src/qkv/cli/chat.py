@@ -20,7 +20,7 @@ from qkv.cli.generate import utf8_writer
 from qkv.cli.numbers import add_max_memory_argument, integer, probability, seed, temperature
 from qkv.cli.tensor_parallel import add_tensor_parallel_argument
 from qkv.errors import QkvError
-from qkv.util.threads import add_threads_argument, apply_threads
+from qkv.util.threads import CpuClock, add_threads_argument, apply_threads
 
 COMMANDS = "/reset starts over, /exit (or Ctrl-D) ends"
 
@@ -91,13 +91,14 @@ def _run(args: argparse.Namespace, tp: Any) -> int:
     """The conversation, alone (tp None) or as one rank of --tensor-parallel N: rank 0 reads
     the messages and writes the replies; its sessions share every step with the other ranks,
     which follow them (qkv.runtime.tensor_parallel_steps) until rank 0 says stop."""
+    started = CpuClock.now()  # the busy cores are watched while torch is imported (qkv.util.threads)
     from qkv.chat.conversation import chat_model_from
 
     from qkv.attention.caches.kv_cache import StaticKVCache
     from qkv.cli.perplexity import kv_cache_kind
     from qkv.generation.cache_kinds import check_kind
 
-    threads = apply_threads(args.threads)
+    threads = apply_threads(args.threads, since=started)
     interactive = sys.stdin.isatty()
     kind = kv_cache_kind(args)  # bad cache options are reported before loading
     if tp is None:

@@ -18,7 +18,7 @@ from qkv.cli.numbers import add_max_memory_argument, integer, probability, seed,
 from qkv.cli.tensor_parallel import add_tensor_parallel_argument
 from qkv.errors import QkvError
 from qkv.util.terminal_text import escape_controls
-from qkv.util.threads import add_threads_argument, apply_threads
+from qkv.util.threads import CpuClock, add_threads_argument, apply_threads
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -98,6 +98,8 @@ def _run(args: argparse.Namespace, tp: TensorParallel | None) -> int:
     """The command, alone (tp None) or as one rank of --tensor-parallel N (rank 0 writes)."""
     from qkv.util.progress import slow_step
 
+    started = CpuClock.now()  # the busy cores are watched while torch is imported (qkv.util.threads)
+
     with slow_step("starting PyTorch"):  # its import alone takes seconds on a busy machine
         import torch
 
@@ -107,7 +109,7 @@ def _run(args: argparse.Namespace, tp: TensorParallel | None) -> int:
         from qkv.generation import check_request, stream
         from qkv.generation.detokenize import TextStream
 
-    threads = apply_threads(args.threads)
+    threads = apply_threads(args.threads, since=started)
     kind = kv_cache_kind(args)  # bad cache options are reported before loading
     if kind is not None and args.no_cache:
         raise QkvError("--kv-cache needs a cache; drop --no-cache")

@@ -17,7 +17,7 @@ from qkv.cli.tensor_parallel import add_tensor_parallel_argument
 from qkv.errors import QkvError
 from qkv.names import BLOCKS, PRECISIONS
 from qkv.util.text_file import read_text_file
-from qkv.util.threads import add_threads_argument, apply_threads
+from qkv.util.threads import CpuClock, add_threads_argument, apply_threads
 
 if TYPE_CHECKING:
     from qkv.attention.caches.kv_cache import CacheKind
@@ -134,13 +134,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _score(args: argparse.Namespace, cp: ContextParallel | None, tp: TensorParallel | None = None) -> int:
+    started = CpuClock.now()  # the busy cores are watched while torch is imported (qkv.util.threads)
     import torch
 
     from qkv.runtime.prepare import prepare
     from qkv.eval.perplexity import perplexity, windows
     from qkv.util.progress import progress_bar
 
-    threads = apply_threads(args.threads)
+    threads = apply_threads(args.threads, since=started)
     kind = kv_cache_kind(args)  # bad cache options are reported before loading
     if kind is not None and cp is not None:
         raise QkvError("--kv-cache and --context-parallel do not combine; choose one")
