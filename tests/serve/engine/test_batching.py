@@ -81,26 +81,44 @@ def test_a_full_queue_refuses_and_a_cancelled_job_frees_its_slot(tiny_folder: Pa
 
 def test_the_engine_follows_the_idle_cores_between_steps(tiny_folder: Path, monkeypatch) -> None:
     """A server started on a busy machine does not stay on one thread: the engine asks
-    FollowIdleCores between steps (the load average is given: a test cannot set the machine's)."""
-    import os
+    FollowIdleCores between steps (what other programs keep busy is the machine's, which a
+    test cannot set: the usable cores' busy time is given, every core busy, then none)."""
+    import time
 
+    from qkv.util import threads
     from qkv.util.threads import FollowIdleCores, usable_cores
 
     model, tokenizer = load_pretrained(tiny_folder)
     before = torch.get_num_threads()
-    load = [float(usable_cores())]
-    monkeypatch.setattr(os, "getloadavg", lambda: (load[0],) * 3)
+    cores = usable_cores()
+    load, busy, last = [1.0], [0.0], [time.monotonic()]
+
+    def busy_seconds() -> float:  # every usable core busy since the last reading (load 1), or none (0)
+        now = time.monotonic()
+        busy[0] += (now - last[0]) * cores * load[0] + threads._cpu_seconds() - busy_seconds.own
+        busy_seconds.own = threads._cpu_seconds()  # this process's own time is busy time too
+        last[0] = now
+        return busy[0]
+
+    busy_seconds.own = threads._cpu_seconds()
+    monkeypatch.setattr(threads, "_busy_seconds", busy_seconds)
     torch.set_num_threads(1)
     engine = Engine(model, max_batch=1, capacity=64, threads=FollowIdleCores(every=0.0))
     finished = threading.Event()
     engine.start()
-    try:
-        load[0] = 0.0  # the machine has gone quiet
+    def answer() -> int:
+        finished.clear()
         engine.submit(tokenizer.encode("The cat").ids, max_tokens=3, sampling=Sampling(), stop_ids=frozenset(),
                       emit=lambda item: finished.set() if isinstance(item, Finished) else None)
         assert finished.wait(30)
-        # torch's count is the engine thread's, which runs the model
-        assert engine.call(torch.get_num_threads).result(30) == usable_cores()
+        return engine.call(torch.get_num_threads).result(30)  # the engine thread's count: it runs the model
+
+    try:
+        time.sleep(0.2)
+        assert answer() == 1  # every core busy with other programs
+        load[0] = 0.0  # the machine has gone quiet
+        time.sleep(0.2)  # past a window of the busy readings
+        assert answer() == cores
     finally:
         engine.stop()
         torch.set_num_threads(before)
