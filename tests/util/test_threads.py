@@ -74,6 +74,25 @@ def test_another_programs_spinning_is_counted_among_the_busy_cores() -> None:
     assert others is not None and share - 0.15 <= others <= usable_cores() + 0.15
 
 
+def test_apply_threads_sets_torchs_count() -> None:
+    assert apply_threads(1) == 1 and torch.get_num_threads() == 1
+    chosen = apply_threads(None)
+    assert torch.get_num_threads() == chosen and 1 <= chosen <= usable_cores()
+    assert apply_threads(None, processes=64) == 1  # torchrun's processes share the idle cores
+    since = CpuClock.now()  # a command's reading from before it imported torch
+    assert 1 <= apply_threads(None, since=since) == torch.get_num_threads() <= usable_cores()
+
+
+def test_the_affinity_mask_bounds_the_default() -> None:
+    """A process pinned to one core never picks more than one thread (a real taskset)."""
+    probe = "from qkv.util.threads import idle_cores, usable_cores; print(usable_cores(), idle_cores())"
+    result = subprocess.run(["taskset", "-c", "0", sys.executable, "-c", probe], capture_output=True, text=True,
+                            timeout=60)
+    if result.returncode != 0 and "taskset" in result.stderr:
+        pytest.skip("taskset is not available")
+    assert result.stdout.split() == ["1", "1"]
+
+
 @pytest.mark.parametrize("command", [
     ["explain"], ["generate", "--prompt", "x"], ["chat"], ["perplexity", "--data", "x.txt"],
     ["train", "--data", "x.txt", "--out", "never-made"],
