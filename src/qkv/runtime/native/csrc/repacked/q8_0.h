@@ -42,11 +42,13 @@ constexpr int64_t BLOCK = ROWS * Z;          // bytes of one block of a group, i
 #if defined(__x86_64__) || defined(_M_X64)
 // A decode step's read-ahead: block i of a group brings its 544 bytes' share of the group,
 // AHEAD bytes on, towards the core (the groups of a part lie one after another, so the sweep
-// runs on into the next group's scales and weights).
-constexpr int64_t AHEAD = 4096;
+// runs on into the next group's scales and weights). Into L2, not L1: on a Zen 4 out of cache
+// (Gemma 3's 262144 x 640 head) L1 at 4096 bytes read 13-16 GB/s on one thread, L2 at 8192
+// 16-18.6 GB/s; 16384 was no better (benchmarks/HISTORY.md, stop 47).
+constexpr int64_t AHEAD = 8192;
 static inline void read_ahead(const uint8_t *group, int64_t i) {
     const char *base = reinterpret_cast<const char *>(group) + AHEAD;
-    for (int64_t a = (BLOCK * i + 63) / 64 * 64; a < BLOCK * (i + 1); a += 64) _mm_prefetch(base + a, _MM_HINT_T0);
+    for (int64_t a = (BLOCK * i + 63) / 64 * 64; a < BLOCK * (i + 1); a += 64) _mm_prefetch(base + a, _MM_HINT_T1);
 }
 #endif
 
