@@ -74,7 +74,7 @@ def test_only_temporaries_of_dead_or_old_writers_are_removed(tmp_path: Path) -> 
 
 
 def test_a_relative_cache_folder_is_refused(monkeypatch) -> None:
-    from qkv.runtime.native.build import cache_folder
+    from qkv.util.cache_integrity import cache_folder
 
     with pytest.raises(QkvError, match="XDG_CACHE_HOME is the relative path 'cache'"):
         absolute_folder("cache", "XDG_CACHE_HOME")

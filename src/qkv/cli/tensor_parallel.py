@@ -74,7 +74,7 @@ def load_rank(args: argparse.Namespace, tp: TensorParallel, *, chat: bool = Fals
     from qkv.models.tensor_parallel.group import check_same_files
     from qkv.models.tensor_parallel.opened import open_rank
     from qkv.names import AUTO, BLOCKS
-    from qkv.runtime.native.build import cache_folder
+    from qkv.util.cache_integrity import cache_folder
     from qkv.runtime.prepare import block_products_run, load_dtype
     from qkv.runtime.tensor_parallel import prepare_rank
     from qkv.util.progress import slow_step

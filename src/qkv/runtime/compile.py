@@ -97,7 +97,8 @@ def _probe(backend: CompilerBackend) -> str | None:
 def _probe_marker() -> Path | None:
     """Where a successful Inductor probe is remembered, or None where there is no compiler
     to key it on."""
-    from qkv.runtime.native.build import cache_folder, cxx_compiler
+    from qkv.runtime.native.build import cxx_compiler
+    from qkv.util.cache_integrity import cache_folder
 
     named = cxx_compiler()
     compiler = shutil.which(named) if named is not None else None

@@ -38,9 +38,8 @@ import torch
 from torch import Tensor, nn
 
 from qkv.util.atomic import atomic_write_with
-from qkv.util.cache_integrity import remove_stale_temporaries, say_discarded, tensors_digest
+from qkv.util.cache_integrity import cache_folder, remove_stale_temporaries, say_discarded, tensors_digest
 from qkv.util.digest_memo import remembered_digest
-from qkv.runtime.native.build import cache_folder
 
 SMALLEST_SOURCE = 32 << 20  # bytes of weight files below which preparing is quick: not kept
 KEEP = 4  # prepared models kept (the most recently used)

@@ -145,6 +145,17 @@ def absolute_folder(value: str, variable: str) -> Path:
     return path
 
 
+def cache_folder() -> Path:
+    """Where qkv keeps what it builds and remembers per machine (kernels, prepared weights,
+    digests, recovered merges): $QKV_CACHE_DIR, else $XDG_CACHE_HOME/qkv, else ~/.cache/qkv;
+    QkvError for a relative folder."""
+    if os.environ.get("QKV_CACHE_DIR"):
+        return absolute_folder(os.environ["QKV_CACHE_DIR"], "QKV_CACHE_DIR")
+    if os.environ.get("XDG_CACHE_HOME"):
+        return absolute_folder(os.environ["XDG_CACHE_HOME"], "XDG_CACHE_HOME") / "qkv"
+    return absolute_folder(os.path.join(os.path.expanduser("~"), ".cache"), "HOME") / "qkv"
+
+
 def say_discarded(what: Path, reason: str, then: str) -> None:
     """The one line said when a damaged cache entry is thrown away."""
     print(f"qkv: discarded {what} ({reason}); {then}", file=sys.stderr, flush=True)

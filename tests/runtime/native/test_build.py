@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from qkv.runtime.native import build
+from qkv.util.cache_integrity import cache_folder
 
 STATUS = ("import json; from qkv.runtime.native import native_kernels; s = native_kernels(); "
           "print(json.dumps({'available': s.available, 'reason': s.reason, 'built': s.built_seconds, "
@@ -113,10 +114,10 @@ def test_the_cache_key_follows_the_compiler(tmp_path: Path) -> None:
 
 def test_cache_folder_follows_the_environment(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setenv("QKV_CACHE_DIR", str(tmp_path / "q"))
-    assert build.cache_folder() == tmp_path / "q"
+    assert cache_folder() == tmp_path / "q"
     monkeypatch.delenv("QKV_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
-    assert build.cache_folder() == tmp_path / "x" / "qkv"
+    assert cache_folder() == tmp_path / "x" / "qkv"
 
 
 def test_the_sources_are_each_under_500_lines_and_all_in_the_build() -> None:

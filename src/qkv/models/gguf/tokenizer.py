@@ -298,10 +298,10 @@ def _sentencepiece_model(vocab: GGUFVocabulary) -> tuple[Any, list[str]]:
         tokens = [t.replace(" ", SPACE_MARKER) if " " in t and not t.strip() else t for t in tokens]
     merges = vocab.merges
     if merges is None:
-        if vocab.architecture in _GEMMA:
-            merges = derived_merges(tokens, {t: -i for i, t in enumerate(tokens)})
-        else:
-            merges = derived_merges(tokens, dict(zip(tokens, vocab.scores)))
+        from qkv.models.gguf.merge_memo import remembered_merges  # recovered once per vocabulary, then read
+
+        rank = {t: -i for i, t in enumerate(tokens)} if vocab.architecture in _GEMMA else dict(zip(tokens, vocab.scores))
+        merges = remembered_merges(tokens, rank, derived_merges)
     unk = vocab.token(vocab.unk_id)
     model = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, unk_token=unk,
                        fuse_unk=True, byte_fallback=True)

@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 
 from qkv.util.atomic import atomic_write_text, temporary_name
-from qkv.util.cache_integrity import absolute_folder, file_sha256, remove_stale_temporaries, say_discarded
+from qkv.util.cache_integrity import cache_folder, file_sha256, remove_stale_temporaries, say_discarded
 from qkv.util.progress import slow_step
 
 HERE = Path(__file__).parent / "csrc"  # the C++ sources, shipped with the package
@@ -86,15 +86,6 @@ class NativeStatus:
         if not self.available:
             return f"PyTorch's kernels ({self.reason})"
         return f"qkv's {self.isa} kernels"
-
-
-def cache_folder() -> Path:
-    """Where qkv keeps what it builds per machine; QkvError for a relative folder."""
-    if os.environ.get("QKV_CACHE_DIR"):
-        return absolute_folder(os.environ["QKV_CACHE_DIR"], "QKV_CACHE_DIR")
-    if os.environ.get("XDG_CACHE_HOME"):
-        return absolute_folder(os.environ["XDG_CACHE_HOME"], "XDG_CACHE_HOME") / "qkv"
-    return absolute_folder(os.path.join(os.path.expanduser("~"), ".cache"), "HOME") / "qkv"
 
 
 def _torch_dirs() -> tuple[Path, Path]:
