@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from qkv.generation.detokenize import TextStream
+from qkv.generation.detokenize import TextStream, special_ids
 
 
 @functools.lru_cache(maxsize=1)
@@ -122,6 +122,18 @@ def test_special_tokens_are_skipped_without_growing_the_window() -> None:
     chunks = [stream.push(t) for t in mixed]
     assert "".join(chunks) + stream.flush() == "café"
     assert len(stream._window) <= len(ids)  # noqa: SLF001 - the bound this test is about
+
+
+@pytest.mark.parametrize("name", sorted(TOKENIZERS))
+def test_the_special_ids_are_those_decoding_skips(name: str) -> None:
+    """Read once per tokenizer, they are exactly the ids `decode(skip_special_tokens=True)`
+    turns into nothing while decoding them kept gives text."""
+    tokenizer = TOKENIZERS[name]()
+    special = special_ids(tokenizer)
+    assert special and special_ids(tokenizer) is special
+    skipped = {i for i in range(tokenizer.get_vocab_size())
+               if tokenizer.decode([i], skip_special_tokens=True) == "" and tokenizer.decode([i], skip_special_tokens=False)}
+    assert special == skipped
 
 
 @pytest.mark.parametrize("name", sorted(TOKENIZERS))

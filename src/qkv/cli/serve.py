@@ -57,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from qkv.serve.http.metrics import Metrics
     from qkv.serve.api.schemas import Limits
     from qkv.serve.http.server import load_served, serve
+    from qkv.util.heap import freeze_loaded_heap
 
     sock = bind_socket(args.host, args.port)  # a port in use: one line, before any "listening on"
     try:
@@ -64,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         follow = FollowIdleCores() if args.threads is None else None
         served = load_served(args.model, precision=args.precision, max_batch=args.max_batch, capacity=args.context,
                              max_waiting=args.max_waiting, threads=follow, prefix_reuse=args.prefix_reuse)
+        freeze_loaded_heap()  # the served model lives as long as the server: no collection walks it again
         metrics = Metrics()  # the stop line counts the requests it answered
         app = build_app(served, limits=Limits(max_tokens=args.max_tokens), api_key=args.api_key,
                         door=door, metrics=metrics)
