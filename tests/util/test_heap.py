@@ -1,0 +1,35 @@
+"""freeze_loaded_heap: what is alive when it runs leaves the collector's sweeps, garbage made
+before it is collected first, and what is made after it is still collected."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+
+from qkv.util.heap import freeze_loaded_heap
+
+
+class Node:
+    def __init__(self) -> None:
+        self.me = self  # a cycle: only the cyclic collector frees it
+
+
+@pytest.fixture
+def thawed():
+    yield
+    gc.unfreeze()  # the test process's heap as it was
+
+
+def test_the_living_leave_the_sweeps_and_old_garbage_is_collected_first(thawed) -> None:
+    kept = Node()
+    dropped = weakref.ref(Node())  # unreachable cycle made before the freeze
+    assert dropped() is not None
+    frozen = freeze_loaded_heap()
+    assert dropped() is None  # collected, not frozen
+    assert frozen == gc.get_freeze_count() > 0
+    assert not any(o is kept for o in gc.get_objects())  # no collection walks it now
+    later = weakref.ref(Node())
+    gc.collect()
+    assert later() is None  # new garbage is still collected
