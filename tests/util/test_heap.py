@@ -18,7 +18,9 @@ class Node:
 
 @pytest.fixture
 def thawed():
+    gc.disable()  # no automatic collection between the test's steps
     yield
+    gc.enable()
     gc.unfreeze()  # the test process's heap as it was
 
 
