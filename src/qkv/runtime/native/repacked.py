@@ -1,6 +1,7 @@
 """Matrices repacked at load into qkv's interleaved layouts (runtime/native/csrc/repacked/):
 Q4_K -> Q4_K_X16 and Q5_K -> Q5_K_X16 (q4k.h: one layout, Q5_K's fifth bits after Q4_K's bytes,
-one set of kernels) and Q8_0 -> Q8_0_X16 (q8_0.h), groups of 16 rows
+one set of kernels), Q8_0 -> Q8_0_X16 and Q5_0 -> Q5_0_X16 (q8_0.h: one set of kernels, Q5_0's
+nibbles and fifth bits where Q8_0 has its bytes), groups of 16 rows
 interleaved 4 bytes at a time, each block's scales side by side, so a decode step's product
 runs a row of the group per SIMD lane (one 64-byte load is 4 or 8 weights of 16 rows) and a
 prompt's product reads each weight block once per 4 activation rows.
@@ -10,8 +11,8 @@ file's mapping is never written), and the product is the same math as `qkv::bloc
 the file's blocks: the dequantized weights times the activations rounded as the file's type
 meets them (per 256 for the K-quants, per 32 for Q8_0), every integer sum exact. Each output is
 the same float operations in every variant (generic C++, AVX2, AVX-512: the same bits) and
-whatever the number of activation rows (batch invariance); Q8_0_X16's are the generic C++ Q8_0
-product's own operations, so its results are that product's bits.
+whatever the number of activation rows (batch invariance); Q8_0_X16's and Q5_0_X16's are the
+generic C++ 32-block product's own operations, so their results are that product's bits.
 
 Shape legend: N outputs (a multiple of 16), K inputs, M activation rows, W weights and Z bytes a block.
 """
@@ -30,8 +31,9 @@ from qkv.runtime.native.block_ops import block_linear, block_products_status, pr
 Q4_K_X16 = 1012  # block_format.h's type ids of the repacked layouts (not GGML types)
 Q5_K_X16 = 1013
 Q8_0_X16 = 1008
-REPACKED: dict[Q, int] = {Q.Q4_K: Q4_K_X16, Q.Q5_K: Q5_K_X16, Q.Q8_0: Q8_0_X16}  # the file's type -> its layout
-_OPS = {Q.Q4_K: "q4k", Q.Q5_K: "q5k", Q.Q8_0: "q8_0"}
+Q5_0_X16 = 1006
+REPACKED: dict[Q, int] = {Q.Q4_K: Q4_K_X16, Q.Q5_K: Q5_K_X16, Q.Q8_0: Q8_0_X16, Q.Q5_0: Q5_0_X16}  # the file's type -> its layout
+_OPS = {Q.Q4_K: "q4k", Q.Q5_K: "q5k", Q.Q8_0: "q8_0", Q.Q5_0: "q5_0"}
 GROUP_ROWS = 16
 # the types BlockLinear repacks at load (Q4_K_X16, Q5_K_X16 and Q8_0_X16 measured faster than the
 # file's rows in a decode step and in a prefill, benchmarks/kernels/block_types.py: Q8_0_X16 on
@@ -41,7 +43,10 @@ GROUP_ROWS = 16
 # measured (1 thread, 2048 x 2048: a decode step about even on AVX-512 and 1.8x slower on AVX2),
 # and the stored rows' multi-row prompt tiles (block_avx512.cpp's zmm_q6_k) passed its prefill,
 # so it served no path and was removed (2026-12-03).
-AT_LOAD: tuple[Q, ...] = (Q.Q4_K, Q.Q5_K, Q.Q8_0)
+# Q5_0 -> Q5_0_X16 (Q8_0_X16's layout and kernels with Q5_0's nibbles and fifth bits): its
+# stored rows' prompt tiles put activation rows in 16 lanes, so 4 to 16 rows (a server's
+# decode step, a short prompt) cost as much as 16; measured (2 threads, Zen 4, 2026-12-07) ...
+AT_LOAD: tuple[Q, ...] = (Q.Q4_K, Q.Q5_K, Q.Q8_0, Q.Q5_0)
 
 
 def repackable(block_type: Q, rows: int) -> bool:

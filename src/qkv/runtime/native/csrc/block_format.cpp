@@ -337,7 +337,8 @@ const Traits *traits_of(int64_t type) {
         if (t.type == type) return &t;
     return type == Q4_K_X16   ? q4k::traits(Q4_K)
            : type == Q5_K_X16 ? q4k::traits(Q5_K)
-           : type == Q8_0_X16 ? q8_0::traits()
+           : type == Q8_0_X16 ? q8_0::traits(Q8_0)
+           : type == Q5_0_X16 ? q8_0::traits(Q5_0)
                               : nullptr;
 }
 

@@ -1,4 +1,4 @@
-// The repacked layouts (Q4_K_X16 and Q5_K_X16: q4k.h, Q8_0_X16: q8_0.h) in the library: their products inside
+// The repacked layouts (Q4_K_X16 and Q5_K_X16: q4k.h, Q8_0_X16 and Q5_0_X16: q8_0.h) in the library: their products inside
 // a BLOCKS Linear (block_products.cpp's apply_blocks hands such a part here), and the ops that
 // repack a matrix at load (a copy: the file's mapping is never written):
 //
@@ -6,7 +6,8 @@
 //   qkv::q4k_unrepack(packed (N, K / 256 * 144) u8 Q4_K_X16) -> the file's Q4_K bytes
 //   qkv::q5k_repack / q5k_unrepack: the same for Q5_K (N, K / 256 * 176) and Q5_K_X16
 //   qkv::q8_0_repack / q8_0_unrepack: the same for Q8_0 (N, K / 32 * 34) and Q8_0_X16
-//   qkv::q4k_repack_into / q5k_repack_into / q8_0_repack_into(blocks, out): the repacking written into `out` (a slice
+//   qkv::q5_0_repack / q5_0_unrepack: the same for Q5_0 (N, K / 32 * 22) and Q5_0_X16
+//   qkv::q4k_repack_into / q5k_repack_into / q8_0_repack_into / q5_0_repack_into(blocks, out): the repacking written into `out` (a slice
 //   of a stacked matrix on 2 MB pages: one copy at load, not three)
 //
 // A product over M activation rows takes them MR at a time per group of 16 weight rows, and up
@@ -83,16 +84,19 @@ namespace q8_0 {
 std::vector<int32_t> row_words(const XRow *xs, int64_t M, int64_t K) {
     const int64_t words = K / 32;
     std::vector<int32_t> p(static_cast<size_t>(M * words));
-    for (int64_t m = 0; m < M; m++) offsets(xs[m].q, K, p.data() + m * words);
+    for (int64_t m = 0; m < M; m++) code_sums(xs[m].q, K, p.data() + m * words);
     return p;
 }
 
 void rows(const BlockPart &part, const XRow *xs, const int32_t *p, int64_t M, int64_t K, int64_t ldy, int64_t n0, int64_t n1,
           int64_t first, const float *bias, float *y, Variant v) {
+    const bool five = part.type == Q5_0_X16;
 #if QKV_X86
-    const q4k::GroupRows kernel = v >= AVX512 ? avx512_group : v >= AVX2 ? avx2_group : generic_group;
+    const q4k::GroupRows kernel = v >= AVX512 ? (five ? avx512_group<Q5_0> : avx512_group<Q8_0>)
+                                  : v >= AVX2 ? (five ? avx2_group<Q5_0> : avx2_group<Q8_0>)
+                                              : (five ? generic_group<Q5_0> : generic_group<Q8_0>);
 #else
-    const q4k::GroupRows kernel = generic_group;
+    const q4k::GroupRows kernel = five ? generic_group<Q5_0> : generic_group<Q8_0>;
     (void)v;
 #endif
     group_rows(part, kernel, p, K / 32, xs, M, K, ldy, n0, n1, first, bias, y);
@@ -145,7 +149,7 @@ Tensor permuted_out(const Tensor &from, Tensor out, int64_t block_bytes, Permute
 }
 
 constexpr int64_t Q4K = sizeof(blocks::BlockQ4_K), Q5K = sizeof(blocks::BlockQ5_K), Q6K = sizeof(blocks::BlockQ6_K),
-                  Q80 = sizeof(blocks::BlockQ8_0);
+                  Q80 = sizeof(blocks::BlockQ8_0), Q50 = sizeof(blocks::BlockQ5_0);
 
 Tensor q4k_repack(Tensor blocks) {
     return permuted(blocks, Q4K, blocks::q4k::repack<blocks::Q4_K>, "qkv::q4k_repack: blocks must be contiguous uint8 Q4_K rows (N, K / 256 * 144), N a multiple of 16");
@@ -172,15 +176,27 @@ Tensor q4k_repack_into(Tensor blocks, Tensor out) {
 }
 
 Tensor q8_0_repack(Tensor blocks) {
-    return permuted(blocks, Q80, blocks::q8_0::repack, "qkv::q8_0_repack: blocks must be contiguous uint8 Q8_0 rows (N, K / 32 * 34), N a multiple of 16");
+    return permuted(blocks, Q80, blocks::q8_0::repack<blocks::Q8_0>, "qkv::q8_0_repack: blocks must be contiguous uint8 Q8_0 rows (N, K / 32 * 34), N a multiple of 16");
 }
 
 Tensor q8_0_repack_into(Tensor blocks, Tensor out) {
-    return permuted_out(blocks, out, Q80, blocks::q8_0::repack, "qkv::q8_0_repack_into: blocks and out must be contiguous uint8 Q8_0 rows of one shape (N, K / 32 * 34), N a multiple of 16, not overlapping");
+    return permuted_out(blocks, out, Q80, blocks::q8_0::repack<blocks::Q8_0>, "qkv::q8_0_repack_into: blocks and out must be contiguous uint8 Q8_0 rows of one shape (N, K / 32 * 34), N a multiple of 16, not overlapping");
 }
 
 Tensor q8_0_unrepack(Tensor packed) {
-    return permuted(packed, Q80, blocks::q8_0::unrepack, "qkv::q8_0_unrepack: packed must be contiguous uint8 (N, K / 32 * 34), N a multiple of 16");
+    return permuted(packed, Q80, blocks::q8_0::unrepack<blocks::Q8_0>, "qkv::q8_0_unrepack: packed must be contiguous uint8 (N, K / 32 * 34), N a multiple of 16");
+}
+
+Tensor q5_0_repack(Tensor blocks) {
+    return permuted(blocks, Q50, blocks::q8_0::repack<blocks::Q5_0>, "qkv::q5_0_repack: blocks must be contiguous uint8 Q5_0 rows (N, K / 32 * 22), N a multiple of 16");
+}
+
+Tensor q5_0_repack_into(Tensor blocks, Tensor out) {
+    return permuted_out(blocks, out, Q50, blocks::q8_0::repack<blocks::Q5_0>, "qkv::q5_0_repack_into: blocks and out must be contiguous uint8 Q5_0 rows of one shape (N, K / 32 * 22), N a multiple of 16, not overlapping");
+}
+
+Tensor q5_0_unrepack(Tensor packed) {
+    return permuted(packed, Q50, blocks::q8_0::unrepack<blocks::Q5_0>, "qkv::q5_0_unrepack: packed must be contiguous uint8 (N, K / 32 * 22), N a multiple of 16");
 }
 
 }  // namespace
@@ -196,6 +212,9 @@ STABLE_TORCH_LIBRARY_FRAGMENT(qkv, m) {
     m.def("q8_0_repack(Tensor blocks) -> Tensor");
     m.def("q8_0_unrepack(Tensor packed) -> Tensor");
     m.def("q8_0_repack_into(Tensor blocks, Tensor(a!) out) -> Tensor(a!)");
+    m.def("q5_0_repack(Tensor blocks) -> Tensor");
+    m.def("q5_0_unrepack(Tensor packed) -> Tensor");
+    m.def("q5_0_repack_into(Tensor blocks, Tensor(a!) out) -> Tensor(a!)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(qkv, CPU, m) {
@@ -208,4 +227,7 @@ STABLE_TORCH_LIBRARY_IMPL(qkv, CPU, m) {
     m.impl("q8_0_repack", TORCH_BOX(&qkv::q8_0_repack));
     m.impl("q8_0_unrepack", TORCH_BOX(&qkv::q8_0_unrepack));
     m.impl("q8_0_repack_into", TORCH_BOX(&qkv::q8_0_repack_into));
+    m.impl("q5_0_repack", TORCH_BOX(&qkv::q5_0_repack));
+    m.impl("q5_0_unrepack", TORCH_BOX(&qkv::q5_0_unrepack));
+    m.impl("q5_0_repack_into", TORCH_BOX(&qkv::q5_0_repack_into));
 }
