@@ -43,9 +43,14 @@ GROUP_ROWS = 16
 # measured (1 thread, 2048 x 2048: a decode step about even on AVX-512 and 1.8x slower on AVX2),
 # and the stored rows' multi-row prompt tiles (block_avx512.cpp's zmm_q6_k) passed its prefill,
 # so it served no path and was removed (2026-12-03).
-# Q5_0 -> Q5_0_X16 (Q8_0_X16's layout and kernels with Q5_0's nibbles and fifth bits): its
-# stored rows' prompt tiles put activation rows in 16 lanes, so 4 to 16 rows (a server's
-# decode step, a short prompt) cost as much as 16; measured (2 threads, Zen 4, 2026-12-07) ...
+# Q5_0 -> Q5_0_X16 (Q8_0_X16's layout and kernels with Q5_0's nibbles and fifth bits): the
+# stored rows' one-row kernel unpacks each block per activation row, and their prompt tiles put
+# activation rows in 16 lanes, so 4 to 16 rows (a server's decode step, a short prompt) cost
+# as much as 16. Measured (2 threads, Zen 4, 2026-12-07; /tmp scripts recorded in
+# benchmarks/HISTORY.md, stop 47): 2048 x 640 in cache, rows / X16 time 2.4x at 1 row, 3.4x
+# at 8, 2.3x at 32; 16384 x 2048 out of cache, one row, 2.7-5.2x; Gemma 3 270M Q4_K_M (its
+# layers Q5_0) decoded at 83-97 tokens/s instead of 69-75 and prefilled 512 tokens at 856-903
+# instead of 646-666.
 AT_LOAD: tuple[Q, ...] = (Q.Q4_K, Q.Q5_K, Q.Q8_0, Q.Q5_0)
 
 
