@@ -8,9 +8,10 @@ is missing). Both sides include rounding the activations to the type's `vec_dot_
 
     python benchmarks/kernels/block_types.py [--types Q4_K,Q6_K] [--calls 200] [--rows 1] [--json out.json]
 
-Q4_K, Q5_K and Q6_K get a second line, "Q4_K/r", "Q5_K/r", "Q6_K/r": qkv's rows repacked at
-load (qkv.runtime.native.repacked) against ggml's repacked ones where it has them (its CPU_REPACK
-buffer, as llama.cpp loads a model: benchmarks/kernels/ggml_repacked_mul_mat.c; none for Q5_K). `--rows M` times M activation rows a product
+The types qkv repacks at load (qkv.runtime.native.repacked's REPACKED: Q4_K, Q5_K, Q8_0, Q5_0) get
+a second line, "Q4_K/r" ...: qkv's rows repacked against ggml's repacked ones where it has them
+(its CPU_REPACK buffer, as llama.cpp loads a model: benchmarks/kernels/ggml_repacked_mul_mat.c;
+on x86 only Q4_K: for the others ggml's plain line is the one to compare). `--rows M` times M activation rows a product
 (a prompt's prefill) instead of one.
 
 Each cell: the median of `calls` calls after 20 untimed, random blocks with small float16
