@@ -1,10 +1,10 @@
-"""Q4_K, Q5_K, Q8_0 and Q5_0 repacked into qkv's Q4_K_X16 / Q5_K_X16 / Q8_0_X16 / Q5_0_X16
-layouts (qkv.runtime.native.repacked, csrc/repacked/): the repacking is the documented byte
+"""Q4_K, Q5_K, Q8_0, Q5_0 and IQ4_XS repacked into qkv's Q4_K_X16 / Q5_K_X16 / Q8_0_X16 /
+Q5_0_X16 / IQ4_XS_X16 layouts (qkv.runtime.native.repacked, csrc/repacked/): the repacking is the documented byte
 permutation, undoing it gives the file's bytes back, and its product is the gguf library's
 dequantized weights times the rounded activations (float64, within the float bound the block
 products are held to), the same bits in every variant and for each row whatever the other
-rows, as the server's batches need; Q8_0_X16's and Q5_0_X16's are the generic C++ product's
-bits on the file's rows."""
+rows, as the server's batches need; Q8_0_X16's, Q5_0_X16's and IQ4_XS_X16's are the generic C++
+product's bits on the file's rows."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ from tests.models.gguf.block_files import random_blocks
 from tests.runtime.native.test_block_products import numpy_rounded
 
 pytestmark = pytest.mark.skipif(repacked.repack_status() is not None, reason="qkv's repacked K-quant products do not build here")
-TYPES = [Q.Q4_K, Q.Q5_K, Q.Q8_0, Q.Q5_0]
+TYPES = [Q.Q4_K, Q.Q5_K, Q.Q8_0, Q.Q5_0, Q.IQ4_XS]
+SAME_AS_STORED = (Q.Q8_0, Q.Q5_0, Q.IQ4_XS)  # the generic stored product's operations, lane by lane
 
 
 def k_rows(block_type: Q, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -36,6 +37,8 @@ def numpy_layout(block_type: Q, rows: np.ndarray) -> np.ndarray:
         return numpy_q8_0_layout(rows)
     if block_type == Q.Q5_0:
         return numpy_q5_0_layout(rows)
+    if block_type == Q.IQ4_XS:
+        return numpy_iq4_xs_layout(rows)
     return numpy_k4_layout(rows, block_type)
 
 
@@ -61,6 +64,18 @@ def numpy_q5_0_layout(rows: np.ndarray) -> np.ndarray:
     qs = blocks[..., 6:].reshape(n // 16, count, 16, 4, 4).transpose(0, 1, 3, 2, 4)  # (groups, blocks, 4 units, 16, 4)
     body = np.concatenate([qh.reshape(n // 16, count, -1), qs.reshape(n // 16, count, -1)], axis=-1)  # (groups, blocks, 320)
     return np.concatenate([d, body.reshape(n // 16, -1)], axis=-1).reshape(n, row_bytes)
+
+
+def numpy_iq4_xs_layout(rows: np.ndarray) -> np.ndarray:
+    """iq4xs.h's layout written out in numpy: per group of 16 rows and super-block, d, scales_h
+    and scales_l of the 16 rows side by side, then qs in 4-byte units of 16 rows."""
+    n, row_bytes = rows.shape
+    supers = row_bytes // 136
+    blocks = rows.reshape(n // 16, 16, supers, 136).transpose(0, 2, 1, 3)  # (groups, supers, 16, 136)
+    qs = blocks[..., 8:].reshape(n // 16, supers, 16, 32, 4).transpose(0, 1, 3, 2, 4)  # (groups, supers, 32 units, 16, 4)
+    parts = [blocks[..., a:b].reshape(n // 16, supers, -1) for a, b in ((0, 2), (2, 4), (4, 8))]
+    parts.append(qs.reshape(n // 16, supers, -1))
+    return np.concatenate(parts, axis=-1).reshape(n, row_bytes)
 
 
 def rounded(x: torch.Tensor, block_type: Q) -> torch.Tensor:
@@ -129,7 +144,7 @@ def test_the_repacked_product_is_the_dequantized_weights_times_the_rounded_activ
         assert ((results[variant].double() - expected).abs() <= bound).all(), variant
     first = results[variants()[0]]
     assert all(torch.equal(first, got) for got in results.values()), "every variant gives the same bits"
-    if block_type in (Q.Q8_0, Q.Q5_0):  # the generic 32-block product's operations (q8_0.h), on the file's rows
+    if block_type in SAME_AS_STORED:  # the generic stored product's operations (q8_0.h, iq4xs.h), on the file's rows
         with use_variant("generic"):
             assert torch.equal(first, block_ops.block_linear(x, blocks, block_type, bias))
 

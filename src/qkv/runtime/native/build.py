@@ -58,9 +58,10 @@ SOURCES: tuple[str, ...] = ("products.cpp", "products_x86.cpp", "attention.cpp",
                             "stack.cpp",
                             "block_format.cpp", "block_products.cpp", "block_avx2.cpp", "block_avx512.cpp",
                             "quantized_cache/attention.cpp", "repacked/q4k_layout.cpp", "repacked/q4k_avx2.cpp", "repacked/q4k_avx512.cpp",
-                            "repacked/q8_0_layout.cpp", "repacked/q8_0_avx2.cpp", "repacked/q8_0_avx512.cpp", "repacked/ops.cpp")
+                            "repacked/q8_0_layout.cpp", "repacked/q8_0_avx2.cpp", "repacked/q8_0_avx512.cpp",
+                            "repacked/iq4xs_layout.cpp", "repacked/iq4xs_avx2.cpp", "repacked/iq4xs_avx512.cpp", "repacked/ops.cpp")
 HEADERS: tuple[str, ...] = ("kernels.h", "block_format.h", "block_x86.h", "block_tiles_x86.h", "quantized_cache/attention_simd.h",
-                            "repacked/q4k.h", "repacked/q8_0.h", "repacked/target_begin.h", "repacked/target_end.h")
+                            "repacked/q4k.h", "repacked/q8_0.h", "repacked/iq4xs.h", "repacked/target_begin.h", "repacked/target_end.h")
 FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-ffp-contract=off", "-Wall", "-Wextra")
 VARIANTS = ("generic", "avx2", "avx512")  # slowest first, the names qkv::set_variant takes
 VARIANT_NAMES = {"generic": "generic C++", "avx2": "AVX2", "avx512": "AVX-512 VNNI"}

@@ -32,8 +32,10 @@ Q4_K_X16 = 1012  # block_format.h's type ids of the repacked layouts (not GGML t
 Q5_K_X16 = 1013
 Q8_0_X16 = 1008
 Q5_0_X16 = 1006
-REPACKED: dict[Q, int] = {Q.Q4_K: Q4_K_X16, Q.Q5_K: Q5_K_X16, Q.Q8_0: Q8_0_X16, Q.Q5_0: Q5_0_X16}  # the file's type -> its layout
-_OPS = {Q.Q4_K: "q4k", Q.Q5_K: "q5k", Q.Q8_0: "q8_0", Q.Q5_0: "q5_0"}
+IQ4_XS_X16 = 1023
+REPACKED: dict[Q, int] = {Q.Q4_K: Q4_K_X16, Q.Q5_K: Q5_K_X16, Q.Q8_0: Q8_0_X16, Q.Q5_0: Q5_0_X16,
+                          Q.IQ4_XS: IQ4_XS_X16}  # the file's type -> its layout
+_OPS = {Q.Q4_K: "q4k", Q.Q5_K: "q5k", Q.Q8_0: "q8_0", Q.Q5_0: "q5_0", Q.IQ4_XS: "iq4xs"}
 GROUP_ROWS = 16
 # the types BlockLinear repacks at load (Q4_K_X16, Q5_K_X16 and Q8_0_X16 measured faster than the
 # file's rows in a decode step and in a prefill, benchmarks/kernels/block_types.py: Q8_0_X16 on
@@ -51,7 +53,9 @@ GROUP_ROWS = 16
 # at 8, 2.3x at 32; 16384 x 2048 out of cache, one row, 2.7-5.2x; Gemma 3 270M Q4_K_M (its
 # layers Q5_0) decoded at 83-97 tokens/s instead of 69-75 and prefilled 512 tokens at 856-903
 # instead of 646-666.
-AT_LOAD: tuple[Q, ...] = (Q.Q4_K, Q.Q5_K, Q.Q8_0, Q.Q5_0)
+# IQ4_XS -> IQ4_XS_X16 (Q4_K_X16's shape: the nibbles' code book values looked up 16 at a time,
+# each 32-weight group's exact sum times its scale): measured below in stop 47's HISTORY.md.
+AT_LOAD: tuple[Q, ...] = (Q.Q4_K, Q.Q5_K, Q.Q8_0, Q.Q5_0, Q.IQ4_XS)
 
 
 def repackable(block_type: Q, rows: int) -> bool:

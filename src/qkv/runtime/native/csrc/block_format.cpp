@@ -3,6 +3,7 @@
 // rounding, and the generic C++ reference of each type's dot product on rounded activations.
 #include "block_format.h"
 #include "kernels.h"
+#include "repacked/iq4xs.h"
 #include "repacked/q4k.h"
 #include "repacked/q8_0.h"
 
@@ -339,6 +340,7 @@ const Traits *traits_of(int64_t type) {
            : type == Q5_K_X16 ? q4k::traits(Q5_K)
            : type == Q8_0_X16 ? q8_0::traits(Q8_0)
            : type == Q5_0_X16 ? q8_0::traits(Q5_0)
+           : type == IQ4_XS_X16 ? iq4xs::traits()
                               : nullptr;
 }
 

@@ -25,6 +25,7 @@
 // Shape legend: M rows of x, K inputs, N outputs.
 #include "block_format.h"
 #include "kernels.h"
+#include "repacked/iq4xs.h"
 #include "repacked/q4k.h"
 #include "repacked/q8_0.h"
 
@@ -134,6 +135,8 @@ void apply_blocks(const Linear &L, const float *x, float *y, int64_t M) {
         if (part.type == Q4_K_X16 || part.type == Q5_K_X16)  // whole groups of 16 rows (for_each_part's chunks and PIECE keep them whole)
             return q4k::rows(part, rows256, sums256.data(), M, L.K, L.N, n0, n1, first, L.bias ? L.bias + first : nullptr, y,
                              variant);
+        if (part.type == IQ4_XS_X16)
+            return iq4xs::rows(part, rows256, M, L.K, L.N, n0, n1, first, L.bias ? L.bias + first : nullptr, y, variant);
         if (part.type == Q8_0_X16 || part.type == Q5_0_X16)
             return q8_0::rows(part, rows[PER32].data(), code_sums32.data(), M, L.K, L.N, n0, n1, first,
                               L.bias ? L.bias + first : nullptr, y, variant);
