@@ -3,6 +3,7 @@ lost; a real Ctrl-C (SIGINT) keeps the last checkpoint and --resume finishes the
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -87,8 +88,10 @@ def test_existing_run_is_neither_overwritten_nor_resumed_from_a_corrupt_file(
             "metrics.jsonl", "loss.png"} <= before.keys()
     assert main(["explain", "Every effort moves you", "--model", str(out)]) == 0  # a model folder
     capsys.readouterr()
+    frozen = gc.get_freeze_count()
     assert main(["generate", "--model", str(out), "--prompt", "Every effort", "--max-new-tokens", "4"]) == 0
     assert capsys.readouterr().out.startswith("Every effort")
+    assert gc.get_freeze_count() == frozen  # the command's frozen heap given back to this process's collector
     fails(capsys, "--data", str(story), "--out", str(out), "--max-steps", "2", *FAST, match="--resume")
     fails(capsys, "--data", str(story), "--out", str(out), "--resume", "--lr", "0.5", *FAST,
           match="lr was")

@@ -1,5 +1,6 @@
-"""freeze_loaded_heap: what is alive when it runs leaves the collector's sweeps, and what is
-made after it is still collected."""
+"""freeze_loaded_heap and thaw_loaded_heap: what is alive when a command has loaded its model
+leaves the collector's sweeps, what is made after is still collected, and when the command ends
+its caller's collector is as it was (a command run in-process)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import weakref
 
 import pytest
 
-from qkv.util.heap import freeze_loaded_heap
+from qkv.util.heap import freeze_loaded_heap, thaw_loaded_heap
 
 
 class Node:
@@ -17,19 +18,41 @@ class Node:
 
 
 @pytest.fixture
-def thawed():
+def quiet():
     gc.disable()  # no automatic collection between the test's steps
     yield
     gc.enable()
+    thaw_loaded_heap()
     gc.unfreeze()  # the test process's heap as it was
 
 
-def test_the_living_leave_the_sweeps_and_new_garbage_is_still_collected(thawed) -> None:
+def tracked(obj: object) -> bool:
+    return any(o is obj for o in gc.get_objects())
+
+
+def test_the_living_leave_the_sweeps_until_the_command_ends(quiet) -> None:
     kept = Node()
-    assert any(o is kept for o in gc.get_objects())
-    frozen = freeze_loaded_heap()
-    assert frozen > 0  # (objects of it freed since leave the count: it can only fall)
-    assert not any(o is kept for o in gc.get_objects())  # no collection walks it now
+    assert tracked(kept)
+    assert freeze_loaded_heap() > 0
+    assert not tracked(kept)  # no collection walks it now
     later = weakref.ref(Node())
     gc.collect()
     assert later() is None  # new garbage is still collected
+    dropped = weakref.ref(kept)
+    del kept  # a cycle that became garbage while frozen
+    gc.collect()
+    assert dropped() is not None  # frozen: not collected
+    thaw_loaded_heap()
+    gc.collect()
+    assert dropped() is None  # given back to the collector: collected
+
+
+def test_a_process_that_froze_its_own_heap_is_left_alone(quiet) -> None:
+    own = Node()
+    gc.freeze()
+    count = gc.get_freeze_count()
+    fresh = Node()
+    assert freeze_loaded_heap() == count  # nothing more frozen
+    assert tracked(fresh)
+    thaw_loaded_heap()
+    assert gc.get_freeze_count() == count and not tracked(own)  # its freeze kept

@@ -15,6 +15,7 @@ import sys
 from typing import NoReturn
 
 import qkv
+from qkv.util.heap import thaw_loaded_heap
 from qkv.errors import QkvError
 from qkv.names import SUBCOMMANDS
 
@@ -67,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    finally:
+        thaw_loaded_heap()  # a command run in-process leaves its caller's collector as it found it
 
 
 if __name__ == "__main__":
