@@ -20,6 +20,7 @@ class Node:
 @pytest.fixture
 def quiet():
     gc.disable()  # no automatic collection between the test's steps
+    gc.unfreeze()  # nothing frozen by anyone before (the tests' starting point)
     yield
     gc.enable()
     thaw_loaded_heap()
