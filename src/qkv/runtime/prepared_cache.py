@@ -38,13 +38,12 @@ import torch
 from torch import Tensor, nn
 
 from qkv.util.atomic import atomic_write_with
-from qkv.util.cache_integrity import cache_folder, remove_stale_temporaries, say_discarded, tensors_digest
+from qkv.util.cache_integrity import cache_folder, keeping_enabled, remove_stale_temporaries, say_discarded, tensors_digest
 from qkv.util.digest_memo import remembered_digest
 
 SMALLEST_SOURCE = 32 << 20  # bytes of weight files below which preparing is quick: not kept
 KEEP = 4  # prepared models kept (the most recently used)
 DIGEST_KEY = "qkv_tensors_sha256"  # the entry's own checksum, in its safetensors metadata
-_OFF = {"0", "false", "no", "off"}
 _PACKAGE = Path(__file__).resolve().parents[1]  # src/qkv
 # the modules whose code decides the prepared tensors (their source is part of the key)
 _CODE = ("attention/stacking.py", "names.py", "runtime/native/ops.py", "runtime/linear/quantized.py",
@@ -56,9 +55,6 @@ def smallest_source() -> int:
     value = os.environ.get("QKV_PREPARED_MIN_BYTES", "").strip()
     return int(value) if value.isdigit() else SMALLEST_SOURCE
 
-
-def enabled() -> bool:
-    return os.environ.get("QKV_PREPARED_CACHE", "").strip().lower() not in _OFF
 
 
 @functools.lru_cache(maxsize=1)
@@ -76,7 +72,7 @@ def _code_digest() -> bytes:
 def prepared_path(files: list[Path], precision: str) -> Path | None:
     """Where the model prepared from `files` at `precision` is kept, or None when it is
     not kept (module docstring)."""
-    if not enabled():
+    if not keeping_enabled():
         return None
     try:
         if sum(f.stat().st_size for f in files) < smallest_source():

@@ -145,6 +145,12 @@ def absolute_folder(value: str, variable: str) -> Path:
     return path
 
 
+def keeping_enabled() -> bool:
+    """Whether qkv keeps what it prepares on disk (prepared weights, recovered merges):
+    QKV_PREPARED_CACHE=0 (or false, no, off) turns it off."""
+    return os.environ.get("QKV_PREPARED_CACHE", "").strip().lower() not in {"0", "false", "no", "off"}
+
+
 def cache_folder() -> Path:
     """Where qkv keeps what it builds and remembers per machine (kernels, prepared weights,
     digests, recovered merges): $QKV_CACHE_DIR, else $XDG_CACHE_HOME/qkv, else ~/.cache/qkv;

@@ -27,20 +27,16 @@ from pathlib import Path
 
 from qkv.errors import QkvError
 from qkv.util.atomic import atomic_write_bytes
-from qkv.util.cache_integrity import cache_folder, remove_stale_temporaries, say_discarded
+from qkv.util.cache_integrity import cache_folder, keeping_enabled, remove_stale_temporaries, say_discarded
 
 SMALLEST_VOCAB = 32768  # tokens below which recovering is quick (well under 0.3 s): not kept
 KEEP = 8  # memo files kept (the most recently used); Gemma 3's is 4 MB
 MAX_MERGES = 1 << 23  # the most a memo file may hold (tokenizer.MAX_DERIVED_MERGES)
 FORMAT = b"qkv-merges-1"  # part of the key: a new layout of the file gets new keys
-_OFF = {"0", "false", "no", "off"}
 
 Merges = list[tuple[str, str]]
 Derive = Callable[[Sequence[str], Mapping[str, float]], Merges]
 
-
-def enabled() -> bool:
-    return os.environ.get("QKV_PREPARED_CACHE", "").strip().lower() not in _OFF
 
 
 def memo_key(tokens: Sequence[str], rank: Mapping[str, float], derive: Derive) -> str:
@@ -115,7 +111,7 @@ def _keep(path: Path, merges: Merges, tokens: Sequence[str]) -> None:
 
 def remembered_merges(tokens: Sequence[str], rank: Mapping[str, float], derive: Derive) -> Merges:
     """`derive(tokens, rank)`, read from the memo when it was recovered before (module docstring)."""
-    if len(tokens) < SMALLEST_VOCAB or not enabled():
+    if len(tokens) < SMALLEST_VOCAB or not keeping_enabled():
         return derive(tokens, rank)
     try:
         path = cache_folder() / "merges" / f"{memo_key(tokens, rank, derive)[:32]}.bin"

@@ -54,7 +54,8 @@ GROUP_ROWS = 16
 # layers Q5_0) decoded at 83-97 tokens/s instead of 69-75 and prefilled 512 tokens at 856-903
 # instead of 646-666.
 # IQ4_XS -> IQ4_XS_X16 (Q4_K_X16's shape: the nibbles' code book values looked up 16 at a time,
-# each 32-weight group's exact sum times its scale): measured below in stop 47's HISTORY.md.
+# each 32-weight group's exact sum times its scale): 2.0-5.8x the file's rows for 1 to 32
+# activation rows in cache, 1.2x out of cache (benchmarks/HISTORY.md, stop 47).
 AT_LOAD: tuple[Q, ...] = (Q.Q4_K, Q.Q5_K, Q.Q8_0, Q.Q5_0, Q.IQ4_XS)
 
 

@@ -23,10 +23,17 @@ inline __m512i code4(const int8_t *c) {  // 4 activation codes in every lane
     return _mm512_set1_epi32(v);
 }
 
-inline __m512i book() {  // IQ4_NL_VALUES + 128 in each 128-bit lane
-    alignas(16) uint8_t values[16];
-    for (int k = 0; k < 16; k++) values[k] = static_cast<uint8_t>(IQ4_NL_VALUES[k] + 128);
-    return _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i *>(values)));
+// IQ4_NL_VALUES + 128: the code book made unsigned for vpdpbusd
+alignas(16) constexpr uint8_t UNSIGNED_BOOK[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
+constexpr bool book_matches() {
+    for (int k = 0; k < 16; k++)
+        if (UNSIGNED_BOOK[k] != IQ4_NL_VALUES[k] + 128) return false;
+    return true;
+}
+static_assert(book_matches(), "UNSIGNED_BOOK must be IQ4_NL_VALUES + 128");
+
+inline __m512i book() {  // UNSIGNED_BOOK in each 128-bit lane
+    return _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i *>(UNSIGNED_BOOK)));
 }
 
 template <int N>
