@@ -1,10 +1,10 @@
-"""Q4_K, Q5_K, Q8_0, Q5_0 and IQ4_XS repacked into qkv's Q4_K_X16 / Q5_K_X16 / Q8_0_X16 /
-Q5_0_X16 / IQ4_XS_X16 layouts (qkv.runtime.native.repacked, csrc/repacked/): the repacking is the documented byte
+"""Q4_K, Q5_K, Q8_0, Q5_0, IQ4_XS and Q6_K repacked into qkv's Q4_K_X16 / Q5_K_X16 / Q8_0_X16 /
+Q5_0_X16 / IQ4_XS_X16 / Q6_K_X16 layouts (qkv.runtime.native.repacked, csrc/repacked/): the repacking is the documented byte
 permutation, undoing it gives the file's bytes back, and its product is the gguf library's
 dequantized weights times the rounded activations (float64, within the float bound the block
 products are held to), the same bits in every variant and for each row whatever the other
-rows, as the server's batches need; Q8_0_X16's, Q5_0_X16's and IQ4_XS_X16's are the generic C++
-product's bits on the file's rows."""
+rows, as the server's batches need; Q8_0_X16's, Q5_0_X16's, IQ4_XS_X16's and Q6_K_X16's are the
+generic C++ product's bits on the file's rows."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from tests.models.gguf.block_files import random_blocks
 from tests.runtime.native.test_block_products import numpy_rounded
 
 pytestmark = pytest.mark.skipif(repacked.repack_status() is not None, reason="qkv's repacked K-quant products do not build here")
-TYPES = [Q.Q4_K, Q.Q5_K, Q.Q8_0, Q.Q5_0, Q.IQ4_XS]
-SAME_AS_STORED = (Q.Q8_0, Q.Q5_0, Q.IQ4_XS)  # the generic stored product's operations, lane by lane
+TYPES = [Q.Q4_K, Q.Q5_K, Q.Q8_0, Q.Q5_0, Q.IQ4_XS, Q.Q6_K]
+SAME_AS_STORED = (Q.Q8_0, Q.Q5_0, Q.IQ4_XS, Q.Q6_K)  # the generic stored product's operations, lane by lane
 
 
 def k_rows(block_type: Q, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,6 +39,8 @@ def numpy_layout(block_type: Q, rows: np.ndarray) -> np.ndarray:
         return numpy_q5_0_layout(rows)
     if block_type == Q.IQ4_XS:
         return numpy_iq4_xs_layout(rows)
+    if block_type == Q.Q6_K:
+        return numpy_q6_k_layout(rows)
     return numpy_k4_layout(rows, block_type)
 
 
@@ -75,6 +77,22 @@ def numpy_iq4_xs_layout(rows: np.ndarray) -> np.ndarray:
     qs = blocks[..., 8:].reshape(n // 16, supers, 16, 32, 4).transpose(0, 1, 3, 2, 4)  # (groups, supers, 32 units, 16, 4)
     parts = [blocks[..., a:b].reshape(n // 16, supers, -1) for a, b in ((0, 2), (2, 4), (4, 8))]
     parts.append(qs.reshape(n // 16, supers, -1))
+    return np.concatenate(parts, axis=-1).reshape(n, row_bytes)
+
+
+def numpy_q6_k_layout(rows: np.ndarray) -> np.ndarray:
+    """q6k.h's layout written out in numpy: per group of 16 rows and super-block, the rows' d,
+    then each sub-block's scale of the 16 rows, then ql and qh in 4-byte units of 16 rows."""
+    n, row_bytes = rows.shape
+    g, supers = n // 16, row_bytes // 210
+    blocks = rows.reshape(g, 16, supers, 210).transpose(0, 2, 1, 3)  # (groups, supers, 16, 210)
+
+    def units(part: np.ndarray) -> np.ndarray:  # (groups, supers, 16, 4 u) -> (groups, supers, u * 16 * 4)
+        return part.reshape(g, supers, 16, -1, 4).transpose(0, 1, 3, 2, 4).reshape(g, supers, -1)
+
+    d = blocks[..., 208:210].reshape(g, supers, -1)
+    scales = blocks[..., 192:208].transpose(0, 1, 3, 2).reshape(g, supers, -1)  # (16 rows, 16 j) -> (16 j, 16 rows)
+    parts = [d, scales, units(blocks[..., :128]), units(blocks[..., 128:192])]
     return np.concatenate(parts, axis=-1).reshape(n, row_bytes)
 
 
@@ -144,7 +162,7 @@ def test_the_repacked_product_is_the_dequantized_weights_times_the_rounded_activ
         assert ((results[variant].double() - expected).abs() <= bound).all(), variant
     first = results[variants()[0]]
     assert all(torch.equal(first, got) for got in results.values()), "every variant gives the same bits"
-    if block_type in SAME_AS_STORED:  # the generic stored product's operations (q8_0.h, iq4xs.h), on the file's rows
+    if block_type in SAME_AS_STORED:  # the generic stored product's operations (q8_0.h, iq4xs.h, q6k.h), on the file's rows
         with use_variant("generic"):
             assert torch.equal(first, block_ops.block_linear(x, blocks, block_type, bias))
 
@@ -177,6 +195,18 @@ def test_block_linear_repacks_in_whole_groups_and_keeps_the_rest_as_stored(block
     assert ((layer(x).double() - x_rounded @ w.t()).abs() <= block_ops.product_bound(x_rounded, w, 512, block_type)).all()
     odd, _ = k_rows(block_type, 24, 512, seed=6)  # not whole groups of 16: the file's layout
     assert not BlockLinear(StoredBlocks(odd, block_type, (24, 512))).repacked
+
+
+def test_block_linear_repacks_q6_k_where_the_cpu_runs_the_avx512_kernels() -> None:
+    """Q6_K_X16's one-row AVX2 kernel is slower than the stored rows' (repacked.py's WITH_AVX512):
+    an AVX2 CPU keeps the file's rows; either way the product is the same."""
+    blocks, w = k_rows(Q.Q6_K, 32, 512, seed=11)
+    layer = BlockLinear(StoredBlocks(blocks, Q.Q6_K, (32, 512)))
+    assert layer.repacked == ("avx512" in variants())
+    assert torch.equal(layer.stored.blocks, blocks)
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(12))
+    with use_variant("generic"):
+        assert torch.equal(layer(x), block_ops.block_linear(x, blocks, Q.Q6_K))  # the stored product's bits
 
 
 @pytest.mark.parametrize("block_type", TYPES)

@@ -1,7 +1,8 @@
 """Matrices repacked at load into qkv's interleaved layouts (runtime/native/csrc/repacked/):
 Q4_K -> Q4_K_X16 and Q5_K -> Q5_K_X16 (q4k.h: one layout, Q5_K's fifth bits after Q4_K's bytes,
 one set of kernels), Q8_0 -> Q8_0_X16 and Q5_0 -> Q5_0_X16 (q8_0.h: one set of kernels, Q5_0's
-nibbles and fifth bits where Q8_0 has its bytes), groups of 16 rows
+nibbles and fifth bits where Q8_0 has its bytes), IQ4_XS -> IQ4_XS_X16 (iq4xs.h) and, on an
+AVX-512 CPU, Q6_K -> Q6_K_X16 (q6k.h): groups of 16 rows
 interleaved 4 bytes at a time, each block's scales side by side, so a decode step's product
 runs a row of the group per SIMD lane (one 64-byte load is 4 or 8 weights of 16 rows) and a
 prompt's product reads each weight block once per 4 activation rows.
@@ -11,8 +12,9 @@ file's mapping is never written), and the product is the same math as `qkv::bloc
 the file's blocks: the dequantized weights times the activations rounded as the file's type
 meets them (per 256 for the K-quants, per 32 for Q8_0), every integer sum exact. Each output is
 the same float operations in every variant (generic C++, AVX2, AVX-512: the same bits) and
-whatever the number of activation rows (batch invariance); Q8_0_X16's and Q5_0_X16's are the
-generic C++ 32-block product's own operations, so their results are that product's bits.
+whatever the number of activation rows (batch invariance); Q8_0_X16's, Q5_0_X16's, IQ4_XS_X16's
+and Q6_K_X16's are the generic C++ stored product's own operations, so their results are that
+product's bits.
 
 Shape legend: N outputs (a multiple of 16), K inputs, M activation rows, W weights and Z bytes a block.
 """
@@ -33,18 +35,16 @@ Q5_K_X16 = 1013
 Q8_0_X16 = 1008
 Q5_0_X16 = 1006
 IQ4_XS_X16 = 1023
+Q6_K_X16 = 1014
 REPACKED: dict[Q, int] = {Q.Q4_K: Q4_K_X16, Q.Q5_K: Q5_K_X16, Q.Q8_0: Q8_0_X16, Q.Q5_0: Q5_0_X16,
-                          Q.IQ4_XS: IQ4_XS_X16}  # the file's type -> its layout
-_OPS = {Q.Q4_K: "q4k", Q.Q5_K: "q5k", Q.Q8_0: "q8_0", Q.Q5_0: "q5_0", Q.IQ4_XS: "iq4xs"}
+                          Q.IQ4_XS: IQ4_XS_X16, Q.Q6_K: Q6_K_X16}  # the file's type -> its layout
+_OPS = {Q.Q4_K: "q4k", Q.Q5_K: "q5k", Q.Q8_0: "q8_0", Q.Q5_0: "q5_0", Q.IQ4_XS: "iq4xs", Q.Q6_K: "q6k"}
 GROUP_ROWS = 16
 # the types BlockLinear repacks at load (Q4_K_X16, Q5_K_X16 and Q8_0_X16 measured faster than the
 # file's rows in a decode step and in a prefill, benchmarks/kernels/block_types.py: Q8_0_X16 on
 # one thread 1.5-1.9x at a decode step of Gemma 3's 262144 x 640 head, 2.0-3.5x at 8192 x 2048,
 # 1.3-1.8x in a 64- or 128-row prefill of a 1B model's shapes on AVX-512, about even at K = 640
-# (machine shared, load 6-9, 2026-12-03)). Q6_K stays as stored: a Q6_K_X16 layout was built and
-# measured (1 thread, 2048 x 2048: a decode step about even on AVX-512 and 1.8x slower on AVX2),
-# and the stored rows' multi-row prompt tiles (block_avx512.cpp's zmm_q6_k) passed its prefill,
-# so it served no path and was removed (2026-12-03).
+# (machine shared, load 6-9, 2026-12-03)).
 # Q5_0 -> Q5_0_X16 (Q8_0_X16's layout and kernels with Q5_0's nibbles and fifth bits): the
 # stored rows' one-row kernel unpacks each block per activation row, and their prompt tiles put
 # activation rows in 16 lanes, so 4 to 16 rows (a server's decode step, a short prompt) cost
@@ -57,12 +57,26 @@ GROUP_ROWS = 16
 # each 32-weight group's exact sum times its scale): 2.0-5.8x the file's rows for 1 to 32
 # activation rows in cache, 1.2x out of cache (benchmarks/HISTORY.md, stop 47).
 AT_LOAD: tuple[Q, ...] = (Q.Q4_K, Q.Q5_K, Q.Q8_0, Q.Q5_0, Q.IQ4_XS)
+# Q6_K -> Q6_K_X16 (q6k.h: Q4_K_X16's shape, the 6-bit codes unsigned against -32 s per 16 weights)
+# only where the CPU runs the AVX-512 kernels: there, 1 thread, 512 activation rows, 1.4-1.5x the
+# stored rows' prompt tiles (113 against 78 GMAC/s) and, 2 threads, a decode step 1.06-1.33x; on
+# AVX2 its one-row kernel is 0.65x the stored rows' (their prompt products about even), so an
+# AVX2 CPU keeps the file's rows (Zen 4, 2026-12-07; benchmarks/HISTORY.md, stop 48).
+WITH_AVX512: tuple[Q, ...] = (Q.Q6_K,)
 
 
 def repackable(block_type: Q, rows: int) -> bool:
-    """Whether BlockLinear repacks a matrix of `rows` outputs in `block_type` (AT_LOAD's types
-    in whole groups of 16)."""
+    """Whether BlockLinear repacks a matrix of `rows` outputs in `block_type` (AT_LOAD's types,
+    and WITH_AVX512's on a CPU that runs the AVX-512 kernels, in whole groups of 16)."""
+    if block_type in WITH_AVX512:
+        return rows % GROUP_ROWS == 0 and rows > 0 and _runs_avx512()
     return block_type in AT_LOAD and rows % GROUP_ROWS == 0 and rows > 0
+
+
+def _runs_avx512() -> bool:
+    from qkv.runtime.native.ops import variants
+
+    return block_products_status() is None and "avx512" in variants()
 
 
 def repack(blocks: Tensor, block_type: Q) -> Tensor:

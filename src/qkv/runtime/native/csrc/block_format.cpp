@@ -5,6 +5,7 @@
 #include "kernels.h"
 #include "repacked/iq4xs.h"
 #include "repacked/q4k.h"
+#include "repacked/q6k.h"
 #include "repacked/q8_0.h"
 
 #include <math.h>
@@ -341,6 +342,7 @@ const Traits *traits_of(int64_t type) {
            : type == Q8_0_X16 ? q8_0::traits(Q8_0)
            : type == Q5_0_X16 ? q8_0::traits(Q5_0)
            : type == IQ4_XS_X16 ? iq4xs::traits()
+           : type == Q6_K_X16 ? q6k::traits()
                               : nullptr;
 }
 

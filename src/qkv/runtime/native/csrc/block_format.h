@@ -36,6 +36,7 @@ enum Type : int64_t {  // GGML's type ids
     Q8_0_X16 = 1008,  // and Q8_0's (repacked/q8_0.h)
     Q5_0_X16 = 1006,  // and Q5_0's, in Q8_0_X16's shape (repacked/q8_0.h)
     IQ4_XS_X16 = 1023,  // and IQ4_XS's, in Q4_K_X16's shape (repacked/iq4xs.h)
+    Q6_K_X16 = 1014,  // and Q6_K's, in Q4_K_X16's shape (repacked/q6k.h)
 };
 enum Activation : int64_t { PER32 = 0, PER256 = 1, FLOAT = 2 };  // how the activations a type multiplies are rounded (FLOAT: not)
 constexpr int ACTIVATIONS = 3;

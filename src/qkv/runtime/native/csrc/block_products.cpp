@@ -27,6 +27,7 @@
 #include "kernels.h"
 #include "repacked/iq4xs.h"
 #include "repacked/q4k.h"
+#include "repacked/q6k.h"
 #include "repacked/q8_0.h"
 
 #include <atomic>
@@ -125,15 +126,19 @@ void apply_blocks(const Linear &L, const float *x, float *y, int64_t M) {
     const XRow *rows256 = rows[PER256].data();
     PreparedParts prepared;
     prepare_parts(L, rows, M, variant, prepared);
-    std::vector<int32_t> sums256, code_sums32;  // the rows' words the repacked kernels read (minimum sums, code sums), made once a product
+    std::vector<int32_t> sums256, code_sums32, offsets16;  // the rows' words the repacked kernels read (minimum sums, code sums, Q6_K's offsets), made once a product
     for (int64_t p = 0; p < L.part_count; p++) {
         const int64_t type = L.parts[p].type;
         if ((type == Q4_K_X16 || type == Q5_K_X16) && sums256.empty()) sums256 = q4k::row_words(rows256, M, L.K);
         if ((type == Q8_0_X16 || type == Q5_0_X16) && code_sums32.empty()) code_sums32 = q8_0::row_words(rows[PER32].data(), M, L.K);
+        if (type == Q6_K_X16 && offsets16.empty()) offsets16 = q6k::row_words(rows256, M, L.K);
     }
     auto outputs = [&](const BlockPart &part, int64_t n0, int64_t n1, int64_t first) {
         if (part.type == Q4_K_X16 || part.type == Q5_K_X16)  // whole groups of 16 rows (for_each_part's chunks and PIECE keep them whole)
             return q4k::rows(part, rows256, sums256.data(), M, L.K, L.N, n0, n1, first, L.bias ? L.bias + first : nullptr, y,
+                             variant);
+        if (part.type == Q6_K_X16)
+            return q6k::rows(part, rows256, offsets16.data(), M, L.K, L.N, n0, n1, first, L.bias ? L.bias + first : nullptr, y,
                              variant);
         if (part.type == IQ4_XS_X16)
             return iq4xs::rows(part, rows256, M, L.K, L.N, n0, n1, first, L.bias ? L.bias + first : nullptr, y, variant);

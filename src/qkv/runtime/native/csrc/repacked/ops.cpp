@@ -1,4 +1,4 @@
-// The repacked layouts (Q4_K_X16 and Q5_K_X16: q4k.h, Q8_0_X16 and Q5_0_X16: q8_0.h, IQ4_XS_X16: iq4xs.h) in the library: their products inside
+// The repacked layouts (Q4_K_X16 and Q5_K_X16: q4k.h, Q8_0_X16 and Q5_0_X16: q8_0.h, IQ4_XS_X16: iq4xs.h, Q6_K_X16: q6k.h) in the library: their products inside
 // a BLOCKS Linear (block_products.cpp's apply_blocks hands such a part here), and the ops that
 // repack a matrix at load (a copy: the file's mapping is never written):
 //
@@ -8,7 +8,8 @@
 //   qkv::q8_0_repack / q8_0_unrepack: the same for Q8_0 (N, K / 32 * 34) and Q8_0_X16
 //   qkv::q5_0_repack / q5_0_unrepack: the same for Q5_0 (N, K / 32 * 22) and Q5_0_X16
 //   qkv::iq4xs_repack / iq4xs_unrepack: the same for IQ4_XS (N, K / 256 * 136) and IQ4_XS_X16
-//   qkv::q4k_repack_into / q5k_repack_into / q8_0_repack_into / q5_0_repack_into / iq4xs_repack_into(blocks, out): the repacking written into `out` (a slice
+//   qkv::q6k_repack / q6k_unrepack: the same for Q6_K (N, K / 256 * 210) and Q6_K_X16
+//   qkv::q4k_repack_into / q5k_repack_into / q8_0_repack_into / q5_0_repack_into / iq4xs_repack_into / q6k_repack_into(blocks, out): the repacking written into `out` (a slice
 //   of a stacked matrix on 2 MB pages: one copy at load, not three)
 //
 // A product over M activation rows takes them MR at a time per group of 16 weight rows, and up
@@ -22,6 +23,7 @@
 #include "../kernels.h"
 #include "q4k.h"
 #include "iq4xs.h"
+#include "q6k.h"
 #include "q8_0.h"
 
 namespace qkv {
@@ -120,6 +122,21 @@ void rows(const BlockPart &part, const XRow *xs, int64_t M, int64_t K, int64_t l
 }
 
 }  // namespace iq4xs
+
+namespace q6k {
+
+void rows(const BlockPart &part, const XRow *xs, const int32_t *p, int64_t M, int64_t K, int64_t ldy, int64_t n0, int64_t n1,
+          int64_t first, const float *bias, float *y, Variant v) {
+#if QKV_X86
+    const q4k::GroupRows kernel = v >= AVX512 ? avx512_group : v >= AVX2 ? avx2_group : generic_group;
+#else
+    const q4k::GroupRows kernel = generic_group;
+    (void)v;
+#endif
+    group_rows(part, kernel, p, K / 16, xs, M, K, ldy, n0, n1, first, bias, y);
+}
+
+}  // namespace q6k
 }  // namespace blocks
 
 namespace {
@@ -224,6 +241,18 @@ Tensor iq4xs_repack_into(Tensor blocks, Tensor out) {
     return permuted_out(blocks, out, IQ4XS, blocks::iq4xs::repack, "qkv::iq4xs_repack_into: blocks and out must be contiguous uint8 IQ4_XS rows of one shape (N, K / 256 * 136), N a multiple of 16, not overlapping");
 }
 
+Tensor q6k_repack(Tensor blocks) {
+    return permuted(blocks, Q6K, blocks::q6k::repack, "qkv::q6k_repack: blocks must be contiguous uint8 Q6_K rows (N, K / 256 * 210), N a multiple of 16");
+}
+
+Tensor q6k_repack_into(Tensor blocks, Tensor out) {
+    return permuted_out(blocks, out, Q6K, blocks::q6k::repack, "qkv::q6k_repack_into: blocks and out must be contiguous uint8 Q6_K rows of one shape (N, K / 256 * 210), N a multiple of 16, not overlapping");
+}
+
+Tensor q6k_unrepack(Tensor packed) {
+    return permuted(packed, Q6K, blocks::q6k::unrepack, "qkv::q6k_unrepack: packed must be contiguous uint8 (N, K / 256 * 210), N a multiple of 16");
+}
+
 Tensor iq4xs_unrepack(Tensor packed) {
     return permuted(packed, IQ4XS, blocks::iq4xs::unrepack, "qkv::iq4xs_unrepack: packed must be contiguous uint8 (N, K / 256 * 136), N a multiple of 16");
 }
@@ -247,6 +276,9 @@ STABLE_TORCH_LIBRARY_FRAGMENT(qkv, m) {
     m.def("iq4xs_repack(Tensor blocks) -> Tensor");
     m.def("iq4xs_unrepack(Tensor packed) -> Tensor");
     m.def("iq4xs_repack_into(Tensor blocks, Tensor(a!) out) -> Tensor(a!)");
+    m.def("q6k_repack(Tensor blocks) -> Tensor");
+    m.def("q6k_unrepack(Tensor packed) -> Tensor");
+    m.def("q6k_repack_into(Tensor blocks, Tensor(a!) out) -> Tensor(a!)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(qkv, CPU, m) {
@@ -265,4 +297,7 @@ STABLE_TORCH_LIBRARY_IMPL(qkv, CPU, m) {
     m.impl("iq4xs_repack", TORCH_BOX(&qkv::iq4xs_repack));
     m.impl("iq4xs_unrepack", TORCH_BOX(&qkv::iq4xs_unrepack));
     m.impl("iq4xs_repack_into", TORCH_BOX(&qkv::iq4xs_repack_into));
+    m.impl("q6k_repack", TORCH_BOX(&qkv::q6k_repack));
+    m.impl("q6k_unrepack", TORCH_BOX(&qkv::q6k_unrepack));
+    m.impl("q6k_repack_into", TORCH_BOX(&qkv::q6k_repack_into));
 }

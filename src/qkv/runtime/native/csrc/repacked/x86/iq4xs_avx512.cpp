@@ -10,7 +10,7 @@
 #define QKV_TARGET "avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni"
 #include "target_begin.h"
 
-#include "iq4xs.h"
+#include "../iq4xs.h"
 
 namespace qkv {
 namespace blocks {

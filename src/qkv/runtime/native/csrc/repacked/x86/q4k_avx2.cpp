@@ -10,7 +10,7 @@
 #define QKV_TARGET "avx2,fma,f16c"
 #include "target_begin.h"
 
-#include "q4k.h"
+#include "../q4k.h"
 
 namespace qkv {
 namespace blocks {

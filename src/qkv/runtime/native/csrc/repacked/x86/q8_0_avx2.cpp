@@ -10,7 +10,7 @@
 #define QKV_TARGET "avx2,fma,f16c"
 #include "target_begin.h"
 
-#include "q8_0.h"
+#include "../q8_0.h"
 
 namespace qkv {
 namespace blocks {

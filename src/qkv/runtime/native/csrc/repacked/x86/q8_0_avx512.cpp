@@ -11,7 +11,7 @@
 #define QKV_TARGET "avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni"
 #include "target_begin.h"
 
-#include "q8_0.h"
+#include "../q8_0.h"
 
 namespace qkv {
 namespace blocks {

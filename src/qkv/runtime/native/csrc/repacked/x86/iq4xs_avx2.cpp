@@ -10,7 +10,7 @@
 #define QKV_TARGET "avx2,fma,f16c"
 #include "target_begin.h"
 
-#include "iq4xs.h"
+#include "../iq4xs.h"
 
 namespace qkv {
 namespace blocks {

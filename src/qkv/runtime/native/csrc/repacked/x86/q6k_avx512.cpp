@@ -1,0 +1,111 @@
+// Q6_K_X16's product on AVX-512 VNNI (q6k.h): a zmm lane is a row of the group; a 64-byte load of
+// ql and one of qh give 8 weights of the 16 rows as two vectors of unsigned 6-bit codes (the
+// nibbles with their 2 top bits set in by vpternlogd), multiplied by vpdpbusd against 4
+// activation codes broadcast, each 16-weight sub-block's sum started at -32 s_j (so that it ends
+// at sum((q - 32) c) exactly), then times the sub-block's scale of each row.
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#include <string.h>
+
+#define QKV_TARGET "avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni"
+#include "target_begin.h"
+
+#include "../q6k.h"
+
+namespace qkv {
+namespace blocks {
+namespace q6k {
+namespace {
+
+inline __m512i load(const uint8_t *p) { return _mm512_loadu_si512(p); }
+
+inline __m512i code4(const int8_t *c) {  // 4 activation codes in every lane
+    int32_t v;
+    memcpy(&v, c, 4);
+    return _mm512_set1_epi32(v);
+}
+
+// a | (b & 0x30 a byte): a nibble and its top 2 bits (vpternlogd: A | (B & C))
+inline __m512i with_top(__m512i nibble, __m512i top, __m512i mask) { return _mm512_ternarylogic_epi32(nibble, top, mask, 0xF8); }
+
+inline __m512i scale_of(const uint8_t *t, int j) {  // sub-block j's scales of the 16 rows, int32
+    return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(t + SC + 16 * j)));
+}
+
+// The quarter pair (k0, k0 + 2) of half h at offsets 16 q .. 16 q + 15: sub-blocks
+// 8 h + 2 k0 + q and 8 h + 2 (k0 + 2) + q, the low and the high nibbles of ql units
+// 16 h + 8 k0 + 4 q + s, their top bits in qh units 8 h + 4 q + s (bits 2 k0 and 2 k0 + 4).
+template <int N>
+inline void pair(const uint8_t *t, const XRow *xs, const int32_t *p, int64_t words, int64_t i, int h, int q, int k0,
+                 __m512i *isum) {
+    const __m512i low4 = _mm512_set1_epi8(15), top2 = _mm512_set1_epi8(0x30);
+    const int j0 = 8 * h + 2 * k0 + q, j1 = j0 + 4;
+    __m512i lo[N], hi[N];
+    for (int m = 0; m < N; m++) {
+        lo[m] = _mm512_set1_epi32(p[m * words + 16 * i + j0]);
+        hi[m] = _mm512_set1_epi32(p[m * words + 16 * i + j1]);
+    }
+#pragma GCC unroll 4
+    for (int s = 0; s < 4; s++) {
+        if constexpr (N == 1) {  // a decode step reads the tile two ahead into L1 (3360 bytes: 53 lines over 16 calls)
+            const char *ahead = reinterpret_cast<const char *>(t + 2 * TILE);
+            const int step = 8 * h + 4 * k0 + 2 * q + s / 2;  // 0..15 over the super-block's calls
+            if (s % 2 == 0)
+                for (int64_t a = 64 * (step * 53 / 16); a < 64 * ((step + 1) * 53 / 16); a += 64) _mm_prefetch(ahead + a, _MM_HINT_T0);
+        }
+        const __m512i l = load(t + QL + 64 * (16 * h + 8 * k0 + 4 * q + s)), qh = load(t + QH + 64 * (8 * h + 4 * q + s));
+        // the top bits of quarter k0 sit at bits 2 k0, of k0 + 2 at 2 k0 + 4: both moved to bits 4-5
+        const __m512i top_lo = k0 == 0 ? _mm512_slli_epi16(qh, 4) : _mm512_slli_epi16(qh, 2);
+        const __m512i top_hi = k0 == 0 ? qh : _mm512_srli_epi16(qh, 2);
+        const __m512i w_lo = with_top(_mm512_and_si512(l, low4), top_lo, top2);
+        const __m512i w_hi = with_top(_mm512_and_si512(_mm512_srli_epi16(l, 4), low4), top_hi, top2);
+        const int off = 128 * h + 32 * k0 + 16 * q + 4 * s;
+        for (int m = 0; m < N; m++) {
+            const int8_t *c = xs[m].q + 256 * i + off;
+            lo[m] = _mm512_dpbusd_epi32(lo[m], w_lo, code4(c));
+            hi[m] = _mm512_dpbusd_epi32(hi[m], w_hi, code4(c + 64));
+        }
+    }
+    const __m512i s0 = scale_of(t, j0), s1 = scale_of(t, j1);
+    for (int m = 0; m < N; m++)
+        isum[m] = _mm512_add_epi32(isum[m], _mm512_add_epi32(_mm512_mullo_epi32(lo[m], s0), _mm512_mullo_epi32(hi[m], s1)));
+}
+
+template <int N>
+void group(const uint8_t *g, int64_t K, const XRow *xs, const int32_t *p, float *out) {
+    const int64_t words = K / 16;
+    __m512 acc[N];
+    for (int m = 0; m < N; m++) acc[m] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < K / 256; i++) {
+        const uint8_t *t = g + i * TILE;
+        __m512i isum[N];
+        for (int m = 0; m < N; m++) isum[m] = _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++)
+            for (int q = 0; q < 2; q++) {
+                pair<N>(t, xs, p, words, i, h, q, 0, isum);
+                pair<N>(t, xs, p, words, i, h, q, 1, isum);
+            }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(t + D)));
+        for (int m = 0; m < N; m++)
+            acc[m] = _mm512_add_ps(acc[m], _mm512_mul_ps(_mm512_mul_ps(d, _mm512_set1_ps(xs[m].d[i])), _mm512_cvtepi32_ps(isum[m])));
+    }
+    for (int m = 0; m < N; m++) _mm512_storeu_ps(out + ROWS * m, acc[m]);
+}
+
+}  // namespace
+
+void avx512_group(const uint8_t *g, int64_t K, const XRow *xs, const int32_t *p, int count, float *out) {
+    switch (count) {
+        case 1: return group<1>(g, K, xs, p, out);
+        case 2: return group<2>(g, K, xs, p, out);
+        case 3: return group<3>(g, K, xs, p, out);
+        default: return group<MR>(g, K, xs, p, out);
+    }
+}
+
+}  // namespace q6k
+}  // namespace blocks
+}  // namespace qkv
+
+#include "target_end.h"
+#endif  // x86
