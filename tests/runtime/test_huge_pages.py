@@ -1,5 +1,6 @@
 """place_on_huge_pages: large tensors move into one mapping advised for 2 MB pages, the
-same objects (tied weights still tied), the same numbers, small tensors left alone."""
+same objects (tied weights still tied), the same numbers, small tensors left alone; arenas
+watched as they fault in take 4 KB pages once 2 MB ones come slowly; QKV_HUGE_PAGES decides."""
 
 from __future__ import annotations
 
@@ -10,13 +11,25 @@ import torch
 
 from qkv.models.gpt2 import GPT2Decoder
 from qkv.models.configs.gpt2 import GPTConfig
+from qkv.runtime import huge_pages
 from qkv.runtime.huge_pages import SMALLEST, huge_ones, huge_pages_supported, place_on_huge_pages
 
 pytestmark = pytest.mark.skipif(not huge_pages_supported(), reason="this Python has no mmap.madvise(MADV_HUGEPAGE)")
 
 
-def _advised_ranges() -> list[tuple[int, int]]:
-    """Address ranges of this process's mappings flagged "hg" (MADV_HUGEPAGE) in smaps."""
+@pytest.fixture(autouse=True)
+def _on_huge_pages(monkeypatch):
+    """The placement tests take 2 MB pages without watching (QKV_HUGE_PAGES=1), whatever this
+    machine's faults cost; the watch tests below unset it. The process's verdict is restored."""
+    monkeypatch.setenv("QKV_HUGE_PAGES", "1")
+    slow = huge_pages._Seen.slow
+    yield
+    huge_pages._Seen.slow = slow
+
+
+def _advised_ranges(flag: str = "hg") -> list[tuple[int, int]]:
+    """Address ranges of this process's mappings flagged `flag` in smaps ("hg": MADV_HUGEPAGE,
+    "nh": MADV_NOHUGEPAGE)."""
     ranges, current = [], None
     with open("/proc/self/smaps") as smaps:
         for line in smaps:
@@ -24,9 +37,53 @@ def _advised_ranges() -> list[tuple[int, int]]:
             if "-" in head and not head.endswith(":"):
                 start, end = (int(part, 16) for part in head.split("-"))
                 current = (start, end)
-            elif head == "VmFlags:" and "hg" in line.split()[1:] and current is not None:
+            elif head == "VmFlags:" and flag in line.split()[1:] and current is not None:
                 ranges.append(current)
     return ranges
+
+
+def _inside(address: int, ranges: list[tuple[int, int]]) -> bool:
+    return any(start <= address < end for start, end in ranges)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="smaps is Linux's")
+def test_an_arena_faulting_in_slowly_takes_small_pages_for_the_rest(monkeypatch) -> None:
+    """Watched (QKV_HUGE_PAGES unset) with a limit no chunk meets, an arena's first chunk stays
+    advised for 2 MB pages, the rest is advised for small ones, its bytes are zeros, and the
+    process takes no more 2 MB pages; with a limit every chunk meets, all of it stays huge."""
+    monkeypatch.delenv("QKV_HUGE_PAGES")
+    huge_pages._Seen.slow = False
+    roomy = huge_pages._arena(3 * huge_pages.CHUNK, limit=float("inf"))
+    assert not huge_pages._Seen.slow and huge_pages.huge_pages_pay()
+    assert _inside(roomy.data_ptr(), _advised_ranges()) and _inside(roomy.data_ptr() + roomy.numel() - 1, _advised_ranges())
+    arena = huge_pages._arena(3 * huge_pages.CHUNK, limit=0.0)
+    assert arena.numel() == 3 * huge_pages.CHUNK and not bool(arena.any())
+    assert huge_pages._Seen.slow and not huge_pages.huge_pages_pay()
+    first, rest = arena.data_ptr(), arena.data_ptr() + huge_pages.CHUNK
+    assert _inside(first, _advised_ranges("hg")) and not _inside(first, _advised_ranges("nh"))
+    assert _inside(rest, _advised_ranges("nh")) and _inside(arena.data_ptr() + arena.numel() - 1, _advised_ranges("nh"))
+    later = huge_pages.huge_empty(SMALLEST // 512, 1024)
+    assert not _inside(later.data_ptr(), _advised_ranges("hg"))
+    model = torch.nn.Module()
+    model.register_buffer("weight", torch.ones(SMALLEST))
+    assert place_on_huge_pages(model) == 0
+
+
+def test_qkv_huge_pages_0_keeps_weights_on_plain_memory(monkeypatch) -> None:
+    monkeypatch.setenv("QKV_HUGE_PAGES", "0")
+    assert not huge_pages.huge_pages_pay()
+    model = torch.nn.Module()
+    model.register_buffer("weight", torch.ones(SMALLEST))
+    pointer = model.weight.data_ptr()
+    assert place_on_huge_pages(model) == 0 and model.weight.data_ptr() == pointer
+    if sys.platform.startswith("linux"):
+        assert not _inside(huge_pages.huge_empty(SMALLEST // 512, 1024).data_ptr(), _advised_ranges())
+
+
+def test_a_misspelt_qkv_huge_pages_is_refused_by_name(monkeypatch) -> None:
+    monkeypatch.setenv("QKV_HUGE_PAGES", "maybe")
+    with pytest.raises(ValueError, match="QKV_HUGE_PAGES='maybe'"):
+        huge_pages.huge_pages_pay()
 
 
 def test_large_tensors_move_to_advised_memory_and_keep_their_numbers() -> None:
