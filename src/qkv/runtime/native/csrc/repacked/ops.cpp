@@ -33,18 +33,21 @@ namespace {
 constexpr int64_t ROWS = q4k::ROWS, MR = q4k::MR;
 constexpr int64_t PASS = 64;  // activation rows per pass over a task's weights (their codes stay in L2)
 
-// Outputs first + [n0, n1) of y from a part's groups, `kernel` a group at a time against MR
-// activation rows at a time (p: the rows' `words` precomputed int32 each, or none).
+constexpr int64_t WIDEST = 8;  // the most activation rows a kernel call takes (q6k::AVX512_MR)
+
+// Outputs first + [n0, n1) of y from a part's groups, `kernel` a group at a time against `tile`
+// (MR unless the kernel takes more) activation rows at a time (p: the rows' `words`
+// precomputed int32 each, or none).
 void group_rows(const BlockPart &part, q4k::GroupRows kernel, const int32_t *p, int64_t words, const XRow *xs, int64_t M, int64_t K,
-                int64_t ldy, int64_t n0, int64_t n1, int64_t first, const float *bias, float *y) {
-    float out[MR * ROWS];
+                int64_t ldy, int64_t n0, int64_t n1, int64_t first, const float *bias, float *y, int64_t tile = MR) {
+    float out[WIDEST * ROWS];
     for (int64_t m0 = 0; m0 < M; m0 += PASS) {
         const int64_t m1 = std::min(M, m0 + PASS);
         for (int64_t g = n0 / ROWS; g * ROWS < n1; g++) {
             const uint8_t *group = part.blocks + g * ROWS * part.row_bytes;
             const int64_t r0 = std::max(n0, g * ROWS), r1 = std::min(n1, (g + 1) * ROWS);
-            for (int64_t m = m0; m < m1; m += MR) {
-                const int count = static_cast<int>(std::min<int64_t>(MR, m1 - m));
+            for (int64_t m = m0; m < m1; m += tile) {
+                const int count = static_cast<int>(std::min<int64_t>(tile, m1 - m));
                 kernel(group, K, xs + m, p ? p + m * words : nullptr, count, out);
                 for (int c = 0; c < count; c++)
                     for (int64_t n = r0; n < r1; n++) {
@@ -129,11 +132,14 @@ void rows(const BlockPart &part, const XRow *xs, const int32_t *p, int64_t M, in
           int64_t first, const float *bias, float *y, Variant v) {
 #if QKV_X86
     const q4k::GroupRows kernel = v >= AVX512 ? avx512_group : v >= AVX2 ? avx2_group : generic_group;
+    const int64_t tile = v >= AVX512 ? AVX512_MR : MR;
 #else
     const q4k::GroupRows kernel = generic_group;
+    const int64_t tile = MR;
     (void)v;
 #endif
-    group_rows(part, kernel, p, K / 16, xs, M, K, ldy, n0, n1, first, bias, y);
+    static_assert(AVX512_MR <= WIDEST, "group_rows' buffer holds WIDEST rows of outputs");
+    group_rows(part, kernel, p, K / 16, xs, M, K, ldy, n0, n1, first, bias, y, tile);
 }
 
 }  // namespace q6k

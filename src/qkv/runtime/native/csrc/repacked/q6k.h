@@ -40,6 +40,9 @@ using q4k::MR;
 using q4k::ROWS;
 constexpr int64_t D = 0, SC = 32, QL = 288, QH = 2336;  // offsets in a tile
 constexpr int64_t TILE = ROWS * sizeof(BlockQ6_K);     // 3360 bytes a super-block of a group
+// Activation rows a prompt tile of the AVX-512 kernel takes (MR elsewhere): its 6-bit codes
+// cost 3-4 instructions a 64-byte load to unpack, shared by 8 rows instead of 4.
+constexpr int AVX512_MR = 8;
 
 // The Q6_K_X16 row of the format table (no per-block decode: unrepack first).
 const Traits *traits();
@@ -52,7 +55,7 @@ void unrepack(const uint8_t *packed, uint8_t *rows, int64_t row_bytes, int64_t g
 // -32 s_j (K / 16 words a row, p[m * K / 16]): made once a product, before its outputs are split.
 std::vector<int32_t> row_words(const XRow *xs, int64_t M, int64_t K);
 
-// One group against `count` (1 .. MR) activation rows xs[0 .. count) (their row_words at
+// One group against `count` (1 .. MR; 1 .. AVX512_MR for avx512_group) activation rows xs[0 .. count) (their row_words at
 // p[m * K / 16]): out[m * 16 + r], row r of the group.
 void generic_group(const uint8_t *group, int64_t K, const XRow *xs, const int32_t *p, int count, float *out);
 #if defined(__x86_64__) || defined(_M_X64)

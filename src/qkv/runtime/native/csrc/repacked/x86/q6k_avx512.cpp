@@ -37,43 +37,36 @@ inline __m512i scale_of(const uint8_t *t, int j) {  // sub-block j's scales of t
     return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(t + SC + 16 * j)));
 }
 
-// The quarter pair (k0, k0 + 2) of half h at offsets 16 q .. 16 q + 15: sub-blocks
-// 8 h + 2 k0 + q and 8 h + 2 (k0 + 2) + q, the low and the high nibbles of ql units
-// 16 h + 8 k0 + 4 q + s, their top bits in qh units 8 h + 4 q + s (bits 2 k0 and 2 k0 + 4).
+// Sub-block j = 8 h + 2 k + q of the tile (quarter k of half h, offsets 16 q .. 16 q + 15): the
+// low (k < 2) or high nibbles of ql units 16 h + 8 (k % 2) + 4 q + s, their top bits at bits
+// 2 k of qh units 8 h + 4 q + s, summed against N activation rows from -32 s_j, then times the
+// 16 rows' scales of j into isum. One sub-block at a time keeps N accumulators live, not 2 N:
+// a prompt tile of 8 rows fits the 32 registers.
 template <int N>
-inline void pair(const uint8_t *t, const XRow *xs, const int32_t *p, int64_t words, int64_t i, int h, int q, int k0,
-                 __m512i *isum) {
+inline void sub_block(const uint8_t *t, const XRow *xs, const int32_t *p, int64_t words, int64_t i, int h, int q, int k,
+                      __m512i *isum) {
     const __m512i low4 = _mm512_set1_epi8(15), top2 = _mm512_set1_epi8(0x30);
-    const int j0 = 8 * h + 2 * k0 + q, j1 = j0 + 4;
-    __m512i lo[N], hi[N];
-    for (int m = 0; m < N; m++) {
-        lo[m] = _mm512_set1_epi32(p[m * words + 16 * i + j0]);
-        hi[m] = _mm512_set1_epi32(p[m * words + 16 * i + j1]);
-    }
+    const int j = 8 * h + 2 * k + q;
+    __m512i sum[N];
+    for (int m = 0; m < N; m++) sum[m] = _mm512_set1_epi32(p[m * words + 16 * i + j]);
 #pragma GCC unroll 4
     for (int s = 0; s < 4; s++) {
         if constexpr (N == 1) {  // a decode step reads the tile AHEAD on into L2 (3360 bytes: 53 lines over 16 calls)
             const char *ahead = reinterpret_cast<const char *>(t + AHEAD * TILE);
-            const int step = 8 * h + 4 * k0 + 2 * q + s / 2;  // 0..15 over the super-block's calls
-            if (s % 2 == 0)
-                for (int64_t a = 64 * (step * 53 / 16); a < 64 * ((step + 1) * 53 / 16); a += 64) _mm_prefetch(ahead + a, _MM_HINT_T1);
+            const int call = 8 * h + 4 * q + k;  // 0..15 in the order group() makes the calls
+            if (s == 0)
+                for (int64_t a = 64 * (call * 53 / 16); a < 64 * ((call + 1) * 53 / 16); a += 64) _mm_prefetch(ahead + a, _MM_HINT_T1);
         }
-        const __m512i l = load(t + QL + 64 * (16 * h + 8 * k0 + 4 * q + s)), qh = load(t + QH + 64 * (8 * h + 4 * q + s));
-        // the top bits of quarter k0 sit at bits 2 k0, of k0 + 2 at 2 k0 + 4: both moved to bits 4-5
-        const __m512i top_lo = k0 == 0 ? _mm512_slli_epi16(qh, 4) : _mm512_slli_epi16(qh, 2);
-        const __m512i top_hi = k0 == 0 ? qh : _mm512_srli_epi16(qh, 2);
-        const __m512i w_lo = with_top(_mm512_and_si512(l, low4), top_lo, top2);
-        const __m512i w_hi = with_top(_mm512_and_si512(_mm512_srli_epi16(l, 4), low4), top_hi, top2);
-        const int off = 128 * h + 32 * k0 + 16 * q + 4 * s;
-        for (int m = 0; m < N; m++) {
-            const int8_t *c = xs[m].q + 256 * i + off;
-            lo[m] = _mm512_dpbusd_epi32(lo[m], w_lo, code4(c));
-            hi[m] = _mm512_dpbusd_epi32(hi[m], w_hi, code4(c + 64));
-        }
+        const __m512i l = load(t + QL + 64 * (16 * h + 8 * (k % 2) + 4 * q + s)), qh = load(t + QH + 64 * (8 * h + 4 * q + s));
+        const __m512i nibble = k < 2 ? _mm512_and_si512(l, low4) : _mm512_and_si512(_mm512_srli_epi16(l, 4), low4);
+        // the top bits of quarter k sit at bits 2 k of each byte: moved to bits 4-5
+        const __m512i top = k == 0 ? _mm512_slli_epi16(qh, 4) : k == 1 ? _mm512_slli_epi16(qh, 2) : k == 2 ? qh : _mm512_srli_epi16(qh, 2);
+        const __m512i w = with_top(nibble, top, top2);
+        const int off = 128 * h + 32 * k + 16 * q + 4 * s;
+        for (int m = 0; m < N; m++) sum[m] = _mm512_dpbusd_epi32(sum[m], w, code4(xs[m].q + 256 * i + off));
     }
-    const __m512i s0 = scale_of(t, j0), s1 = scale_of(t, j1);
-    for (int m = 0; m < N; m++)
-        isum[m] = _mm512_add_epi32(isum[m], _mm512_add_epi32(_mm512_mullo_epi32(lo[m], s0), _mm512_mullo_epi32(hi[m], s1)));
+    const __m512i sc = scale_of(t, j);
+    for (int m = 0; m < N; m++) isum[m] = _mm512_add_epi32(isum[m], _mm512_mullo_epi32(sum[m], sc));
 }
 
 template <int N>
@@ -86,10 +79,8 @@ void group(const uint8_t *g, int64_t K, const XRow *xs, const int32_t *p, float 
         __m512i isum[N];
         for (int m = 0; m < N; m++) isum[m] = _mm512_setzero_si512();
         for (int h = 0; h < 2; h++)
-            for (int q = 0; q < 2; q++) {
-                pair<N>(t, xs, p, words, i, h, q, 0, isum);
-                pair<N>(t, xs, p, words, i, h, q, 1, isum);
-            }
+            for (int q = 0; q < 2; q++)
+                for (int k = 0; k < 4; k++) sub_block<N>(t, xs, p, words, i, h, q, k, isum);
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(t + D)));
         for (int m = 0; m < N; m++)
             acc[m] = _mm512_add_ps(acc[m], _mm512_mul_ps(_mm512_mul_ps(d, _mm512_set1_ps(xs[m].d[i])), _mm512_cvtepi32_ps(isum[m])));
@@ -100,11 +91,15 @@ void group(const uint8_t *g, int64_t K, const XRow *xs, const int32_t *p, float 
 }  // namespace
 
 void avx512_group(const uint8_t *g, int64_t K, const XRow *xs, const int32_t *p, int count, float *out) {
-    switch (count) {
+    switch (count) {  // 5 to 7 rows: 4, then the rest (each row's sums are its own)
         case 1: return group<1>(g, K, xs, p, out);
         case 2: return group<2>(g, K, xs, p, out);
         case 3: return group<3>(g, K, xs, p, out);
-        default: return group<MR>(g, K, xs, p, out);
+        case 4: return group<4>(g, K, xs, p, out);
+        case 8: return group<8>(g, K, xs, p, out);
+        default:
+            group<4>(g, K, xs, p, out);
+            return avx512_group(g, K, xs + 4, p + 4 * (K / 16), count - 4, out + 4 * ROWS);
     }
 }
 
