@@ -96,7 +96,7 @@ void avx512_group(const uint8_t *g, int64_t K, const XRow *xs, const int32_t *p,
         case 2: return group<2>(g, K, xs, p, out);
         case 3: return group<3>(g, K, xs, p, out);
         case 4: return group<4>(g, K, xs, p, out);
-        case 8: return group<8>(g, K, xs, p, out);
+        case AVX512_MR: return group<AVX512_MR>(g, K, xs, p, out);
         default:
             group<4>(g, K, xs, p, out);
             return avx512_group(g, K, xs + 4, p + 4 * (K / 16), count - 4, out + 4 * ROWS);
