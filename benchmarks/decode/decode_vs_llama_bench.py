@@ -9,8 +9,9 @@ reports its own seconds, the rounds are qkv.bench.measure.timing's `alternate`);
 and their ratio are printed.
 
 Two more rows, each alternated the same way:
-- prefill: a `--prefill`-token prompt (default 512) through qkv's session in one call, against
-  llama-bench's `-p 512 -n 0` (its pp512); `--prefill 0` skips it;
+- prefill: a `--prefill`-token prompt (default 512) through qkv's session in one call, after
+  one untimed prompt (llama-bench also warms up), against llama-bench's `-p 512 -n 0` (its
+  pp512); `--prefill 0` skips it;
 - bandwidth: bytes read per decoded token times tokens/s, as a fraction of this machine's
   read bandwidth measured in the same run (qkv.bench.measure.bandwidth): qkv's bytes are its
   prepared model's weights (qkv.bench.measure.roofline), llama.cpp's the file's tensors
@@ -126,6 +127,10 @@ def main() -> None:
     result["bandwidth"] = {"gb_per_s": bandwidth.gb_per_s, "qkv_bytes_per_token": qkv_bytes,
                            "llama_bytes_per_token": llama_bytes, "share": shares}
     if args.prefill > 0:
+        # one untimed prompt first, as llama-bench runs one before its pp rounds: the first
+        # 512-row call grows the layer kernel's work buffers and touches the prompt cache's pages
+        print("qkv prefill warm-up (not counted):", end=" ", flush=True)
+        qkv_prefill_seconds(model, setup, args.prefill)
         prefill = harness.self_timed({"qkv": lambda: qkv_prefill_seconds(model, setup, args.prefill),
                                       "llama-bench": lambda: llama_prefill_seconds(bench, path, args.threads, args.prefill)},
                                      work=args.prefill, unit="tokens", rounds=args.rounds)
