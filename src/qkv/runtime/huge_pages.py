@@ -47,6 +47,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from qkv.errors import QkvError
+
 HUGE_PAGE = 2 << 20
 SMALLEST = 1 << 20  # tensors below this are read from cache or once a step: not worth a move
 ALIGN = 64  # each tensor starts on a cache line
@@ -83,7 +85,7 @@ def _switch() -> bool | None:
         return True
     if chosen in ("0", "false", "no", "off"):
         return False
-    raise ValueError(f"{_SWITCH}={chosen!r}: use 1 (2 MB pages), 0 (4 KB pages), or leave it unset")
+    raise QkvError(f"{_SWITCH}={chosen!r}: use 1 (2 MB pages), 0 (4 KB pages), or leave it unset")
 
 
 @functools.cache
