@@ -71,8 +71,9 @@ class _Seen:
 def huge_pages_pay() -> bool:
     """Whether new weights go onto 2 MB pages: supported, $QKV_HUGE_PAGES not 0, and no chunk
     of them seen faulting in slowly (module docstring)."""
-    if _switch() is not None:
-        return _switch() is True and huge_pages_supported()
+    chosen = _switch()
+    if chosen is not None:
+        return chosen and huge_pages_supported()
     return huge_pages_supported() and not _Seen.slow
 
 

@@ -18,6 +18,7 @@
 // whatever M (q4k.h).
 //
 // Shape legend: M activation rows, K inputs, N outputs.
+#include <algorithm>
 #include <vector>
 
 #include "../kernels.h"
@@ -33,7 +34,7 @@ namespace {
 constexpr int64_t ROWS = q4k::ROWS, MR = q4k::MR;
 constexpr int64_t PASS = 64;  // activation rows per pass over a task's weights (their codes stay in L2)
 
-constexpr int64_t WIDEST = 8;  // the most activation rows a kernel call takes (q6k::AVX512_MR)
+constexpr int64_t WIDEST = std::max<int64_t>(MR, q6k::AVX512_MR);  // the most activation rows a kernel call takes
 
 // Outputs first + [n0, n1) of y from a part's groups, `kernel` a group at a time against `tile`
 // (MR unless the kernel takes more) activation rows at a time (p: the rows' `words`
@@ -138,7 +139,6 @@ void rows(const BlockPart &part, const XRow *xs, const int32_t *p, int64_t M, in
     const int64_t tile = MR;
     (void)v;
 #endif
-    static_assert(AVX512_MR <= WIDEST, "group_rows' buffer holds WIDEST rows of outputs");
     group_rows(part, kernel, p, K / 16, xs, M, K, ldy, n0, n1, first, bias, y, tile);
 }
 

@@ -49,14 +49,13 @@ inline void sub_block(const uint8_t *t, const XRow *xs, const int32_t *p, int64_
     const int j = 8 * h + 2 * k + q;
     __m512i sum[N];
     for (int m = 0; m < N; m++) sum[m] = _mm512_set1_epi32(p[m * words + 16 * i + j]);
+    if constexpr (N == 1) {  // a decode step reads the tile AHEAD on into L2 (3360 bytes: 53 lines over 16 calls)
+        const char *ahead = reinterpret_cast<const char *>(t + AHEAD * TILE);
+        const int call = 8 * h + 4 * q + k;  // 0..15 in the order group() makes the calls
+        for (int64_t a = 64 * (call * 53 / 16); a < 64 * ((call + 1) * 53 / 16); a += 64) _mm_prefetch(ahead + a, _MM_HINT_T1);
+    }
 #pragma GCC unroll 4
     for (int s = 0; s < 4; s++) {
-        if constexpr (N == 1) {  // a decode step reads the tile AHEAD on into L2 (3360 bytes: 53 lines over 16 calls)
-            const char *ahead = reinterpret_cast<const char *>(t + AHEAD * TILE);
-            const int call = 8 * h + 4 * q + k;  // 0..15 in the order group() makes the calls
-            if (s == 0)
-                for (int64_t a = 64 * (call * 53 / 16); a < 64 * ((call + 1) * 53 / 16); a += 64) _mm_prefetch(ahead + a, _MM_HINT_T1);
-        }
         const __m512i l = load(t + QL + 64 * (16 * h + 8 * (k % 2) + 4 * q + s)), qh = load(t + QH + 64 * (8 * h + 4 * q + s));
         const __m512i nibble = k < 2 ? _mm512_and_si512(l, low4) : _mm512_and_si512(_mm512_srli_epi16(l, 4), low4);
         // the top bits of quarter k sit at bits 2 k of each byte: moved to bits 4-5
