@@ -9,7 +9,9 @@ cache folder ($QKV_CACHE_DIR, so the first run builds qkv's kernels and keeps th
 weights as a first-ever run does). Phases, in order:
 
 - import: from the process start (interpreter included) to `qkv.cli.generate` and what
-  its `run` imports (torch, the loader, generation) imported;
+  its `run` imports (torch, the loader, generation) imported; the command's reading of the
+  busy cores (qkv.util.threads) is taken before that, as `qkv generate` takes it, so its
+  watch window is already over when the threads are set;
 - header: the file's header, config, tensor shapes and tokenizer (`qkv.models.loader.open_model`);
 - cached: reading the prepared weights kept by an earlier run (`read_prepared`,
   qkv.runtime.prepared_cache; 0 on a run that takes the file's blocks as stored);
@@ -48,7 +50,10 @@ CHILD = r"""
 import json, sys, time
 T0 = float(sys.argv[1])
 marks = {}
+from qkv.util.threads import CpuClock
+STARTED = CpuClock.now()  # the command reads this clock before it imports torch: no extra watch after
 import qkv.cli.generate
+qkv.cli.generate.CpuClock = type("Started", (), {"now": staticmethod(lambda: STARTED)})
 # what generate's run() imports first thing (torch and the modules it loads with)
 import torch, qkv.generation, qkv.models.loader, qkv.runtime.prepare, qkv.cli.perplexity
 marks["import"] = time.time() - T0

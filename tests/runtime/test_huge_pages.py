@@ -163,6 +163,26 @@ def test_views_of_a_file_mapping_stay_on_the_file(tmp_path) -> None:
     assert torch.equal(model.in_memory, values)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/maps is Linux's")
+def test_file_maps_fixed_reads_the_maps_once(tmp_path):
+    """Inside `file_maps_fixed` the file ranges are the reading taken on entry (a file mapped
+    inside is not in them); after it, each call reads /proc/self/maps again and sees it."""
+    import mmap
+
+    from qkv.runtime.huge_pages import file_mapped_ranges, file_maps_fixed
+
+    path = tmp_path / "later.bin"
+    path.write_bytes(bytes(4 * mmap.PAGESIZE))
+    with file_maps_fixed():
+        before = file_mapped_ranges()
+        with open(path, "rb") as handle:
+            mapping = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        pointer = torch.frombuffer(mapping, dtype=torch.uint8).data_ptr()
+        assert file_mapped_ranges() == before
+        assert not any(start <= pointer < end for start, end in file_mapped_ranges())
+    assert any(start <= pointer < end for start, end in file_mapped_ranges())
+
+
 def test_a_matrix_made_on_huge_pages_is_not_copied_again() -> None:
     """`huge_empty` memory (where a repacked matrix is written at load) is advised for 2 MB
     pages, and `place_on_huge_pages` leaves it where it is."""

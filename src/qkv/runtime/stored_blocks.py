@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from qkv.attention.stacking import stack_projections, stacked_from
+from qkv.runtime.huge_pages import file_maps_fixed
 from qkv.runtime.linear.block import block_embedding, stacked_block_linear
 from qkv.runtime.stored_four_bits import EMBEDDING, fill_from_state, stacked_values, stored_parts
 
@@ -83,7 +84,7 @@ def load_stored_blocks(opened: OpenedModel) -> LoadedModel | None:
     loaded = opened.skeleton()
     loaded.model.eval()
     stack_projections(loaded.model)  # q/k/v and gate/up as one layer each, as every precision has them
-    with torch.no_grad():
+    with torch.no_grad(), file_maps_fixed():  # the file is mapped already; nothing maps another
         if not use_file_blocks(loaded.model, stored.state, stored.blocks):
             return None
     return loaded
