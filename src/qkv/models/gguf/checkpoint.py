@@ -38,6 +38,7 @@ from qkv.errors import QkvError
 from qkv.models.gguf import arch as gguf_arch
 from qkv.models.gguf import dequantize as gguf_blocks
 from qkv.models.gguf.scales import check_finite
+from qkv.util.checked_memo import check_once
 from qkv.models.gguf.stored import is_projection, read_stored_state
 from qkv.models.gguf.tensors import read_state_dict, tensor_shapes
 from qkv.models.gguf.tokenizer import read_tokenizer  # both kinds: byte-level BPE and SentencePiece
@@ -161,14 +162,14 @@ class GGUFFile:
         return sum(4 * int(np.prod(s)) for s in self.shapes.values())
 
     def read_tensors(self, dtype: torch.dtype = torch.float32) -> dict[str, Tensor]:
-        check_finite(self.reader.tensors, self.path)
+        check_once(self.path, check_finite, self.reader.tensors, self.path)  # once per file version
         return read_state_dict(self.reader, self.config, self.path, dtype)
 
     def read_stored(self, dtype: torch.dtype = torch.float32, *, embedding: bool = False) -> Any:
         """The projection matrices as stored blocks, the rest dequantized (qkv.models.gguf.stored);
         embedding=True keeps the embedding table's blocks too. Either way every block scale
         is checked finite first (qkv.models.gguf.scales): stored blocks are never decoded whole."""
-        check_finite(self.reader.tensors, self.path)
+        check_once(self.path, check_finite, self.reader.tensors, self.path)  # once per file version
         keep = (lambda name: is_projection(name) or name == "model.embed_tokens.weight") if embedding else is_projection
         return read_stored_state(self.reader, self.config, self.path, dtype, keep=keep)
 
