@@ -146,7 +146,7 @@ def test_repacking_into_a_slice_writes_the_same_bytes_there_and_nowhere_else(blo
 
 
 @pytest.mark.parametrize("block_type", TYPES)
-@pytest.mark.parametrize("n,k,m", [(16, 256, 1), (48, 768, 5), (32, 512, 7), (32, 2048, 9)])
+@pytest.mark.parametrize("n,k,m", [(16, 256, 1), (48, 768, 5), (32, 512, 7), (32, 2048, 9), (32, 2048, 40), (48, 768, 70)])
 def test_the_repacked_product_is_the_dequantized_weights_times_the_rounded_activations(block_type: Q, n: int, k: int, m: int) -> None:
     blocks, w = k_rows(block_type, n, k, seed=n + k)
     packed, code = repacked.repack(blocks, block_type), repacked.REPACKED[block_type]
@@ -169,8 +169,9 @@ def test_the_repacked_product_is_the_dequantized_weights_times_the_rounded_activ
 
 @pytest.mark.parametrize("block_type", TYPES)
 def test_each_row_is_the_same_bits_whatever_the_other_rows(block_type: Q) -> None:
-    """Tiles of 4 activation rows (8 in Q6_K's AVX-512 kernel) and passes of 64: rows alone, in batches of every size, and
-    beside other rows all give the same bits, in every variant."""
+    """Tiles of 4 activation rows (8 in Q6_K's AVX-512 kernel and Q4_K's and Q5_K's unpacked panels, which a pass
+    of 16 rows and more takes) and passes of 64: rows alone, in batches of every size, and beside other rows all give
+    the same bits, in every variant."""
     blocks, _ = k_rows(block_type, 64, 512, seed=3)
     packed, code = repacked.repack(blocks, block_type), repacked.REPACKED[block_type]
     generator = torch.Generator().manual_seed(4)

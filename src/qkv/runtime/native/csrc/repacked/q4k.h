@@ -86,6 +86,26 @@ using GroupRows = void (*)(const uint8_t *group, int64_t K, const XRow *xs, cons
 template <Type T>
 void generic_group(const uint8_t *group, int64_t K, const XRow *xs, const int32_t *p, int count, float *out);
 #if defined(__x86_64__) || defined(_M_X64)
+// A Q5_K prompt's products on AVX-512 with each tile (super-block) of a group unpacked once a pass of
+// activation rows (ops.cpp) into a panel of PANEL_TILE bytes, 64-byte aligned, that stays in L1:
+//   [0, 4096)      codes: unit 8 b + s (b the 32-weight sub-block, s 0..7) of 64 bytes holds
+//                  weights 32 b + 4 s .. + 3 of rows 0..15 as bytes 0..31
+//   [4096, 4608)   scales: sub-block b's 16 rows as int32, 64 bytes a b
+//   [4608, 4864)   the minimums' pairs as group() makes them (even03, odd03, even47, odd47)
+//   [4864, 4928)   d as float32     [4928, 4992) dmin as float32
+// then every row of the pass against it, AVX512_MR at a time (avx512_panel_step: super-block i's
+// part of group()'s acc and macc, count rows of 16 floats each; y = acc - macc once every tile
+// is done). Q5_K's codes cost seven instructions a 64-byte load to unpack, paid once a pass
+// instead of once a tile of 4 rows: 1.13-1.20x the tiles at 512 rows (1 and 2 threads, Zen 4).
+// Q4_K's cost three, and a panel was 0.88-1.09x its tiles, so Q4_K keeps them. The integer
+// sums are exact and the float steps group()'s, so the results are its bits.
+constexpr int64_t PANEL_CODES = 0, PANEL_SCALES = 4096, PANEL_MINS = 4608, PANEL_D = 4864, PANEL_DMIN = 4928,
+                  PANEL_TILE = 4992;
+constexpr int AVX512_MR = 8;
+template <Type T>
+void avx512_unpack(const uint8_t *tile, uint8_t *panel);
+void avx512_panel_step(const uint8_t *panel, int64_t i, const XRow *xs, const int32_t *p, int64_t words, int count, float *acc,
+                       float *macc);
 template <Type T>
 void avx2_group(const uint8_t *group, int64_t K, const XRow *xs, const int32_t *p, int count, float *out);
 template <Type T>

@@ -1,7 +1,8 @@
 // Q4_K_X16's and Q5_K_X16's product on AVX-512 VNNI (q4k.h): a zmm lane is a row of the group;
 // one 64-byte load is 8 weights of each of the 16 rows (Q5_K: their fifth bits added where
 // qh's bits are set, a mask a nibble), multiplied by vpdpbusd against 4 activation codes
-// broadcast, for every activation row of the tile.
+// broadcast, for every activation row of the tile. A Q5_K prompt instead unpacks each tile once a
+// pass into q4k.h's panel of bytes and runs 8 rows at a time against it (avx512_panel_step).
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 #include <string.h>
@@ -86,7 +87,90 @@ void group(const uint8_t *g, int64_t K, const XRow *xs, const int32_t *p, float 
     for (int m = 0; m < N; m++) _mm512_storeu_ps(out + ROWS * m, _mm512_sub_ps(acc[m], macc[m]));
 }
 
+// One super-block of a prompt tile of N rows against its unpacked panel (q4k.h's PANEL layout):
+// per 32-weight sub-block b, 8 loads of 16 rows x 4 codes each feed N vpdpbusd and nothing is
+// unpacked, then the sums times the 16 rows' scales of b into isum; then group()'s float steps
+// for super-block i, in its order, on the rows' acc and macc (16 floats each, in memory).
+template <int N>
+void panel_step(const uint8_t *t, int64_t i, const XRow *xs, const int32_t *p, int64_t words, float *acc, float *macc) {
+    __m512i isum[N];
+    for (int m = 0; m < N; m++) isum[m] = _mm512_setzero_si512();
+    for (int b = 0; b < 8; b++) {
+        __m512i sum[N];
+        for (int m = 0; m < N; m++) sum[m] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int s = 0; s < 8; s++) {
+            const __m512i w = load(t + PANEL_CODES + 64 * (8 * b + s));
+            for (int m = 0; m < N; m++) sum[m] = _mm512_dpbusd_epi32(sum[m], w, code4(xs[m].q + 256 * i + 32 * b + 4 * s));
+        }
+        const __m512i sc = load(t + PANEL_SCALES + 64 * b);
+        for (int m = 0; m < N; m++) isum[m] = _mm512_add_epi32(isum[m], _mm512_mullo_epi32(sum[m], sc));
+    }
+    const __m512i even03 = load(t + PANEL_MINS), odd03 = load(t + PANEL_MINS + 64), even47 = load(t + PANEL_MINS + 128),
+                  odd47 = load(t + PANEL_MINS + 192);
+    const __m512 d = _mm512_load_ps(reinterpret_cast<const float *>(t + PANEL_D));
+    const __m512 dmin = _mm512_load_ps(reinterpret_cast<const float *>(t + PANEL_DMIN));
+    for (int m = 0; m < N; m++) {
+        const int32_t *pm = p + m * words + 4 * i;
+        __m512i msum = _mm512_dpwssd_epi32(_mm512_setzero_si512(), even03, _mm512_set1_epi32(pm[0]));
+        msum = _mm512_dpwssd_epi32(msum, odd03, _mm512_set1_epi32(pm[1]));
+        msum = _mm512_dpwssd_epi32(msum, even47, _mm512_set1_epi32(pm[2]));
+        msum = _mm512_dpwssd_epi32(msum, odd47, _mm512_set1_epi32(pm[3]));
+        const __m512 dx = _mm512_set1_ps(xs[m].d[i]);
+        float *a = acc + ROWS * m, *n = macc + ROWS * m;
+        _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(isum[m]), _mm512_loadu_ps(a)));
+        _mm512_storeu_ps(n, _mm512_fmadd_ps(_mm512_mul_ps(dmin, dx), _mm512_cvtepi32_ps(msum), _mm512_loadu_ps(n)));
+    }
+}
+
 }  // namespace
+
+template <Type T>
+void avx512_unpack(const uint8_t *t, uint8_t *u) {
+    const __m512i low4 = _mm512_set1_epi8(15), six = _mm512_set1_epi8(63), top = _mm512_set1_epi8(0x30),
+                  pair = _mm512_set1_epi32(0x00FF00FF), sixteen = _mm512_set1_epi8(16);
+    for (int j = 0; j < 4; j++)
+        for (int s = 0; s < 8; s++) {  // as group(): the low nibbles are sub-block 2 j, the high ones 2 j + 1
+            const __m512i w = load(t + QS + 64 * (8 * j + s));
+            __m512i lo = _mm512_and_si512(w, low4), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
+            if constexpr (T == Q5_K) {
+                const __m512i h = load(t + QH + 64 * s);
+                lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(h, _mm512_set1_epi8(static_cast<char>(1 << (2 * j)))), lo, sixteen);
+                hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(h, _mm512_set1_epi8(static_cast<char>(2 << (2 * j)))), hi, sixteen);
+            }
+            _mm512_store_si512(u + PANEL_CODES + 64 * (8 * (2 * j) + s), lo);
+            _mm512_store_si512(u + PANEL_CODES + 64 * (8 * (2 * j + 1) + s), hi);
+        }
+    const __m512i a = load(t + SA), b = load(t + SB), c = load(t + SC);
+    const __m512i sc03 = _mm512_and_si512(a, six);
+    const __m512i sc47 = _mm512_or_si512(_mm512_and_si512(c, low4), _mm512_and_si512(_mm512_srli_epi32(a, 2), top));
+    for (int k = 0; k < 8; k++) _mm512_store_si512(u + PANEL_SCALES + 64 * k, byte_of(k < 4 ? sc03 : sc47, k % 4));
+    const __m512i mn03 = _mm512_and_si512(b, six);
+    const __m512i mn47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(c, 4), low4), _mm512_and_si512(_mm512_srli_epi32(b, 2), top));
+    _mm512_store_si512(u + PANEL_MINS, _mm512_and_si512(mn03, pair));
+    _mm512_store_si512(u + PANEL_MINS + 64, _mm512_and_si512(_mm512_srli_epi32(mn03, 8), pair));
+    _mm512_store_si512(u + PANEL_MINS + 128, _mm512_and_si512(mn47, pair));
+    _mm512_store_si512(u + PANEL_MINS + 192, _mm512_and_si512(_mm512_srli_epi32(mn47, 8), pair));
+    _mm512_store_ps(reinterpret_cast<float *>(u + PANEL_D), _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(t + D))));
+    _mm512_store_ps(reinterpret_cast<float *>(u + PANEL_DMIN), _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(t + DMIN))));
+}
+
+void avx512_panel_step(const uint8_t *panel, int64_t i, const XRow *xs, const int32_t *p, int64_t words, int count, float *acc,
+                       float *macc) {
+    for (int done = 0; done < count;) {  // 8, then 4, 2 and 1: each row's result is the same whichever tile it is in
+        const int left = count - done, n = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+        const XRow *x = xs + done;
+        const int32_t *q = p + done * words;
+        float *a = acc + ROWS * done, *m = macc + ROWS * done;
+        if (n == 8) panel_step<8>(panel, i, x, q, words, a, m);
+        else if (n == 4) panel_step<4>(panel, i, x, q, words, a, m);
+        else if (n == 2) panel_step<2>(panel, i, x, q, words, a, m);
+        else panel_step<1>(panel, i, x, q, words, a, m);
+        done += n;
+    }
+}
+
+template void avx512_unpack<Q5_K>(const uint8_t *, uint8_t *);
 
 template <Type T>
 void avx512_group(const uint8_t *g, int64_t K, const XRow *xs, const int32_t *p, int count, float *out) {
