@@ -371,33 +371,38 @@ Rounded round_activations(const float *x, int64_t M, int64_t K, Activation kind,
     r.d.resize(static_cast<size_t>(groups));
     if (kind == PER32) r.s.resize(static_cast<size_t>(groups));
     else r.sums.resize(static_cast<size_t>(M * K / 16));
+    // a prompt's groups split over the threads, 16 rows and more a share (each group is rounded
+    // alone: the same codes whichever thread rounds it); a decode step's on the calling thread
+    const int64_t grain = std::max<int64_t>(1, 16 * K / step);
+    torch::stable::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
 #if QKV_X86
-    if (simd) {
-        avx2_round_groups(x, groups, step, r.q.data(), r.d.data(), kind == PER32 ? r.s.data() : nullptr,
-                          kind == PER256 ? r.sums.data() : nullptr);
-        return r;
-    }
-#endif
-    (void)simd;
-    for (int64_t g = 0; g < groups; g++) {
-        const float *b = x + g * step;
-        float amax = 0.f;
-        for (int64_t j = 0; j < step; j++) amax = std::max(amax, fabsf(b[j]));
-        const float d = amax / 127.f, inv = d > 0.f ? 1.f / d : 0.f;
-        int32_t total = 0, part = 0;
-        for (int64_t j = 0; j < step; j++) {
-            const int32_t code = static_cast<int32_t>(lrintf(b[j] * inv));  // to nearest, ties to even
-            r.q[static_cast<size_t>(g * step + j)] = static_cast<int8_t>(code);
-            total += code;
-            part += code;
-            if (kind == PER256 && j % 16 == 15) {
-                r.sums[static_cast<size_t>(g * 16 + j / 16)] = static_cast<int16_t>(part);
-                part = 0;
-            }
+        if (simd) {
+            avx2_round_groups(x + g0 * step, g1 - g0, step, r.q.data() + g0 * step, r.d.data() + g0,
+                              kind == PER32 ? r.s.data() + g0 : nullptr, kind == PER256 ? r.sums.data() + g0 * (step / 16) : nullptr);
+            return;
         }
-        r.d[static_cast<size_t>(g)] = d;
-        if (kind == PER32) r.s[static_cast<size_t>(g)] = d * static_cast<float>(total);
-    }
+#endif
+        for (int64_t g = g0; g < g1; g++) {
+            const float *b = x + g * step;
+            float amax = 0.f;
+            for (int64_t j = 0; j < step; j++) amax = std::max(amax, fabsf(b[j]));
+            const float d = amax / 127.f, inv = d > 0.f ? 1.f / d : 0.f;
+            int32_t total = 0, part = 0;
+            for (int64_t j = 0; j < step; j++) {
+                const int32_t code = static_cast<int32_t>(lrintf(b[j] * inv));  // to nearest, ties to even
+                r.q[static_cast<size_t>(g * step + j)] = static_cast<int8_t>(code);
+                total += code;
+                part += code;
+                if (kind == PER256 && j % 16 == 15) {
+                    r.sums[static_cast<size_t>(g * 16 + j / 16)] = static_cast<int16_t>(part);
+                    part = 0;
+                }
+            }
+            r.d[static_cast<size_t>(g)] = d;
+            if (kind == PER32) r.s[static_cast<size_t>(g)] = d * static_cast<float>(total);
+        }
+    });
+    (void)simd;
     return r;
 }
 

@@ -153,13 +153,24 @@ void normalize(const Norm &n, const float *x, float *out) {
 
 namespace {
 
+// f(r0, r1) over the rows [0, M): a prompt's rows split over the threads, ROW_GRAIN and more a
+// share (each row's numbers are its own, whichever thread makes them); a decode step's on the
+// calling thread.
+constexpr int64_t ROW_GRAIN = 16;
+template <typename F>
+void for_rows(int64_t M, const F &f) {
+    torch::stable::parallel_for(0, M, ROW_GRAIN, f);
+}
+
 // x = x + (post_norm(part) or part), row by row
 void add_shortcut(const Norm &post, float *x, float *part, int64_t M, int64_t C) {
-    for (int64_t r = 0; r < M; r++) {
-        float *p = part + r * C;
-        if (post.kind != NO_NORM) normalize(post, p, p);
-        for (int64_t i = 0; i < C; i++) x[r * C + i] += p[i];
-    }
+    for_rows(M, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; r++) {
+            float *p = part + r * C;
+            if (post.kind != NO_NORM) normalize(post, p, p);
+            for (int64_t i = 0; i < C; i++) x[r * C + i] += p[i];
+        }
+    });
 }
 
 // RoPE in the rotate-half layout over the first 2 * half channels: pair (x[i], x[i + half]).
@@ -300,10 +311,12 @@ void attention_part(const LayerCall &call, const float *y, float *res, int64_t M
     const int64_t Q = H * D, KV = Hkv * D, P = Q + 2 * KV, W = S - 1;
     int64_t *ring = call.ring;
     float *h = workspace(NORMED, M * C), *proj = workspace(PROJECTED, M * P), *context = workspace(CONTEXT, M * Q);
-    for (int64_t r = 0; r < M; r++) {
-        if (L.attn_norm.kind != NO_NORM) normalize(L.attn_norm, y + r * C, h + r * C);
-        else std::copy(y + r * C, y + (r + 1) * C, h + r * C);
-    }
+    for_rows(M, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; r++) {
+            if (L.attn_norm.kind != NO_NORM) normalize(L.attn_norm, y + r * C, h + r * C);
+            else std::copy(y + r * C, y + (r + 1) * C, h + r * C);
+        }
+    });
     apply(call.qkv, h, proj, M);
     float *kc = call.k_cache, *vc = call.v_cache;
     int64_t *held = call.lengths;
@@ -363,7 +376,10 @@ void attention_part(const LayerCall &call, const float *y, float *res, int64_t M
     torch::stable::parallel_for(0, M * tasks, 1, [&](int64_t i0, int64_t i1) {
         std::vector<float> w(static_cast<size_t>(per * widest));
         for (int64_t i = i0; i < i1; i++) {
-            const int64_t r = i / tasks, hq = i % tasks * per, c = row_of ? row_of[r] : r;
+            // rows from both ends in turn: a causal prompt's later rows read more keys, and each
+            // thread takes one contiguous range of tasks, so both get as many keys to read
+            const int64_t turn = i / tasks, r = turn % 2 == 0 ? turn / 2 : M - 1 - turn / 2;
+            const int64_t hq = i % tasks * per, c = row_of ? row_of[r] : r;
             const float *q = proj + r * P + hq * D;
             float *out = context + r * Q + hq * D;
             const float *sinks = L.sinks ? L.sinks + hq : nullptr;
@@ -392,13 +408,17 @@ void mlp_part(const LayerCall &call, const float *y, float *res, int64_t M) {
     const LayerDesc &L = call.L;
     const int64_t C = call.C, F = call.F;
     float *h = workspace(NORMED, M * C);
-    for (int64_t r = 0; r < M; r++) {
-        if (L.mlp_norm.kind != NO_NORM) normalize(L.mlp_norm, y + r * C, h + r * C);
-        else std::copy(y + r * C, y + (r + 1) * C, h + r * C);
-    }
+    for_rows(M, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; r++) {
+            if (L.mlp_norm.kind != NO_NORM) normalize(L.mlp_norm, y + r * C, h + r * C);
+            else std::copy(y + r * C, y + (r + 1) * C, h + r * C);
+        }
+    });
     float *hidden = workspace(HIDDEN, M * call.up.N), *act = workspace(ACTIVATED, M * F);
     apply(call.up, h, hidden, M);
-    for (int64_t r = 0; r < M; r++) activate(L.activation, L.gated, hidden + r * call.up.N, act + r * F, F);
+    for_rows(M, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; r++) activate(L.activation, L.gated, hidden + r * call.up.N, act + r * F, F);
+    });
     apply(call.down, act, res, M);
 }
 
