@@ -219,6 +219,30 @@ def test_a_native_prompt_is_its_tokens_decoded_one_at_a_time_bit_for_bit(precisi
     torch.testing.assert_close(every, want, rtol=0, atol=_tolerance(precision, want))
 
 
+def test_a_native_prompt_on_two_threads_is_its_tokens_decoded_one_at_a_time_bit_for_bit() -> None:
+    """A prompt of 40 tokens splits its norms, activations, shortcuts and attention over two
+    threads (attention taking rows from both ends of the prompt); each row's numbers are still
+    its own: the same logits, keys and values as decode steps fed its tokens one at a time."""
+    from qkv.attention.caches.kv_cache import SlotKVCache
+
+    fused, _, setup = _pair("llama", "int8")
+    prompt = torch.randint(0, 100, (40,), generator=torch.Generator().manual_seed(3))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with torch.inference_mode(), DecodeSession(fused, batch_size=2, capacity=64, kind=SlotKVCache,
+                                                   setup=setup) as session:
+            every = session.prefill_row_all(0, prompt)  # (T, V)
+            session.prefill_row(1, prompt[:1])
+            steps = torch.stack([session.decode(token[None], rows=[1])[0] for token in prompt[1:]])  # (T - 1, V)
+            caches = [(c.k_cache[:, :, :40].clone(), c.v_cache[:, :, :40].clone()) for c in session.caches]
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(every[1:], steps)
+    for keys, values in caches:
+        assert torch.equal(keys[0], keys[1]) and torch.equal(values[0], values[1])
+
+
 @pytest.mark.parametrize("precision", ["float32", "int4"])
 def test_a_decode_step_with_prompt_pieces_beside_is_one_call_giving_each_calls_numbers(precision: str) -> None:
     """`decode_with_pieces`: a step of some rows and other rows' prompt pieces in one native call

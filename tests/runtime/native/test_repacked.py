@@ -218,3 +218,22 @@ def test_the_repacking_refuses_rows_that_are_not_whole_groups(block_type: Q) -> 
     whole, _ = k_rows(block_type, 16, 256, seed=9)
     with pytest.raises(RuntimeError, match="not a GGUF block type"):  # no block-by-block decode of the interleaved rows
         block_ops.block_decode(repacked.repack(whole, block_type), repacked.REPACKED[block_type], 256)
+
+
+@pytest.mark.parametrize("block_type", TYPES)
+def test_a_prompt_is_the_same_bits_on_one_thread_and_on_two(block_type: Q) -> None:
+    """A 70-row product (rounded activations split over the threads by rows, Q5_K's panels,
+    outputs claimed piece by piece by whichever thread is free) gives each output the same
+    operations whichever thread computes it: one thread and two give the same bits."""
+    blocks, _ = k_rows(block_type, 64, 512, seed=5)
+    packed, code = repacked.repack(blocks, block_type), repacked.REPACKED[block_type]
+    x = torch.randn(70, 512, generator=torch.Generator().manual_seed(6))
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            results.append((block_ops.block_linear(x, packed, code), block_ops.block_linear(x, blocks, block_type)))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
