@@ -16,7 +16,8 @@ from gguf.constants import GGMLQuantizationType as Q
 from qkv.errors import QkvError
 from qkv.models.gguf.checkpoint import open_gguf_file
 from qkv.models.gguf.dequantize import BLOCK_FORMATS
-from qkv.util.checked_memo import MAX_ENTRIES, SETTLE, check_once
+from qkv.util.checked_memo import SETTLE, check_once
+from qkv.util.digest_memo import MAX_ENTRIES
 from tests.models.gguf.block_files import write_block_gguf
 from tests.models.gguf.test_scales import patch
 

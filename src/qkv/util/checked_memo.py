@@ -20,19 +20,15 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from qkv.errors import QkvError
-from qkv.util.atomic import atomic_write_text
 from qkv.util.cache_integrity import cache_folder, keeping_enabled
-from qkv.util.digest_memo import file_identity
+from qkv.util.digest_memo import file_identity, read_memo, write_memo
 
-MAX_ENTRIES = 64  # passes kept (the most recent); a memo is a few kilobytes
-MAX_MEMO_BYTES = 1 << 20  # a larger memo file is not read (it is not ours)
 PASSED = "passed"
 SETTLE = 2.0  # seconds since its last modification before a file's pass is remembered
 
@@ -42,18 +38,6 @@ def _code_version(check: Callable[..., object]) -> str:
     source = inspect.getsourcefile(check)
     text = Path(source).read_bytes() if source else b""
     return f"{check.__module__}.{check.__qualname__}:{hashlib.sha256(text).hexdigest()[:16]}"
-
-
-def _read(memo: Path) -> dict[str, str]:
-    try:
-        if memo.stat().st_size > MAX_MEMO_BYTES:
-            return {}
-        entries = json.loads(memo.read_text())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(entries, dict):
-        return {}
-    return {k: v for k, v in entries.items() if isinstance(k, str) and v == PASSED}
 
 
 def check_once(path: Path, check: Callable[..., object], *args: Any, memo: Path | None = None) -> None:
@@ -67,16 +51,11 @@ def check_once(path: Path, check: Callable[..., object], *args: Any, memo: Path 
     except (OSError, QkvError):  # no cache folder, or the file cannot be looked at: just check
         check(*args)
         return
-    entries = _read(memo)
+    entries = read_memo(memo, lambda value: value == PASSED)
     if key in entries:
         return
     check(*args)
     if time.time() - Path(path).stat().st_mtime < SETTLE:
         return  # just written: its identity may not change with its next write (module docstring)
-    entries.pop(key, None)
     entries[key] = PASSED
-    try:
-        memo.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(memo, json.dumps(dict(list(entries.items())[-MAX_ENTRIES:]), indent=0))
-    except OSError:
-        pass  # a read-only cache folder: the check passed, only it is not remembered
+    write_memo(memo, entries)
