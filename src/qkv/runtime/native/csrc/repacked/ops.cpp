@@ -75,8 +75,8 @@ void group_rows(const BlockPart &part, q4k::GroupRows kernel, const int32_t *p, 
 #if QKV_X86
 // group_rows with each tile of a group unpacked once a pass (q4k.h's panel) where the pass has
 // at least PANEL_ROWS activation rows: `unpack` makes a tile's panel, every row of the pass runs
-// against it (avx512_panel_step), the rows' sums kept between tiles; a shorter pass runs
-// `kernel` as group_rows does.
+// against it (avx512_panel_step), the rows' sums kept between tiles; a shorter pass is
+// group_rows' with `kernel`.
 constexpr int64_t PANEL_ROWS = 16;
 
 using Unpack = void (*)(const uint8_t *tile, uint8_t *panel);
@@ -86,20 +86,15 @@ void panel_rows(const BlockPart &part, Unpack unpack, int64_t tile_bytes, q4k::G
                 float *y) {
     alignas(64) uint8_t panel[q4k::PANEL_TILE];
     alignas(64) float acc[PASS * ROWS], macc[PASS * ROWS];  // the pass's rows' sums, 16 outputs a row
-    float out[WIDEST * ROWS];
     for (int64_t m0 = 0; m0 < M; m0 += PASS) {
         const int64_t m1 = std::min(M, m0 + PASS), rows = m1 - m0;
+        if (rows < PANEL_ROWS) {  // a short last pass: tiles as group_rows takes them
+            group_rows(part, kernel, p + m0 * words, words, xs + m0, rows, K, ldy, n0, n1, first, bias, y + m0 * ldy);
+            continue;
+        }
         for (int64_t g = n0 / ROWS; g * ROWS < n1; g++) {
             const uint8_t *group = part.blocks + g * ROWS * part.row_bytes;
             const int64_t r0 = std::max(n0, g * ROWS), r1 = std::min(n1, (g + 1) * ROWS);
-            if (rows < PANEL_ROWS) {
-                for (int64_t m = m0; m < m1; m += MR) {
-                    const int count = static_cast<int>(std::min<int64_t>(MR, m1 - m));
-                    kernel(group, K, xs + m, p + m * words, count, out);
-                    for (int c = 0; c < count; c++) put(out + c * ROWS, g, r0, r1, bias, y + (m + c) * ldy + first);
-                }
-                continue;
-            }
             std::fill(acc, acc + rows * ROWS, 0.0f);
             std::fill(macc, macc + rows * ROWS, 0.0f);
             for (int64_t i = 0; i < K / 256; i++) {
