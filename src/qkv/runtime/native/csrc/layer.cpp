@@ -162,6 +162,15 @@ void for_rows(int64_t M, const F &f) {
     torch::stable::parallel_for(0, M, ROW_GRAIN, f);
 }
 
+// h (M, C) = norm(y) row by row (y itself where the layer has no such norm)
+void norm_rows(const Norm &n, const float *y, float *h, int64_t M, int64_t C) {
+    for_rows(M, [&](int64_t r0, int64_t r1) {
+        if (n.kind == NO_NORM) std::copy(y + r0 * C, y + r1 * C, h + r0 * C);
+        else
+            for (int64_t r = r0; r < r1; r++) normalize(n, y + r * C, h + r * C);
+    });
+}
+
 // x = x + (post_norm(part) or part), row by row
 void add_shortcut(const Norm &post, float *x, float *part, int64_t M, int64_t C) {
     for_rows(M, [&](int64_t r0, int64_t r1) {
@@ -311,12 +320,7 @@ void attention_part(const LayerCall &call, const float *y, float *res, int64_t M
     const int64_t Q = H * D, KV = Hkv * D, P = Q + 2 * KV, W = S - 1;
     int64_t *ring = call.ring;
     float *h = workspace(NORMED, M * C), *proj = workspace(PROJECTED, M * P), *context = workspace(CONTEXT, M * Q);
-    for_rows(M, [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; r++) {
-            if (L.attn_norm.kind != NO_NORM) normalize(L.attn_norm, y + r * C, h + r * C);
-            else std::copy(y + r * C, y + (r + 1) * C, h + r * C);
-        }
-    });
+    norm_rows(L.attn_norm, y, h, M, C);
     apply(call.qkv, h, proj, M);
     float *kc = call.k_cache, *vc = call.v_cache;
     int64_t *held = call.lengths;
@@ -408,12 +412,7 @@ void mlp_part(const LayerCall &call, const float *y, float *res, int64_t M) {
     const LayerDesc &L = call.L;
     const int64_t C = call.C, F = call.F;
     float *h = workspace(NORMED, M * C);
-    for_rows(M, [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; r++) {
-            if (L.mlp_norm.kind != NO_NORM) normalize(L.mlp_norm, y + r * C, h + r * C);
-            else std::copy(y + r * C, y + (r + 1) * C, h + r * C);
-        }
-    });
+    norm_rows(L.mlp_norm, y, h, M, C);
     float *hidden = workspace(HIDDEN, M * call.up.N), *act = workspace(ACTIVATED, M * F);
     apply(call.up, h, hidden, M);
     for_rows(M, [&](int64_t r0, int64_t r1) {
