@@ -26,6 +26,8 @@ weights as a first-ever run does). Phases, in order:
 - prefill: from the request to the first token (the 32-token prompt, one step);
 - total: from the process start to the first token.
 
+Each run writes and reads Python's bytecode as a user's install does, whatever
+PYTHONDONTWRITEBYTECODE says here (with it set, every run compiled qkv's modules again: 0.1 s).
 The first run also fills the caches (qkv's kernels, the prepared weights, Inductor's), so it
 is reported apart; the others are "second runs" and their medians are printed. Timings of each run are printed as they come.
 One contender, so nothing alternates; the machine's facts head the output (benchmarks/harness.py).
@@ -50,6 +52,8 @@ CHILD = r"""
 import json, sys, time
 T0 = float(sys.argv[1])
 marks = {}
+from qkv.util.heap import hold_collections
+hold_collections()  # as the command does before it imports torch (qkv.util.heap)
 from qkv.util.threads import CpuClock
 STARTED = CpuClock.now()  # the command reads this clock before it imports torch: no extra watch after
 import qkv.cli.generate
@@ -111,7 +115,9 @@ def run_once(model: str, cache: str) -> dict[str, float]:
     argv = ["generate", "--model", model, "--prompt", PROMPT, "--max-new-tokens", "1"]
     done = subprocess.run(
         [sys.executable, "-c", CHILD, repr(time.time()), *argv], capture_output=True, text=True, check=True,
-        env={**os.environ, "QKV_CACHE_DIR": cache},
+        # bytecode written and read as on a user's machine: an environment that turns it off
+        # (PYTHONDONTWRITEBYTECODE, set in some sandboxes) compiles qkv's ~100 modules every run
+        env={k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"} | {"QKV_CACHE_DIR": cache},
     )
     line = next(l for l in done.stderr.splitlines() if l.startswith("MARKS "))
     return json.loads(line.removeprefix("MARKS "))

@@ -3,6 +3,7 @@ gives one line and exit code 2."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -61,6 +62,7 @@ def test_streams_what_generate_makes(folder: Path, capsys) -> None:
     assert code == 0
     assert out == tokenizer.decode(ids) + "\n"
     assert "25 tokens in" in err and "tokens/s" in err
+    assert gc.isenabled()  # the collector held while loading (qkv.util.heap) is the caller's again
 
 
 def test_no_cache_and_bfloat16_run(folder: Path, capsys) -> None:
@@ -140,6 +142,7 @@ def test_corrupt_weights(folder: Path, tmp_path: Path, capsys) -> None:
     (copy / "model.safetensors").write_bytes(b"\x00" * 40)
     code, _, err = run(capsys, "--model", str(copy), "--prompt", "x")
     assert_one_line_error(code, err, "model.safetensors is truncated or corrupt")
+    assert gc.isenabled()  # a load that failed leaves the collector on
 
 
 def test_past_the_context_the_window_is_cropped_and_said(folder: Path, capsys) -> None:

@@ -9,7 +9,7 @@ import weakref
 
 import pytest
 
-from qkv.util.heap import freeze_loaded_heap, thaw_loaded_heap
+from qkv.util.heap import freeze_loaded_heap, hold_collections, thaw_loaded_heap
 
 
 class Node:
@@ -56,3 +56,35 @@ def test_a_process_that_froze_its_own_heap_is_left_alone(quiet) -> None:
     assert tracked(fresh)  # nothing more frozen (counts are not compared: frozen objects freed leave them)
     thaw_loaded_heap()
     assert gc.get_freeze_count() > 0 and not tracked(own)  # its own freeze kept
+
+
+@pytest.fixture
+def collecting():
+    gc.enable()
+    yield
+    thaw_loaded_heap()
+    gc.unfreeze()
+    gc.enable()
+
+
+def test_collections_held_while_loading_resume_once_the_heap_is_frozen(collecting) -> None:
+    hold_collections()
+    assert not gc.isenabled()  # start-up's imports and load run no automatic collection
+    freeze_loaded_heap()
+    assert gc.isenabled()  # what requests and decode steps make is collected again
+    thaw_loaded_heap()
+    assert gc.isenabled()
+
+
+def test_a_command_that_fails_before_its_heap_is_frozen_resumes_collections(collecting) -> None:
+    hold_collections()
+    thaw_loaded_heap()  # the dispatcher's finally, the load having raised
+    assert gc.isenabled()
+
+
+def test_a_collector_the_caller_turned_off_stays_off(collecting) -> None:
+    gc.disable()
+    hold_collections()
+    freeze_loaded_heap()
+    thaw_loaded_heap()
+    assert not gc.isenabled()  # theirs to turn on

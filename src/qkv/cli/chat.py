@@ -91,6 +91,10 @@ def _run(args: argparse.Namespace, tp: Any) -> int:
     """The conversation, alone (tp None) or as one rank of --tensor-parallel N: rank 0 reads
     the messages and writes the replies; its sessions share every step with the other ranks,
     which follow them (qkv.runtime.tensor_parallel_steps) until rank 0 says stop."""
+    from qkv.util.heap import hold_collections
+
+    if tp is None:
+        hold_collections()  # until load_for_speed has loaded the model (qkv.util.heap: 0.2 s of start-up)
     started = CpuClock.now()  # the busy cores are watched while torch is imported (qkv.util.threads)
     from qkv.chat.conversation import chat_model_from
 

@@ -96,8 +96,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, tp: TensorParallel | None) -> int:
     """The command, alone (tp None) or as one rank of --tensor-parallel N (rank 0 writes)."""
+    from qkv.util.heap import hold_collections
     from qkv.util.progress import slow_step
 
+    if tp is None:
+        hold_collections()  # until load_for_speed has loaded the model (qkv.util.heap: 0.2 s of start-up)
     started = CpuClock.now()  # the busy cores are watched while torch is imported (qkv.util.threads)
 
     with slow_step("starting PyTorch"):  # its import alone takes seconds on a busy machine
