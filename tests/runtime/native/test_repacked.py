@@ -82,7 +82,8 @@ def numpy_iq4_xs_layout(rows: np.ndarray) -> np.ndarray:
 
 def numpy_q6_k_layout(rows: np.ndarray) -> np.ndarray:
     """q6k.h's layout written out in numpy: per group of 16 rows and super-block, the rows' d,
-    then each sub-block's scale of the 16 rows, then ql and qh in 4-byte units of 16 rows."""
+    then each sub-block's scale of the 16 rows, then 16 chunks c = 8 h + 4 q + s of three 4-byte
+    units of 16 rows: ql unit 16 h + 4 q + s, ql unit 16 h + 8 + 4 q + s, qh unit c."""
     n, row_bytes = rows.shape
     g, supers = n // 16, row_bytes // 210
     blocks = rows.reshape(g, 16, supers, 210).transpose(0, 2, 1, 3)  # (groups, supers, 16, 210)
@@ -92,8 +93,11 @@ def numpy_q6_k_layout(rows: np.ndarray) -> np.ndarray:
 
     d = blocks[..., 208:210].reshape(g, supers, -1)
     scales = blocks[..., 192:208].transpose(0, 1, 3, 2).reshape(g, supers, -1)  # (16 rows, 16 j) -> (16 j, 16 rows)
-    parts = [d, scales, units(blocks[..., :128]), units(blocks[..., 128:192])]
-    return np.concatenate(parts, axis=-1).reshape(n, row_bytes)
+    ql, qh = units(blocks[..., :128]), units(blocks[..., 128:192])  # (groups, supers, 32 u * 64), (.., 16 v * 64)
+    unit = lambda part, u: part[..., 64 * u : 64 * (u + 1)]  # noqa: E731
+    chunks = [np.concatenate([unit(ql, 16 * h + 4 * q + s), unit(ql, 16 * h + 8 + 4 * q + s), unit(qh, 8 * h + 4 * q + s)], axis=-1)
+              for h in range(2) for q in range(2) for s in range(4)]  # c = 8 h + 4 q + s
+    return np.concatenate([d, scales, *chunks], axis=-1).reshape(n, row_bytes)
 
 
 def rounded(x: torch.Tensor, block_type: Q) -> torch.Tensor:

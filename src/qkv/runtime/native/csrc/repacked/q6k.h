@@ -8,13 +8,19 @@
 // blocks i (lossless: q6k_unrepack gives the file's bytes back):
 //   [0, 32)        d of rows 0..15 (float16 bits)
 //   [32, 288)      for the 16-weight sub-block j (0..15), 16 bytes: scales[j] of rows 0..15
-//   [288, 2336)    unit u (0..31) of 64 bytes: ql[4 u .. + 4) of rows 0..15
-//   [2336, 3360)   unit v (0..15) of 64 bytes: qh[4 v .. + 4) of rows 0..15
-// so a 64-byte load of ql (and one of qh) is 16 rows x 8 weights: for the half h (0, 1) and the
-// offset l (0..31, a multiple of 4), ql unit 16 h + l / 4 holds the low 4 bits of weights
-// 128 h + l + 0..3 (its low nibbles) and 128 h + 64 + l + 0..3 (its high ones), ql unit
-// 16 h + 8 + l / 4 those of 128 h + 32 + l and 128 h + 96 + l, and qh unit 8 h + l / 4 the top 2
-// bits of all four (bits 0-1, 2-3, 4-5, 6-7: ggml's order).
+//   [288, 3360)    chunk c (0..15) of 192 bytes, c = 8 h + 4 q + s for the half h (0, 1), the
+//                  16-weight offset q (0, 1) and the 4-weight step s (0..3): three units of
+//                  64 bytes (4 bytes of rows 0..15 each), ql unit 16 h + 4 q + s, ql unit
+//                  16 h + 8 + 4 q + s, qh unit c (ql_at, qh_at)
+// so a 64-byte load of ql (and one of qh) is 16 rows x 8 weights: for the offset l (0..31, a
+// multiple of 4), ql unit 16 h + l / 4 holds the low 4 bits of weights 128 h + l + 0..3 (its low
+// nibbles) and 128 h + 64 + l + 0..3 (its high ones), ql unit 16 h + 8 + l / 4 those of
+// 128 h + 32 + l and 128 h + 96 + l, and qh unit 8 h + l / 4 the top 2 bits of all four (bits
+// 0-1, 2-3, 4-5, 6-7: ggml's order). A chunk holds every bit of 16 weights a row (4 of each
+// quarter of its half), so a decode step reads the tile front to back, one chunk at a time:
+// in the file's order (ql, then qh) it jumped 2 KB back and forth, which the hardware's
+// prefetchers did not follow (11-14 GB/s without software prefetches, 24 with them, against the
+// stored rows' 30 on a 2-core Zen 4).
 //
 // The math, per row and activation row, super-block by super-block (w = d sc_j (q - 32), q
 // 0..63, x' = dx c the activations rounded per 256, s_j the codes' 16-sums):
@@ -38,8 +44,12 @@ namespace q6k {
 
 using q4k::MR;
 using q4k::ROWS;
-constexpr int64_t D = 0, SC = 32, QL = 288, QH = 2336;  // offsets in a tile
-constexpr int64_t TILE = ROWS * sizeof(BlockQ6_K);     // 3360 bytes a super-block of a group
+constexpr int64_t D = 0, SC = 32, CHUNKS = 288;   // offsets in a tile
+constexpr int64_t CHUNK = 192;                      // bytes a chunk: two ql units and a qh unit
+constexpr int64_t TILE = ROWS * sizeof(BlockQ6_K);  // 3360 bytes a super-block of a group
+// Where the file's ql unit u (0..31: its bytes 4 u .. 4 u + 3 of each row) and qh unit v (0..15) sit in a tile.
+constexpr int64_t ql_at(int64_t u) { return CHUNKS + CHUNK * (8 * (u / 16) + u % 8) + 64 * ((u / 8) % 2); }
+constexpr int64_t qh_at(int64_t v) { return CHUNKS + CHUNK * v + 128; }
 // Activation rows a prompt tile of the AVX-512 kernel takes (MR elsewhere): its 6-bit codes
 // cost 3-4 instructions a 64-byte load to unpack, shared by 8 rows instead of 4.
 constexpr int AVX512_MR = 8;

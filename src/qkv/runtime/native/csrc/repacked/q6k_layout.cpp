@@ -31,8 +31,8 @@ void each_block(int64_t row_bytes, int64_t g0, int64_t g1, Move &&move) {
 // Weight w's code 0..63 in a tile, row r (the layout of q6k.h).
 inline int code(const uint8_t *t, int64_t r, int w) {
     const int h = w / 128, k = (w / 32) % 4, l = w % 32;  // quarter k of half h, offset l
-    const uint8_t low = t[QL + 64 * (16 * h + 8 * (k % 2) + l / 4) + 4 * r + l % 4];
-    const uint8_t high = t[QH + 64 * (8 * h + l / 4) + 4 * r + l % 4];
+    const uint8_t low = t[ql_at(16 * h + 8 * (k % 2) + l / 4) + 4 * r + l % 4];
+    const uint8_t high = t[qh_at(8 * h + l / 4) + 4 * r + l % 4];
     return ((low >> (4 * (k / 2))) & 15) | (((high >> (2 * k)) & 3) << 4);
 }
 
@@ -44,8 +44,8 @@ void repack(const uint8_t *rows, uint8_t *packed, int64_t row_bytes, int64_t g0,
         uint8_t *t = packed + to;
         memcpy(t + D + 2 * r, &b.d, 2);
         for (int j = 0; j < 16; j++) t[SC + 16 * j + r] = static_cast<uint8_t>(b.scales[j]);
-        for (int u = 0; u < 32; u++) memcpy(t + QL + 64 * u + 4 * r, b.ql + 4 * u, 4);
-        for (int v = 0; v < 16; v++) memcpy(t + QH + 64 * v + 4 * r, b.qh + 4 * v, 4);
+        for (int u = 0; u < 32; u++) memcpy(t + ql_at(u) + 4 * r, b.ql + 4 * u, 4);
+        for (int v = 0; v < 16; v++) memcpy(t + qh_at(v) + 4 * r, b.qh + 4 * v, 4);
     });
 }
 
@@ -55,8 +55,8 @@ void unrepack(const uint8_t *packed, uint8_t *rows, int64_t row_bytes, int64_t g
         const uint8_t *t = packed + from;
         memcpy(&b.d, t + D + 2 * r, 2);
         for (int j = 0; j < 16; j++) b.scales[j] = static_cast<int8_t>(t[SC + 16 * j + r]);
-        for (int u = 0; u < 32; u++) memcpy(b.ql + 4 * u, t + QL + 64 * u + 4 * r, 4);
-        for (int v = 0; v < 16; v++) memcpy(b.qh + 4 * v, t + QH + 64 * v + 4 * r, 4);
+        for (int u = 0; u < 32; u++) memcpy(b.ql + 4 * u, t + ql_at(u) + 4 * r, 4);
+        for (int v = 0; v < 16; v++) memcpy(b.qh + 4 * v, t + qh_at(v) + 4 * r, 4);
     });
 }
 

@@ -43,8 +43,8 @@ inline void sub_block(const uint8_t *t, const XRow *xs, const int32_t *p, int64_
     for (int m = 0; m < N; m++) dot[m] = _mm256_set1_epi32(p[m * words + 16 * i + j]);
 #pragma GCC unroll 4
     for (int s = 0; s < 4; s++) {
-        const __m256i l = load(t + QL + 64 * (16 * h + 8 * (k % 2) + 4 * q + s) + 32 * half);
-        const __m256i qh = load(t + QH + 64 * (8 * h + 4 * q + s) + 32 * half);
+        const __m256i l = load(t + ql_at(16 * h + 8 * (k % 2) + 4 * q + s) + 32 * half);
+        const __m256i qh = load(t + qh_at(8 * h + 4 * q + s) + 32 * half);
         const __m256i nibble = k < 2 ? _mm256_and_si256(l, low4) : _mm256_and_si256(_mm256_srli_epi16(l, 4), low4);
         const __m256i w = _mm256_or_si256(nibble, top_bits<k>(qh));
         const int off = 128 * h + 32 * k + 16 * q + 4 * s;
