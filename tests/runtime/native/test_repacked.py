@@ -212,6 +212,8 @@ def test_block_linear_repacks_q6_k_where_the_cpu_runs_the_avx512_kernels() -> No
     x = torch.randn(3, 512, generator=torch.Generator().manual_seed(12))
     with use_variant("generic"):
         assert torch.equal(layer(x), block_ops.block_linear(x, blocks, Q.Q6_K))  # the stored product's bits
+    with use_variant("avx2"):  # kernels capped below AVX-512 (an AVX2 CPU's path): loaded as that CPU loads it
+        assert not BlockLinear(StoredBlocks(blocks, Q.Q6_K, (32, 512))).repacked
 
 
 @pytest.mark.parametrize("block_type", TYPES)

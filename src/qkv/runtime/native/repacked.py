@@ -75,9 +75,11 @@ def repackable(block_type: Q, rows: int) -> bool:
 
 
 def _runs_avx512() -> bool:
-    from qkv.runtime.native.ops import variants
+    """Whether the products run the AVX-512 kernels now: the CPU has them and no cap
+    (`use_variant`, a benchmark's --variant avx2) keeps them off."""
+    from qkv.runtime.native.ops import active_variant
 
-    return block_products_status() is None and "avx512" in variants()
+    return block_products_status() is None and active_variant() == "avx512"
 
 
 def repack(blocks: Tensor, block_type: Q) -> Tensor:
