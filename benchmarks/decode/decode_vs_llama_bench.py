@@ -101,12 +101,14 @@ def main() -> None:
     path = str(smollm2_path()) if named_model(args.model) else args.model
     torch.set_num_threads(args.threads)
     facts = harness.header("decode: qkv's default path against llama-bench -p 0 -n 128 on the same file")
-    model, _, setup = load_for_generation(path, precision=args.dtype)
-    if args.variant is not None:
+    if args.variant is not None:  # before the load, which decides the layouts for the kernels that will run them
+        from qkv.runtime.native.build import native_kernels
         from qkv.runtime.native.ops import active_variant
 
+        native_kernels()  # the library that has the op
         torch.ops.qkv.set_variant.default(args.variant)  # for the whole process (what use_variant does in a block)
         print(f"qkv: kernels capped at {active_variant()}", flush=True)
+    model, _, setup = load_for_generation(path, precision=args.dtype)
     warm_up(model, capacity=TOKENS + 8, setup=setup)
     print(f"qkv: {setup.describe()}; {os.cpu_count()} cores, {args.threads} threads; {path}", flush=True)
     measured = harness.self_timed({"qkv": lambda: qkv_seconds(model, setup, TOKENS),
