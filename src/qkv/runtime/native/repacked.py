@@ -58,11 +58,11 @@ GROUP_ROWS = 16
 # activation rows in cache, 1.2x out of cache (benchmarks/HISTORY.md, stop 47).
 AT_LOAD: tuple[Q, ...] = (Q.Q4_K, Q.Q5_K, Q.Q8_0, Q.Q5_0, Q.IQ4_XS)
 # Q6_K -> Q6_K_X16 (q6k.h: Q4_K_X16's shape, the 6-bit codes unsigned against -32 s per 16 weights)
-# only where the CPU runs the AVX-512 kernels: there, 1 thread, 512 activation rows, 1.4-1.5x the
-# stored rows' prompt tiles (113 against 78 GMAC/s); one row out of cache, 2 threads, 29 GB/s as
-# the stored rows (with its read-ahead into L2; in cache its one-row kernel is the slower); on
-# AVX2 its one-row kernel is 0.65x the stored rows' (their prompt products about even), so an
-# AVX2 CPU keeps the file's rows (Zen 4, 2026-12-07; benchmarks/HISTORY.md, stop 48).
+# only where the products run the AVX-512 kernels: there, 1 thread, 512 activation rows, 1.4-1.5x
+# the stored rows' prompt tiles (113 against 78 GMAC/s); one row, read in order a chunk at a time,
+# 1.5-1.6x the stored rows in cache and within the machine's noise of them out of cache; on AVX2
+# its one-row kernel is 0.65x the stored rows' (their prompt products about even), so an AVX2 CPU
+# keeps the file's rows (Zen 4, 2026-12-07; benchmarks/HISTORY.md, stops 48 and 50).
 WITH_AVX512: tuple[Q, ...] = (Q.Q6_K,)
 
 

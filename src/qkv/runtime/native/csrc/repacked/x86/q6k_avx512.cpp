@@ -96,8 +96,9 @@ void group_one(const uint8_t *g, int64_t K, const XRow &x, const int32_t *p, flo
                 for (int k = 0; k < 4; k++) sum[k] = _mm512_set1_epi32(p[16 * i + 8 * h + 2 * k + q]);
 #pragma GCC unroll 4
                 for (int s = 0; s < 4; s++) {
-                    const uint8_t *chunk = t + CHUNKS + CHUNK * (8 * h + 4 * q + s);
-                    const __m512i a = load(chunk), b = load(chunk + 64), qh = load(chunk + 128);  // ql units k = 0/2, 1/3; qh
+                    // chunk 8 h + 4 q + s, in order: the ql units of quarters 0/2 and 1/3, then their qh unit
+                    const __m512i a = load(t + ql_at(16 * h + 4 * q + s)), b = load(t + ql_at(16 * h + 8 + 4 * q + s)),
+                                  qh = load(t + qh_at(8 * h + 4 * q + s));
                     const int off = 128 * h + 16 * q + 4 * s;  // + 32 k: the quarter's weights
                     const __m512i w0 = with_top(_mm512_and_si512(a, low4), _mm512_slli_epi16(qh, 4), top2);
                     const __m512i w1 = with_top(_mm512_and_si512(b, low4), _mm512_slli_epi16(qh, 2), top2);
