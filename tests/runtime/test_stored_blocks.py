@@ -98,17 +98,19 @@ def test_auto_keeps_the_files_blocks_and_gives_the_dequantized_logits(tmp_path: 
 
 
 @needs_block_products
-def test_an_iq4_xs_file_is_kept_in_its_blocks_and_gives_the_dequantized_logits(tmp_path: Path) -> None:
-    """IQ4_XS (a common llama.cpp download) is one of the types "auto" keeps as stored, its
-    embedding too, on the native layer step as on the block layers."""
-    types = {name: Q.IQ4_XS for name in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")}
-    path = write_block_gguf(tmp_path / "iq4_xs.gguf", embedding=Q.IQ4_XS, layer_types=types)
+@pytest.mark.parametrize("block_type", [Q.IQ4_XS, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ1_S],
+                         ids=lambda t: t.name)
+def test_an_iq_file_is_kept_in_its_blocks_and_gives_the_dequantized_logits(tmp_path: Path, block_type: Q) -> None:
+    """IQ4_XS and the grid types (common llama.cpp downloads of large models) are types "auto"
+    keeps as stored, the embedding too, on the native layer step as on the block layers."""
+    types = {name: block_type for name in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")}
+    path = write_block_gguf(tmp_path / "iq.gguf", embedding=block_type, layer_types=types)
     prepared = prepare(path, precision="auto", compile=False)
     model = prepared.model
     assert prepared.setup.precision == "blocks"
-    assert isinstance(model.model.embed_tokens, BlockEmbedding) and model.model.embed_tokens.block_type == Q.IQ4_XS
+    assert isinstance(model.model.embed_tokens, BlockEmbedding) and model.model.embed_tokens.block_type == block_type
     assert isinstance(model.model.layers[0].mlp.down_proj, BlockLinear)
-    assert model.model.layers[0].mlp.down_proj.block_type == Q.IQ4_XS
+    assert model.model.layers[0].mlp.down_proj.block_type == block_type
     reference = _as_block_layers_compute(prepare(path, precision="float32", compile=False).model, model)
     with torch.inference_mode():
         assert _close(model(PROMPT), reference(PROMPT))

@@ -24,7 +24,7 @@ from tests.models.gguf.block_files import random_blocks
 pytestmark = pytest.mark.skipif(block_ops.block_products_status() is not None, reason="qkv's block products do not build here")
 
 TYPES = sorted(block_ops.NATIVE_TYPES, key=int)
-SUPER_BLOCKS = {Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS}  # 256 weights a block: the K-quants and IQ4_XS
+SUPER_BLOCKS = {t for t in TYPES if gguf.GGML_QUANT_SIZES[t][0] == 256}  # the K-quants, IQ4_XS, the grid types
 FLOATS = {Q.F16, Q.BF16}  # plain 16-bit values, multiplied against float32 activations as they are
 
 

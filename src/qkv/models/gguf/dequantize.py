@@ -10,8 +10,11 @@ so the values are bit-identical to its output (tests/models/gguf/test_dequantize
 on the SmolLM2 file and on random blocks of every type here).
 
 The K-quants (Q2_K .. Q6_K), IQ4_NL and IQ4_XS are decoded the same way in `qkv.models.gguf.kquants`.
-Types without a torch path (the other IQ types, ...) still go through the gguf library, one
-tensor at a time, in `qkv.models.gguf.checkpoint.dequantize`: TYPES lists the ones decoded here.
+The grid types (IQ1_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) are block formats here too, so
+their files stay in their blocks, but a whole-tensor decode of them is the gguf library's own.
+Types outside BLOCK_FORMATS (IQ1_M, whose float16 scale is split over four bytes' nibbles, the
+ternary TQ types, ...) go through the gguf library, one tensor at a time, in
+`qkv.models.gguf.checkpoint.dequantize`: TYPES lists the ones decoded here.
 
 Block layouts (little-endian; B blocks of 32 weights, one row of bytes each; the K-quants'
 layouts are in gguf_kquants):
@@ -36,6 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from gguf import quants as gguf_quants
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as Q
 from torch import Tensor
@@ -107,6 +111,16 @@ def _q5_1(blocks: Tensor) -> Tensor:
     return _nibbles(blocks[:, 8:], _fifth_bits(blocks, 4)).mul_(d).add_(m)
 
 
+def _gguf_decode(block_type: Q) -> Callable[[Tensor], Tensor]:
+    """The gguf library's own decode of a grid type (IQ1_S, IQ2_*, IQ3_*): (B, size) uint8 ->
+    (B, 256) float32. These files are kept in their blocks (the `blocks` precision), so a whole
+    tensor is decoded only where another precision asks for it; one numpy pass is fine there."""
+    def decode(blocks: Tensor) -> Tensor:
+        values = gguf_quants.dequantize(blocks.contiguous().numpy(), block_type)  # (B, 256) float32
+        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
+    return decode
+
+
 def _plain(dtype: torch.dtype) -> Callable[[Tensor], Tensor]:
     """The decode of 16-bit plain values: (B, 64) uint8 -> (B, 32) float32, each value widened exactly."""
     def decode(blocks: Tensor) -> Tensor:
@@ -146,6 +160,8 @@ BLOCK_FORMATS: dict[Q, BlockFormat] = {
     Q.Q6_K: _format(Q.Q6_K, kq.q6_k, (208,)),
     Q.IQ4_NL: _format(Q.IQ4_NL, kq.iq4_nl, (0,)),
     Q.IQ4_XS: _format(Q.IQ4_XS, kq.iq4_xs, (0,)),
+    # the grid types: a float16 d first, then grid indices, signs and small integer scales
+    **{t: _format(t, _gguf_decode(t), (0,)) for t in (Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ1_S)},
     # gguf's sizes for these are (1, 2), one value a "block"; the products take them 32 at a time
     # (runtime/native/csrc/block_format.h's FLOAT_BLOCK), so a row must be whole 32s of them
     Q.F16: BlockFormat(BLOCK, 2 * BLOCK, _plain(torch.float16), (), torch.float16),

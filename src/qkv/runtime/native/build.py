@@ -43,6 +43,7 @@ from pathlib import Path
 
 import torch
 
+from qkv.runtime.native import iq_grids
 from qkv.util.atomic import atomic_write_text, temporary_name
 from qkv.util.cache_integrity import cache_folder, file_sha256, remove_stale_temporaries, say_discarded
 from qkv.util.progress import slow_step
@@ -62,7 +63,7 @@ SOURCES: tuple[str, ...] = ("products.cpp", "products_x86.cpp", "attention.cpp",
                             "repacked/q8_0_layout.cpp", "repacked/x86/q8_0_avx2.cpp", "repacked/x86/q8_0_avx512.cpp",
                             "repacked/iq4xs_layout.cpp", "repacked/x86/iq4xs_avx2.cpp", "repacked/x86/iq4xs_avx512.cpp",
                             "repacked/q6k_layout.cpp", "repacked/x86/q6k_avx2.cpp", "repacked/x86/q6k_avx512.cpp", "repacked/ops.cpp")
-HEADERS: tuple[str, ...] = ("kernels.h", "block_format.h", "block_x86.h", "block_tiles_x86.h", "quantized_cache/attention_simd.h",
+HEADERS: tuple[str, ...] = ("kernels.h", "block_format.h", "block_x86.h", "block_grid_x86.h", "block_tiles_x86.h", "quantized_cache/attention_simd.h",
                             "repacked/q4k.h", "repacked/q8_0.h", "repacked/iq4xs.h", "repacked/q6k.h", "repacked/x86/target_begin.h", "repacked/x86/target_end.h")
 FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-ffp-contract=off", "-Wall", "-Wextra")
 VARIANTS = ("generic", "avx2", "avx512")  # slowest first, the names qkv::set_variant takes
@@ -129,6 +130,7 @@ def _key(compiler: str, build_flags: tuple[str, ...]) -> str:
         version = ""
     digest = hashlib.sha256()
     sources = b"".join(name.encode() + b"\0" + (HERE / name).read_bytes() for name in SOURCES + HEADERS)
+    sources += b"\0" + iq_grids.source_bytes()  # the generated header's source
     for part in (BUILD_LAYOUT.encode(), sources, compiler.encode(), version.encode(), " ".join(build_flags).encode(),
                  torch.__version__.encode(), str(_torch_dirs()[1]).encode()):
         digest.update(part)
@@ -159,9 +161,11 @@ def build_library(compiler: str, target: Path, build_flags: tuple[str, ...], *,
         with tempfile.TemporaryDirectory(prefix="qkv-kernels-") as folder, \
                 announce() if announce is not None else contextlib.nullcontext():
             objects = {name: os.path.join(folder, f"{index}.o") for index, name in enumerate(sources)}
+            Path(folder, iq_grids.NAME).write_text(iq_grids.render())  # the grid types' tables, from the gguf package
 
             def compile_one(name: str) -> subprocess.CompletedProcess[str]:
-                command = [compiler, *compile_flags, "-c", "-isystem", str(include), str(HERE / name), "-o", objects[name]]
+                command = [compiler, *compile_flags, "-c", "-isystem", str(include), "-iquote", folder, str(HERE / name),
+                           "-o", objects[name]]
                 return subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
 
             with concurrent.futures.ThreadPoolExecutor(max_workers=_build_jobs()) as pool:

@@ -161,6 +161,20 @@ void decode_iq4_xs(const uint8_t *p, float *out) {
     }
 }
 
+// The grid types: d times each weight's multiplier and code over the divisor (block_format.h), exact.
+template <class B>
+void decode_iq(const uint8_t *p, float *out) {
+    const B &b = at<B>(p);
+    int8_t q[256];
+    int16_t mult[16];
+    iq_codes(b, q, mult);
+    const float d = f16(b.d) / static_cast<float>(IqDivisor<B>::value);
+    for (int s = 0; s < 16; s++) {
+        const float dl = d * static_cast<float>(mult[s]);
+        for (int i = 0; i < 16; i++) out[16 * s + i] = dl * static_cast<float>(q[16 * s + i]);
+    }
+}
+
 inline float bf16(uint16_t h) {  // bfloat16 is float32's upper half: exact
     const uint32_t bits = static_cast<uint32_t>(h) << 16;
     float v;
@@ -182,7 +196,9 @@ static_assert(sizeof(BlockF16) == 2 * FLOAT_BLOCK && sizeof(BlockBF16) == 2 * FL
 static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(BlockQ5_0) == 22 && sizeof(BlockQ5_1) == 24 &&
                   sizeof(BlockQ8_0) == 34 && sizeof(BlockIQ4_NL) == 18 && sizeof(BlockQ2_K) == 84 &&
                   sizeof(BlockQ3_K) == 110 && sizeof(BlockQ4_K) == 144 && sizeof(BlockQ5_K) == 176 &&
-                  sizeof(BlockQ6_K) == 210 && sizeof(BlockIQ4_XS) == 136,
+                  sizeof(BlockQ6_K) == 210 && sizeof(BlockIQ4_XS) == 136 && sizeof(BlockIQ2_XXS) == 66 &&
+                  sizeof(BlockIQ2_XS) == 74 && sizeof(BlockIQ2_S) == 82 && sizeof(BlockIQ3_XXS) == 98 &&
+                  sizeof(BlockIQ3_S) == 110 && sizeof(BlockIQ1_S) == 50,
               "the block structs are GGUF's sizes");
 
 constexpr Traits TABLE[] = {
@@ -198,6 +214,12 @@ constexpr Traits TABLE[] = {
     {Q6_K, "Q6_K", 256, sizeof(BlockQ6_K), PER256, decode_q6_k},
     {IQ4_NL, "IQ4_NL", 32, sizeof(BlockIQ4_NL), PER32, decode_iq4_nl},
     {IQ4_XS, "IQ4_XS", 256, sizeof(BlockIQ4_XS), PER256, decode_iq4_xs},
+    {IQ2_XXS, "IQ2_XXS", 256, sizeof(BlockIQ2_XXS), PER256, decode_iq<BlockIQ2_XXS>},
+    {IQ2_XS, "IQ2_XS", 256, sizeof(BlockIQ2_XS), PER256, decode_iq<BlockIQ2_XS>},
+    {IQ2_S, "IQ2_S", 256, sizeof(BlockIQ2_S), PER256, decode_iq<BlockIQ2_S>},
+    {IQ3_XXS, "IQ3_XXS", 256, sizeof(BlockIQ3_XXS), PER256, decode_iq<BlockIQ3_XXS>},
+    {IQ3_S, "IQ3_S", 256, sizeof(BlockIQ3_S), PER256, decode_iq<BlockIQ3_S>},
+    {IQ1_S, "IQ1_S", 256, sizeof(BlockIQ1_S), PER256, decode_iq<BlockIQ1_S>},
     {F16, "F16", FLOAT_BLOCK, sizeof(BlockF16), FLOAT, decode_f16},
     {BF16, "BF16", FLOAT_BLOCK, sizeof(BlockBF16), FLOAT, decode_bf16},
 };
@@ -322,6 +344,24 @@ float dot256(const uint8_t *row, const XRow &x, int64_t K) {
     return acc;
 }
 
+// A grid type's super-block: its 256 codes meet the activations' in 16 exact dot products, each
+// times its integer multiplier; (d_w d_x) times that sum over the type's divisor (a power of 2).
+template <class B>
+float dot_iq(const uint8_t *row, const XRow &x, int64_t K) {
+    float acc = 0.f;
+    int8_t q[256];
+    int16_t mult[16];
+    for (int64_t i = 0; i < K / 256; i++) {
+        const B &b = at<B>(row + i * static_cast<int64_t>(sizeof(B)));
+        iq_codes(b, q, mult);
+        const int8_t *c = x.q + 256 * i;
+        int32_t isum = 0;
+        for (int s = 0; s < 16; s++) isum += mult[s] * int_dot(q + 16 * s, c + 16 * s, 16);
+        acc += (f16(b.d) * x.d[i]) * (static_cast<float>(isum) * (1.f / static_cast<float>(IqDivisor<B>::value)));
+    }
+    return acc;
+}
+
 // A row of plain 16-bit floats against float32 activations: one float32 sum of w x, in order
 // (the contraction is off: each product rounded, then added).
 template <class B>
@@ -420,6 +460,12 @@ RowDot generic_dot(int64_t type) {
         case Q5_K: return dot256<BlockQ5_K, Q5_K>;
         case Q6_K: return dot256<BlockQ6_K, Q6_K>;
         case IQ4_XS: return dot256<BlockIQ4_XS, IQ4_XS>;
+        case IQ2_XXS: return dot_iq<BlockIQ2_XXS>;
+        case IQ2_XS: return dot_iq<BlockIQ2_XS>;
+        case IQ2_S: return dot_iq<BlockIQ2_S>;
+        case IQ3_XXS: return dot_iq<BlockIQ3_XXS>;
+        case IQ3_S: return dot_iq<BlockIQ3_S>;
+        case IQ1_S: return dot_iq<BlockIQ1_S>;
         case F16: return dot_float<BlockF16>;
         case BF16: return dot_float<BlockBF16>;
         default: return nullptr;

@@ -8,7 +8,7 @@
 //   - blocks of 32 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) meet activations rounded per 32
 //     (Q8_0-style, PER32): step d = max|x| / 127, codes round(x / d) ties to even, and the
 //     block's d * sum(codes) (what a minimum, Q4_1 / Q5_1's m, multiplies);
-//   - super-blocks of 256 (Q2_K .. Q6_K, IQ4_XS) meet activations rounded per 256 (Q8_K-style, PER256):
+//   - super-blocks of 256 (Q2_K .. Q6_K, IQ4_XS, the IQ1/IQ2/IQ3 types) meet activations rounded per 256 (Q8_K-style, PER256):
 //     one step a 256, the same codes, and the codes' sums per 16 (what the minimums multiply);
 //   - the plain 16-bit floats (F16, BF16; a "block" here is 32 weights, 64 bytes) meet the
 //     activations as they come (FLOAT): float32, not rounded, and the product is the float32
@@ -25,12 +25,15 @@
 
 #include <vector>
 
+#include "iq_grids.h"
+
 namespace qkv {
 namespace blocks {
 
 enum Type : int64_t {  // GGML's type ids
     Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14,
     IQ4_NL = 20, IQ4_XS = 23, F16 = 1, BF16 = 30,
+    IQ2_XXS = 16, IQ2_XS = 17, IQ3_XXS = 18, IQ1_S = 19, IQ3_S = 21, IQ2_S = 22,
     Q4_K_X16 = 1012,  // qkv's own: Q4_K rows repacked at load, 16 interleaved (repacked/q4k.h)
     Q5_K_X16 = 1013,  // Q5_K's, the same layout with qh after it (repacked/q4k.h)
     Q8_0_X16 = 1008,  // and Q8_0's (repacked/q8_0.h)
@@ -54,6 +57,13 @@ struct BlockQ4_K { uint16_t d, dmin; uint8_t scales[12], qs[128]; };        // w
 struct BlockQ5_K { uint16_t d, dmin; uint8_t scales[12], qh[32], qs[128]; };
 struct BlockQ6_K { uint8_t ql[128], qh[64]; int8_t scales[16]; uint16_t d; };  // w = d sc (q - 32), per 16
 struct BlockIQ4_XS { uint16_t d, scales_h; uint8_t scales_l[4], qs[128]; };  // w = d (sc - 32) IQ4_NL_VALUES[q], per 32
+// The grid types (iq_grids.h's tables; every scale's weight is d times an odd integer over a power of 2):
+struct BlockIQ2_XXS { uint16_t d; uint8_t qs[64]; };                        // per 32: 4 grid bytes, then u32 signs | scale << 28
+struct BlockIQ2_XS { uint16_t d; uint16_t qs[32]; uint8_t scales[8]; };     // per 8: 9-bit grid index | 7-bit sign index << 9
+struct BlockIQ2_S { uint16_t d; uint8_t qs[32], signs[32], qh[8], scales[8]; };  // 10-bit grid index, 8 sign bits, per 8
+struct BlockIQ3_XXS { uint16_t d; uint8_t qs[64], scales_signs[32]; };     // per 4: grid byte; per 32: u32 signs | scale << 28
+struct BlockIQ3_S { uint16_t d; uint8_t qs[64], qh[8], signs[32], scales[4]; };  // per 4: 9-bit grid index; sign bits
+struct BlockIQ1_S { uint16_t d; uint8_t qs[32]; uint16_t qh[8]; };         // per 8: 11-bit grid index; per 32: scale, delta sign
 constexpr int64_t FLOAT_BLOCK = 32;                                         // weights a "block" of F16 / BF16
 struct BlockF16 { uint16_t w[FLOAT_BLOCK]; };                               // w = the float16 itself
 struct BlockBF16 { uint16_t w[FLOAT_BLOCK]; };                              // w = float32 of bits w << 16
@@ -99,6 +109,91 @@ static inline int q3_scale(const uint8_t *sc, int s) {
 // high 2 bits 2s of scales_h. Its 16 bytes qs[16 s ..) hold the 32 codes as IQ4_NL's block does.
 static inline int iq4_xs_scale(const BlockIQ4_XS &b, int s) {
     return ((b.scales_l[s / 2] >> (4 * (s % 2))) & 15) | (((b.scales_h >> (2 * s)) & 3) << 4);
+}
+
+// -- the grid types' codes: a super-block as 256 int8 codes and 16 integer multipliers --------
+// weight 16 s + i = d * multiplier[s] * code[16 s + i] / IQ_DIVISOR(T), every factor exact:
+//   IQ2_*:   d (0.5 + l) / 4 * grid * sign    = d (2l + 1) / 8 * (grid * sign), l four bits a 32 (IQ2_XXS) or 16
+//   IQ3_XXS: d (0.5 + l) / 2 * grid * sign    = d (2l + 1) / 4 * (grid * sign)
+//   IQ3_S:   d (1 + 2l) * grid * sign
+//   IQ1_S:   d (2l + 1) (grid +- 1/8)         = d (2l + 1) / 8 * (8 grid +- 1), l three bits a 32
+// (the gguf library's float32 operations give exactly these values: no product here rounds).
+// Sign index k of IQ2_XXS, IQ2_XS and IQ3_XXS: 7 bits, the eighth their parity (an even count of minuses).
+static inline uint8_t seven_signs(uint32_t k) { return static_cast<uint8_t>(k | ((__builtin_popcount(k) & 1) << 7)); }
+
+static inline int8_t signed_byte(uint64_t packed, int j, uint8_t signs) {  // byte j of a grid row, negated where sign bit j is set
+    const int v = static_cast<int8_t>(packed >> (8 * j));
+    return static_cast<int8_t>((signs >> j) & 1 ? -v : v);
+}
+
+static inline uint32_t le32(const uint8_t *p) {
+    return p[0] | (p[1] << 8) | (p[2] << 16) | (static_cast<uint32_t>(p[3]) << 24);
+}
+
+// 8 codes of a grid row of 8 (IQ2) or two rows of 4 (IQ3), signed, into q[0 .. 8)
+static inline void signed_eight(uint64_t row, uint8_t signs, int8_t *q) {
+    for (int j = 0; j < 8; j++) q[j] = signed_byte(row, j, signs);
+}
+
+template <class B> struct IqDivisor;
+template <> struct IqDivisor<BlockIQ2_XXS> { static constexpr int value = 8; };
+template <> struct IqDivisor<BlockIQ2_XS> { static constexpr int value = 8; };
+template <> struct IqDivisor<BlockIQ2_S> { static constexpr int value = 8; };
+template <> struct IqDivisor<BlockIQ3_XXS> { static constexpr int value = 4; };
+template <> struct IqDivisor<BlockIQ3_S> { static constexpr int value = 1; };
+template <> struct IqDivisor<BlockIQ1_S> { static constexpr int value = 8; };
+
+static inline void iq_codes(const BlockIQ2_XXS &b, int8_t *q, int16_t *mult) {
+    for (int s = 0; s < 8; s++) {
+        const uint8_t *p = b.qs + 8 * s;
+        const uint32_t aux = le32(p + 4);
+        for (int l = 0; l < 4; l++) signed_eight(IQ2_XXS_GRID[p[l]], seven_signs((aux >> (7 * l)) & 127), q + 32 * s + 8 * l);
+        mult[2 * s] = mult[2 * s + 1] = static_cast<int16_t>(2 * (aux >> 28) + 1);
+    }
+}
+
+static inline void iq_codes(const BlockIQ2_XS &b, int8_t *q, int16_t *mult) {
+    for (int g = 0; g < 32; g++) signed_eight(IQ2_XS_GRID[b.qs[g] & 511], seven_signs(b.qs[g] >> 9), q + 8 * g);
+    for (int s = 0; s < 16; s++) mult[s] = static_cast<int16_t>(2 * ((b.scales[s / 2] >> (4 * (s % 2))) & 15) + 1);
+}
+
+static inline void iq_codes(const BlockIQ2_S &b, int8_t *q, int16_t *mult) {
+    for (int g = 0; g < 32; g++) {
+        const int index = b.qs[g] | (((b.qh[g / 4] >> (2 * (g % 4))) & 3) << 8);
+        signed_eight(IQ2_S_GRID[index], b.signs[g], q + 8 * g);
+    }
+    for (int s = 0; s < 16; s++) mult[s] = static_cast<int16_t>(2 * ((b.scales[s / 2] >> (4 * (s % 2))) & 15) + 1);
+}
+
+static inline void iq_codes(const BlockIQ3_XXS &b, int8_t *q, int16_t *mult) {
+    for (int s = 0; s < 8; s++) {
+        const uint32_t aux = le32(b.scales_signs + 4 * s);
+        for (int l = 0; l < 4; l++) {
+            const uint64_t row = IQ3_XXS_GRID[b.qs[8 * s + 2 * l]] | (static_cast<uint64_t>(IQ3_XXS_GRID[b.qs[8 * s + 2 * l + 1]]) << 32);
+            signed_eight(row, seven_signs((aux >> (7 * l)) & 127), q + 32 * s + 8 * l);
+        }
+        mult[2 * s] = mult[2 * s + 1] = static_cast<int16_t>(2 * (aux >> 28) + 1);
+    }
+}
+
+static inline void iq_codes(const BlockIQ3_S &b, int8_t *q, int16_t *mult) {
+    for (int g = 0; g < 32; g++) {
+        const int i0 = b.qs[2 * g] | (((b.qh[g / 4] >> (2 * (g % 4))) & 1) << 8);
+        const int i1 = b.qs[2 * g + 1] | (((b.qh[g / 4] >> (2 * (g % 4) + 1)) & 1) << 8);
+        signed_eight(IQ3_S_GRID[i0] | (static_cast<uint64_t>(IQ3_S_GRID[i1]) << 32), b.signs[g], q + 8 * g);
+    }
+    for (int s = 0; s < 16; s++) mult[s] = static_cast<int16_t>(2 * ((b.scales[s / 4] >> (4 * ((s / 2) % 2))) & 15) + 1);
+}
+
+static inline void iq_codes(const BlockIQ1_S &b, int8_t *q, int16_t *mult) {
+    for (int s = 0; s < 8; s++) {
+        const int high = b.qh[s], delta = high & 0x8000 ? -1 : 1;
+        for (int l = 0; l < 4; l++) {
+            const uint64_t row = IQ1_S_GRID[b.qs[4 * s + l] | (((high >> (3 * l)) & 7) << 8)];
+            for (int j = 0; j < 8; j++) q[32 * s + 8 * l + j] = static_cast<int8_t>(8 * static_cast<int8_t>(row >> (8 * j)) + delta);
+        }
+        mult[2 * s] = mult[2 * s + 1] = static_cast<int16_t>(2 * ((high >> 12) & 7) + 1);
+    }
 }
 
 // -- the activations, rounded as the block types multiply them -----------------------------

@@ -409,6 +409,16 @@ float dot_iq4_xs(const uint8_t *row, const XRow &x, int64_t K) {
     return hsum(acc);
 }
 
+}  // namespace
+}  // namespace blocks
+}  // namespace qkv
+
+#include "block_grid_x86.h"
+
+namespace qkv {
+namespace blocks {
+namespace {
+
 // FOUR rows of blocks at once where that measured faster (the nibble types: 8-20% on a 2048 x 2048
 // and an 8192 x 2048 decode product, benchmarks/kernels/block_types.py); Q8_0 and Q5_1 measured
 // slower that way, and the K-quants' two-row version too (registers run out): nullptr.
@@ -440,6 +450,12 @@ RowDot dot_for(int64_t type) {
         case Q2_K: return dot_k2<S, Q2_K>;
         case Q3_K: return dot_k2<S, Q3_K>;
         case IQ4_XS: return dot_iq4_xs<S>;
+        case IQ2_XXS: return dot_grid<BlockIQ2_XXS>;
+        case IQ2_XS: return dot_grid<BlockIQ2_XS>;
+        case IQ2_S: return dot_grid<BlockIQ2_S>;
+        case IQ3_XXS: return dot_grid<BlockIQ3_XXS>;
+        case IQ3_S: return dot_grid<BlockIQ3_S>;
+        case IQ1_S: return dot_grid<BlockIQ1_S>;
         case F16: return dot_float<F16>;
         case BF16: return dot_float<BF16>;
         default: return nullptr;
