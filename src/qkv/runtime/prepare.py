@@ -11,7 +11,7 @@ Precisions (the weights, and the activations they run with):
 - "int8": weight-only int8, one scale per output row (`qkv.runtime.linear.quantized`);
 - "int4": weight-only 4-bit blocks of 32 inputs (GGUF's Q4_1 layout);
 - "blocks": a GGUF file's layers in the block types it stores (Q4_K, Q6_K, Q5_0, Q8_0...,
-  IQ4_NL, IQ4_XS, or F16 / BF16 kept in their 16 bits), multiplied as stored (`qkv.runtime.stored_blocks`;
+  IQ4_NL, IQ4_XS, the IQ1/IQ2/IQ3 grid types, or F16 / BF16 kept in their 16 bits), multiplied as stored (`qkv.runtime.stored_blocks`;
   Q4_K, Q5_K, Q8_0, Q5_0 and IQ4_XS rows repacked at load, losslessly: `qkv.runtime.native.repacked`);
   only from the file itself.
 The quantized ones run float32 activations on qkv's own kernels (`qkv.runtime.native`, built for

@@ -5,10 +5,11 @@ that a library whose block products compute wrong is never used for them.
 
 The activation rounding belongs to the weight type (block_format.h): a matrix of 32-weight
 blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) multiplies activations rounded per 32 inputs, a
-K-quant (Q2_K .. Q6_K) or IQ4_XS (super-blocks of 256) activations rounded per 256, each with the step
-max|x| / 127 and codes round(x / step), ties to even. The product is the dequantized weights
-times those rounded activations, up to float32 summation order, on every CPU: the generic
-C++, AVX2 and AVX-512 variants compute the same exact integer sums per block. A matrix of
+K-quant (Q2_K .. Q6_K), IQ4_XS or grid type (IQ1_S, IQ2_*, IQ3_*; super-blocks of 256)
+activations rounded per 256, each with the step max|x| / 127 and codes round(x / step), ties
+to even. The product is the dequantized weights times those rounded activations, up to float32
+summation order, on every CPU: the generic C++, AVX2 and AVX-512 variants compute the same
+exact integer sums per block. A matrix of
 plain 16-bit floats (F16, BF16) multiplies the activations as they are, in float32 (not
 rounded: activation step 0), its product a float32 sum of w x.
 
