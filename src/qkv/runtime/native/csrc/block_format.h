@@ -119,7 +119,18 @@ static inline int iq4_xs_scale(const BlockIQ4_XS &b, int s) {
 //   IQ1_S:   d (2l + 1) (grid +- 1/8)         = d (2l + 1) / 8 * (8 grid +- 1), l three bits a 32
 // (the gguf library's float32 operations give exactly these values: no product here rounds).
 // Sign index k of IQ2_XXS, IQ2_XS and IQ3_XXS: 7 bits, the eighth their parity (an even count of minuses).
-static inline uint8_t seven_signs(uint32_t k) { return static_cast<uint8_t>(k | ((__builtin_popcount(k) & 1) << 7)); }
+struct SignTable { uint8_t byte[128]; };
+constexpr SignTable sign_table() {  // computed by the compiler: no popcount instruction needed at run time
+    SignTable t{};
+    for (int k = 0; k < 128; k++) {
+        int parity = 0;
+        for (int j = 0; j < 7; j++) parity ^= (k >> j) & 1;
+        t.byte[k] = static_cast<uint8_t>(k | (parity << 7));
+    }
+    return t;
+}
+inline constexpr SignTable SEVEN_SIGNS = sign_table();
+static inline uint8_t seven_signs(uint32_t k) { return SEVEN_SIGNS.byte[k & 127]; }
 
 static inline int8_t signed_byte(uint64_t packed, int j, uint8_t signs) {  // byte j of a grid row, negated where sign bit j is set
     const int v = static_cast<int8_t>(packed >> (8 * j));

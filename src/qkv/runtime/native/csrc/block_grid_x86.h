@@ -20,11 +20,30 @@ inline __m256i sign_bytes(uint32_t bits) {  // bit j -> byte j: -1 where set, +1
     return _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(1));
 }
 
-inline __m256i rows4(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
-    return _mm256_setr_epi64x(static_cast<long long>(a), static_cast<long long>(b), static_cast<long long>(c), static_cast<long long>(d));
+// The grid rows of a sub-block, fetched by one gather: four rows of 8 (uint64, IQ2 and IQ1_S)
+// from four indices, or eight rows of 4 (uint32, IQ3) from eight.
+inline __m256i rows_of8(const uint64_t *grid, __m128i index4) {
+    return _mm256_i32gather_epi64(reinterpret_cast<const long long *>(grid), index4, 8);
 }
 
-inline uint64_t pair4(const uint32_t *grid, int i0, int i1) { return grid[i0] | (static_cast<uint64_t>(grid[i1]) << 32); }
+inline __m256i rows_of4(const uint32_t *grid, __m256i index8) {
+    return _mm256_i32gather_epi32(reinterpret_cast<const int *>(grid), index8, 4);
+}
+
+inline __m128i bytes4(const uint8_t *p) {  // 4 bytes -> 4 int32 lanes
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return _mm_cvtepu8_epi32(_mm_cvtsi32_si128(v));
+}
+
+inline __m256i bytes8(const uint8_t *p) {  // 8 bytes -> 8 int32 lanes
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(p)));
+}
+
+inline uint32_t four_seven_signs(uint32_t aux) {  // four 7-bit sign indices -> 32 sign bits
+    return seven_signs(aux) | (seven_signs(aux >> 7) << 8) | (seven_signs(aux >> 14) << 16) |
+           (static_cast<uint32_t>(seven_signs(aux >> 21)) << 24);
+}
 
 inline __m256i multipliers(int lo, int hi) {  // int16 lanes 0..7 (the first 16 weights) lo, 8..15 hi
     return _mm256_set_m128i(_mm_set1_epi16(static_cast<short>(hi)), _mm_set1_epi16(static_cast<short>(lo)));
@@ -36,54 +55,44 @@ inline __m256i magnitude_products(__m256i w, uint32_t signs, const int8_t *c, __
 
 template <class B>
 inline __m256i grid_sub_block(const B &b, int s, const int8_t *c) {  // sub-block s (weights 32 s ..): 8 int32 partial sums
-    if constexpr (std::is_same_v<B, BlockIQ2_XXS> || std::is_same_v<B, BlockIQ3_XXS>) {
+    if constexpr (std::is_same_v<B, BlockIQ2_XXS>) {
+        const uint8_t *p = b.qs + 8 * s;
         uint32_t aux;
-        const uint8_t *p;
-        __m256i w;
-        if constexpr (std::is_same_v<B, BlockIQ2_XXS>) {
-            p = b.qs + 8 * s;
-            memcpy(&aux, p + 4, sizeof aux);
-            w = rows4(IQ2_XXS_GRID[p[0]], IQ2_XXS_GRID[p[1]], IQ2_XXS_GRID[p[2]], IQ2_XXS_GRID[p[3]]);
-        } else {
-            p = b.qs + 8 * s;
-            memcpy(&aux, b.scales_signs + 4 * s, sizeof aux);
-            w = rows4(pair4(IQ3_XXS_GRID, p[0], p[1]), pair4(IQ3_XXS_GRID, p[2], p[3]), pair4(IQ3_XXS_GRID, p[4], p[5]),
-                      pair4(IQ3_XXS_GRID, p[6], p[7]));
-        }
-        const uint32_t signs = seven_signs(aux & 127) | (seven_signs((aux >> 7) & 127) << 8) | (seven_signs((aux >> 14) & 127) << 16) |
-                               (static_cast<uint32_t>(seven_signs((aux >> 21) & 127)) << 24);
-        const int m = static_cast<int>(2 * (aux >> 28) + 1);
-        return magnitude_products(w, signs, c, _mm256_set1_epi16(static_cast<short>(m)));
+        memcpy(&aux, p + 4, sizeof aux);
+        const __m256i w = rows_of8(IQ2_XXS_GRID, bytes4(p));
+        return magnitude_products(w, four_seven_signs(aux), c, _mm256_set1_epi16(static_cast<short>(2 * (aux >> 28) + 1)));
+    } else if constexpr (std::is_same_v<B, BlockIQ3_XXS>) {
+        uint32_t aux;
+        memcpy(&aux, b.scales_signs + 4 * s, sizeof aux);
+        const __m256i w = rows_of4(IQ3_XXS_GRID, bytes8(b.qs + 8 * s));
+        return magnitude_products(w, four_seven_signs(aux), c, _mm256_set1_epi16(static_cast<short>(2 * (aux >> 28) + 1)));
     } else if constexpr (std::is_same_v<B, BlockIQ2_XS>) {
         const uint16_t *q = b.qs + 4 * s;
-        const __m256i w = rows4(IQ2_XS_GRID[q[0] & 511], IQ2_XS_GRID[q[1] & 511], IQ2_XS_GRID[q[2] & 511], IQ2_XS_GRID[q[3] & 511]);
+        const __m128i words = _mm_cvtepu16_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(q)));
+        const __m256i w = rows_of8(IQ2_XS_GRID, _mm_and_si128(words, _mm_set1_epi32(511)));
         const uint32_t signs = seven_signs(q[0] >> 9) | (seven_signs(q[1] >> 9) << 8) | (seven_signs(q[2] >> 9) << 16) |
                                (static_cast<uint32_t>(seven_signs(q[3] >> 9)) << 24);
         return magnitude_products(w, signs, c, multipliers(2 * (b.scales[s] & 15) + 1, 2 * (b.scales[s] >> 4) + 1));
-    } else if constexpr (std::is_same_v<B, BlockIQ2_S>) {
-        const uint8_t *q = b.qs + 4 * s;
-        const int h = b.qh[s];
-        const __m256i w = rows4(IQ2_S_GRID[q[0] | ((h & 3) << 8)], IQ2_S_GRID[q[1] | ((h & 12) << 6)],
-                                IQ2_S_GRID[q[2] | ((h & 48) << 4)], IQ2_S_GRID[q[3] | ((h & 192) << 2)]);
+    } else if constexpr (std::is_same_v<B, BlockIQ2_S>) {  // index l: qs byte | bits 2l .. 2l + 1 of qh[s] << 8
+        const __m128i high = _mm_srlv_epi32(_mm_set1_epi32(b.qh[s]), _mm_setr_epi32(0, 2, 4, 6));
+        const __m128i index = _mm_or_si128(bytes4(b.qs + 4 * s), _mm_slli_epi32(_mm_and_si128(high, _mm_set1_epi32(3)), 8));
         uint32_t signs;
         memcpy(&signs, b.signs + 4 * s, sizeof signs);
-        return magnitude_products(w, signs, c, multipliers(2 * (b.scales[s] & 15) + 1, 2 * (b.scales[s] >> 4) + 1));
-    } else if constexpr (std::is_same_v<B, BlockIQ3_S>) {
-        const uint8_t *q = b.qs + 8 * s;
-        const int h = b.qh[s];
-        const auto at = [&](int k) { return q[k] | (((h >> k) & 1) << 8); };
-        const __m256i w = rows4(pair4(IQ3_S_GRID, at(0), at(1)), pair4(IQ3_S_GRID, at(2), at(3)), pair4(IQ3_S_GRID, at(4), at(5)),
-                                pair4(IQ3_S_GRID, at(6), at(7)));
+        return magnitude_products(rows_of8(IQ2_S_GRID, index), signs, c,
+                                  multipliers(2 * (b.scales[s] & 15) + 1, 2 * (b.scales[s] >> 4) + 1));
+    } else if constexpr (std::is_same_v<B, BlockIQ3_S>) {  // index k: qs byte | bit k of qh[s] << 8
+        const __m256i high = _mm256_srlv_epi32(_mm256_set1_epi32(b.qh[s]), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        const __m256i index = _mm256_or_si256(bytes8(b.qs + 8 * s), _mm256_slli_epi32(_mm256_and_si256(high, _mm256_set1_epi32(1)), 8));
         uint32_t signs;
         memcpy(&signs, b.signs + 4 * s, sizeof signs);
         const int m = 2 * ((b.scales[s / 2] >> (4 * (s % 2))) & 15) + 1;
-        return magnitude_products(w, signs, c, _mm256_set1_epi16(static_cast<short>(m)));
-    } else {  // IQ1_S
+        return magnitude_products(rows_of4(IQ3_S_GRID, index), signs, c, _mm256_set1_epi16(static_cast<short>(m)));
+    } else {  // IQ1_S: index l: qs byte | bits 3l .. 3l + 2 of qh[s] << 8; codes 8 g +- 1
         const int h = b.qh[s];
-        const uint8_t *q = b.qs + 4 * s;
-        const __m256i g = rows4(IQ1_S_GRID[q[0] | ((h & 7) << 8)], IQ1_S_GRID[q[1] | (((h >> 3) & 7) << 8)],
-                                IQ1_S_GRID[q[2] | (((h >> 6) & 7) << 8)], IQ1_S_GRID[q[3] | (((h >> 9) & 7) << 8)]);
-        const __m256i w = _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), g), _mm256_set1_epi8(h & 0x8000 ? -1 : 1));  // 8 g +- 1
+        const __m128i high = _mm_srlv_epi32(_mm_set1_epi32(h), _mm_setr_epi32(0, 3, 6, 9));
+        const __m128i index = _mm_or_si128(bytes4(b.qs + 4 * s), _mm_slli_epi32(_mm_and_si128(high, _mm_set1_epi32(7)), 8));
+        const __m256i g = rows_of8(IQ1_S_GRID, index);
+        const __m256i w = _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), g), _mm256_set1_epi8(h & 0x8000 ? -1 : 1));
         return _mm256_madd_epi16(signed_products(w, load(c)), _mm256_set1_epi16(static_cast<short>(2 * ((h >> 12) & 7) + 1)));
     }
 }
