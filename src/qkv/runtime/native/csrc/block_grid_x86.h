@@ -8,11 +8,11 @@ namespace blocks {
 namespace {  // each variant's file has its own copies, compiled for its own instruction set
 
 // The grid types (block_format.h's iq_codes says the math): per 32 weights, the four grid rows
-// of 8 magnitudes (IQ2, IQ3: two rows of 4 a group) in one register, the 32 sign bits
-// spread to bytes and put on the activations (|w| times sign(w) x: magnitudes are below 64,
-// no int16 saturation), the sub-block's multiplier (per 32, or per 16: one a 128-bit lane)
-// applied in vpmaddwd; IQ1_S's signed codes 8 g +- 1 through signed_products. The integer
-// sums are iq_codes' exactly.
+// of 8 magnitudes (IQ2, IQ3: two rows of 4 a group) in one register, the 32 signs as +-1
+// bytes (sign bits spread, or 7-bit sign indices' rows of a table) put on the activations
+// (|w| times sign(w) x: magnitudes are below 64, no int16 saturation), the sub-block's
+// multiplier (per 32, or per 16: one a 128-bit lane) applied in vpmaddwd; IQ1_S's signed codes
+// 8 g +- 1 through signed_products. The integer sums are iq_codes' exactly.
 inline __m256i sign_bytes(uint32_t bits) {  // bit j -> byte j: -1 where set, +1 where clear
     const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)),
                                                _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
@@ -20,37 +20,46 @@ inline __m256i sign_bytes(uint32_t bits) {  // bit j -> byte j: -1 where set, +1
     return _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(1));
 }
 
-// The grid rows of a sub-block, fetched by one gather: four rows of 8 (uint64, IQ2 and IQ1_S)
-// from four indices, or eight rows of 4 (uint32, IQ3) from eight.
-inline __m256i rows_of8(const uint64_t *grid, __m128i index4) {
-    return _mm256_i32gather_epi64(reinterpret_cast<const long long *>(grid), index4, 8);
+// A sub-block's grid rows by scalar loads (a gather measured 1.1-1.6x slower for all but IQ3_S
+// on a Zen 4): four rows of 8 (uint64, IQ2 and IQ1_S) or eight rows of 4 (uint32, IQ3) in one register.
+inline __m256i rows8(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
+    return _mm256_setr_epi64x(static_cast<long long>(a), static_cast<long long>(b), static_cast<long long>(c), static_cast<long long>(d));
 }
 
-inline __m256i rows_of4(const uint32_t *grid, __m256i index8) {
-    return _mm256_i32gather_epi32(reinterpret_cast<const int *>(grid), index8, 4);
+template <class Index>
+inline __m256i rows4x8(const uint32_t *grid, Index at) {
+    return _mm256_setr_epi32(static_cast<int>(grid[at(0)]), static_cast<int>(grid[at(1)]), static_cast<int>(grid[at(2)]),
+                             static_cast<int>(grid[at(3)]), static_cast<int>(grid[at(4)]), static_cast<int>(grid[at(5)]),
+                             static_cast<int>(grid[at(6)]), static_cast<int>(grid[at(7)]));
 }
 
-inline __m128i bytes4(const uint8_t *p) {  // 4 bytes -> 4 int32 lanes
-    int32_t v;
-    memcpy(&v, p, sizeof v);
-    return _mm_cvtepu8_epi32(_mm_cvtsi32_si128(v));
+// The 8 sign bytes (+1 or -1) of each 7-bit sign index with its parity bit (seven_signs),
+// computed by the compiler: four indices' 32 bytes by four loads, ready for vpsignb.
+struct SignBytes { uint64_t row[128]; };
+constexpr SignBytes sign_bytes_table() {
+    SignBytes t{};
+    for (int k = 0; k < 128; k++)
+        for (int j = 0; j < 8; j++) t.row[k] |= static_cast<uint64_t>((SEVEN_SIGNS.byte[k] >> j) & 1 ? 0xFF : 0x01) << (8 * j);
+    return t;
 }
+alignas(64) inline constexpr SignBytes SIGN_BYTES = sign_bytes_table();
 
-inline __m256i bytes8(const uint8_t *p) {  // 8 bytes -> 8 int32 lanes
-    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(p)));
-}
-
-inline uint32_t four_seven_signs(uint32_t aux) {  // four 7-bit sign indices -> 32 sign bits
-    return seven_signs(aux) | (seven_signs(aux >> 7) << 8) | (seven_signs(aux >> 14) << 16) |
-           (static_cast<uint32_t>(seven_signs(aux >> 21)) << 24);
+inline __m256i seven_sign_bytes(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+    return rows8(SIGN_BYTES.row[a & 127], SIGN_BYTES.row[b & 127], SIGN_BYTES.row[c & 127], SIGN_BYTES.row[d & 127]);
 }
 
 inline __m256i multipliers(int lo, int hi) {  // int16 lanes 0..7 (the first 16 weights) lo, 8..15 hi
     return _mm256_set_m128i(_mm_set1_epi16(static_cast<short>(hi)), _mm_set1_epi16(static_cast<short>(lo)));
 }
 
-inline __m256i magnitude_products(__m256i w, uint32_t signs, const int8_t *c, __m256i mult) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, _mm256_sign_epi8(load(c), sign_bytes(signs))), mult);
+inline __m256i signed_products_by(__m256i w, __m256i signs, const int8_t *c, __m256i mult) {  // signs: +-1 bytes
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, _mm256_sign_epi8(load(c), signs)), mult);
+}
+
+inline __m256i sign_bits(const uint8_t *p) {  // 4 bytes of sign bits -> 32 bytes of +-1
+    uint32_t bits;
+    memcpy(&bits, p, sizeof bits);
+    return sign_bytes(bits);
 }
 
 template <class B>
@@ -59,39 +68,39 @@ inline __m256i grid_sub_block(const B &b, int s, const int8_t *c) {  // sub-bloc
         const uint8_t *p = b.qs + 8 * s;
         uint32_t aux;
         memcpy(&aux, p + 4, sizeof aux);
-        const __m256i w = rows_of8(IQ2_XXS_GRID, bytes4(p));
-        return magnitude_products(w, four_seven_signs(aux), c, _mm256_set1_epi16(static_cast<short>(2 * (aux >> 28) + 1)));
+        const __m256i w = rows8(IQ2_XXS_GRID[p[0]], IQ2_XXS_GRID[p[1]], IQ2_XXS_GRID[p[2]], IQ2_XXS_GRID[p[3]]);
+        return signed_products_by(w, seven_sign_bytes(aux, aux >> 7, aux >> 14, aux >> 21), c,
+                                  _mm256_set1_epi16(static_cast<short>(2 * (aux >> 28) + 1)));
     } else if constexpr (std::is_same_v<B, BlockIQ3_XXS>) {
+        const uint8_t *p = b.qs + 8 * s;
         uint32_t aux;
         memcpy(&aux, b.scales_signs + 4 * s, sizeof aux);
-        const __m256i w = rows_of4(IQ3_XXS_GRID, bytes8(b.qs + 8 * s));
-        return magnitude_products(w, four_seven_signs(aux), c, _mm256_set1_epi16(static_cast<short>(2 * (aux >> 28) + 1)));
+        const __m256i w = rows4x8(IQ3_XXS_GRID, [p](int k) { return p[k]; });
+        return signed_products_by(w, seven_sign_bytes(aux, aux >> 7, aux >> 14, aux >> 21), c,
+                                  _mm256_set1_epi16(static_cast<short>(2 * (aux >> 28) + 1)));
     } else if constexpr (std::is_same_v<B, BlockIQ2_XS>) {
         const uint16_t *q = b.qs + 4 * s;
-        const __m128i words = _mm_cvtepu16_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(q)));
-        const __m256i w = rows_of8(IQ2_XS_GRID, _mm_and_si128(words, _mm_set1_epi32(511)));
-        const uint32_t signs = seven_signs(q[0] >> 9) | (seven_signs(q[1] >> 9) << 8) | (seven_signs(q[2] >> 9) << 16) |
-                               (static_cast<uint32_t>(seven_signs(q[3] >> 9)) << 24);
-        return magnitude_products(w, signs, c, multipliers(2 * (b.scales[s] & 15) + 1, 2 * (b.scales[s] >> 4) + 1));
-    } else if constexpr (std::is_same_v<B, BlockIQ2_S>) {  // index l: qs byte | bits 2l .. 2l + 1 of qh[s] << 8
-        const __m128i high = _mm_srlv_epi32(_mm_set1_epi32(b.qh[s]), _mm_setr_epi32(0, 2, 4, 6));
-        const __m128i index = _mm_or_si128(bytes4(b.qs + 4 * s), _mm_slli_epi32(_mm_and_si128(high, _mm_set1_epi32(3)), 8));
-        uint32_t signs;
-        memcpy(&signs, b.signs + 4 * s, sizeof signs);
-        return magnitude_products(rows_of8(IQ2_S_GRID, index), signs, c,
+        const __m256i w = rows8(IQ2_XS_GRID[q[0] & 511], IQ2_XS_GRID[q[1] & 511], IQ2_XS_GRID[q[2] & 511], IQ2_XS_GRID[q[3] & 511]);
+        return signed_products_by(w, seven_sign_bytes(q[0] >> 9, q[1] >> 9, q[2] >> 9, q[3] >> 9), c,
                                   multipliers(2 * (b.scales[s] & 15) + 1, 2 * (b.scales[s] >> 4) + 1));
-    } else if constexpr (std::is_same_v<B, BlockIQ3_S>) {  // index k: qs byte | bit k of qh[s] << 8
-        const __m256i high = _mm256_srlv_epi32(_mm256_set1_epi32(b.qh[s]), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-        const __m256i index = _mm256_or_si256(bytes8(b.qs + 8 * s), _mm256_slli_epi32(_mm256_and_si256(high, _mm256_set1_epi32(1)), 8));
-        uint32_t signs;
-        memcpy(&signs, b.signs + 4 * s, sizeof signs);
-        const int m = 2 * ((b.scales[s / 2] >> (4 * (s % 2))) & 15) + 1;
-        return magnitude_products(rows_of4(IQ3_S_GRID, index), signs, c, _mm256_set1_epi16(static_cast<short>(m)));
-    } else {  // IQ1_S: index l: qs byte | bits 3l .. 3l + 2 of qh[s] << 8; codes 8 g +- 1
+    } else if constexpr (std::is_same_v<B, BlockIQ2_S>) {  // index l: qs byte | bits 2l .. 2l + 1 of qh[s] << 8
+        const uint8_t *q = b.qs + 4 * s;
         const int h = b.qh[s];
-        const __m128i high = _mm_srlv_epi32(_mm_set1_epi32(h), _mm_setr_epi32(0, 3, 6, 9));
-        const __m128i index = _mm_or_si128(bytes4(b.qs + 4 * s), _mm_slli_epi32(_mm_and_si128(high, _mm_set1_epi32(7)), 8));
-        const __m256i g = rows_of8(IQ1_S_GRID, index);
+        const __m256i w = rows8(IQ2_S_GRID[q[0] | ((h << 8) & 0x300)], IQ2_S_GRID[q[1] | ((h << 6) & 0x300)],
+                                IQ2_S_GRID[q[2] | ((h << 4) & 0x300)], IQ2_S_GRID[q[3] | ((h << 2) & 0x300)]);
+        return signed_products_by(w, sign_bits(b.signs + 4 * s), c, multipliers(2 * (b.scales[s] & 15) + 1, 2 * (b.scales[s] >> 4) + 1));
+    } else if constexpr (std::is_same_v<B, BlockIQ3_S>) {  // index k: qs byte | bit k of qh[s] << 8, eight at once
+        const __m256i high = _mm256_srlv_epi32(_mm256_set1_epi32(b.qh[s]), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(b.qs + 8 * s)));
+        const __m256i index = _mm256_or_si256(bytes, _mm256_slli_epi32(_mm256_and_si256(high, _mm256_set1_epi32(1)), 8));
+        const __m256i w = _mm256_i32gather_epi32(reinterpret_cast<const int *>(IQ3_S_GRID), index, 4);  // here a gather measured faster
+        const int m = 2 * ((b.scales[s / 2] >> (4 * (s % 2))) & 15) + 1;
+        return signed_products_by(w, sign_bits(b.signs + 4 * s), c, _mm256_set1_epi16(static_cast<short>(m)));
+    } else {  // IQ1_S: index l: qs byte | bits 3l .. 3l + 2 of qh[s] << 8; codes 8 g +- 1
+        const uint8_t *q = b.qs + 4 * s;
+        const int h = b.qh[s];
+        const __m256i g = rows8(IQ1_S_GRID[q[0] | ((h << 8) & 0x700)], IQ1_S_GRID[q[1] | ((h << 5) & 0x700)],
+                                IQ1_S_GRID[q[2] | ((h << 2) & 0x700)], IQ1_S_GRID[q[3] | ((h >> 1) & 0x700)]);
         const __m256i w = _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), g), _mm256_set1_epi8(h & 0x8000 ? -1 : 1));
         return _mm256_madd_epi16(signed_products(w, load(c)), _mm256_set1_epi16(static_cast<short>(2 * ((h >> 12) & 7) + 1)));
     }
