@@ -464,7 +464,7 @@ Tile wide_tile_for(int64_t type) {
         case IQ4_NL: return {wide32<IQ4_NL, NR32>, NR32, prepared32_bytes, prepare32<IQ4_NL>};
         case F16: return {wide_tile_float<F16, WIDE_ROWS_FLOAT>, WIDE_ROWS_FLOAT};
         case BF16: return {wide_tile_float<BF16, WIDE_ROWS_FLOAT>, WIDE_ROWS_FLOAT};
-        default: return {};
+        default: return grid_tile_for(type);  // the grid types' ymm tiles, as AVX2's
     }
 }
 

@@ -52,58 +52,70 @@ inline __m256i multipliers(int lo, int hi) {  // int16 lanes 0..7 (the first 16 
     return _mm256_set_m128i(_mm_set1_epi16(static_cast<short>(hi)), _mm_set1_epi16(static_cast<short>(lo)));
 }
 
-inline __m256i signed_products_by(__m256i w, __m256i signs, const int8_t *c, __m256i mult) {  // signs: +-1 bytes
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, _mm256_sign_epi8(load(c), signs)), mult);
-}
-
 inline __m256i sign_bits(const uint8_t *p) {  // 4 bytes of sign bits -> 32 bytes of +-1
     uint32_t bits;
     memcpy(&bits, p, sizeof bits);
     return sign_bytes(bits);
 }
 
+// A sub-block's weights as the products take them: magnitudes w (unsigned bytes), the signs
+// put on the activations (bytes whose sign is the weight's, never 0), the int16 multipliers.
+struct GridPart {
+    __m256i w, signs, mult;
+};
+
 template <class B>
-inline __m256i grid_sub_block(const B &b, int s, const int8_t *c) {  // sub-block s (weights 32 s ..): 8 int32 partial sums
+inline GridPart grid_part(const B &b, int s) {  // sub-block s: weights 32 s .. 32 s + 31
     if constexpr (std::is_same_v<B, BlockIQ2_XXS>) {
         const uint8_t *p = b.qs + 8 * s;
         uint32_t aux;
         memcpy(&aux, p + 4, sizeof aux);
         const __m256i w = rows8(IQ2_XXS_GRID[p[0]], IQ2_XXS_GRID[p[1]], IQ2_XXS_GRID[p[2]], IQ2_XXS_GRID[p[3]]);
-        return signed_products_by(w, seven_sign_bytes(aux, aux >> 7, aux >> 14, aux >> 21), c,
-                                  _mm256_set1_epi16(static_cast<short>(2 * (aux >> 28) + 1)));
+        return {w, seven_sign_bytes(aux, aux >> 7, aux >> 14, aux >> 21),
+                _mm256_set1_epi16(static_cast<short>(2 * (aux >> 28) + 1))};
     } else if constexpr (std::is_same_v<B, BlockIQ3_XXS>) {
         const uint8_t *p = b.qs + 8 * s;
         uint32_t aux;
         memcpy(&aux, b.scales_signs + 4 * s, sizeof aux);
         const __m256i w = rows4x8(IQ3_XXS_GRID, [p](int k) { return p[k]; });
-        return signed_products_by(w, seven_sign_bytes(aux, aux >> 7, aux >> 14, aux >> 21), c,
-                                  _mm256_set1_epi16(static_cast<short>(2 * (aux >> 28) + 1)));
+        return {w, seven_sign_bytes(aux, aux >> 7, aux >> 14, aux >> 21),
+                _mm256_set1_epi16(static_cast<short>(2 * (aux >> 28) + 1))};
     } else if constexpr (std::is_same_v<B, BlockIQ2_XS>) {
         const uint16_t *q = b.qs + 4 * s;
         const __m256i w = rows8(IQ2_XS_GRID[q[0] & 511], IQ2_XS_GRID[q[1] & 511], IQ2_XS_GRID[q[2] & 511], IQ2_XS_GRID[q[3] & 511]);
-        return signed_products_by(w, seven_sign_bytes(q[0] >> 9, q[1] >> 9, q[2] >> 9, q[3] >> 9), c,
-                                  multipliers(2 * (b.scales[s] & 15) + 1, 2 * (b.scales[s] >> 4) + 1));
+        return {w, seven_sign_bytes(q[0] >> 9, q[1] >> 9, q[2] >> 9, q[3] >> 9),
+                multipliers(2 * (b.scales[s] & 15) + 1, 2 * (b.scales[s] >> 4) + 1)};
     } else if constexpr (std::is_same_v<B, BlockIQ2_S>) {  // index l: qs byte | bits 2l .. 2l + 1 of qh[s] << 8
         const uint8_t *q = b.qs + 4 * s;
         const int h = b.qh[s];
         const __m256i w = rows8(IQ2_S_GRID[q[0] | ((h << 8) & 0x300)], IQ2_S_GRID[q[1] | ((h << 6) & 0x300)],
                                 IQ2_S_GRID[q[2] | ((h << 4) & 0x300)], IQ2_S_GRID[q[3] | ((h << 2) & 0x300)]);
-        return signed_products_by(w, sign_bits(b.signs + 4 * s), c, multipliers(2 * (b.scales[s] & 15) + 1, 2 * (b.scales[s] >> 4) + 1));
+        return {w, sign_bits(b.signs + 4 * s), multipliers(2 * (b.scales[s] & 15) + 1, 2 * (b.scales[s] >> 4) + 1)};
     } else if constexpr (std::is_same_v<B, BlockIQ3_S>) {  // index k: qs byte | bit k of qh[s] << 8, eight at once
         const __m256i high = _mm256_srlv_epi32(_mm256_set1_epi32(b.qh[s]), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
         const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(b.qs + 8 * s)));
         const __m256i index = _mm256_or_si256(bytes, _mm256_slli_epi32(_mm256_and_si256(high, _mm256_set1_epi32(1)), 8));
         const __m256i w = _mm256_i32gather_epi32(reinterpret_cast<const int *>(IQ3_S_GRID), index, 4);  // here a gather measured faster
         const int m = 2 * ((b.scales[s / 2] >> (4 * (s % 2))) & 15) + 1;
-        return signed_products_by(w, sign_bits(b.signs + 4 * s), c, _mm256_set1_epi16(static_cast<short>(m)));
+        return {w, sign_bits(b.signs + 4 * s), _mm256_set1_epi16(static_cast<short>(m))};
     } else {  // IQ1_S: index l: qs byte | bits 3l .. 3l + 2 of qh[s] << 8; codes 8 g +- 1
         const uint8_t *q = b.qs + 4 * s;
         const int h = b.qh[s];
         const __m256i g = rows8(IQ1_S_GRID[q[0] | ((h << 8) & 0x700)], IQ1_S_GRID[q[1] | ((h << 5) & 0x700)],
                                 IQ1_S_GRID[q[2] | ((h << 2) & 0x700)], IQ1_S_GRID[q[3] | ((h >> 1) & 0x700)]);
         const __m256i w = _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), g), _mm256_set1_epi8(h & 0x8000 ? -1 : 1));
-        return _mm256_madd_epi16(signed_products(w, load(c)), _mm256_set1_epi16(static_cast<short>(2 * ((h >> 12) & 7) + 1)));
+        return {_mm256_sign_epi8(w, w), w, _mm256_set1_epi16(static_cast<short>(2 * ((h >> 12) & 7) + 1))};  // |w|, sign(w): odd, never 0
     }
+}
+
+
+inline __m256i grid_products(const GridPart &part, __m256i x) {  // 8 int32 partial sums of a sub-block
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(part.w, _mm256_sign_epi8(x, part.signs)), part.mult);
+}
+
+template <class B>
+inline float grid_scale(const B &b, float dx) {  // d_w d_x over the type's divisor, in this order everywhere
+    return half(b.d) * dx * (1.f / static_cast<float>(IqDivisor<B>::value));
 }
 
 template <class B>
@@ -113,11 +125,55 @@ float dot_grid(const uint8_t *row, const XRow &x, int64_t K) {
         const B &b = *reinterpret_cast<const B *>(row + i * static_cast<int64_t>(sizeof(B)));
         const int8_t *c = x.q + 256 * i;
         __m256i sumi = _mm256_setzero_si256();
-        for (int s = 0; s < 8; s++) sumi = _mm256_add_epi32(sumi, grid_sub_block(b, s, c + 32 * s));
-        const float scale = half(b.d) * x.d[i] * (1.f / static_cast<float>(IqDivisor<B>::value));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(scale), _mm256_cvtepi32_ps(sumi), acc);
+        for (int s = 0; s < 8; s++) sumi = _mm256_add_epi32(sumi, grid_products(grid_part(b, s), load(c + 32 * s)));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(grid_scale(b, x.d[i])), _mm256_cvtepi32_ps(sumi), acc);
     }
     return hsum(acc);
+}
+
+// A prompt's tile (block_format.h's Tile): each super-block of the NR weight rows unpacked once
+// into its parts for the band of M activation rows; every output takes dot_grid's operations in
+// its order (the same integer lanes, the same fused multiply-add a super-block), so its bits.
+template <class B, int NR>
+void tile_grid(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t M, int64_t K, const void *, float *out, int64_t ldo) {
+    __m256 acc[BAND][NR];
+    for (int64_t m = 0; m < M; m++)
+        for (int n = 0; n < NR; n++) acc[m][n] = _mm256_setzero_ps();
+    GridPart parts[NR][8];
+    for (int64_t i = 0; i < K / 256; i++) {
+        const B *b[NR];
+        for (int n = 0; n < NR; n++) {
+            b[n] = reinterpret_cast<const B *>(row + n * row_bytes + i * static_cast<int64_t>(sizeof(B)));
+            for (int s = 0; s < 8; s++) parts[n][s] = grid_part(*b[n], s);
+        }
+        for (int64_t m = 0; m < M; m++) {
+            const int8_t *c = xs[m].q + 256 * i;
+            __m256i sumi[NR];
+            for (int n = 0; n < NR; n++) sumi[n] = _mm256_setzero_si256();
+            for (int s = 0; s < 8; s++) {
+                const __m256i x = load(c + 32 * s);
+                for (int n = 0; n < NR; n++) sumi[n] = _mm256_add_epi32(sumi[n], grid_products(parts[n][s], x));
+            }
+            for (int n = 0; n < NR; n++)
+                acc[m][n] = _mm256_fmadd_ps(_mm256_set1_ps(grid_scale(*b[n], xs[m].d[i])), _mm256_cvtepi32_ps(sumi[n]), acc[m][n]);
+        }
+    }
+    for (int64_t m = 0; m < M; m++)
+        for (int n = 0; n < NR; n++) out[m * ldo + n] = hsum(acc[m][n]);
+}
+
+constexpr int GRID_TILE_ROWS = 4;
+
+inline Tile grid_tile_for(int64_t type) {
+    switch (type) {
+        case IQ2_XXS: return {tile_grid<BlockIQ2_XXS, GRID_TILE_ROWS>, GRID_TILE_ROWS};
+        case IQ2_XS: return {tile_grid<BlockIQ2_XS, GRID_TILE_ROWS>, GRID_TILE_ROWS};
+        case IQ2_S: return {tile_grid<BlockIQ2_S, GRID_TILE_ROWS>, GRID_TILE_ROWS};
+        case IQ3_XXS: return {tile_grid<BlockIQ3_XXS, GRID_TILE_ROWS>, GRID_TILE_ROWS};
+        case IQ3_S: return {tile_grid<BlockIQ3_S, GRID_TILE_ROWS>, GRID_TILE_ROWS};
+        case IQ1_S: return {tile_grid<BlockIQ1_S, GRID_TILE_ROWS>, GRID_TILE_ROWS};
+        default: return {};
+    }
 }
 
 }  // namespace

@@ -351,7 +351,7 @@ Tile tile_for(int64_t type) {
         case IQ4_XS: return {tile256<IQ4_XS, NR256>, NR256};
         case F16: return {tile_float<F16, 4>, 4};
         case BF16: return {tile_float<BF16, 4>, 4};
-        default: return {};
+        default: return grid_tile_for(type);
     }
 }
 
