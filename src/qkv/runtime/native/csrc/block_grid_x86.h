@@ -132,27 +132,39 @@ float dot_grid(const uint8_t *row, const XRow &x, int64_t K) {
 }
 
 // A prompt's tile (block_format.h's Tile): each super-block of the NR weight rows unpacked once
-// into its parts for the band of M activation rows; every output takes dot_grid's operations in
-// its order (the same integer lanes, the same fused multiply-add a super-block), so its bits.
+// for the band of M activation rows, as signed codes w (sign(w) |w|) and multipliers. A row's
+// codes are shifted to unsigned bytes once for the NR weight rows, x + 128, and multiplied by
+// the signed codes: vpmaddubsw((x + 128), w) = x w + 128 w per pair (below 255 * 62 * 2: no
+// saturation), so each lane is dot_grid's lane plus 128 m sum(w), which the unpacking sums
+// once per weight row (`offset`) and each output takes off. The int32 lanes are dot_grid's
+// exactly and every output then takes its float operations in order: its bits.
 template <class B, int NR>
 void tile_grid(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t M, int64_t K, const void *, float *out, int64_t ldo) {
     __m256 acc[BAND][NR];
     for (int64_t m = 0; m < M; m++)
         for (int n = 0; n < NR; n++) acc[m][n] = _mm256_setzero_ps();
-    GridPart parts[NR][8];
+    __m256i w[NR][8], mult[NR][8], offset[NR];
+    const __m256i shift = _mm256_set1_epi8(static_cast<char>(0x80));
     for (int64_t i = 0; i < K / 256; i++) {
         const B *b[NR];
         for (int n = 0; n < NR; n++) {
             b[n] = reinterpret_cast<const B *>(row + n * row_bytes + i * static_cast<int64_t>(sizeof(B)));
-            for (int s = 0; s < 8; s++) parts[n][s] = grid_part(*b[n], s);
+            offset[n] = _mm256_setzero_si256();
+            for (int s = 0; s < 8; s++) {
+                const GridPart part = grid_part(*b[n], s);
+                w[n][s] = _mm256_sign_epi8(part.w, part.signs);
+                mult[n][s] = part.mult;
+                offset[n] = _mm256_add_epi32(offset[n], _mm256_madd_epi16(_mm256_maddubs_epi16(shift, w[n][s]), part.mult));
+            }
         }
         for (int64_t m = 0; m < M; m++) {
             const int8_t *c = xs[m].q + 256 * i;
             __m256i sumi[NR];
-            for (int n = 0; n < NR; n++) sumi[n] = _mm256_setzero_si256();
+            for (int n = 0; n < NR; n++) sumi[n] = _mm256_sub_epi32(_mm256_setzero_si256(), offset[n]);
             for (int s = 0; s < 8; s++) {
-                const __m256i x = load(c + 32 * s);
-                for (int n = 0; n < NR; n++) sumi[n] = _mm256_add_epi32(sumi[n], grid_products(parts[n][s], x));
+                const __m256i x = _mm256_xor_si256(load(c + 32 * s), shift);  // x + 128 as unsigned bytes
+                for (int n = 0; n < NR; n++)
+                    sumi[n] = _mm256_add_epi32(sumi[n], _mm256_madd_epi16(_mm256_maddubs_epi16(x, w[n][s]), mult[n][s]));
             }
             for (int n = 0; n < NR; n++)
                 acc[m][n] = _mm256_fmadd_ps(_mm256_set1_ps(grid_scale(*b[n], xs[m].d[i])), _mm256_cvtepi32_ps(sumi[n]), acc[m][n]);
