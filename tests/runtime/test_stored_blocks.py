@@ -98,7 +98,7 @@ def test_auto_keeps_the_files_blocks_and_gives_the_dequantized_logits(tmp_path: 
 
 
 @needs_block_products
-@pytest.mark.parametrize("block_type", [Q.IQ4_XS, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ1_S],
+@pytest.mark.parametrize("block_type", [Q.IQ4_XS, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ1_S, Q.IQ1_M],
                          ids=lambda t: t.name)
 def test_an_iq_file_is_kept_in_its_blocks_and_gives_the_dequantized_logits(tmp_path: Path, block_type: Q) -> None:
     """IQ4_XS and the grid types (common llama.cpp downloads of large models) are types "auto"

@@ -30,6 +30,8 @@ def random_blocks(block_type: Q, shape: tuple[int, int], rng: np.random.Generato
     raw = rng.integers(0, 256, size=(shape[0] * shape[1] // form.weights, form.size), dtype=np.uint8)
     for start in form.halves:
         raw[:, start : start + 2] = rng.normal(scale=0.05, size=(raw.shape[0], 1)).astype(np.float16).view(np.uint8)
+    if form.split_scale is not None:  # IQ1_M: d in pieces
+        form.split_scale.write(raw, rng.normal(scale=0.05, size=raw.shape[0]).astype(np.float16).view(np.uint16))
     return raw.reshape(shape[0], -1)
 
 

@@ -61,6 +61,24 @@ def test_a_bad_scale_in_one_block_of_any_block_type_is_refused(tmp_path: Path, b
                          rf"{name}; the file is corrupt: download it again$")
 
 
+@pytest.mark.parametrize("bad", [NAN, INF], ids=["nan", "inf"])
+def test_a_bad_scale_stored_in_pieces_is_refused(tmp_path: Path, bad) -> None:
+    """IQ1_M keeps its float16 d in the top nibbles of four scale words: a NaN or infinite one
+    put together from them is refused like any other block's."""
+    path = write_block_gguf(tmp_path / "m.gguf", embedding=Q.Q8_0, layer_types={"attn_q": Q.IQ1_M, "attn_k": Q.Q8_0,
+                                                                                  "attn_v": Q.Q8_0, "attn_output": Q.Q8_0,
+                                                                                  "ffn_gate": Q.Q8_0, "ffn_up": Q.Q8_0,
+                                                                                  "ffn_down": Q.Q8_0})
+    form, block = BLOCK_FORMATS[Q.IQ1_M], 3
+    tensor = next(t for t in read_header(path).tensors if t.name == "blk.0.attn_q.weight")
+    raw = np.frombuffer(path.read_bytes()[tensor.data_offset + block * form.size:][: form.size], np.uint8).copy()[None]
+    form.split_scale.write(raw, np.array([bad]).view(np.uint16))
+    patch(path, "blk.0.attn_q.weight", block * form.size, raw[0])
+    kind = "NaN" if np.isnan(bad) else "infinite"
+    assert_refused(path, rf"tensor blk.0.attn_q.weight \(IQ1_M\): block {block} has a {kind} float16 scale d; "
+                         rf"the file is corrupt: download it again$")
+
+
 @pytest.mark.parametrize("plain", [Q.F16, Q.BF16, Q.F32])
 def test_a_bad_value_of_a_float_tensor_is_refused(tmp_path: Path, plain: Q) -> None:
     path = write_block_gguf(tmp_path / "f.gguf", embedding=Q.Q8_0, layer_types={"ffn_up": plain})

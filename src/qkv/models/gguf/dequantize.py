@@ -10,10 +10,9 @@ so the values are bit-identical to its output (tests/models/gguf/test_dequantize
 on the SmolLM2 file and on random blocks of every type here).
 
 The K-quants (Q2_K .. Q6_K), IQ4_NL and IQ4_XS are decoded the same way in `qkv.models.gguf.kquants`.
-The grid types (IQ1_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) are block formats here too, so
-their files stay in their blocks, but a whole-tensor decode of them is the gguf library's own.
-Types outside BLOCK_FORMATS (IQ1_M, whose float16 scale is split over four bytes' nibbles, the
-ternary TQ types, ...) go through the gguf library, one tensor at a time, in
+The grid types (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) are block formats here
+too, so their files stay in their blocks, but a whole-tensor decode of them is the gguf
+library's own. Types outside BLOCK_FORMATS (the ternary TQ types, ...) go through the gguf library, one tensor at a time, in
 `qkv.models.gguf.checkpoint.dequantize`: TYPES lists the ones decoded here.
 
 Block layouts (little-endian; B blocks of 32 weights, one row of bytes each; the K-quants'
@@ -137,6 +136,29 @@ class BlockFormat:
     decode: Callable[[Tensor], Tensor]  # (B, size) uint8 -> (B, weights) float32
     halves: tuple[int, ...]  # byte offsets of the block's float16 scales (and minimums)
     values: torch.dtype | None = None  # F16 / BF16: the weights are plain values of this type, no scales
+    # a float16 scale stored in pieces (IQ1_M's: Iq1mScale), read for the finiteness check
+    # (qkv.models.gguf.scales) and written by the block products' self-test
+    split_scale: type[Iq1mScale] | None = None
+
+
+class Iq1mScale:
+    """IQ1_M's float16 d, stored in pieces: the top nibble of each of its four uint16 scale
+    words (bytes 48..55), lowest nibble first."""
+
+    @staticmethod
+    def read(blocks: np.ndarray) -> np.ndarray:
+        """(B, 56) uint8 -> (B,) the bits of d, uint16."""
+        words = np.ascontiguousarray(blocks[:, 48:56]).view("<u2")  # (B, 4)
+        return ((words[:, 0] >> 12) | ((words[:, 1] >> 8) & 0x00F0) | ((words[:, 2] >> 4) & 0x0F00)
+                | (words[:, 3] & 0xF000)).astype(np.uint16)
+
+    @staticmethod
+    def write(blocks: np.ndarray, bits: np.ndarray) -> None:
+        """Set d of each (B, 56) uint8 block to the (B,) uint16 `bits`, in place."""
+        words = np.ascontiguousarray(blocks[:, 48:56]).view("<u2") & 0x0FFF  # (B, 4)
+        for j in range(4):
+            words[:, j] |= ((bits.astype(np.uint16) >> (4 * j)) & 0xF) << 12
+        blocks[:, 48:56] = words.view(np.uint8)
 
 
 def _format(block_type: Q, decode: Callable[[Tensor], Tensor], halves: tuple[int, ...]) -> BlockFormat:
@@ -162,6 +184,7 @@ BLOCK_FORMATS: dict[Q, BlockFormat] = {
     Q.IQ4_XS: _format(Q.IQ4_XS, kq.iq4_xs, (0,)),
     # the grid types: a float16 d first, then grid indices, signs and small integer scales
     **{t: _format(t, _gguf_decode(t), (0,)) for t in (Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ1_S)},
+    Q.IQ1_M: BlockFormat(*GGML_QUANT_SIZES[Q.IQ1_M], _gguf_decode(Q.IQ1_M), (), split_scale=Iq1mScale),
     # gguf's sizes for these are (1, 2), one value a "block"; the products take them 32 at a time
     # (runtime/native/csrc/block_format.h's FLOAT_BLOCK), so a row must be whole 32s of them
     Q.F16: BlockFormat(BLOCK, 2 * BLOCK, _plain(torch.float16), (), torch.float16),

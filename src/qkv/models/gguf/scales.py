@@ -70,6 +70,12 @@ def check_finite(tensors: list[Any], path: Path) -> None:
         if form is None:
             continue  # a type qkv decodes with the gguf library; checked as floats once decoded
         blocks = np.asarray(tensor.data).reshape(-1).view(np.uint8).reshape(-1, form.size)  # (B, Z)
+        if form.split_scale is not None:  # a float16 stored in pieces (IQ1_M's d)
+            bits = form.split_scale.read(blocks)  # (B,)
+            at = _first_bad(bits, _F16[1])
+            if at is not None:
+                raise QkvError(f"{path}: tensor {tensor.name} ({tensor.tensor_type.name}): block {at} has a "
+                               f"{_kind(int(bits[at]), _F16[2])} float16 scale d; the file is corrupt: download it again")
         for start, field in zip(form.halves, scale_names(tensor.tensor_type)):
             scales = blocks[:, start : start + 2].view(_F16[0])[:, 0]  # (B,) a strided view, nothing copied
             at = _first_bad(scales, _F16[1])

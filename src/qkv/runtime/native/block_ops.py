@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 import torch
 from gguf.constants import GGMLQuantizationType as Q
 from torch import Tensor
@@ -99,6 +100,11 @@ def _self_test() -> str | None:
         raw = torch.randint(0, 256, (5, k // form.weights, form.size), dtype=torch.uint8, generator=generator)
         for start in form.halves:  # finite, small float16 scales
             raw[:, :, start : start + 2] = (torch.rand(5, k // form.weights, 1, generator=generator) / 16).half().view(torch.uint8)
+        if form.split_scale is not None:  # a scale in pieces (IQ1_M's d): a finite, small one too
+            scales = (torch.rand(raw.shape[0] * raw.shape[1], generator=generator) / 16).half().view(torch.int16).numpy()
+            flat = raw.reshape(-1, form.size).numpy()
+            form.split_scale.write(flat, scales.view(np.uint16))
+            raw = torch.from_numpy(flat).reshape(raw.shape)
         if form.values is not None:  # plain 16-bit values: finite ones
             raw = torch.randn(5, k // form.weights, form.weights, generator=generator).to(form.values).view(torch.uint8)
         blocks = raw.reshape(5, -1).contiguous()

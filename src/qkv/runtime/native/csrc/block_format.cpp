@@ -168,7 +168,7 @@ void decode_iq(const uint8_t *p, float *out) {
     int8_t q[256];
     int16_t mult[16];
     iq_codes(b, q, mult);
-    const float d = f16(b.d) / static_cast<float>(IqDivisor<B>::value);
+    const float d = f16(iq_d(b)) / static_cast<float>(IqDivisor<B>::value);
     for (int s = 0; s < 16; s++) {
         const float dl = d * static_cast<float>(mult[s]);
         for (int i = 0; i < 16; i++) out[16 * s + i] = dl * static_cast<float>(q[16 * s + i]);
@@ -198,7 +198,7 @@ static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(Block
                   sizeof(BlockQ3_K) == 110 && sizeof(BlockQ4_K) == 144 && sizeof(BlockQ5_K) == 176 &&
                   sizeof(BlockQ6_K) == 210 && sizeof(BlockIQ4_XS) == 136 && sizeof(BlockIQ2_XXS) == 66 &&
                   sizeof(BlockIQ2_XS) == 74 && sizeof(BlockIQ2_S) == 82 && sizeof(BlockIQ3_XXS) == 98 &&
-                  sizeof(BlockIQ3_S) == 110 && sizeof(BlockIQ1_S) == 50,
+                  sizeof(BlockIQ3_S) == 110 && sizeof(BlockIQ1_S) == 50 && sizeof(BlockIQ1_M) == 56,
               "the block structs are GGUF's sizes");
 
 constexpr Traits TABLE[] = {
@@ -220,6 +220,7 @@ constexpr Traits TABLE[] = {
     {IQ3_XXS, "IQ3_XXS", 256, sizeof(BlockIQ3_XXS), PER256, decode_iq<BlockIQ3_XXS>},
     {IQ3_S, "IQ3_S", 256, sizeof(BlockIQ3_S), PER256, decode_iq<BlockIQ3_S>},
     {IQ1_S, "IQ1_S", 256, sizeof(BlockIQ1_S), PER256, decode_iq<BlockIQ1_S>},
+    {IQ1_M, "IQ1_M", 256, sizeof(BlockIQ1_M), PER256, decode_iq<BlockIQ1_M>},
     {F16, "F16", FLOAT_BLOCK, sizeof(BlockF16), FLOAT, decode_f16},
     {BF16, "BF16", FLOAT_BLOCK, sizeof(BlockBF16), FLOAT, decode_bf16},
 };
@@ -357,7 +358,7 @@ float dot_iq(const uint8_t *row, const XRow &x, int64_t K) {
         const int8_t *c = x.q + 256 * i;
         int32_t isum = 0;
         for (int s = 0; s < 16; s++) isum += mult[s] * int_dot(q + 16 * s, c + 16 * s, 16);
-        acc += (f16(b.d) * x.d[i]) * (static_cast<float>(isum) * (1.f / static_cast<float>(IqDivisor<B>::value)));
+        acc += (f16(iq_d(b)) * x.d[i]) * (static_cast<float>(isum) * (1.f / static_cast<float>(IqDivisor<B>::value)));
     }
     return acc;
 }
@@ -466,6 +467,7 @@ RowDot generic_dot(int64_t type) {
         case IQ3_XXS: return dot_iq<BlockIQ3_XXS>;
         case IQ3_S: return dot_iq<BlockIQ3_S>;
         case IQ1_S: return dot_iq<BlockIQ1_S>;
+        case IQ1_M: return dot_iq<BlockIQ1_M>;
         case F16: return dot_float<BlockF16>;
         case BF16: return dot_float<BlockBF16>;
         default: return nullptr;

@@ -33,7 +33,7 @@ namespace blocks {
 enum Type : int64_t {  // GGML's type ids
     Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14,
     IQ4_NL = 20, IQ4_XS = 23, F16 = 1, BF16 = 30,
-    IQ2_XXS = 16, IQ2_XS = 17, IQ3_XXS = 18, IQ1_S = 19, IQ3_S = 21, IQ2_S = 22,
+    IQ2_XXS = 16, IQ2_XS = 17, IQ3_XXS = 18, IQ1_S = 19, IQ3_S = 21, IQ2_S = 22, IQ1_M = 29,
     Q4_K_X16 = 1012,  // qkv's own: Q4_K rows repacked at load, 16 interleaved (repacked/q4k.h)
     Q5_K_X16 = 1013,  // Q5_K's, the same layout with qh after it (repacked/q4k.h)
     Q8_0_X16 = 1008,  // and Q8_0's (repacked/q8_0.h)
@@ -64,6 +64,7 @@ struct BlockIQ2_S { uint16_t d; uint8_t qs[32], signs[32], qh[8], scales[8]; }; 
 struct BlockIQ3_XXS { uint16_t d; uint8_t qs[64], scales_signs[32]; };     // per 4: grid byte; per 32: u32 signs | scale << 28
 struct BlockIQ3_S { uint16_t d; uint8_t qs[64], qh[8], signs[32], scales[4]; };  // per 4: 9-bit grid index; sign bits
 struct BlockIQ1_S { uint16_t d; uint8_t qs[32]; uint16_t qh[8]; };         // per 8: 11-bit grid index; per 32: scale, delta sign
+struct BlockIQ1_M { uint8_t qs[32], qh[16]; uint16_t scales[4]; };          // per 8: 11-bit index, delta sign; per 16: scale; d in the top nibbles
 constexpr int64_t FLOAT_BLOCK = 32;                                         // weights a "block" of F16 / BF16
 struct BlockF16 { uint16_t w[FLOAT_BLOCK]; };                               // w = the float16 itself
 struct BlockBF16 { uint16_t w[FLOAT_BLOCK]; };                              // w = float32 of bits w << 16
@@ -153,6 +154,18 @@ template <> struct IqDivisor<BlockIQ2_S> { static constexpr int value = 8; };
 template <> struct IqDivisor<BlockIQ3_XXS> { static constexpr int value = 4; };
 template <> struct IqDivisor<BlockIQ3_S> { static constexpr int value = 1; };
 template <> struct IqDivisor<BlockIQ1_S> { static constexpr int value = 8; };
+template <> struct IqDivisor<BlockIQ1_M> { static constexpr int value = 8; };
+
+// A grid type's float16 d: a field of its own, or IQ1_M's, split over its four scale words' top nibbles.
+template <class B>
+static inline uint16_t iq_d(const B &b) { return b.d; }
+static inline uint16_t iq_d(const BlockIQ1_M &b) {
+    return static_cast<uint16_t>((b.scales[0] >> 12) | ((b.scales[1] >> 8) & 0x00F0) | ((b.scales[2] >> 4) & 0x0F00) |
+                                 (b.scales[3] & 0xF000));
+}
+
+// IQ1_M's group g of 8 weights: its 4-bit field of qh (3 high index bits, then the delta's sign).
+static inline int iq1_m_field(const BlockIQ1_M &b, int g) { return (b.qh[g / 2] >> (4 * (g % 2))) & 15; }
 
 static inline void iq_codes(const BlockIQ2_XXS &b, int8_t *q, int16_t *mult) {
     for (int s = 0; s < 8; s++) {
@@ -205,6 +218,15 @@ static inline void iq_codes(const BlockIQ1_S &b, int8_t *q, int16_t *mult) {
         }
         mult[2 * s] = mult[2 * s + 1] = static_cast<int16_t>(2 * ((high >> 12) & 7) + 1);
     }
+}
+
+static inline void iq_codes(const BlockIQ1_M &b, int8_t *q, int16_t *mult) {
+    for (int g = 0; g < 32; g++) {
+        const int field = iq1_m_field(b, g), delta = field & 8 ? -1 : 1;
+        const uint64_t row = IQ1_S_GRID[b.qs[g] | ((field & 7) << 8)];
+        for (int j = 0; j < 8; j++) q[8 * g + j] = static_cast<int8_t>(8 * static_cast<int8_t>(row >> (8 * j)) + delta);
+    }
+    for (int s = 0; s < 16; s++) mult[s] = static_cast<int16_t>(2 * ((b.scales[s / 4] >> (3 * (s % 4))) & 7) + 1);
 }
 
 // -- the activations, rounded as the block types multiply them -----------------------------

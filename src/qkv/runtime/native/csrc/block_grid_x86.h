@@ -1,4 +1,4 @@
-// The x86 dot products of the grid types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S) on
+// The x86 dot products of the grid types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M) on
 // activations rounded per 256: a part of block_x86.h in a file of its own, which block_x86.h
 // includes after its helpers and before its table of kernels by type (include block_x86.h).
 #pragma once
@@ -98,6 +98,17 @@ inline GridPart grid_part(const B &b, int s) {  // sub-block s: weights 32 s .. 
         const __m256i w = _mm256_i32gather_epi32(reinterpret_cast<const int *>(IQ3_S_GRID), index, 4);  // here a gather measured faster
         const int m = 2 * ((b.scales[s / 2] >> (4 * (s % 2))) & 15) + 1;
         return {w, sign_bits(b.signs + 4 * s), _mm256_set1_epi16(static_cast<short>(m))};
+    } else if constexpr (std::is_same_v<B, BlockIQ1_M>) {  // group 4 s + l: its qh field's 3 index bits and delta sign
+        const uint8_t *q = b.qs + 4 * s;
+        const int f0 = iq1_m_field(b, 4 * s), f1 = iq1_m_field(b, 4 * s + 1), f2 = iq1_m_field(b, 4 * s + 2),
+                  f3 = iq1_m_field(b, 4 * s + 3);
+        const __m256i g = rows8(IQ1_S_GRID[q[0] | ((f0 & 7) << 8)], IQ1_S_GRID[q[1] | ((f1 & 7) << 8)],
+                                IQ1_S_GRID[q[2] | ((f2 & 7) << 8)], IQ1_S_GRID[q[3] | ((f3 & 7) << 8)]);
+        constexpr uint64_t plus = 0x0101010101010101ull, minus = ~0ull;
+        const __m256i delta = rows8(f0 & 8 ? minus : plus, f1 & 8 ? minus : plus, f2 & 8 ? minus : plus, f3 & 8 ? minus : plus);
+        const __m256i w = _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), g), delta);  // 8 g +- 1
+        const int m0 = (b.scales[s / 2] >> (6 * (s % 2))) & 7, m1 = (b.scales[s / 2] >> (6 * (s % 2) + 3)) & 7;
+        return {_mm256_sign_epi8(w, w), w, multipliers(2 * m0 + 1, 2 * m1 + 1)};
     } else {  // IQ1_S: index l: qs byte | bits 3l .. 3l + 2 of qh[s] << 8; codes 8 g +- 1
         const uint8_t *q = b.qs + 4 * s;
         const int h = b.qh[s];
@@ -115,7 +126,7 @@ inline __m256i grid_products(const GridPart &part, __m256i x) {  // 8 int32 part
 
 template <class B>
 inline float grid_scale(const B &b, float dx) {  // d_w d_x over the type's divisor, in this order everywhere
-    return half(b.d) * dx * (1.f / static_cast<float>(IqDivisor<B>::value));
+    return half(iq_d(b)) * dx * (1.f / static_cast<float>(IqDivisor<B>::value));
 }
 
 template <class B>
@@ -184,6 +195,7 @@ inline Tile grid_tile_for(int64_t type) {
         case IQ3_XXS: return {tile_grid<BlockIQ3_XXS, GRID_TILE_ROWS>, GRID_TILE_ROWS};
         case IQ3_S: return {tile_grid<BlockIQ3_S, GRID_TILE_ROWS>, GRID_TILE_ROWS};
         case IQ1_S: return {tile_grid<BlockIQ1_S, GRID_TILE_ROWS>, GRID_TILE_ROWS};
+        case IQ1_M: return {tile_grid<BlockIQ1_M, GRID_TILE_ROWS>, GRID_TILE_ROWS};
         default: return {};
     }
 }

@@ -456,6 +456,7 @@ RowDot dot_for(int64_t type) {
         case IQ3_XXS: return dot_grid<BlockIQ3_XXS>;
         case IQ3_S: return dot_grid<BlockIQ3_S>;
         case IQ1_S: return dot_grid<BlockIQ1_S>;
+        case IQ1_M: return dot_grid<BlockIQ1_M>;
         case F16: return dot_float<F16>;
         case BF16: return dot_float<BF16>;
         default: return nullptr;
