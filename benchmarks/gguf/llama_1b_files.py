@@ -9,6 +9,12 @@ with SmolLM2's 49,152-token tokenizer (transformers reads it from the packaged S
 
     .venv/bin/python benchmarks/gguf/llama_1b_files.py [--types Q4_K_M Q5_K_M Q6_K Q8_0] [--out DIR]
 
+The low-bit IQ types (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, and the mixes built on
+them) need an importance matrix, which llama.cpp makes by running the model over text; for
+random weights a uniform one (every input column weighted 1, llama.cpp's legacy imatrix
+format) stands in: the file has the type's bytes and layout, which is all a speed
+measurement reads.
+
 Files land in `$QKV_PEERS/files` (default /work/peers/files) as `llama-1b-<type>.gguf`; one
 already there is kept (delete it to make it anew). Each step writes to a temporary name and
 renames it into place, so an interrupted run leaves no half file under the final name. About
@@ -84,6 +90,28 @@ def _f16(out: Path) -> Path:
     return target
 
 
+# the llama-quantize types that refuse to run without an importance matrix
+NEEDS_IMATRIX = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS")
+
+
+def uniform_imatrix(source: Path, target: Path) -> Path:
+    """An importance matrix of ones for every matrix of `source`, in llama.cpp's legacy format:
+    int32 entry count; per entry int32 name length, name, int32 calls (1), int32 values, float32
+    values; then int32 chunk count (1), int32 length and the dataset's name."""
+    import struct
+
+    from gguf import GGUFReader
+
+    matrices = [(t.name, int(t.shape[0])) for t in GGUFReader(source).tensors if len(t.shape) == 2]
+    with open(target, "wb") as f:
+        f.write(struct.pack("<i", len(matrices)))
+        for name, columns in matrices:
+            f.write(struct.pack("<i", len(name)) + name.encode() + struct.pack("<ii", 1, columns))
+            f.write(struct.pack(f"<{columns}f", *([1.0] * columns)))
+        f.write(struct.pack("<ii", 1, len(b"uniform")) + b"uniform")
+    return target
+
+
 def ensure(kind: str, out: Path = FILES) -> Path:
     """The file of `kind` (a llama-quantize type name), made when missing."""
     target = path_of(kind, out)
@@ -94,7 +122,9 @@ def ensure(kind: str, out: Path = FILES) -> Path:
     quantize = llama_tools.tool("llama-quantize")
     partial = target.with_name(target.name + ".partial")
     print(f"llama-quantize {source.name} -> {target.name} ({kind})", flush=True)
-    subprocess.run([str(quantize), str(source), str(partial), kind], check=True, stdout=subprocess.DEVNULL)
+    with tempfile.TemporaryDirectory() as folder:
+        extra = ["--imatrix", str(uniform_imatrix(source, Path(folder) / "uniform.imatrix"))] if kind in NEEDS_IMATRIX else []
+        subprocess.run([str(quantize), *extra, str(source), str(partial), kind], check=True, stdout=subprocess.DEVNULL)
     os.replace(partial, target)
     return target
 
