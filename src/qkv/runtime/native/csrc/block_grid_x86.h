@@ -48,6 +48,10 @@ inline __m256i seven_sign_bytes(uint32_t a, uint32_t b, uint32_t c, uint32_t d) 
     return rows8(SIGN_BYTES.row[a & 127], SIGN_BYTES.row[b & 127], SIGN_BYTES.row[c & 127], SIGN_BYTES.row[d & 127]);
 }
 
+// IQ1's delta of a group of 8 as its 8 bytes: +1 where the sign bit (bit 0 of `bit`) is clear,
+// -1 where set; arithmetic, not a branch (random signs mispredict).
+inline uint64_t delta_bytes(int bit) { return static_cast<uint64_t>(static_cast<uint8_t>(1 - 2 * (bit & 1))) * 0x0101010101010101ull; }
+
 inline __m256i multipliers(int lo, int hi) {  // int16 lanes 0..7 (the first 16 weights) lo, 8..15 hi
     return _mm256_set_m128i(_mm_set1_epi16(static_cast<short>(hi)), _mm_set1_epi16(static_cast<short>(lo)));
 }
@@ -100,12 +104,11 @@ inline GridPart grid_part(const B &b, int s) {  // sub-block s: weights 32 s .. 
         return {w, sign_bits(b.signs + 4 * s), _mm256_set1_epi16(static_cast<short>(m))};
     } else if constexpr (std::is_same_v<B, BlockIQ1_M>) {  // group 4 s + l: its qh field's 3 index bits and delta sign
         const uint8_t *q = b.qs + 4 * s;
-        const int f0 = iq1_m_field(b, 4 * s), f1 = iq1_m_field(b, 4 * s + 1), f2 = iq1_m_field(b, 4 * s + 2),
-                  f3 = iq1_m_field(b, 4 * s + 3);
+        const int h0 = b.qh[2 * s], h1 = b.qh[2 * s + 1];  // iq1_m_field of groups 4 s .. 4 s + 3
+        const int f0 = h0 & 15, f1 = h0 >> 4, f2 = h1 & 15, f3 = h1 >> 4;
         const __m256i g = rows8(IQ1_S_GRID[q[0] | ((f0 & 7) << 8)], IQ1_S_GRID[q[1] | ((f1 & 7) << 8)],
                                 IQ1_S_GRID[q[2] | ((f2 & 7) << 8)], IQ1_S_GRID[q[3] | ((f3 & 7) << 8)]);
-        constexpr uint64_t plus = 0x0101010101010101ull, minus = ~0ull;
-        const __m256i delta = rows8(f0 & 8 ? minus : plus, f1 & 8 ? minus : plus, f2 & 8 ? minus : plus, f3 & 8 ? minus : plus);
+        const __m256i delta = rows8(delta_bytes(f0 >> 3), delta_bytes(f1 >> 3), delta_bytes(f2 >> 3), delta_bytes(f3 >> 3));
         const __m256i w = _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), g), delta);  // 8 g +- 1
         const int m0 = (b.scales[s / 2] >> (6 * (s % 2))) & 7, m1 = (b.scales[s / 2] >> (6 * (s % 2) + 3)) & 7;
         return {_mm256_sign_epi8(w, w), w, multipliers(2 * m0 + 1, 2 * m1 + 1)};
@@ -114,7 +117,8 @@ inline GridPart grid_part(const B &b, int s) {  // sub-block s: weights 32 s .. 
         const int h = b.qh[s];
         const __m256i g = rows8(IQ1_S_GRID[q[0] | ((h << 8) & 0x700)], IQ1_S_GRID[q[1] | ((h << 5) & 0x700)],
                                 IQ1_S_GRID[q[2] | ((h << 2) & 0x700)], IQ1_S_GRID[q[3] | ((h >> 1) & 0x700)]);
-        const __m256i w = _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), g), _mm256_set1_epi8(h & 0x8000 ? -1 : 1));
+        const __m256i w = _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), g),
+                                          _mm256_set1_epi8(static_cast<char>(1 - 2 * ((h >> 15) & 1))));  // 8 g +- 1, no branch
         return {_mm256_sign_epi8(w, w), w, _mm256_set1_epi16(static_cast<short>(2 * ((h >> 12) & 7) + 1))};  // |w|, sign(w): odd, never 0
     }
 }
@@ -136,6 +140,7 @@ float dot_grid(const uint8_t *row, const XRow &x, int64_t K) {
         const B &b = *reinterpret_cast<const B *>(row + i * static_cast<int64_t>(sizeof(B)));
         const int8_t *c = x.q + 256 * i;
         __m256i sumi = _mm256_setzero_si256();
+#pragma GCC unroll 8
         for (int s = 0; s < 8; s++) sumi = _mm256_add_epi32(sumi, grid_products(grid_part(b, s), load(c + 32 * s)));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(grid_scale(b, x.d[i])), _mm256_cvtepi32_ps(sumi), acc);
     }
@@ -161,6 +166,7 @@ void tile_grid(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t M,
         for (int n = 0; n < NR; n++) {
             b[n] = reinterpret_cast<const B *>(row + n * row_bytes + i * static_cast<int64_t>(sizeof(B)));
             offset[n] = _mm256_setzero_si256();
+#pragma GCC unroll 8
             for (int s = 0; s < 8; s++) {
                 const GridPart part = grid_part(*b[n], s);
                 w[n][s] = _mm256_sign_epi8(part.w, part.signs);
