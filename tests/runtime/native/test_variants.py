@@ -28,6 +28,15 @@ def _each_variant(run):
     return out
 
 
+def test_the_status_names_the_variant_that_runs_under_a_cap() -> None:
+    """`--variant avx2` on an AVX-512 CPU runs the AVX2 kernels, and the status line says so."""
+    from qkv.runtime.native.build import VARIANT_NAMES
+
+    for variant in variants():
+        with use_variant(variant):
+            assert native_kernels().describe() == f"qkv's {VARIANT_NAMES[variant]} kernels"
+
+
 def test_the_generic_variant_is_always_there_and_the_cap_restores() -> None:
     names = variants()
     assert names[0] == "generic" and set(names) <= {"generic", "avx2", "avx512"}

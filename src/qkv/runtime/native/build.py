@@ -87,9 +87,11 @@ class NativeStatus:
     isa: str = "generic C++"  # the variant the ops run: "generic C++", "AVX2" or "AVX-512 VNNI"
 
     def describe(self) -> str:
+        """What runs the products: the variant active now (`use_variant` or `--variant` may
+        cap it below the CPU's best, `isa`)."""
         if not self.available:
             return f"PyTorch's kernels ({self.reason})"
-        return f"qkv's {self.isa} kernels"
+        return f"qkv's {VARIANT_NAMES.get(torch.ops.qkv.active_variant.default(), self.isa)} kernels"
 
 
 def _torch_dirs() -> tuple[Path, Path]:

@@ -47,13 +47,9 @@ void decode_q4_1(const uint8_t *p, float *out) {
     }
 }
 
-inline uint32_t u32(const uint8_t *p) {
-    return p[0] | (p[1] << 8) | (p[2] << 16) | (static_cast<uint32_t>(p[3]) << 24);
-}
-
 template <class B>
 void q5_codes(const B &b, int *q) {  // 0..31 in weight order
-    const uint32_t high = u32(b.qh);
+    const uint32_t high = le32(b.qh);
     for (int j = 0; j < 16; j++) {
         q[j] = (b.qs[j] & 15) | (((high >> j) & 1) << 4);
         q[j + 16] = (b.qs[j] >> 4) | (((high >> (j + 16)) & 1) << 4);
