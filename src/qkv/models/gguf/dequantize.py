@@ -12,8 +12,9 @@ on the SmolLM2 file and on random blocks of every type here).
 The K-quants (Q2_K .. Q6_K), IQ4_NL and IQ4_XS are decoded the same way in `qkv.models.gguf.kquants`.
 The grid types (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) are block formats here
 too, so their files stay in their blocks, but a whole-tensor decode of them is the gguf
-library's own. Types outside BLOCK_FORMATS (the ternary TQ types, ...) go through the gguf library, one tensor at a time, in
-`qkv.models.gguf.checkpoint.dequantize`: TYPES lists the ones decoded here.
+library's own. Types outside BLOCK_FORMATS (the ternary TQ types, ...) go through the gguf
+library, one tensor at a time, in `qkv.models.gguf.checkpoint.dequantize`: TYPES lists the
+ones decoded here.
 
 Block layouts (little-endian; B blocks of 32 weights, one row of bytes each; the K-quants'
 layouts are in gguf_kquants):

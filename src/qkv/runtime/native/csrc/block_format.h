@@ -113,11 +113,12 @@ static inline int iq4_xs_scale(const BlockIQ4_XS &b, int s) {
 }
 
 // -- the grid types' codes: a super-block as 256 int8 codes and 16 integer multipliers --------
-// weight 16 s + i = d * multiplier[s] * code[16 s + i] / IQ_DIVISOR(T), every factor exact:
+// weight 16 s + i = d * multiplier[s] * code[16 s + i] / IqDivisor<B>, every factor exact:
 //   IQ2_*:   d (0.5 + l) / 4 * grid * sign    = d (2l + 1) / 8 * (grid * sign), l four bits a 32 (IQ2_XXS) or 16
 //   IQ3_XXS: d (0.5 + l) / 2 * grid * sign    = d (2l + 1) / 4 * (grid * sign)
 //   IQ3_S:   d (1 + 2l) * grid * sign
 //   IQ1_S:   d (2l + 1) (grid +- 1/8)         = d (2l + 1) / 8 * (8 grid +- 1), l three bits a 32
+//   IQ1_M:   the same, l three bits a 16, the delta's sign a group of 8, d in four nibbles
 // (the gguf library's float32 operations give exactly these values: no product here rounds).
 // Sign index k of IQ2_XXS, IQ2_XS and IQ3_XXS: 7 bits, the eighth their parity (an even count of minuses).
 struct SignTable { uint8_t byte[128]; };
@@ -145,6 +146,11 @@ static inline uint32_t le32(const uint8_t *p) {
 // 8 codes of a grid row of 8 (IQ2) or two rows of 4 (IQ3), signed, into q[0 .. 8)
 static inline void signed_eight(uint64_t row, uint8_t signs, int8_t *q) {
     for (int j = 0; j < 8; j++) q[j] = signed_byte(row, j, signs);
+}
+
+// 8 codes 8 g + delta of an IQ1 grid row (g: -1, 0, 1 as int8 bytes) into q[0 .. 8)
+static inline void iq1_eight(uint64_t row, int delta, int8_t *q) {
+    for (int j = 0; j < 8; j++) q[j] = static_cast<int8_t>(8 * static_cast<int8_t>(row >> (8 * j)) + delta);
 }
 
 template <class B> struct IqDivisor;
@@ -213,8 +219,7 @@ static inline void iq_codes(const BlockIQ1_S &b, int8_t *q, int16_t *mult) {
     for (int s = 0; s < 8; s++) {
         const int high = b.qh[s], delta = high & 0x8000 ? -1 : 1;
         for (int l = 0; l < 4; l++) {
-            const uint64_t row = IQ1_S_GRID[b.qs[4 * s + l] | (((high >> (3 * l)) & 7) << 8)];
-            for (int j = 0; j < 8; j++) q[32 * s + 8 * l + j] = static_cast<int8_t>(8 * static_cast<int8_t>(row >> (8 * j)) + delta);
+            iq1_eight(IQ1_S_GRID[b.qs[4 * s + l] | (((high >> (3 * l)) & 7) << 8)], delta, q + 32 * s + 8 * l);
         }
         mult[2 * s] = mult[2 * s + 1] = static_cast<int16_t>(2 * ((high >> 12) & 7) + 1);
     }
@@ -223,8 +228,7 @@ static inline void iq_codes(const BlockIQ1_S &b, int8_t *q, int16_t *mult) {
 static inline void iq_codes(const BlockIQ1_M &b, int8_t *q, int16_t *mult) {
     for (int g = 0; g < 32; g++) {
         const int field = iq1_m_field(b, g), delta = field & 8 ? -1 : 1;
-        const uint64_t row = IQ1_S_GRID[b.qs[g] | ((field & 7) << 8)];
-        for (int j = 0; j < 8; j++) q[8 * g + j] = static_cast<int8_t>(8 * static_cast<int8_t>(row >> (8 * j)) + delta);
+        iq1_eight(IQ1_S_GRID[b.qs[g] | ((field & 7) << 8)], delta, q + 8 * g);
     }
     for (int s = 0; s < 16; s++) mult[s] = static_cast<int16_t>(2 * ((b.scales[s / 4] >> (3 * (s % 4))) & 7) + 1);
 }

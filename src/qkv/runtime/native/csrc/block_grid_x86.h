@@ -11,26 +11,18 @@ namespace {  // each variant's file has its own copies, compiled for its own ins
 // of 8 magnitudes (IQ2, IQ3: two rows of 4 a group) in one register, the 32 signs as +-1
 // bytes (sign bits spread, or 7-bit sign indices' rows of a table) put on the activations
 // (|w| times sign(w) x: magnitudes are below 64, no int16 saturation), the sub-block's
-// multiplier (per 32, or per 16: one a 128-bit lane) applied in vpmaddwd; IQ1_S's signed codes
-// 8 g +- 1 through signed_products. The integer sums are iq_codes' exactly.
-inline __m256i sign_bytes(uint32_t bits) {  // bit j -> byte j: -1 where set, +1 where clear
-    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)),
-                                               _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
-    const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
-    return _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(1));
-}
-
+// multiplier (per 32, or per 16: one a 128-bit lane) applied in vpmaddwd; IQ1's signed codes
+// 8 g +- 1 the same way, as |w| and sign(w). The integer sums are iq_codes' exactly.
 // A sub-block's grid rows by scalar loads (a gather measured 1.1-1.6x slower for all but IQ3_S
 // on a Zen 4): four rows of 8 (uint64, IQ2 and IQ1_S) or eight rows of 4 (uint32, IQ3) in one register.
 inline __m256i rows8(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
     return _mm256_setr_epi64x(static_cast<long long>(a), static_cast<long long>(b), static_cast<long long>(c), static_cast<long long>(d));
 }
 
-template <class Index>
-inline __m256i rows4x8(const uint32_t *grid, Index at) {
-    return _mm256_setr_epi32(static_cast<int>(grid[at(0)]), static_cast<int>(grid[at(1)]), static_cast<int>(grid[at(2)]),
-                             static_cast<int>(grid[at(3)]), static_cast<int>(grid[at(4)]), static_cast<int>(grid[at(5)]),
-                             static_cast<int>(grid[at(6)]), static_cast<int>(grid[at(7)]));
+inline __m256i rows4x8(const uint32_t *grid, const uint8_t *index) {  // rows index[0 .. 8) of a grid of 4
+    return _mm256_setr_epi32(static_cast<int>(grid[index[0]]), static_cast<int>(grid[index[1]]), static_cast<int>(grid[index[2]]),
+                             static_cast<int>(grid[index[3]]), static_cast<int>(grid[index[4]]), static_cast<int>(grid[index[5]]),
+                             static_cast<int>(grid[index[6]]), static_cast<int>(grid[index[7]]));
 }
 
 // The 8 sign bytes (+1 or -1) of each 7-bit sign index with its parity bit (seven_signs),
@@ -56,10 +48,8 @@ inline __m256i multipliers(int lo, int hi) {  // int16 lanes 0..7 (the first 16 
     return _mm256_set_m128i(_mm_set1_epi16(static_cast<short>(hi)), _mm_set1_epi16(static_cast<short>(lo)));
 }
 
-inline __m256i sign_bits(const uint8_t *p) {  // 4 bytes of sign bits -> 32 bytes of +-1
-    uint32_t bits;
-    memcpy(&bits, p, sizeof bits);
-    return sign_bytes(bits);
+inline __m256i sign_bits(const uint8_t *p) {  // 4 bytes of sign bits -> 32 bytes: -1 where set, +1 where clear
+    return _mm256_or_si256(bit_bytes(p), _mm256_set1_epi8(1));
 }
 
 // A sub-block's weights as the products take them: magnitudes w (unsigned bytes), the signs
@@ -81,7 +71,7 @@ inline GridPart grid_part(const B &b, int s) {  // sub-block s: weights 32 s .. 
         const uint8_t *p = b.qs + 8 * s;
         uint32_t aux;
         memcpy(&aux, b.scales_signs + 4 * s, sizeof aux);
-        const __m256i w = rows4x8(IQ3_XXS_GRID, [p](int k) { return p[k]; });
+        const __m256i w = rows4x8(IQ3_XXS_GRID, p);
         return {w, seven_sign_bytes(aux, aux >> 7, aux >> 14, aux >> 21),
                 _mm256_set1_epi16(static_cast<short>(2 * (aux >> 28) + 1))};
     } else if constexpr (std::is_same_v<B, BlockIQ2_XS>) {
