@@ -175,6 +175,24 @@ def test_a_long_rows_tiles_give_every_row_the_bits_it_gets_alone(block_type: Q) 
 
 
 @pytest.mark.parametrize("block_type", TYPES, ids=lambda t: t.name)
+def test_a_long_prompts_row_groups_give_every_row_the_bits_it_gets_alone(block_type: Q) -> None:
+    """K = 8192 and 150 rows: a product takes a long prompt's rows in groups (64 float32 rows, 128
+    rounded ones here: block_products.cpp's row_group_rows), and a float tile's bands shrink to 16
+    rows at this K (AVX-512's float_band_rows, its chunked copy of the rows): every output is
+    still the bits of its row alone and near the exact product."""
+    k, rows = 8192, 150
+    blocks, w = matrix(block_type, 9, k, 12)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(13))
+    rounded = reference_activations(x, block_type)
+    bound = block_ops.product_bound(rounded, w, k, block_type)
+    for variant in variants():
+        together = run(x, blocks, block_type, variant)
+        alone = torch.cat([run(x[i : i + 1], blocks, block_type, variant) for i in range(rows)])
+        assert torch.equal(together, alone), variant
+        assert bool(((together.double() - rounded @ w.t()).abs() <= bound).all()), variant
+
+
+@pytest.mark.parametrize("block_type", TYPES, ids=lambda t: t.name)
 def test_an_output_gets_the_same_bits_whatever_rows_of_blocks_are_beside_it(block_type: Q) -> None:
     """The kernels that multiply four rows of blocks at once (block_x86.h's rows32) run each row's
     own operations: a matrix's outputs equal each row's product alone, bit for bit."""

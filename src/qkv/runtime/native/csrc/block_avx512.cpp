@@ -3,6 +3,9 @@
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cstring>
+
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni"))), apply_to = function)
 #else
@@ -380,72 +383,15 @@ void wide32(const uint8_t *row, int64_t row_bytes, const XRow *, int64_t M, int6
         }
 }
 
-// -- F16 / BF16 (block_x86.h's rows_float in zmm: A = a0 | a1, B = a2 | a3, the same lanes'
-// operations, so the same bits) -------------------------------------------------------------
-template <int64_t T>
-inline __m512 widen16(const uint16_t *w) {  // 16 weights as float32
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(w));
-    if constexpr (T == F16) return _mm512_cvtph_ps(h);
-    else return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
+}  // namespace
+}  // namespace blocks
+}  // namespace qkv
 
-inline float wide_float_total(const __m512 *a) {  // float_total's (a0 + a1) + (a2 + a3)
-    const __m256 a01 = _mm256_add_ps(_mm512_castps512_ps256(a[0]), _mm512_extractf32x8_ps(a[0], 1));
-    const __m256 a23 = _mm256_add_ps(_mm512_castps512_ps256(a[1]), _mm512_extractf32x8_ps(a[1], 1));
-    return hsum(_mm256_add_ps(a01, a23));
-}
+#include "block_float_avx512.h"  // F16 / BF16: wide_rows_float, wide_tile_float
 
-template <int64_t T, int NR>
-void wide_rows_float(const uint8_t *row, int64_t row_bytes, const XRow &x, int64_t K, float *out) {
-    __m512 a[NR][2];
-    for (int r = 0; r < NR; r++) a[r][0] = a[r][1] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k += 32)
-        for (int h = 0; h < 2; h++) {
-            const __m512 xv = _mm512_loadu_ps(x.x + k + 16 * h);
-            for (int r = 0; r < NR; r++) {
-                const uint16_t *w = reinterpret_cast<const uint16_t *>(row + r * row_bytes);
-                a[r][h] = _mm512_fmadd_ps(widen16<T>(w + k + 16 * h), xv, a[r][h]);
-            }
-        }
-    for (int r = 0; r < NR; r++) out[r] = wide_float_total(a[r]);
-}
-
-template <int64_t T>
-float wide_dot_float(const uint8_t *row, const XRow &x, int64_t K) {
-    float out;
-    wide_rows_float<T, 1>(row, 0, x, K, &out);
-    return out;
-}
-
-constexpr int WIDE_ROWS_FLOAT = 4;  // weight rows a tile of F16 / BF16
-
-template <int64_t T, int NR>
-void wide_tile_float(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t M, int64_t K, const void *, float *out,
-                     int64_t ldo) {
-    alignas(64) float w[NR][FLOAT_CHUNK];
-    __m512 acc[BAND][NR][2];
-    for (int64_t m = 0; m < M; m++)
-        for (int n = 0; n < NR; n++) acc[m][n][0] = acc[m][n][1] = _mm512_setzero_ps();
-    for (int64_t k0 = 0; k0 < K; k0 += FLOAT_CHUNK) {
-        const int64_t count = std::min(FLOAT_CHUNK, K - k0);  // whole blocks of 32
-        for (int n = 0; n < NR; n++)
-            for (int64_t k = 0; k < count; k += 16)
-                _mm512_store_ps(w[n] + k, widen16<T>(reinterpret_cast<const uint16_t *>(row + n * row_bytes) + k0 + k));
-        for (int64_t m = 0; m < M; m++) {
-            const float *x = xs[m].x + k0;
-            __m512 a[NR][2];
-            for (int n = 0; n < NR; n++) a[n][0] = acc[m][n][0], a[n][1] = acc[m][n][1];
-            for (int64_t k = 0; k < count; k += 32)
-                for (int h = 0; h < 2; h++) {
-                    const __m512 xv = _mm512_loadu_ps(x + k + 16 * h);
-                    for (int n = 0; n < NR; n++) a[n][h] = _mm512_fmadd_ps(_mm512_load_ps(w[n] + k + 16 * h), xv, a[n][h]);
-                }
-            for (int n = 0; n < NR; n++) acc[m][n][0] = a[n][0], acc[m][n][1] = a[n][1];
-        }
-    }
-    for (int64_t m = 0; m < M; m++)
-        for (int n = 0; n < NR; n++) out[m * ldo + n] = wide_float_total(acc[m][n]);
-}
+namespace qkv {
+namespace blocks {
+namespace {
 
 // The wide tile of a type (Q6_K's of row pairs; Q4_K: none here), or {}.
 template <int NR256, int NR32>
@@ -462,8 +408,8 @@ Tile wide_tile_for(int64_t type) {
         case Q5_1: return {wide32<Q5_1, NR32>, NR32, prepared32_bytes, prepare32<Q5_1>};
         case Q8_0: return {wide32<Q8_0, NR32>, NR32, prepared32_bytes, prepare32<Q8_0>};
         case IQ4_NL: return {wide32<IQ4_NL, NR32>, NR32, prepared32_bytes, prepare32<IQ4_NL>};
-        case F16: return {wide_tile_float<F16, WIDE_ROWS_FLOAT>, WIDE_ROWS_FLOAT};
-        case BF16: return {wide_tile_float<BF16, WIDE_ROWS_FLOAT>, WIDE_ROWS_FLOAT};
+        case F16: return {wide_tile_float<F16, WIDE_ROWS_FLOAT>, WIDE_ROWS_FLOAT, prepared_float_bytes, prepare_float, float_band_rows};
+        case BF16: return {wide_tile_float<BF16, WIDE_ROWS_FLOAT>, WIDE_ROWS_FLOAT, prepared_float_bytes, prepare_float, float_band_rows};
         default: return grid_tile_for(type);  // the grid types' ymm tiles, as AVX2's
     }
 }

@@ -291,9 +291,11 @@ struct Tile {
     TileDot run = nullptr;  // nullptr: the variant has no tile for the type
     int64_t nr = 0;
     // a tile reading the activations in a layout of its own: the bytes of M rows (M a multiple of
-    // BAND: where the next band begins) and the layout's making, once a product for all its rows
+    // the band's rows: where the next band begins) and the layout's making, once a product for all its rows
     int64_t (*prepared_bytes)(int64_t M, int64_t K) = nullptr;
     void (*prepare)(const XRow *xs, int64_t M, int64_t K, void *prepared) = nullptr;
+    // rows of x a band holds at this K (nullptr: BAND): a float tile's band is cut to stay in L2
+    int64_t (*band_rows)(int64_t K) = nullptr;
 };
 
 }  // namespace blocks

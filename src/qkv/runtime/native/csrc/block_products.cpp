@@ -98,14 +98,35 @@ void prepare_parts(const Linear &L, const std::vector<XRow> *rows, int64_t M, Va
 // [n0, n1) of `blocks`, in whole tiles (n1 - n0 a multiple of tile.nr), a band of rows at a time.
 void run_tiles(const Tile &tile, const uint8_t *blocks, int64_t row_bytes, int64_t n0, int64_t n1, const XRow *xs,
                int64_t M, int64_t K, const void *prepared, const float *bias, float *y, int64_t ldo) {
-    for (int64_t m0 = 0; m0 < M; m0 += BAND) {
+    const int64_t rows = tile.band_rows ? tile.band_rows(K) : BAND;
+    for (int64_t m0 = 0; m0 < M; m0 += rows) {
         const void *band = prepared ? static_cast<const uint8_t *>(prepared) + tile.prepared_bytes(m0, K) : nullptr;
         for (int64_t n = n0; n < n1; n += tile.nr)
-            tile.run(blocks + n * row_bytes, row_bytes, xs + m0, std::min(BAND, M - m0), K, band, y + m0 * ldo + n, ldo);
+            tile.run(blocks + n * row_bytes, row_bytes, xs + m0, std::min(rows, M - m0), K, band, y + m0 * ldo + n, ldo);
     }
     if (bias != nullptr)
         for (int64_t m = 0; m < M; m++)
             for (int64_t n = n0; n < n1; n++) y[m * ldo + n] += bias[n];
+}
+
+bool is_repacked(int64_t type) {
+    return type == Q4_K_X16 || type == Q5_K_X16 || type == Q6_K_X16 || type == IQ4_XS_X16 || type == Q8_0_X16 ||
+           type == Q5_0_X16;
+}
+
+// The activations of a long prompt go through a product in groups of rows, each group's bytes
+// (float32 rows and their chunked copy: 8 bytes an input; rounded rows and Prepared256's pairs:
+// about 3) within ROW_GROUP_BYTES, so that they stay in L3 while every piece of weights reads
+// them: all 512 rows at once, 16 MiB at K = 8192 in float32, came from memory for every piece of
+// PIECE outputs. A whole number of BANDs, so the tiles' prepared layouts start where a band does.
+constexpr int64_t ROW_GROUP_BYTES = 4 * 1024 * 1024;
+
+int64_t row_group_rows(const Linear &L) {
+    int64_t per_input = 3;
+    for (int64_t p = 0; p < L.part_count; p++)
+        if (traits_of(L.parts[p].type)->activation == FLOAT) per_input = 8;
+    const int64_t rows = ROW_GROUP_BYTES / (L.K * per_input) / BAND * BAND;
+    return std::max(BAND, rows);
 }
 
 }  // namespace blocks
@@ -133,7 +154,9 @@ void apply_blocks(const Linear &L, const float *x, float *y, int64_t M) {
         if ((type == Q8_0_X16 || type == Q5_0_X16) && code_sums32.empty()) code_sums32 = q8_0::row_words(rows[PER32].data(), M, L.K);
         if (type == Q6_K_X16 && offsets16.empty()) offsets16 = q6k::row_words(rows256, M, L.K);
     }
-    auto outputs = [&](const BlockPart &part, int64_t n0, int64_t n1, int64_t first) {
+    // Outputs [n0, n1) of `part` (its rows `first` + n0 .. in y) for rows [m0, m1) of x; the
+    // repacked kinds take every row at once (m0 = 0, m1 = M: row_groups never cuts them).
+    auto outputs_of_rows = [&](const BlockPart &part, int64_t n0, int64_t n1, int64_t first, int64_t m0, int64_t m1) {
         if (part.type == Q4_K_X16 || part.type == Q5_K_X16)  // whole groups of 16 rows (for_each_part's chunks and PIECE keep them whole)
             return q4k::rows(part, rows256, sums256.data(), M, L.K, L.N, n0, n1, first, L.bias ? L.bias + first : nullptr, y,
                              variant);
@@ -147,42 +170,61 @@ void apply_blocks(const Linear &L, const float *x, float *y, int64_t M) {
                               L.bias ? L.bias + first : nullptr, y, variant);
         const RowDot dot = dot_of(part.type, variant);
         const RowsDot several = rows_of(part.type, variant);
-        const XRow *xs = rows[traits_of(part.type)->activation].data();
+        const XRow *xs = rows[traits_of(part.type)->activation].data() + m0;
+        const int64_t count = m1 - m0;  // rows of x here
+        float *out = y + m0 * L.N + first;
         const float *bias = L.bias ? L.bias + first : nullptr;
         // whole tiles where the variant has them (block_format.h's Tile: the same bits), the one-row kernels past them
         const Tile tile = tile_of(part.type, variant);
-        int64_t n = tile.run && M >= TILE_ROWS ? n0 + (n1 - n0) / tile.nr * tile.nr : n0;
-        if (n > n0) run_tiles(tile, part.blocks, part.row_bytes, n0, n, xs, M, L.K, prepared.at[&part - L.parts], bias, y + first, L.N);
+        int64_t n = tile.run && count >= TILE_ROWS ? n0 + (n1 - n0) / tile.nr * tile.nr : n0;
+        if (n > n0) {
+            const uint8_t *at = static_cast<const uint8_t *>(prepared.at[&part - L.parts]);
+            run_tiles(tile, part.blocks, part.row_bytes, n0, n, xs, count, L.K, at ? at + tile.prepared_bytes(m0, L.K) : nullptr,
+                      bias, out, L.N);
+        }
         if (several != nullptr)
             for (; n + FOUR <= n1; n += FOUR) {
                 const uint8_t *row = part.blocks + n * part.row_bytes;
-                for (int64_t m = 0; m < M; m++) {
+                for (int64_t m = 0; m < count; m++) {
                     float s[FOUR];
                     several(row, part.row_bytes, xs[m], L.K, s);
-                    for (int r = 0; r < FOUR; r++) y[m * L.N + first + n + r] = bias ? s[r] + bias[n + r] : s[r];
+                    for (int r = 0; r < FOUR; r++) out[m * L.N + n + r] = bias ? s[r] + bias[n + r] : s[r];
                 }
             }
         for (; n < n1; n++) {
             const uint8_t *row = part.blocks + n * part.row_bytes;
-            for (int64_t m = 0; m < M; m++) {
+            for (int64_t m = 0; m < count; m++) {
                 const float s = dot(row, xs[m], L.K);
-                y[m * L.N + first + n] = bias ? s + bias[n] : s;
+                out[m * L.N + n] = bias ? s + bias[n] : s;
             }
         }
+    };
+    auto outputs = [&](const BlockPart &part, int64_t n0, int64_t n1, int64_t first) {
+        outputs_of_rows(part, n0, n1, first, 0, M);
     };
     if (M < TILE_ROWS) return for_each_part(L, outputs);
     // A prompt: pieces of PIECE outputs claimed one at a time by whichever thread is free, so a
     // core another process holds slows only the pieces it takes (which thread computes an output
-    // changes none of its operations).
-    struct Piece { const BlockPart *part; int64_t n0, n1, first; };
+    // changes none of its operations). A long prompt's rows go in groups (row_group_rows), all
+    // pieces of a group before the next, so the threads share the group's activations in cache.
+    struct Piece { const BlockPart *part; int64_t n0, n1, first, m0, m1; };
     std::vector<Piece> pieces;
-    for (int64_t p = 0, first = 0; p < L.part_count; first += L.parts[p].rows, p++)
-        for (int64_t n = 0; n < L.parts[p].rows; n += PIECE)
-            pieces.push_back({&L.parts[p], n, std::min(L.parts[p].rows, n + PIECE), first});
+    const int64_t group = row_group_rows(L);
+    for (int64_t m0 = 0; m0 < M; m0 += group)
+        for (int64_t p = 0, first = 0; p < L.part_count; first += L.parts[p].rows, p++) {
+            const bool whole = is_repacked(L.parts[p].type);
+            if (whole && m0 > 0) continue;  // the repacked kinds: every row in the first group's pieces
+            for (int64_t n = 0; n < L.parts[p].rows; n += PIECE)
+                pieces.push_back({&L.parts[p], n, std::min(L.parts[p].rows, n + PIECE), first, whole ? 0 : m0,
+                                  whole ? M : std::min(M, m0 + group)});
+        }
     std::atomic<size_t> next{0};
     const int64_t threads = std::max<int64_t>(1, torch::stable::get_num_threads());
     torch::stable::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
-        for (size_t i = next++; i < pieces.size(); i = next++) outputs(*pieces[i].part, pieces[i].n0, pieces[i].n1, pieces[i].first);
+        for (size_t i = next++; i < pieces.size(); i = next++) {
+            const Piece &c = pieces[i];
+            outputs_of_rows(*c.part, c.n0, c.n1, c.first, c.m0, c.m1);
+        }
     });
 }
 
