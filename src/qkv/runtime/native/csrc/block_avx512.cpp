@@ -427,8 +427,7 @@ RowDot avx512_dot(int64_t type) {
     return dot_for<Avx512>(type);
 }
 RowsDot avx512_rows(int64_t type) {
-    if (type == F16) return wide_rows_float<F16, FOUR>;
-    if (type == BF16) return wide_rows_float<BF16, FOUR>;
+    if (type == F16 || type == BF16) return nullptr;  // one row at a time (block_x86.h's rows_for)
     return rows_for<Avx512>(type);
 }
 Tile avx512_tile(int64_t type) {
