@@ -53,35 +53,6 @@ constexpr int WIDE_ROWS_FLOAT = 4;  // weight rows a tile of F16 / BF16
 // (one activation row at a time took 2 + NR loads for NR: load-bound, 0.6x ggml's at 512 rows).
 constexpr int WIDE_FLOAT_MR = 4;
 
-// A band of float32 rows is cut to FLOAT_BAND_BYTES, to stay in a core's L2 while the piece's
-// tiles each read all of it (64 rows at K = 8192 are 2 MiB: from L3 for every NR weight rows).
-constexpr int64_t FLOAT_BAND_BYTES = 512 * 1024;
-
-int64_t float_band_rows(int64_t K) {  // BAND, BAND / 2 or BAND / 4: a band divides apply_blocks' row groups
-    int64_t rows = BAND;
-    while (rows > BAND / 4 && rows * K * static_cast<int64_t>(sizeof(float)) > FLOAT_BAND_BYTES) rows /= 2;
-    return rows;
-}
-
-// The band's rows laid out chunk by chunk (prepare_float, once a product): chunk k0 of a band of
-// R rows holds row m's inputs k0 .. k0 + count at band + k0 * R + m * count, so a pass's MR rows
-// are count floats apart, not K (at K = 8192, 32 KiB apart, they share cache sets).
-int64_t prepared_float_bytes(int64_t M, int64_t K) { return M * K * static_cast<int64_t>(sizeof(float)); }
-
-void prepare_float(const XRow *xs, int64_t M, int64_t K, void *prepared) {
-    float *P = static_cast<float *>(prepared);
-    const int64_t rows = float_band_rows(K);
-    for (int64_t m0 = 0; m0 < M; m0 += rows) {
-        const int64_t R = std::min(rows, M - m0);
-        float *band = P + m0 * K;
-        for (int64_t k0 = 0; k0 < K; k0 += FLOAT_CHUNK) {
-            const int64_t count = std::min(FLOAT_CHUNK, K - k0);
-            for (int64_t m = 0; m < R; m++)
-                std::memcpy(band + k0 * R + m * count, xs[m0 + m].x + k0, static_cast<size_t>(count) * sizeof(float));
-        }
-    }
-}
-
 // One half h of every 32 inputs (16 + 16 h ..) of a chunk, for MR activation rows (x, count
 // floats apart) x NR weight rows: each sum acc[m][n][h] still takes its inputs in order, so
 // wide_rows_float's bits.

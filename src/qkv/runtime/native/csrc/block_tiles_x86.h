@@ -14,6 +14,9 @@
 // M <= BAND activation rows x NR weight rows a tile; out[m * ldo + n].
 #pragma once
 
+#include <algorithm>
+#include <cstring>
+
 #include "block_x86.h"
 
 namespace qkv {
@@ -284,18 +287,48 @@ void tile256(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t M, i
 constexpr int64_t FLOAT_CHUNK = 512;
 constexpr int FLOAT_MR = 3;
 
+// A band of float32 rows is cut to FLOAT_BAND_BYTES, to stay in a core's L2 while the piece's
+// tiles each read all of it (64 rows at K = 8192 are 2 MiB: from L3 for every NR weight rows).
+// Both variants' F16 / BF16 tiles read the band in this layout (AVX-512's: block_float_avx512.h).
+constexpr int64_t FLOAT_BAND_BYTES = 512 * 1024;
+
+int64_t float_band_rows(int64_t K) {  // BAND, BAND / 2 or BAND / 4: a band divides apply_blocks' row groups
+    int64_t rows = BAND;
+    while (rows > BAND / 4 && rows * K * static_cast<int64_t>(sizeof(float)) > FLOAT_BAND_BYTES) rows /= 2;
+    return rows;
+}
+
+// The band's rows laid out chunk by chunk (prepare_float, once a product): chunk k0 of a band of
+// R rows holds row m's inputs k0 .. k0 + count at band + k0 * R + m * count, so a pass's MR rows
+// are count floats apart, not K (at K = 8192, 32 KiB apart, they share cache sets).
+int64_t prepared_float_bytes(int64_t M, int64_t K) { return M * K * static_cast<int64_t>(sizeof(float)); }
+
+void prepare_float(const XRow *xs, int64_t M, int64_t K, void *prepared) {
+    float *P = static_cast<float *>(prepared);
+    const int64_t rows = float_band_rows(K);
+    for (int64_t m0 = 0; m0 < M; m0 += rows) {
+        const int64_t R = std::min(rows, M - m0);
+        float *band = P + m0 * K;
+        for (int64_t k0 = 0; k0 < K; k0 += FLOAT_CHUNK) {
+            const int64_t count = std::min(FLOAT_CHUNK, K - k0);
+            for (int64_t m = 0; m < R; m++)
+                std::memcpy(band + k0 * R + m * count, xs[m0 + m].x + k0, static_cast<size_t>(count) * sizeof(float));
+        }
+    }
+}
+
+
 template <int MR, int NR>
-inline void float_pass(const float (*w)[FLOAT_CHUNK], const XRow *xs, int64_t k0, int64_t count, int j,
-                       __m256 (*acc)[NR][4]) {
+inline void float_pass(const float (*w)[FLOAT_CHUNK], const float *x, int64_t count, int j, __m256 (*acc)[NR][4]) {
     __m256 a[MR][NR];
     for (int m = 0; m < MR; m++)
         for (int n = 0; n < NR; n++) a[m][n] = acc[m][n][j];
     for (int64_t k = 8 * j; k < count; k += 32) {
-        __m256 x[MR];
-        for (int m = 0; m < MR; m++) x[m] = _mm256_loadu_ps(xs[m].x + k0 + k);
+        __m256 xv[MR];
+        for (int m = 0; m < MR; m++) xv[m] = _mm256_loadu_ps(x + m * count + k);  // prepare_float's rows, count apart
         for (int n = 0; n < NR; n++) {
             const __m256 wv = _mm256_load_ps(w[n] + k);
-            for (int m = 0; m < MR; m++) a[m][n] = _mm256_fmadd_ps(wv, x[m], a[m][n]);
+            for (int m = 0; m < MR; m++) a[m][n] = _mm256_fmadd_ps(wv, xv[m], a[m][n]);
         }
     }
     for (int m = 0; m < MR; m++)
@@ -303,8 +336,9 @@ inline void float_pass(const float (*w)[FLOAT_CHUNK], const XRow *xs, int64_t k0
 }
 
 template <int64_t T, int NR>
-void tile_float(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t M, int64_t K, const void *, float *out,
+void tile_float(const uint8_t *row, int64_t row_bytes, const XRow *, int64_t M, int64_t K, const void *prepared, float *out,
                 int64_t ldo) {
+    const float *band = static_cast<const float *>(prepared);
     alignas(32) float w[NR][FLOAT_CHUNK];
     __m256 acc[BAND][NR][4];
     for (int64_t m = 0; m < M; m++)
@@ -315,12 +349,14 @@ void tile_float(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t M
         for (int n = 0; n < NR; n++)
             for (int64_t k = 0; k < count; k += 8)
                 _mm256_store_ps(w[n] + k, widen8<T>(reinterpret_cast<const uint16_t *>(row + n * row_bytes) + k0 + k));
+        const float *chunk = band + k0 * M;  // (M, count)
         for (int64_t m = 0; m < M; m += FLOAT_MR)
             for (int j = 0; j < 4; j++) {
+                const float *x = chunk + m * count;
                 switch (std::min<int64_t>(FLOAT_MR, M - m)) {
-                    case 1: float_pass<1, NR>(w, xs + m, k0, count, j, acc + m); break;
-                    case 2: float_pass<2, NR>(w, xs + m, k0, count, j, acc + m); break;
-                    default: float_pass<FLOAT_MR, NR>(w, xs + m, k0, count, j, acc + m); break;
+                    case 1: float_pass<1, NR>(w, x, count, j, acc + m); break;
+                    case 2: float_pass<2, NR>(w, x, count, j, acc + m); break;
+                    default: float_pass<FLOAT_MR, NR>(w, x, count, j, acc + m); break;
                 }
             }
     }
@@ -349,8 +385,8 @@ Tile tile_for(int64_t type) {
         case Q5_K: return {tile256<Q5_K, NR256>, NR256};
         case Q6_K: return {tile256<Q6_K, Q6_K_TILE_ROWS>, Q6_K_TILE_ROWS};
         case IQ4_XS: return {tile256<IQ4_XS, NR256>, NR256};
-        case F16: return {tile_float<F16, 4>, 4};
-        case BF16: return {tile_float<BF16, 4>, 4};
+        case F16: return {tile_float<F16, 4>, 4, prepared_float_bytes, prepare_float, float_band_rows};
+        case BF16: return {tile_float<BF16, 4>, 4, prepared_float_bytes, prepare_float, float_band_rows};
         default: return grid_tile_for(type);
     }
 }
