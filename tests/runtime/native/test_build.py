@@ -131,6 +131,23 @@ def test_the_sources_are_each_under_500_lines_and_all_in_the_build() -> None:
         assert len((folder / name).read_text(encoding="utf-8").splitlines()) <= 500, name
 
 
+def test_every_source_ships_in_the_package() -> None:
+    """pyproject's package-data names every folder of sources: a wheel or a plain `pip install .`
+    (no editable install) carries them all, or the build on the user's machine would fail."""
+    import tomllib
+    from pathlib import PurePosixPath
+
+    pyproject = Path(__file__).resolve().parents[3] / "pyproject.toml"
+    patterns = tomllib.loads(pyproject.read_text(encoding="utf-8"))["tool"]["setuptools"]["package-data"]["qkv"]
+    package = build.HERE.parents[2]  # src/qkv
+    missing = []
+    for name in build.SOURCES + build.HEADERS:
+        path = PurePosixPath((build.HERE / name).relative_to(package).as_posix())
+        if not any(len(path.parts) == len(PurePosixPath(p).parts) and path.match(p) for p in patterns):
+            missing.append(str(path))
+    assert missing == []
+
+
 @pytest.mark.skipif(build.unavailable_reason() is not None, reason="this machine cannot build qkv's kernels")
 def test_the_sources_build_without_a_warning() -> None:
     """-Wall -Wextra are on, at the real flags (-O3's warnings too): the build of the library this

@@ -52,18 +52,18 @@ HERE = Path(__file__).parent / "csrc"  # the C++ sources, shipped with the packa
 # Compiled together, in this order: the products, attention, the layer (ring_copy.cpp: what a
 # ring's prompt past its window reads) and the whole stack of layers with the head (sharing kernels.h); products straight from GGUF's stored blocks
 # (block_format.cpp: the block-format table and the generic reference; block_products.cpp: the
-# op and the dispatch, one row at a time or in tiles of many; block_avx2.cpp and block_avx512.cpp:
+# op and the dispatch, one row at a time or in tiles of many; blocks_x86/: block_avx2.cpp and block_avx512.cpp,
 # the x86 variants, sharing block_x86.h and block_tiles_x86.h; repacked/: Q4_K, Q5_K, Q8_0, Q5_0,
 # IQ4_XS and Q6_K repacked at load into interleaved rows, their layouts, generic products and ops,
 # repacked/x86/ their AVX2 and AVX-512 products); attention over a quantized KV cache's packed codes.
 SOURCES: tuple[str, ...] = ("products.cpp", "products_x86.cpp", "attention.cpp", "layer.cpp", "ring_copy.cpp",
                             "stack.cpp",
-                            "block_format.cpp", "block_products.cpp", "block_avx2.cpp", "block_avx512.cpp",
+                            "block_format.cpp", "block_products.cpp", "blocks_x86/block_avx2.cpp", "blocks_x86/block_avx512.cpp",
                             "quantized_cache/attention.cpp", "repacked/q4k_layout.cpp", "repacked/x86/q4k_avx2.cpp", "repacked/x86/q4k_avx512.cpp",
                             "repacked/q8_0_layout.cpp", "repacked/x86/q8_0_avx2.cpp", "repacked/x86/q8_0_avx512.cpp",
                             "repacked/iq4xs_layout.cpp", "repacked/x86/iq4xs_avx2.cpp", "repacked/x86/iq4xs_avx512.cpp",
                             "repacked/q6k_layout.cpp", "repacked/x86/q6k_avx2.cpp", "repacked/x86/q6k_avx512.cpp", "repacked/ops.cpp")
-HEADERS: tuple[str, ...] = ("kernels.h", "block_format.h", "block_x86.h", "block_grid_x86.h", "block_float_avx512.h", "block_tiles_x86.h", "quantized_cache/attention_simd.h",
+HEADERS: tuple[str, ...] = ("kernels.h", "block_format.h", "blocks_x86/block_x86.h", "blocks_x86/block_grid_x86.h", "blocks_x86/block_float_avx512.h", "blocks_x86/block_tiles_x86.h", "quantized_cache/attention_simd.h",
                             "repacked/q4k.h", "repacked/q8_0.h", "repacked/iq4xs.h", "repacked/q6k.h", "repacked/x86/target_begin.h", "repacked/x86/target_end.h")
 FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-ffp-contract=off", "-Wall", "-Wextra")
 VARIANTS = ("generic", "avx2", "avx512")  # slowest first, the names qkv::set_variant takes

@@ -13,7 +13,7 @@
 
 #include <type_traits>
 
-#include "block_format.h"
+#include "../block_format.h"
 
 namespace qkv {
 namespace blocks {
