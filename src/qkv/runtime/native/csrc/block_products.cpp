@@ -155,7 +155,7 @@ void apply_blocks(const Linear &L, const float *x, float *y, int64_t M) {
         if (type == Q6_K_X16 && offsets16.empty()) offsets16 = q6k::row_words(rows256, M, L.K);
     }
     // Outputs [n0, n1) of `part` (its rows `first` + n0 .. in y) for rows [m0, m1) of x; the
-    // repacked kinds take every row at once (m0 = 0, m1 = M: row_groups never cuts them).
+    // repacked kinds take every row at once (m0 = 0, m1 = M: row_group_rows never cuts them).
     auto outputs_of_rows = [&](const BlockPart &part, int64_t n0, int64_t n1, int64_t first, int64_t m0, int64_t m1) {
         if (part.type == Q4_K_X16 || part.type == Q5_K_X16)  // whole groups of 16 rows (for_each_part's chunks and PIECE keep them whole)
             return q4k::rows(part, rows256, sums256.data(), M, L.K, L.N, n0, n1, first, L.bias ? L.bias + first : nullptr, y,
