@@ -424,7 +424,8 @@ RowDot avx512_dot(int64_t type) {
     return dot_for<Avx512>(type);
 }
 RowsDot avx512_rows(int64_t type) {
-    if (type == F16 || type == BF16) return nullptr;  // one row at a time (block_x86.h's rows_for)
+    if (type == F16) return float_rows_by_k<wide_rows_float<F16, FOUR>, wide_dot_float<F16>>;
+    if (type == BF16) return float_rows_by_k<wide_rows_float<BF16, FOUR>, wide_dot_float<BF16>>;
     return rows_for<Avx512>(type);
 }
 Tile avx512_tile(int64_t type) {

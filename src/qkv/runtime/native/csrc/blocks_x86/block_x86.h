@@ -187,6 +187,23 @@ float dot_float(const uint8_t *row, const XRow &x, int64_t K) {
     return out;
 }
 
+// FOUR rows of F16 / BF16 against one x (float32, 4 K bytes). While x stays in L1 beside the
+// streamed weights, one row at a time: four 4 KiB rows streamed together took 1.5-1.8x one row's
+// time out of cache (8192 x 2048, a Zen 4). Past X_IN_L1_BYTES (a 1B model's down projection,
+// K = 8192: x is 32 KiB) x came from L2 for every row, twice the weights' bytes, and the product
+// read 9-24 GB/s against 22-45 for the other matrices: there the four rows share each load of x.
+// Either way a row takes its own operations, so its bits.
+constexpr int64_t X_IN_L1_BYTES = 16 * 1024;
+
+template <RowsDot together, RowDot alone>
+void float_rows_by_k(const uint8_t *row, int64_t row_bytes, const XRow &x, int64_t K, float *out) {
+    if (K * static_cast<int64_t>(sizeof(float)) <= X_IN_L1_BYTES) {
+        for (int r = 0; r < FOUR; r++) out[r] = alone(row + r * row_bytes, x, K);
+    } else {
+        together(row, row_bytes, x, K, out);
+    }
+}
+
 // -- the activations' rounding (block_format.cpp's round_activations, the same codes) ------
 inline __m256i codes8(const float *x, __m256 inverse) {  // to nearest, ties to even (MXCSR's default), as lrintf
     return _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), inverse));
@@ -422,8 +439,7 @@ namespace {
 // FOUR rows of blocks at once where that measured faster (the nibble types: 8-20% on a 2048 x 2048
 // and an 8192 x 2048 decode product, benchmarks/kernels/block_types.py); Q8_0 and Q5_1 measured
 // slower that way, and the K-quants' two-row version too (registers run out): nullptr. F16 and
-// BF16 too: four rows of 4 KiB streamed at once took 1.5-1.8x one row's time out of cache (8192
-// x 2048, AVX2 and AVX-512, a Zen 4).
+// BF16: four at once only where x outgrows L1 (float_rows_by_k).
 template <class S>
 RowsDot rows_for(int64_t type) {
     switch (type) {
@@ -431,6 +447,8 @@ RowsDot rows_for(int64_t type) {
         case Q4_1: return rows32<S, Q4_1, FOUR>;
         case Q5_0: return rows32<S, Q5_0, FOUR>;
         case IQ4_NL: return rows32<S, IQ4_NL, FOUR>;
+        case F16: return float_rows_by_k<rows_float<F16, FOUR>, dot_float<F16>>;
+        case BF16: return float_rows_by_k<rows_float<BF16, FOUR>, dot_float<BF16>>;
         default: return nullptr;
     }
 }
