@@ -158,13 +158,12 @@ def test_a_prefills_tiles_give_every_row_the_bits_it_gets_alone(block_type: Q, r
         assert bool(((together.double() - expected).abs() <= bound).all()), variant
 
 
-@pytest.mark.parametrize("block_type", sorted(SUPER_BLOCKS), ids=lambda t: t.name)
-def test_a_long_rows_tiles_give_every_row_the_bits_it_gets_alone(block_type: Q) -> None:
-    """K of nine super-blocks: past the eight a tile may unpack at once (AVX-512's Q6_K tile
-    takes them in chunks), each output still the bits of its row alone and near the exact product."""
-    k, rows = 9 * 256, 6
-    blocks, w = matrix(block_type, 8, k, 9)
-    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(10))
+def assert_each_row_alone_and_near_the_product(block_type: Q, *, outputs: int, k: int, rows: int,
+                                               seeds: tuple[int, int]) -> None:
+    """Every variant: `rows` rows of x together give each row the bits it gets alone, and the
+    product is within its bound of the dequantized weights times the rounded activations."""
+    blocks, w = matrix(block_type, outputs, k, seeds[0])
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(seeds[1]))
     rounded = reference_activations(x, block_type)
     bound = block_ops.product_bound(rounded, w, k, block_type)
     for variant in variants():
@@ -172,24 +171,22 @@ def test_a_long_rows_tiles_give_every_row_the_bits_it_gets_alone(block_type: Q) 
         alone = torch.cat([run(x[i : i + 1], blocks, block_type, variant) for i in range(rows)])
         assert torch.equal(together, alone), variant
         assert bool(((together.double() - rounded @ w.t()).abs() <= bound).all()), variant
+
+
+@pytest.mark.parametrize("block_type", sorted(SUPER_BLOCKS), ids=lambda t: t.name)
+def test_a_long_rows_tiles_give_every_row_the_bits_it_gets_alone(block_type: Q) -> None:
+    """K of nine super-blocks: past the eight a tile may unpack at once (AVX-512's Q6_K tile
+    takes them in chunks), each output still the bits of its row alone and near the exact product."""
+    assert_each_row_alone_and_near_the_product(block_type, outputs=8, k=9 * 256, rows=6, seeds=(9, 10))
 
 
 @pytest.mark.parametrize("block_type", TYPES, ids=lambda t: t.name)
 def test_a_long_prompts_row_groups_give_every_row_the_bits_it_gets_alone(block_type: Q) -> None:
     """K = 8192 and 150 rows: a product takes a long prompt's rows in groups (64 float32 rows, 128
     rounded ones here: block_products.cpp's row_group_rows), and a float tile's bands shrink to 16
-    rows at this K (AVX-512's float_band_rows, its chunked copy of the rows): every output is
+    rows at this K (float_band_rows, the rows' chunked copy both x86 variants read): every output is
     still the bits of its row alone and near the exact product."""
-    k, rows = 8192, 150
-    blocks, w = matrix(block_type, 9, k, 12)
-    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(13))
-    rounded = reference_activations(x, block_type)
-    bound = block_ops.product_bound(rounded, w, k, block_type)
-    for variant in variants():
-        together = run(x, blocks, block_type, variant)
-        alone = torch.cat([run(x[i : i + 1], blocks, block_type, variant) for i in range(rows)])
-        assert torch.equal(together, alone), variant
-        assert bool(((together.double() - rounded @ w.t()).abs() <= bound).all()), variant
+    assert_each_row_alone_and_near_the_product(block_type, outputs=9, k=8192, rows=150, seeds=(12, 13))
 
 
 @pytest.mark.parametrize("block_type", TYPES, ids=lambda t: t.name)
