@@ -25,6 +25,7 @@ pytestmark = pytest.mark.skipif(block_ops.block_products_status() is not None, r
 
 TYPES = sorted(block_ops.NATIVE_TYPES, key=int)
 SUPER_BLOCKS = {t for t in TYPES if gguf.GGML_QUANT_SIZES[t][0] == 256}  # the K-quants, IQ4_XS, the grid types
+GRIDS = {Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ1_S, Q.IQ1_M}  # codes from a grid, a multiplier per 16 or 32
 FLOATS = {Q.F16, Q.BF16}  # plain 16-bit values, multiplied against float32 activations as they are
 
 
@@ -124,6 +125,20 @@ def test_every_variant_is_the_dequantized_weights_times_the_rounded_activations(
         assert bool(((got.double() - generic).abs() <= 2 * bound).all()), variant
     if "avx512" in results:  # the same kernels (block_x86.h): vpdpbusd sums what vpmaddubsw + vpmaddwd sum
         assert torch.equal(results["avx512"], results["avx2"])
+
+
+@pytest.mark.parametrize(("rows", "k"), ((1, 768), (70, 768), (150, 8192)))
+@pytest.mark.parametrize("block_type", sorted(GRIDS, key=int), ids=lambda t: t.name)
+def test_the_grid_types_products_are_the_generic_references_bits(block_type: Q, rows: int, k: int) -> None:
+    """A grid type's super-block sums are exact integers, and every variant adds each one's
+    share with the generic reference's float operations (block_grid_x86.h's grid_term): one row,
+    a prompt's tiles (AVX-512's sixteen rows a register, a ragged last group of 6 rows), and a
+    long prompt's several bands all give the generic bits."""
+    blocks, _ = matrix(block_type, 19, k, 14)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(15)) * 3
+    generic = run(x, blocks, block_type, "generic")
+    for variant in variants():
+        assert torch.equal(run(x, blocks, block_type, variant), generic), variant
 
 
 @pytest.mark.parametrize("block_type", TYPES, ids=lambda t: t.name)

@@ -385,6 +385,7 @@ void wide32(const uint8_t *row, int64_t row_bytes, const XRow *, int64_t M, int6
 }  // namespace qkv
 
 #include "block_float_avx512.h"  // F16 / BF16: wide_rows_float, wide_tile_float
+#include "block_grid_avx512.h"   // the grid types: wide_tile_grid
 
 namespace qkv {
 namespace blocks {
@@ -407,7 +408,7 @@ Tile wide_tile_for(int64_t type) {
         case IQ4_NL: return {wide32<IQ4_NL, NR32>, NR32, prepared32_bytes, prepare32<IQ4_NL>};
         case F16: return {wide_tile_float<F16, WIDE_ROWS_FLOAT>, WIDE_ROWS_FLOAT, prepared_float_bytes, prepare_float, float_band_rows};
         case BF16: return {wide_tile_float<BF16, WIDE_ROWS_FLOAT>, WIDE_ROWS_FLOAT, prepared_float_bytes, prepare_float, float_band_rows};
-        default: return grid_tile_for(type);  // the grid types' ymm tiles, as AVX2's
+        default: return wide_grid_tile_for(type);  // the grid types
     }
 }
 

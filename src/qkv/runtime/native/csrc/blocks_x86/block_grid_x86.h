@@ -118,52 +118,65 @@ inline __m256i grid_products(const GridPart &part, __m256i x) {  // 8 int32 part
     return _mm256_madd_epi16(_mm256_maddubs_epi16(part.w, _mm256_sign_epi8(x, part.signs)), part.mult);
 }
 
+// A super-block's share of an output as the generic reference (block_format.cpp's dot_iq) adds
+// it: (d_w d_x) times (the exact integer sum over the type's divisor, a power of 2). Every
+// variant, one row or a tile, takes these float operations in this order: the same bits.
 template <class B>
-inline float grid_scale(const B &b, float dx) {  // d_w d_x over the type's divisor, in this order everywhere
-    return half(iq_d(b)) * dx * (1.f / static_cast<float>(IqDivisor<B>::value));
+inline float grid_term(const B &b, float dx, int32_t isum) {
+    return (half(iq_d(b)) * dx) * (static_cast<float>(isum) * (1.f / static_cast<float>(IqDivisor<B>::value)));
 }
 
 template <class B>
 float dot_grid(const uint8_t *row, const XRow &x, int64_t K) {
-    __m256 acc = _mm256_setzero_ps();
+    float acc = 0.f;
     for (int64_t i = 0; i < K / 256; i++) {
         const B &b = *reinterpret_cast<const B *>(row + i * static_cast<int64_t>(sizeof(B)));
         const int8_t *c = x.q + 256 * i;
         __m256i sumi = _mm256_setzero_si256();
 #pragma GCC unroll 8
         for (int s = 0; s < 8; s++) sumi = _mm256_add_epi32(sumi, grid_products(grid_part(b, s), load(c + 32 * s)));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(grid_scale(b, x.d[i])), _mm256_cvtepi32_ps(sumi), acc);
+        acc += grid_term(b, x.d[i], hsum_i32(sumi));
     }
-    return hsum(acc);
+    return acc;
 }
 
-// A prompt's tile (block_format.h's Tile): each super-block of the NR weight rows unpacked once
-// for the band of M activation rows, as signed codes w (sign(w) |w|) and multipliers. A row's
-// codes are shifted to unsigned bytes once for the NR weight rows, x + 128, and multiplied by
+// The exact totals of four rows' 8 int32 lanes: (total a, total b, total c, total d).
+inline __m128i totals4(__m256i a, __m256i b, __m256i c, __m256i d) {
+    const __m256i abcd = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));  // per 128-bit half: a b c d
+    return _mm_add_epi32(_mm256_castsi256_si128(abcd), _mm256_extracti128_si256(abcd, 1));
+}
+
+// A prompt's tile (block_format.h's Tile): each super-block of the NR = 4 weight rows unpacked
+// once for the band of M activation rows, as signed codes w (sign(w) |w|) and multipliers. A row's
+// codes are shifted to unsigned bytes once for the weight rows, x + 128, and multiplied by
 // the signed codes: vpmaddubsw((x + 128), w) = x w + 128 w per pair (below 255 * 62 * 2: no
 // saturation), so each lane is dot_grid's lane plus 128 m sum(w), which the unpacking sums
-// once per weight row (`offset`) and each output takes off. The int32 lanes are dot_grid's
-// exactly and every output then takes its float operations in order: its bits.
+// once per weight row (`offset`) and each output takes off. The four rows' exact totals then
+// take grid_term's float operations side by side in one register: each output's bits are its
+// row's alone.
 template <class B, int NR>
 void tile_grid(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t M, int64_t K, const void *, float *out, int64_t ldo) {
-    __m256 acc[BAND][NR];
-    for (int64_t m = 0; m < M; m++)
-        for (int n = 0; n < NR; n++) acc[m][n] = _mm256_setzero_ps();
+    static_assert(NR == 4, "the four rows' totals share one register");
+    __m128 acc[BAND];
+    for (int64_t m = 0; m < M; m++) acc[m] = _mm_setzero_ps();
     __m256i w[NR][8], mult[NR][8], offset[NR];
     const __m256i shift = _mm256_set1_epi8(static_cast<char>(0x80));
+    const __m128 inverse = _mm_set1_ps(1.f / static_cast<float>(IqDivisor<B>::value));
     for (int64_t i = 0; i < K / 256; i++) {
-        const B *b[NR];
+        float dw[NR];
         for (int n = 0; n < NR; n++) {
-            b[n] = reinterpret_cast<const B *>(row + n * row_bytes + i * static_cast<int64_t>(sizeof(B)));
+            const B &b = *reinterpret_cast<const B *>(row + n * row_bytes + i * static_cast<int64_t>(sizeof(B)));
+            dw[n] = half(iq_d(b));
             offset[n] = _mm256_setzero_si256();
 #pragma GCC unroll 8
             for (int s = 0; s < 8; s++) {
-                const GridPart part = grid_part(*b[n], s);
+                const GridPart part = grid_part(b, s);
                 w[n][s] = _mm256_sign_epi8(part.w, part.signs);
                 mult[n][s] = part.mult;
                 offset[n] = _mm256_add_epi32(offset[n], _mm256_madd_epi16(_mm256_maddubs_epi16(shift, w[n][s]), part.mult));
             }
         }
+        const __m128 d_w = _mm_loadu_ps(dw);
         for (int64_t m = 0; m < M; m++) {
             const int8_t *c = xs[m].q + 256 * i;
             __m256i sumi[NR];
@@ -173,12 +186,12 @@ void tile_grid(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t M,
                 for (int n = 0; n < NR; n++)
                     sumi[n] = _mm256_add_epi32(sumi[n], _mm256_madd_epi16(_mm256_maddubs_epi16(x, w[n][s]), mult[n][s]));
             }
-            for (int n = 0; n < NR; n++)
-                acc[m][n] = _mm256_fmadd_ps(_mm256_set1_ps(grid_scale(*b[n], xs[m].d[i])), _mm256_cvtepi32_ps(sumi[n]), acc[m][n]);
+            const __m128 total = _mm_cvtepi32_ps(totals4(sumi[0], sumi[1], sumi[2], sumi[3]));
+            const __m128 term = _mm_mul_ps(_mm_mul_ps(d_w, _mm_set1_ps(xs[m].d[i])), _mm_mul_ps(total, inverse));  // grid_term's
+            acc[m] = _mm_add_ps(acc[m], term);
         }
     }
-    for (int64_t m = 0; m < M; m++)
-        for (int n = 0; n < NR; n++) out[m * ldo + n] = hsum(acc[m][n]);
+    for (int64_t m = 0; m < M; m++) _mm_storeu_ps(out + m * ldo, acc[m]);
 }
 
 constexpr int GRID_TILE_ROWS = 4;
