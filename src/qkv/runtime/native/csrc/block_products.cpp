@@ -15,7 +15,8 @@
 //
 // The product is the dequantized weights times the rounded activations: every block's integer
 // sum is exact, and the generic C++ (the reference), AVX2 and AVX-512 differ only in the order
-// of the float32 sums of those (AVX2 and AVX-512 not at all: the same kernels, block_x86.h);
+// of the float32 sums of those (AVX2 and AVX-512 not at all: the same kernels, block_x86.h; the
+// grid types not at all: every variant adds their super-blocks' sums in the generic order);
 // F16 / BF16 are float32 sums of w x throughout, the variants' order the generic one's but for
 // its lanes.
 // Each output is computed by the same operations whatever M is (batch invariance): four or more
