@@ -79,9 +79,10 @@ template <class B>
 inline void unpack_grid(const B &b, GridRow &out) {
     const __m256i shift = _mm256_set1_epi8(static_cast<char>(0x80));
     __m256i offset = _mm256_setzero_si256();
+    const GridHead head = grid_head(b);
 #pragma GCC unroll 8
     for (int s = 0; s < 8; s++) {
-        const GridPart part = grid_part(b, s);
+        const GridPart part = grid_part(b, head, s);
         const __m256i w = _mm256_sign_epi8(part.w, part.signs);
         _mm256_store_si256(reinterpret_cast<__m256i *>(out.code + 32 * s), w);
         out.mult[2 * s] = static_cast<int16_t>(_mm256_extract_epi16(part.mult, 0));  // the first 16 codes'

@@ -40,16 +40,51 @@ inline __m256i seven_sign_bytes(uint32_t a, uint32_t b, uint32_t c, uint32_t d) 
     return rows8(SIGN_BYTES.row[a & 127], SIGN_BYTES.row[b & 127], SIGN_BYTES.row[c & 127], SIGN_BYTES.row[d & 127]);
 }
 
-// IQ1's delta of a group of 8 as its 8 bytes: +1 where the sign bit (bit 0 of `bit`) is clear,
-// -1 where set; arithmetic, not a branch (random signs mispredict).
-inline uint64_t delta_bytes(int bit) { return static_cast<uint64_t>(static_cast<uint8_t>(1 - 2 * (bit & 1))) * 0x0101010101010101ull; }
-
-inline __m256i multipliers(int lo, int hi) {  // int16 lanes 0..7 (the first 16 weights) lo, 8..15 hi
-    return _mm256_set_m128i(_mm_set1_epi16(static_cast<short>(hi)), _mm_set1_epi16(static_cast<short>(lo)));
-}
-
 inline __m256i sign_bits(const uint8_t *p) {  // 4 bytes of sign bits -> 32 bytes: -1 where set, +1 where clear
     return _mm256_or_si256(bit_bytes(p), _mm256_set1_epi8(1));
+}
+
+// The multipliers of a per-16 type's super-block (IQ2_XS, IQ2_S, IQ1_M), computed once for its
+// 8 sub-blocks: register c holds sub-blocks 4 c .. 4 c + 3, int32 lane 2 t + e the multiplier of
+// half e (the first or last 16 codes) of sub-block 4 c + t, in both 16-bit halves; a sub-block's
+// multipliers are then one permute (instead of scalar shifts and two broadcasts a sub-block).
+struct GridHead {
+    __m256i part[2];
+};
+
+inline __m256i odd_pairs(__m256i m) {  // int32 lanes m -> 2 m + 1 in both 16-bit halves
+    const __m256i odd = _mm256_add_epi32(_mm256_slli_epi32(m, 1), _mm256_set1_epi32(1));
+    return _mm256_or_si256(odd, _mm256_slli_epi32(odd, 16));
+}
+
+template <class B>
+inline GridHead grid_head(const B &b) {
+    GridHead head{};
+    if constexpr (std::is_same_v<B, BlockIQ2_XS> || std::is_same_v<B, BlockIQ2_S>) {  // nibble e of scales[s]
+        for (int c = 0; c < 2; c++) {
+            uint32_t four;
+            memcpy(&four, b.scales + 4 * c, sizeof four);
+            const __m256i bytes = _mm256_cvtepu8_epi32(_mm_cvtsi32_si128(static_cast<int>(four)));
+            const __m256i spread = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
+            head.part[c] = odd_pairs(_mm256_and_si256(_mm256_srlv_epi32(spread, _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4)),
+                                                      _mm256_set1_epi32(15)));
+        }
+    } else if constexpr (std::is_same_v<B, BlockIQ1_M>) {  // 3-bit field j at 3 (j % 4) of scales[j / 4]
+        const __m256i words = _mm256_cvtepu16_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(b.scales)));
+        for (int c = 0; c < 2; c++) {
+            const __m256i spread = _mm256_permutevar8x32_epi32(words, _mm256_setr_epi32(2 * c, 2 * c, 2 * c, 2 * c, 2 * c + 1,
+                                                                                         2 * c + 1, 2 * c + 1, 2 * c + 1));
+            head.part[c] = odd_pairs(_mm256_and_si256(_mm256_srlv_epi32(spread, _mm256_setr_epi32(0, 3, 6, 9, 0, 3, 6, 9)),
+                                                      _mm256_set1_epi32(7)));
+        }
+    }
+    (void)b;
+    return head;
+}
+
+inline __m256i head_multipliers(const GridHead &head, int s) {  // multipliers(first 16's, last 16's) of sub-block s
+    const int t = 2 * (s % 4);
+    return _mm256_permutevar8x32_epi32(head.part[s / 4], _mm256_setr_epi32(t, t, t, t, t + 1, t + 1, t + 1, t + 1));
 }
 
 // A sub-block's weights as the products take them: magnitudes w (unsigned bytes), the signs
@@ -59,7 +94,7 @@ struct GridPart {
 };
 
 template <class B>
-inline GridPart grid_part(const B &b, int s) {  // sub-block s: weights 32 s .. 32 s + 31
+inline GridPart grid_part(const B &b, const GridHead &head, int s) {  // sub-block s: weights 32 s .. 32 s + 31
     if constexpr (std::is_same_v<B, BlockIQ2_XXS>) {
         const uint8_t *p = b.qs + 8 * s;
         uint32_t aux;
@@ -77,14 +112,13 @@ inline GridPart grid_part(const B &b, int s) {  // sub-block s: weights 32 s .. 
     } else if constexpr (std::is_same_v<B, BlockIQ2_XS>) {
         const uint16_t *q = b.qs + 4 * s;
         const __m256i w = rows8(IQ2_XS_GRID[q[0] & 511], IQ2_XS_GRID[q[1] & 511], IQ2_XS_GRID[q[2] & 511], IQ2_XS_GRID[q[3] & 511]);
-        return {w, seven_sign_bytes(q[0] >> 9, q[1] >> 9, q[2] >> 9, q[3] >> 9),
-                multipliers(2 * (b.scales[s] & 15) + 1, 2 * (b.scales[s] >> 4) + 1)};
+        return {w, seven_sign_bytes(q[0] >> 9, q[1] >> 9, q[2] >> 9, q[3] >> 9), head_multipliers(head, s)};
     } else if constexpr (std::is_same_v<B, BlockIQ2_S>) {  // index l: qs byte | bits 2l .. 2l + 1 of qh[s] << 8
         const uint8_t *q = b.qs + 4 * s;
         const int h = b.qh[s];
         const __m256i w = rows8(IQ2_S_GRID[q[0] | ((h << 8) & 0x300)], IQ2_S_GRID[q[1] | ((h << 6) & 0x300)],
                                 IQ2_S_GRID[q[2] | ((h << 4) & 0x300)], IQ2_S_GRID[q[3] | ((h << 2) & 0x300)]);
-        return {w, sign_bits(b.signs + 4 * s), multipliers(2 * (b.scales[s] & 15) + 1, 2 * (b.scales[s] >> 4) + 1)};
+        return {w, sign_bits(b.signs + 4 * s), head_multipliers(head, s)};
     } else if constexpr (std::is_same_v<B, BlockIQ3_S>) {  // index k: qs byte | bit k of qh[s] << 8, eight at once
         const __m256i high = _mm256_srlv_epi32(_mm256_set1_epi32(b.qh[s]), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
         const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(b.qs + 8 * s)));
@@ -92,16 +126,19 @@ inline GridPart grid_part(const B &b, int s) {  // sub-block s: weights 32 s .. 
         const __m256i w = _mm256_i32gather_epi32(reinterpret_cast<const int *>(IQ3_S_GRID), index, 4);  // here a gather measured faster
         const int m = 2 * ((b.scales[s / 2] >> (4 * (s % 2))) & 15) + 1;
         return {w, sign_bits(b.signs + 4 * s), _mm256_set1_epi16(static_cast<short>(m))};
-    } else if constexpr (std::is_same_v<B, BlockIQ1_M>) {  // group 4 s + l: its qh field's 3 index bits and delta sign
+    } else if constexpr (std::is_same_v<B, BlockIQ1_M>) {  // group 4 s + l: nibble l of qh's 16 bits, 3 index bits and the delta sign
         const uint8_t *q = b.qs + 4 * s;
-        const int h0 = b.qh[2 * s], h1 = b.qh[2 * s + 1];  // iq1_m_field of groups 4 s .. 4 s + 3
-        const int f0 = h0 & 15, f1 = h0 >> 4, f2 = h1 & 15, f3 = h1 >> 4;
-        const __m256i g = rows8(IQ1_S_GRID[q[0] | ((f0 & 7) << 8)], IQ1_S_GRID[q[1] | ((f1 & 7) << 8)],
-                                IQ1_S_GRID[q[2] | ((f2 & 7) << 8)], IQ1_S_GRID[q[3] | ((f3 & 7) << 8)]);
-        const __m256i delta = rows8(delta_bytes(f0 >> 3), delta_bytes(f1 >> 3), delta_bytes(f2 >> 3), delta_bytes(f3 >> 3));
+        const int h = b.qh[2 * s] | (b.qh[2 * s + 1] << 8);  // iq1_m_field of groups 4 s .. 4 s + 3
+        const __m256i g = rows8(IQ1_S_GRID[q[0] | ((h << 8) & 0x700)], IQ1_S_GRID[q[1] | ((h << 4) & 0x700)],
+                                IQ1_S_GRID[q[2] | (h & 0x700)], IQ1_S_GRID[q[3] | ((h >> 4) & 0x700)]);
+        // bit 4 l + 3 of h to byte 0 of 64-bit lane l, spread over its 8 bytes: 1 - 2 bit, +1 or -1
+        const __m256i bit = _mm256_and_si256(_mm256_srlv_epi64(_mm256_set1_epi64x(h), _mm256_setr_epi64x(3, 7, 11, 15)),
+                                             _mm256_set1_epi64x(1));
+        const __m256i bits = _mm256_shuffle_epi8(bit, _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 8, 8, 8, 8, 8, 8, 8, 8, 0, 0, 0, 0, 0, 0,
+                                                                       0, 0, 8, 8, 8, 8, 8, 8, 8, 8));
+        const __m256i delta = _mm256_sub_epi8(_mm256_set1_epi8(1), _mm256_add_epi8(bits, bits));
         const __m256i w = _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), g), delta);  // 8 g +- 1
-        const int m0 = (b.scales[s / 2] >> (6 * (s % 2))) & 7, m1 = (b.scales[s / 2] >> (6 * (s % 2) + 3)) & 7;
-        return {_mm256_sign_epi8(w, w), w, multipliers(2 * m0 + 1, 2 * m1 + 1)};
+        return {_mm256_sign_epi8(w, w), w, head_multipliers(head, s)};
     } else {  // IQ1_S: index l: qs byte | bits 3l .. 3l + 2 of qh[s] << 8; codes 8 g +- 1
         const uint8_t *q = b.qs + 4 * s;
         const int h = b.qh[s];
@@ -134,9 +171,10 @@ inline __m128i totals4(__m256i a, __m256i b, __m256i c, __m256i d) {
 
 template <class B>
 inline __m256i grid_sums(const B &b, const int8_t *c) {  // a super-block's 8 int32 lanes against codes c
+    const GridHead head = grid_head(b);
     __m256i sumi = _mm256_setzero_si256();
 #pragma GCC unroll 8
-    for (int s = 0; s < 8; s++) sumi = _mm256_add_epi32(sumi, grid_products(grid_part(b, s), load(c + 32 * s)));
+    for (int s = 0; s < 8; s++) sumi = _mm256_add_epi32(sumi, grid_products(grid_part(b, head, s), load(c + 32 * s)));
     return sumi;
 }
 
@@ -188,9 +226,10 @@ void tile_grid(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t M,
             const B &b = *reinterpret_cast<const B *>(row + n * row_bytes + i * static_cast<int64_t>(sizeof(B)));
             dw[n] = half(iq_d(b));
             offset[n] = _mm256_setzero_si256();
+            const GridHead head = grid_head(b);
 #pragma GCC unroll 8
             for (int s = 0; s < 8; s++) {
-                const GridPart part = grid_part(b, s);
+                const GridPart part = grid_part(b, head, s);
                 w[n][s] = _mm256_sign_epi8(part.w, part.signs);
                 mult[n][s] = part.mult;
                 offset[n] = _mm256_add_epi32(offset[n], _mm256_madd_epi16(_mm256_maddubs_epi16(shift, w[n][s]), part.mult));
