@@ -188,19 +188,18 @@ inline void unpack256(const uint8_t *p, Unpacked256 &u) {
             u.extra = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(15)));
             u.dmin = half(b.dmin);
         } else {
-            int8_t sc[16];
-            for (int s = 0; s < 16; s++) sc[s] = static_cast<int8_t>(q3_scale(b.scales, s) - 32);
-            sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i *>(sc));
+            sc8 = q3_scales(b.scales);
             hm = load(b.hmask);
             u.extra = _mm256_cvtepi8_epi16(sc8);
         }
+        const Scales16 scales = scales16(sc8, T == Q3_K);
         for (int h = 0; h < 2; h++) {
             const __m256i bits = load(b.qs + 32 * h);
             for (int t = 0; t < 4; t++) {
                 __m256i q = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * t), three);
                 if constexpr (T == Q3_K) q = _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + t), one), 2));
                 u.q[4 * h + t] = q;
-                u.scales[4 * h + t] = two_scales16(sc8, 8 * h + 2 * t, T == Q3_K);
+                u.scales[4 * h + t] = pair_scales(scales, 8 * h + 2 * t);
             }
         }
         u.d = half(b.d);

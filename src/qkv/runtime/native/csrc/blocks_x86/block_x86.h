@@ -353,9 +353,35 @@ float dot_q6_k(const uint8_t *row, const XRow &x, int64_t K) {
     return hsum(acc);
 }
 
-inline __m256i two_scales16(__m128i sc8, int s, bool is_signed) {  // int16 lanes 0..7 scale s, 8..15 scale s + 1
-    const __m128i pair = _mm_shuffle_epi8(sc8, _mm_unpacklo_epi64(_mm_set1_epi8(static_cast<char>(s)), _mm_set1_epi8(static_cast<char>(s + 1))));
-    return is_signed ? _mm256_cvtepi8_epi16(pair) : _mm256_cvtepu8_epi16(pair);
+// Q3_K's 16 six-bit scales less 32, as int8 (q3_scale's bits): the low nibbles and the 2-bit high
+// parts of four scales cut out of the 12 bytes' 32-bit words at once, not one scale at a time.
+inline __m128i q3_scales(const uint8_t *scales) {
+    uint32_t a[3];
+    memcpy(a, scales, sizeof a);
+    const uint32_t low = 0x0F0F0F0Fu, two = 0x03030303u;
+    const __m128i six = _mm_setr_epi32(static_cast<int>((a[0] & low) | ((a[2] & two) << 4)),
+                                       static_cast<int>((a[1] & low) | (((a[2] >> 2) & two) << 4)),
+                                       static_cast<int>(((a[0] >> 4) & low) | (((a[2] >> 4) & two) << 4)),
+                                       static_cast<int>(((a[1] >> 4) & low) | (((a[2] >> 6) & two) << 4)));
+    return _mm_sub_epi8(six, _mm_set1_epi8(32));
+}
+
+// Q2_K / Q3_K's 16 scales as int16, each half (scales 8 h .. 8 h + 7) in both 128-bit lanes, so
+// that a pair of them is one in-lane shuffle (pair_scales) instead of a shuffle and a widening.
+struct Scales16 {
+    __m256i half[2];
+};
+
+inline Scales16 scales16(__m128i sc8, bool is_signed) {
+    const __m256i all = is_signed ? _mm256_cvtepi8_epi16(sc8) : _mm256_cvtepu8_epi16(sc8);
+    return {{_mm256_permute2x128_si256(all, all, 0x00), _mm256_permute2x128_si256(all, all, 0x11)}};
+}
+
+inline __m256i pair_scales(const Scales16 &scales, int s) {  // s even: int16 lanes 0..7 scale s, 8..15 scale s + 1
+    const char j = static_cast<char>(2 * (s % 8));
+    const char k = static_cast<char>(j + 2);
+    return _mm256_shuffle_epi8(scales.half[s / 8], _mm256_setr_epi8(j, j + 1, j, j + 1, j, j + 1, j, j + 1, j, j + 1, j, j + 1, j, j + 1, j, j + 1,
+                                                                     k, k + 1, k, k + 1, k, k + 1, k, k + 1, k, k + 1, k, k + 1, k, k + 1, k, k + 1));
 }
 
 // Q2_K / Q3_K: weight 128 h + 32 t + r from bits 2t of qs[32 h + r]; Q3_K adds 4 where bit 4h + t of
@@ -377,19 +403,20 @@ float dot_k2(const uint8_t *row, const XRow &x, int64_t K) {
             const __m256i mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(15)));
             mins = _mm256_fmadd_ps(_mm256_set1_ps(half(b.dmin) * x.d[i]), _mm256_cvtepi32_ps(_mm256_madd_epi16(mn, sums)), mins);
         } else {
-            int8_t sc[16];
-            for (int s = 0; s < 16; s++) sc[s] = static_cast<int8_t>(q3_scale(b.scales, s) - 32);
-            sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i *>(sc));
+            sc8 = q3_scales(b.scales);
             hm = load(b.hmask);
         }
+        const Scales16 scales = scales16(sc8, T == Q3_K);
         __m256i sumi = _mm256_setzero_si256();
+#pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
             const __m256i bits = load(b.qs + 32 * h);
+#pragma GCC unroll 4
             for (int t = 0; t < 4; t++) {
                 __m256i q = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * t), three);
                 if constexpr (T == Q3_K) q = _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + t), one), 2));
                 const __m256i p16 = _mm256_maddubs_epi16(q, load(c + 128 * h + 32 * t));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, two_scales16(sc8, 8 * h + 2 * t, T == Q3_K)));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, pair_scales(scales, 8 * h + 2 * t)));
             }
         }
         if constexpr (T == Q3_K) sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(_mm256_madd_epi16(sums, _mm256_cvtepi8_epi16(sc8)), 2));
