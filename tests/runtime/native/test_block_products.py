@@ -26,6 +26,7 @@ pytestmark = pytest.mark.skipif(block_ops.block_products_status() is not None, r
 TYPES = sorted(block_ops.NATIVE_TYPES, key=int)
 SUPER_BLOCKS = {t for t in TYPES if gguf.GGML_QUANT_SIZES[t][0] == 256}  # the K-quants, IQ4_XS, the grid types
 GRIDS = {Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ1_S, Q.IQ1_M}  # codes from a grid, a multiplier per 16 or 32
+GENERIC_ORDER = GRIDS | {Q.Q2_K, Q.Q3_K}  # every variant adds the super-blocks' exact sums in the generic order
 FLOATS = {Q.F16, Q.BF16}  # plain 16-bit values, multiplied against float32 activations as they are
 
 
@@ -128,12 +129,12 @@ def test_every_variant_is_the_dequantized_weights_times_the_rounded_activations(
 
 
 @pytest.mark.parametrize(("rows", "k"), ((1, 768), (70, 768), (150, 8192)))
-@pytest.mark.parametrize("block_type", sorted(GRIDS, key=int), ids=lambda t: t.name)
-def test_the_grid_types_products_are_the_generic_references_bits(block_type: Q, rows: int, k: int) -> None:
-    """A grid type's super-block sums are exact integers, and every variant adds each one's
-    share with the generic reference's float operations (block_grid_x86.h's grid_term): one row,
-    a prompt's tiles (AVX-512's sixteen rows a register, a ragged last group of 6 rows), and a
-    long prompt's several bands all give the generic bits."""
+@pytest.mark.parametrize("block_type", sorted(GENERIC_ORDER, key=int), ids=lambda t: t.name)
+def test_these_types_products_are_the_generic_references_bits(block_type: Q, rows: int, k: int) -> None:
+    """A grid type's or Q2_K's / Q3_K's super-block sums are exact integers, and every variant adds
+    each one's share with the generic reference's float operations (block_grid_x86.h's grid_term,
+    block_k2_x86.h's dot_k2): one row, a prompt's tiles (AVX-512's sixteen rows a register, a
+    ragged last group of 6 rows), and a long prompt's several bands all give the generic bits."""
     blocks, _ = matrix(block_type, 19, k, 14)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(15)) * 3
     generic = run(x, blocks, block_type, "generic")

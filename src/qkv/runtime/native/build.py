@@ -63,7 +63,7 @@ SOURCES: tuple[str, ...] = ("products.cpp", "products_x86.cpp", "attention.cpp",
                             "repacked/q8_0_layout.cpp", "repacked/x86/q8_0_avx2.cpp", "repacked/x86/q8_0_avx512.cpp",
                             "repacked/iq4xs_layout.cpp", "repacked/x86/iq4xs_avx2.cpp", "repacked/x86/iq4xs_avx512.cpp",
                             "repacked/q6k_layout.cpp", "repacked/x86/q6k_avx2.cpp", "repacked/x86/q6k_avx512.cpp", "repacked/ops.cpp")
-HEADERS: tuple[str, ...] = ("kernels.h", "block_format.h", "blocks_x86/block_x86.h", "blocks_x86/block_grid_x86.h", "blocks_x86/block_float_x86.h", "blocks_x86/block_float_avx512.h", "blocks_x86/block_grid_avx512.h", "blocks_x86/block_tiles_x86.h", "quantized_cache/attention_simd.h",
+HEADERS: tuple[str, ...] = ("kernels.h", "block_format.h", "blocks_x86/block_x86.h", "blocks_x86/block_grid_x86.h", "blocks_x86/block_float_x86.h", "blocks_x86/block_k2_x86.h", "blocks_x86/block_float_avx512.h", "blocks_x86/block_grid_avx512.h", "blocks_x86/block_tiles_x86.h", "quantized_cache/attention_simd.h",
                             "repacked/q4k.h", "repacked/q8_0.h", "repacked/iq4xs.h", "repacked/q6k.h", "repacked/x86/target_begin.h", "repacked/x86/target_end.h")
 FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-ffp-contract=off", "-Wall", "-Wextra")
 VARIANTS = ("generic", "avx2", "avx512")  # slowest first, the names qkv::set_variant takes

@@ -302,10 +302,13 @@ inline int32_t int_dot(const int8_t *a, const int8_t *b, int n) {
 }
 
 // A super-block: acc += (d_w d_x) isum - (dmin_w d_x) msum, isum the scaled codes' dot products
-// and msum the minimums times the activations' sums (per 16 or per 32).
+// and msum the minimums times the activations' sums (per 16 or per 32). Q2_K and Q3_K (as the grid
+// types, dot_iq) keep four accumulators by super-block, which their x86 kernels hold in one
+// register; the others one, whose order the repacked kernels (repacked/) follow.
 template <class B, int64_t T>
 float dot256(const uint8_t *row, const XRow &x, int64_t K) {
-    float acc = 0.f;
+    constexpr bool four = T == Q2_K || T == Q3_K;  // super-block i's terms in acc[i % 4], in order; then (a0 + a2) + (a1 + a3)
+    float acc[4] = {};
     int8_t q[256];
     for (int64_t i = 0; i < K / 256; i++) {
         const B &b = at<B>(row + i * static_cast<int64_t>(sizeof(B)));
@@ -335,17 +338,18 @@ float dot256(const uint8_t *row, const XRow &x, int64_t K) {
                 }
             }
         }
-        acc += (f16(b.d) * x.d[i]) * static_cast<float>(isum);
-        if constexpr (T == Q2_K || T == Q4_K || T == Q5_K) acc -= (f16(b.dmin) * x.d[i]) * static_cast<float>(msum);
+        float &a = acc[four ? i % 4 : 0];
+        a += (f16(b.d) * x.d[i]) * static_cast<float>(isum);
+        if constexpr (T == Q2_K || T == Q4_K || T == Q5_K) a -= (f16(b.dmin) * x.d[i]) * static_cast<float>(msum);
     }
-    return acc;
+    return four ? (acc[0] + acc[2]) + (acc[1] + acc[3]) : acc[0];
 }
 
 // A grid type's super-block: its 256 codes meet the activations' in 16 exact dot products, each
 // times its integer multiplier; (d_w d_x) times that sum over the type's divisor (a power of 2).
 template <class B>
 float dot_iq(const uint8_t *row, const XRow &x, int64_t K) {
-    float acc = 0.f;
+    float acc[4] = {};  // as dot256's
     int8_t q[256];
     int16_t mult[16];
     for (int64_t i = 0; i < K / 256; i++) {
@@ -354,9 +358,9 @@ float dot_iq(const uint8_t *row, const XRow &x, int64_t K) {
         const int8_t *c = x.q + 256 * i;
         int32_t isum = 0;
         for (int s = 0; s < 16; s++) isum += mult[s] * int_dot(q + 16 * s, c + 16 * s, 16);
-        acc += (f16(iq_d(b)) * x.d[i]) * (static_cast<float>(isum) * (1.f / static_cast<float>(IqDivisor<B>::value)));
+        acc[i % 4] += (f16(iq_d(b)) * x.d[i]) * (static_cast<float>(isum) * (1.f / static_cast<float>(IqDivisor<B>::value)));
     }
-    return acc;
+    return (acc[0] + acc[2]) + (acc[1] + acc[3]);
 }
 
 // A row of plain 16-bit floats against float32 activations: one float32 sum of w x, in order

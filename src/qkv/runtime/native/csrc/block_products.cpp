@@ -21,7 +21,7 @@
 // its lanes.
 // Each output is computed by the same operations whatever M is (batch invariance): four or more
 // rows run in tiles (block_format.h's Tile), whose outputs are the one-row kernels' bits.
-// A tile's prepared activations (AVX-512's) are about 2.3 bytes an input, less than x itself.
+// A tile's prepared activations (AVX-512's) are about 1 to 2.1 bytes an input, less than x itself.
 //
 // Shape legend: M rows of x, K inputs, N outputs.
 #include "block_format.h"

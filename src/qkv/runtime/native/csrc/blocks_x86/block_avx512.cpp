@@ -23,8 +23,9 @@ namespace {
 constexpr int WIDE_ROWS_256 = 4, WIDE_ROWS_32 = 8;  // weight rows a wide tile: K-quants, 32-blocks
 
 // -- AVX-512's wide tiles (block_format.h's Tile): sixteen rows of activations in the 16 lanes
-// of a zmm register, the weights broadcast. Super-blocks (Q2_K, Q3_K, Q5_K, IQ4_XS; Q6_K has a
-// tile of its own, two activation rows a zmm register, further down):
+// of a zmm register, the weights broadcast. Super-blocks (Q5_K, IQ4_XS; Q6_K has a tile of its
+// own, two activation rows a zmm register, further down; Q2_K / Q3_K and the grid types
+// block_grid_avx512.h's):
 //
 // The one-row kernels (block_x86.h) give each (row, super-block) 8 int32 lanes, lane j summing
 // scale * code * x over bytes 4j .. 4j + 3 of each of the eight 32-code vectors t, and one float
@@ -35,15 +36,14 @@ constexpr int WIDE_ROWS_256 = 4, WIDE_ROWS_32 = 8;  // weight rows a wide tile: 
 // the final sum of the 8 lanes is hsum's tree: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
 //
 // The band's activations are prepared once a task (prepare256): per group of 16 rows and
-// super-block, X[p] the 128 int16 pairs, S[j] the 16-sums' 8 pairs, S32[i] Q5_K's 32-sums' 4
-// pairs, D the 16 steps.
+// super-block, X[p] the 128 int16 pairs, S32[i] Q5_K's 32-sums' 4 pairs, D the 16 steps.
 //
 // Shape legend: a group of 16 rows m (lanes); NR weight rows n a tile; j < 8 the one-row
 // kernel's int32 lanes; p < 128 int16 pairs of a super-block.
 constexpr int64_t LANES = 16;
 
 struct Prepared256 {  // one group of 16 rows, one super-block
-    __m512i X[128], S[8], S32[4];
+    __m512i X[128], S32[4];
     __m512 D;
 };
 
@@ -57,13 +57,12 @@ void prepare256(const XRow *xs, int64_t M, int64_t K, void *prepared) {
     for (int64_t q = 0; q < groups; q++)
         for (int64_t i = 0; i < SB; i++) {
             Prepared256 &p = P[q * SB + i];
-            alignas(64) int32_t x[128][LANES], s[8][LANES], s32[4][LANES];
+            alignas(64) int32_t x[128][LANES], s32[4][LANES];
             alignas(64) float d[LANES];
             for (int64_t l = 0; l < LANES; l++) {
                 const int64_t m = q * LANES + l;
                 if (m >= M) {  // a ragged group's missing rows: zeros, their outputs never stored
                     for (int k = 0; k < 128; k++) x[k][l] = 0;
-                    for (int k = 0; k < 8; k++) s[k][l] = 0;
                     for (int k = 0; k < 4; k++) s32[k][l] = 0;
                     d[l] = 0.f;
                     continue;
@@ -75,12 +74,10 @@ void prepare256(const XRow *xs, int64_t M, int64_t K, void *prepared) {
                 int16_t sums32[8];
                 for (int k = 0; k < 8; k++) sums32[k] = static_cast<int16_t>(sums[2 * k] + sums[2 * k + 1]);  // as vphaddw
                 for (int k = 0; k < 128; k++) memcpy(&x[k][l], wide + 2 * k, 4);
-                for (int k = 0; k < 8; k++) memcpy(&s[k][l], sums + 2 * k, 4);
                 for (int k = 0; k < 4; k++) memcpy(&s32[k][l], sums32 + 2 * k, 4);
                 d[l] = xs[m].d[i];
             }
             for (int k = 0; k < 128; k++) p.X[k] = _mm512_load_si512(x[k]);
-            for (int k = 0; k < 8; k++) p.S[k] = _mm512_load_si512(s[k]);
             for (int k = 0; k < 4; k++) p.S32[k] = _mm512_load_si512(s32[k]);
             p.D = _mm512_load_ps(d);
         }
@@ -88,7 +85,7 @@ void prepare256(const XRow *xs, int64_t M, int64_t K, void *prepared) {
 
 struct Weights256 {  // one weight row's super-block as the wide tile broadcasts it
     alignas(64) int32_t W[128];  // int16 pairs: code * scale
-    int32_t E[8];                // Q3_K: pairs of -4 times the 16 scales; Q2_K: the 16 minimums; Q5_K: the 8 minimums (E[4 .. 8))
+    int32_t E[8];                // Q5_K: the 8 minimums (int16 pairs E[4 .. 8))
     float d, dmin;
 };
 
@@ -103,11 +100,9 @@ inline void weights256(const uint8_t *block, Weights256 &w) {
         const __m512i codes = T == IQ4_XS ? _mm512_cvtepi8_epi16(u.q[t]) : _mm512_cvtepu8_epi16(u.q[t]);  // IQ4_XS's are signed
         _mm512_store_si512(w.W + 16 * t, _mm512_mullo_epi16(codes, scale));
     }
-    __m256i extra = u.extra;
-    if constexpr (T == Q3_K) extra = _mm256_mullo_epi16(extra, _mm256_set1_epi16(-4));
-    _mm256_storeu_si256(reinterpret_cast<__m256i *>(w.E), extra);
+    _mm256_storeu_si256(reinterpret_cast<__m256i *>(w.E), u.extra);
     w.d = u.d;
-    w.dmin = T == Q2_K || T == Q5_K ? u.dmin : 0.f;
+    w.dmin = T == Q5_K ? u.dmin : 0.f;
 }
 
 inline __m512 tree8(const __m512 *a) {  // hsum's order over 8 lanes, lane by lane
@@ -122,11 +117,11 @@ void wide256(const uint8_t *row, int64_t row_bytes, const XRow *, int64_t M, int
     constexpr int64_t GROUPS = BAND / LANES;
     const int64_t SB = K / 256, groups = (M + LANES - 1) / LANES;
     const Prepared256 *P = static_cast<const Prepared256 *>(prepared);
-    __m512 acc[GROUPS][NR][8], mins[T == Q2_K ? GROUPS : 1][NR][8], mins4[T == Q5_K ? GROUPS : 1][NR][4];
+    static_assert(T == Q5_K || T == IQ4_XS, "Q2_K / Q3_K: block_grid_avx512.h's tile");
+    __m512 acc[GROUPS][NR][8], mins4[T == Q5_K ? GROUPS : 1][NR][4];
     for (int64_t q = 0; q < groups; q++)
         for (int n = 0; n < NR; n++) {
             for (int j = 0; j < 8; j++) acc[q][n][j] = _mm512_setzero_ps();
-            if constexpr (T == Q2_K) for (int j = 0; j < 8; j++) mins[q][n][j] = _mm512_setzero_ps();
             if constexpr (T == Q5_K) for (int j = 0; j < 4; j++) mins4[q][n][j] = _mm512_setzero_ps();
         }
     Weights256 w[NR];
@@ -145,15 +140,7 @@ void wide256(const uint8_t *row, int64_t row_bytes, const XRow *, int64_t M, int
                         const __m512i x = p.X[k];
                         for (int n = 0; n < NR; n++) s[n] = _mm512_dpwssd_epi32(s[n], x, _mm512_set1_epi32(w[n].W[k]));
                     }
-                for (int n = 0; n < NR; n++) {
-                    if constexpr (T == Q3_K) s[n] = _mm512_dpwssd_epi32(s[n], p.S[j], _mm512_set1_epi32(w[n].E[j]));
-                    acc[q][n][j] = _mm512_fmadd_ps(dd[n], _mm512_cvtepi32_ps(s[n]), acc[q][n][j]);
-                    if constexpr (T == Q2_K) {
-                        const __m512i msum = _mm512_dpwssd_epi32(_mm512_setzero_si512(), p.S[j], _mm512_set1_epi32(w[n].E[j]));
-                        mins[q][n][j] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(w[n].dmin), p.D), _mm512_cvtepi32_ps(msum),
-                                                        mins[q][n][j]);
-                    }
-                }
+                for (int n = 0; n < NR; n++) acc[q][n][j] = _mm512_fmadd_ps(dd[n], _mm512_cvtepi32_ps(s[n]), acc[q][n][j]);
             }
             if constexpr (T == Q5_K)
                 for (int n = 0; n < NR; n++) {
@@ -168,7 +155,6 @@ void wide256(const uint8_t *row, int64_t row_bytes, const XRow *, int64_t M, int
     for (int64_t q = 0; q < groups; q++)
         for (int n = 0; n < NR; n++) {
             __m512 v = tree8(acc[q][n]);
-            if constexpr (T == Q2_K) v = _mm512_sub_ps(v, tree8(mins[q][n]));  // Q3_K's minimums are zeros: x - 0 is x
             if constexpr (T == Q5_K)  // dot_k4's (m0 + m2) + (m1 + m3)
                 v = _mm512_sub_ps(v, _mm512_add_ps(_mm512_add_ps(mins4[q][n][0], mins4[q][n][2]), _mm512_add_ps(mins4[q][n][1], mins4[q][n][3])));
             alignas(64) float lanes[LANES];
@@ -395,8 +381,6 @@ namespace {
 template <int NR256, int NR32>
 Tile wide_tile_for(int64_t type) {
     switch (type) {
-        case Q2_K: return {wide256<Q2_K, NR256>, NR256, prepared256_bytes, prepare256};
-        case Q3_K: return {wide256<Q3_K, NR256>, NR256, prepared256_bytes, prepare256};
         case Q5_K: return {wide256<Q5_K, NR256>, NR256, prepared256_bytes, prepare256};
         case Q6_K: return {zmm_q6_k<NR256>, NR256, pair_bytes, prepare_pairs};
         case IQ4_XS: return {wide256<IQ4_XS, NR256>, NR256, prepared256_bytes, prepare256};
@@ -408,7 +392,7 @@ Tile wide_tile_for(int64_t type) {
         case IQ4_NL: return {wide32<IQ4_NL, NR32>, NR32, prepared32_bytes, prepare32<IQ4_NL>};
         case F16: return {wide_tile_float<F16, WIDE_ROWS_FLOAT>, WIDE_ROWS_FLOAT, prepared_float_bytes, prepare_float, float_band_rows};
         case BF16: return {wide_tile_float<BF16, WIDE_ROWS_FLOAT>, WIDE_ROWS_FLOAT, prepared_float_bytes, prepare_float, float_band_rows};
-        default: return wide_grid_tile_for(type);  // the grid types
+        default: return wide_grid_tile_for(type);  // the grid types, Q2_K, Q3_K
     }
 }
 

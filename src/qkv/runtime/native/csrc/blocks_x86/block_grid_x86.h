@@ -163,12 +163,6 @@ inline float grid_term(const B &b, float dx, int32_t isum) {
     return (half(iq_d(b)) * dx) * (static_cast<float>(isum) * (1.f / static_cast<float>(IqDivisor<B>::value)));
 }
 
-// The exact totals of four rows' 8 int32 lanes: (total a, total b, total c, total d).
-inline __m128i totals4(__m256i a, __m256i b, __m256i c, __m256i d) {
-    const __m256i abcd = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));  // per 128-bit half: a b c d
-    return _mm_add_epi32(_mm256_castsi256_si128(abcd), _mm256_extracti128_si256(abcd, 1));
-}
-
 template <class B>
 inline __m256i grid_sums(const B &b, const int8_t *c) {  // a super-block's 8 int32 lanes against codes c
     const GridHead head = grid_head(b);
@@ -179,29 +173,27 @@ inline __m256i grid_sums(const B &b, const int8_t *c) {  // a super-block's 8 in
 }
 
 // Four super-blocks at a time: their totals reduced together and their grid_terms computed side
-// by side (the same operations a lane), then added in order, as one at a time would.
+// by side, each added to its own lane (block_format.cpp's dot_iq: acc[i % 4], then (a0 + a2) +
+// (a1 + a3)), so every variant, one row or a prompt's tile, gives the generic bits.
 template <class B>
 float dot_grid(const uint8_t *row, const XRow &x, int64_t K) {
     const B *b = reinterpret_cast<const B *>(row);
     const int64_t blocks = K / 256;
     const __m128 inverse = _mm_set1_ps(1.f / static_cast<float>(IqDivisor<B>::value));
-    float acc = 0.f;
-    int64_t i = 0;
-    for (; i + 4 <= blocks; i += 4) {
+    __m128 acc = _mm_setzero_ps();
+    int64_t i0 = 0;
+    for (; i0 + 4 <= blocks; i0 += 4) {
         __m256i sums[4];
 #pragma GCC unroll 1
-        for (int j = 0; j < 4; j++) sums[j] = grid_sums(b[i + j], x.q + 256 * (i + j));  // one at a time: fewer registers live
+        for (int j = 0; j < 4; j++) sums[j] = grid_sums(b[i0 + j], x.q + 256 * (i0 + j));  // one at a time: fewer registers live
         const __m128i total = totals4(sums[0], sums[1], sums[2], sums[3]);
-        const __m128 d_w = _mm_setr_ps(half(iq_d(b[i])), half(iq_d(b[i + 1])), half(iq_d(b[i + 2])), half(iq_d(b[i + 3])));
-        alignas(16) float term[4];
-        _mm_store_ps(term, _mm_mul_ps(_mm_mul_ps(d_w, _mm_loadu_ps(x.d + i)), _mm_mul_ps(_mm_cvtepi32_ps(total), inverse)));
-        acc += term[0];
-        acc += term[1];
-        acc += term[2];
-        acc += term[3];
+        const __m128 d_w = _mm_setr_ps(half(iq_d(b[i0])), half(iq_d(b[i0 + 1])), half(iq_d(b[i0 + 2])), half(iq_d(b[i0 + 3])));
+        acc = _mm_add_ps(acc, _mm_mul_ps(_mm_mul_ps(d_w, _mm_loadu_ps(x.d + i0)), _mm_mul_ps(_mm_cvtepi32_ps(total), inverse)));
     }
-    for (; i < blocks; i++) acc += grid_term(b[i], x.d[i], hsum_i32(grid_sums(b[i], x.q + 256 * i)));
-    return acc;
+    alignas(16) float a[4];
+    _mm_store_ps(a, acc);
+    for (int64_t i = i0; i < blocks; i++) a[i % 4] += grid_term(b[i], x.d[i], hsum_i32(grid_sums(b[i], x.q + 256 * i)));
+    return (a[0] + a[2]) + (a[1] + a[3]);
 }
 
 // A prompt's tile (block_format.h's Tile): each super-block of the NR = 4 weight rows unpacked
@@ -215,8 +207,9 @@ float dot_grid(const uint8_t *row, const XRow &x, int64_t K) {
 template <class B, int NR>
 void tile_grid(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t M, int64_t K, const void *, float *out, int64_t ldo) {
     static_assert(NR == 4, "the four rows' totals share one register");
-    __m128 acc[BAND];
-    for (int64_t m = 0; m < M; m++) acc[m] = _mm_setzero_ps();
+    __m128 acc[BAND][4];  // the four rows' lanes; dot_grid's accumulator i % 4 of super-block i
+    for (int64_t m = 0; m < M; m++)
+        for (int a = 0; a < 4; a++) acc[m][a] = _mm_setzero_ps();
     __m256i w[NR][8], mult[NR][8], offset[NR];
     const __m256i shift = _mm256_set1_epi8(static_cast<char>(0x80));
     const __m128 inverse = _mm_set1_ps(1.f / static_cast<float>(IqDivisor<B>::value));
@@ -247,10 +240,11 @@ void tile_grid(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t M,
             }
             const __m128 total = _mm_cvtepi32_ps(totals4(sumi[0], sumi[1], sumi[2], sumi[3]));
             const __m128 term = _mm_mul_ps(_mm_mul_ps(d_w, _mm_set1_ps(xs[m].d[i])), _mm_mul_ps(total, inverse));  // grid_term's
-            acc[m] = _mm_add_ps(acc[m], term);
+            acc[m][i % 4] = _mm_add_ps(acc[m][i % 4], term);
         }
     }
-    for (int64_t m = 0; m < M; m++) _mm_storeu_ps(out + m * ldo, acc[m]);
+    for (int64_t m = 0; m < M; m++)
+        _mm_storeu_ps(out + m * ldo, _mm_add_ps(_mm_add_ps(acc[m][0], acc[m][2]), _mm_add_ps(acc[m][1], acc[m][3])));
 }
 
 constexpr int GRID_TILE_ROWS = 4;

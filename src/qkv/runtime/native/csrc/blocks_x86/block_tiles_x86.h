@@ -210,7 +210,7 @@ inline void unpack256(const uint8_t *p, Unpacked256 &u) {
 // then its float operations.
 template <int64_t T, int NR>
 inline __attribute__((always_inline)) void take256(const Unpacked256 *u, const XRow &x, int64_t i, __m256 *acc,
-                                                  __m256 *mins, __m128 *mins4) {
+                                                  __m128 *mins4) {
     const int8_t *c = x.q + 256 * i;
     const __m256i sums = load(x.sums + 16 * i);
     const float dx = x.d[i];
@@ -224,10 +224,8 @@ inline __attribute__((always_inline)) void take256(const Unpacked256 *u, const X
         }
     }
     for (int n = 0; n < NR; n++) {
-        // Q6_K / Q3_K: the codes' offset (32, 4) times sum(scale * the 16-sums), taken off (extra holds -32 or -4 times the scales)
-        if constexpr (T == Q6_K || T == Q3_K) sumi[n] = _mm256_add_epi32(sumi[n], _mm256_madd_epi16(sums, u[n].extra));
-        if constexpr (T == Q2_K)
-            mins[n] = _mm256_fmadd_ps(_mm256_set1_ps(u[n].dmin * dx), _mm256_cvtepi32_ps(_mm256_madd_epi16(u[n].extra, sums)), mins[n]);
+        // Q6_K: the codes' offset 32 times sum(scale * the 16-sums), taken off (extra holds -32 times the scales)
+        if constexpr (T == Q6_K) sumi[n] = _mm256_add_epi32(sumi[n], _mm256_madd_epi16(sums, u[n].extra));
         if constexpr (T == Q5_K) {
             const __m128i sums32 = _mm_hadd_epi16(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
             const __m128i msum = _mm_madd_epi16(_mm256_extracti128_si256(u[n].extra, 1), sums32);
@@ -237,16 +235,56 @@ inline __attribute__((always_inline)) void take256(const Unpacked256 *u, const X
     }
 }
 
+// Q2_K / Q3_K: dot_k2's exact sums (its int32 lanes by other means: each row's total is the same)
+// of four weight rows side by side, then its float operations in one register: the generic bits.
+template <int64_t T, int NR>
+void tile_k2(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t M, int64_t K, const void *, float *out, int64_t ldo) {
+    static_assert(NR == 4, "the four rows' totals share one register");
+    constexpr int64_t Z = block_bytes256<T>();
+    __m128 acc[BAND][4];  // the four rows' lanes; dot_k2's accumulator i % 4 of super-block i
+    for (int64_t m = 0; m < M; m++)
+        for (int a = 0; a < 4; a++) acc[m][a] = _mm_setzero_ps();
+    Unpacked256 u[NR];
+    for (int64_t i = 0; i < K / 256; i++) {
+        for (int n = 0; n < NR; n++) {
+            unpack256<T>(row + n * row_bytes + i * Z, u[n]);
+            if constexpr (T == Q3_K) u[n].extra = _mm256_mullo_epi16(u[n].extra, _mm256_set1_epi16(-4));
+        }
+        const __m128 d_w = _mm_setr_ps(u[0].d, u[1].d, u[2].d, u[3].d);
+        [[maybe_unused]] const __m128 dmin_w = _mm_setr_ps(u[0].dmin, u[1].dmin, u[2].dmin, u[3].dmin);
+        for (int64_t m = 0; m < M; m++) {
+            const int8_t *c = xs[m].q + 256 * i;
+            const __m256i sums = load(xs[m].sums + 16 * i);
+            __m256i sumi[NR];
+            for (int n = 0; n < NR; n++) sumi[n] = T == Q3_K ? _mm256_madd_epi16(sums, u[n].extra) : _mm256_setzero_si256();
+            for (int t = 0; t < 8; t++) {
+                const __m256i codes = load(c + 32 * t);
+                for (int n = 0; n < NR; n++)
+                    sumi[n] = _mm256_add_epi32(sumi[n], _mm256_madd_epi16(_mm256_maddubs_epi16(u[n].q[t], codes), u[n].scales[t]));
+            }
+            const __m128 dx = _mm_set1_ps(xs[m].d[i]);
+            __m128 &a = acc[m][i % 4];
+            a = _mm_add_ps(a, _mm_mul_ps(_mm_mul_ps(d_w, dx), _mm_cvtepi32_ps(totals4(sumi[0], sumi[1], sumi[2], sumi[3]))));
+            if constexpr (T == Q2_K) {
+                __m256i msum[NR];
+                for (int n = 0; n < NR; n++) msum[n] = _mm256_madd_epi16(u[n].extra, sums);
+                a = _mm_sub_ps(a, _mm_mul_ps(_mm_mul_ps(dmin_w, dx), _mm_cvtepi32_ps(totals4(msum[0], msum[1], msum[2], msum[3]))));
+            }
+        }
+    }
+    for (int64_t m = 0; m < M; m++)
+        _mm_storeu_ps(out + m * ldo, _mm_add_ps(_mm_add_ps(acc[m][0], acc[m][2]), _mm_add_ps(acc[m][1], acc[m][3])));
+}
+
 template <int64_t T, int NR>
 void tile256(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t M, int64_t K, const void *, float *out, int64_t ldo) {
     constexpr int64_t Z = block_bytes256<T>();
-    constexpr bool has_mins = T == Q2_K || T == Q3_K;  // dot_k2's second accumulator (Q3_K's stays zero)
-    __m256 acc[BAND][NR], mins[has_mins ? BAND : 1][NR];
+    static_assert(T != Q2_K && T != Q3_K, "Q2_K / Q3_K: tile_k2");
+    __m256 acc[BAND][NR];
     __m128 mins4[T == Q5_K ? BAND : 1][NR];
     for (int64_t m = 0; m < M; m++)
         for (int n = 0; n < NR; n++) {
             acc[m][n] = _mm256_setzero_ps();
-            if constexpr (has_mins) mins[m][n] = _mm256_setzero_ps();
             if constexpr (T == Q5_K) mins4[m][n] = _mm_setzero_ps();
         }
     Unpacked256 u[NR];
@@ -254,22 +292,16 @@ void tile256(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t M, i
         for (int n = 0; n < NR; n++) {
             unpack256<T>(row + n * row_bytes + i * Z, u[n]);
             if constexpr (T == Q6_K) u[n].extra = _mm256_mullo_epi16(u[n].extra, _mm256_set1_epi16(-32));
-            if constexpr (T == Q3_K) u[n].extra = _mm256_mullo_epi16(u[n].extra, _mm256_set1_epi16(-4));
         }
-        for (int64_t m = 0; m < M; m++)
-            take256<T, NR>(u, xs[m], i, acc[m], has_mins ? mins[m] : mins[0], T == Q5_K ? mins4[m] : mins4[0]);
+        for (int64_t m = 0; m < M; m++) take256<T, NR>(u, xs[m], i, acc[m], T == Q5_K ? mins4[m] : mins4[0]);
     }
     for (int64_t m = 0; m < M; m++)
         for (int n = 0; n < NR; n++) {
-            float v;
-            if constexpr (T == Q6_K || T == IQ4_XS) {
-                v = hsum(acc[m][n]);
-            } else if constexpr (T == Q5_K) {
+            float v = hsum(acc[m][n]);
+            if constexpr (T == Q5_K) {
                 __m128 s = _mm_add_ps(mins4[m][n], _mm_movehl_ps(mins4[m][n], mins4[m][n]));
                 s = _mm_add_ss(s, _mm_movehdup_ps(s));
-                v = hsum(acc[m][n]) - _mm_cvtss_f32(s);
-            } else {
-                v = hsum(acc[m][n]) - hsum(mins[m][n]);
+                v -= _mm_cvtss_f32(s);
             }
             out[m * ldo + n] = v;
         }
@@ -379,8 +411,8 @@ Tile tile_for(int64_t type) {
         case Q5_1: return {tile32<S, Q5_1, NR32>, NR32};
         case Q8_0: return {tile32<S, Q8_0, NR32>, NR32};
         case IQ4_NL: return {tile32<S, IQ4_NL, NR32>, NR32};
-        case Q2_K: return {tile256<Q2_K, NR256>, NR256};
-        case Q3_K: return {tile256<Q3_K, NR256>, NR256};
+        case Q2_K: return {tile_k2<Q2_K, 4>, 4};
+        case Q3_K: return {tile_k2<Q3_K, 4>, 4};
         case Q5_K: return {tile256<Q5_K, NR256>, NR256};
         case Q6_K: return {tile256<Q6_K, Q6_K_TILE_ROWS>, Q6_K_TILE_ROWS};
         case IQ4_XS: return {tile256<IQ4_XS, NR256>, NR256};

@@ -171,6 +171,12 @@ inline int32_t hsum_i32(__m256i v) {
     return _mm_cvtsi128_si32(s);
 }
 
+// The exact totals of four rows' 8 int32 lanes: (total a, total b, total c, total d).
+inline __m128i totals4(__m256i a, __m256i b, __m256i c, __m256i d) {
+    const __m256i abcd = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));  // per 128-bit half: a b c d
+    return _mm_add_epi32(_mm256_castsi256_si128(abcd), _mm256_extracti128_si256(abcd, 1));
+}
+
 // `groups` groups of `step` (32 or 256) inputs: codes q, step d, and s (PER32) or the 16-sums (PER256).
 inline void round_groups(const float *x, int64_t groups, int64_t step, int8_t *q, float *d, float *s, int16_t *sums) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -308,77 +314,15 @@ float dot_q6_k(const uint8_t *row, const XRow &x, int64_t K) {
     return hsum(acc);
 }
 
-// Q3_K's 16 six-bit scales less 32, as int8 (q3_scale's bits): the low nibbles and the 2-bit high
-// parts of four scales cut out of the 12 bytes' 32-bit words at once, not one scale at a time.
-inline __m128i q3_scales(const uint8_t *scales) {
-    uint32_t a[3];
-    memcpy(a, scales, sizeof a);
-    const uint32_t low = 0x0F0F0F0Fu, two = 0x03030303u;
-    const __m128i six = _mm_setr_epi32(static_cast<int>((a[0] & low) | ((a[2] & two) << 4)),
-                                       static_cast<int>((a[1] & low) | (((a[2] >> 2) & two) << 4)),
-                                       static_cast<int>(((a[0] >> 4) & low) | (((a[2] >> 4) & two) << 4)),
-                                       static_cast<int>(((a[1] >> 4) & low) | (((a[2] >> 6) & two) << 4)));
-    return _mm_sub_epi8(six, _mm_set1_epi8(32));
-}
+}  // namespace
+}  // namespace blocks
+}  // namespace qkv
 
-// Q2_K / Q3_K's 16 scales as int16, each half (scales 8 h .. 8 h + 7) in both 128-bit lanes, so
-// that a pair of them is one in-lane shuffle (pair_scales) instead of a shuffle and a widening.
-struct Scales16 {
-    __m256i half[2];
-};
+#include "block_k2_x86.h"  // Q2_K / Q3_K: q3_scales, pair_scales, k2_sums, dot_k2
 
-inline Scales16 scales16(__m128i sc8, bool is_signed) {
-    const __m256i all = is_signed ? _mm256_cvtepi8_epi16(sc8) : _mm256_cvtepu8_epi16(sc8);
-    return {{_mm256_permute2x128_si256(all, all, 0x00), _mm256_permute2x128_si256(all, all, 0x11)}};
-}
-
-inline __m256i pair_scales(const Scales16 &scales, int s) {  // s even: int16 lanes 0..7 scale s, 8..15 scale s + 1
-    const char j = static_cast<char>(2 * (s % 8));
-    const char k = static_cast<char>(j + 2);
-    return _mm256_shuffle_epi8(scales.half[s / 8], _mm256_setr_epi8(j, j + 1, j, j + 1, j, j + 1, j, j + 1, j, j + 1, j, j + 1, j, j + 1, j, j + 1,
-                                                                     k, k + 1, k, k + 1, k, k + 1, k, k + 1, k, k + 1, k, k + 1, k, k + 1, k, k + 1));
-}
-
-// Q2_K / Q3_K: weight 128 h + 32 t + r from bits 2t of qs[32 h + r]; Q3_K adds 4 where bit 4h + t of
-// hmask[r] is set and takes the 4 off as 4 sum(scale * the activations' 16-sums), as Q6_K its 32.
-template <class S, int64_t T>
-float dot_k2(const uint8_t *row, const XRow &x, int64_t K) {
-    using B = std::conditional_t<T == Q3_K, BlockQ3_K, BlockQ2_K>;
-    const __m256i three = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
-    __m256 acc = _mm256_setzero_ps(), mins = _mm256_setzero_ps();
-    for (int64_t i = 0; i < K / 256; i++) {
-        const B &b = *reinterpret_cast<const B *>(row + i * static_cast<int64_t>(sizeof(B)));
-        const int8_t *c = x.q + 256 * i;
-        const __m256i sums = load(x.sums + 16 * i);
-        __m128i sc8;
-        [[maybe_unused]] __m256i hm;
-        if constexpr (T == Q2_K) {
-            const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i *>(b.scales));
-            sc8 = _mm_and_si128(packed, _mm_set1_epi8(15));
-            const __m256i mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(15)));
-            mins = _mm256_fmadd_ps(_mm256_set1_ps(half(b.dmin) * x.d[i]), _mm256_cvtepi32_ps(_mm256_madd_epi16(mn, sums)), mins);
-        } else {
-            sc8 = q3_scales(b.scales);
-            hm = load(b.hmask);
-        }
-        const Scales16 scales = scales16(sc8, T == Q3_K);
-        __m256i sumi = _mm256_setzero_si256();
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; h++) {
-            const __m256i bits = load(b.qs + 32 * h);
-#pragma GCC unroll 4
-            for (int t = 0; t < 4; t++) {
-                __m256i q = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * t), three);
-                if constexpr (T == Q3_K) q = _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + t), one), 2));
-                const __m256i p16 = _mm256_maddubs_epi16(q, load(c + 128 * h + 32 * t));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, pair_scales(scales, 8 * h + 2 * t)));
-            }
-        }
-        if constexpr (T == Q3_K) sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(_mm256_madd_epi16(sums, _mm256_cvtepi8_epi16(sc8)), 2));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(half(b.d) * x.d[i]), _mm256_cvtepi32_ps(sumi), acc);
-    }
-    return hsum(acc) - hsum(mins);
-}
+namespace qkv {
+namespace blocks {
+namespace {
 
 // IQ4_XS: per sub-block s of 32, the code book's values (signed) by nibble, |w| times sign(w) x
 // summed by vpmaddubsw (|w| <= 127, |x| <= 127: no int16 saturation) and weighted by the six-bit
