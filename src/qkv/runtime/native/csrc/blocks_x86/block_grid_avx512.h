@@ -225,8 +225,7 @@ void wide_tile_grid(const uint8_t *row, int64_t row_bytes, const XRow *, int64_t
     const uint8_t *P = static_cast<const uint8_t *>(prepared);
     alignas(64) float acc[4][NR][GRID_BAND_MAX];  // the one-row kernels' accumulator i % 4 of super-block i
     for (int a = 0; a < 4; a++)
-        for (int n = 0; n < NR; n++)
-            for (int64_t m = 0; m < groups * GRID_GROUP; m++) acc[a][n][m] = 0.f;
+        for (int n = 0; n < NR; n++) memset(acc[a][n], 0, static_cast<size_t>(groups * GRID_GROUP) * sizeof(float));
     GridRow w[NR];
     for (int64_t i = 0; i < blocks; i++) {
         for (int n = 0; n < NR; n++) {
@@ -248,8 +247,12 @@ void wide_tile_grid(const uint8_t *row, int64_t row_bytes, const XRow *, int64_t
             grid_pass<B, NR, 1>(w, at, sums);
         }
     }
+    for (int n = 0; n < NR; n++)  // (a0 + a2) + (a1 + a3), sixteen rows at a time
+        for (int64_t m = 0; m < groups * GRID_GROUP; m += GRID_GROUP)
+            _mm512_store_ps(acc[0][n] + m, _mm512_add_ps(_mm512_add_ps(_mm512_load_ps(acc[0][n] + m), _mm512_load_ps(acc[2][n] + m)),
+                                                         _mm512_add_ps(_mm512_load_ps(acc[1][n] + m), _mm512_load_ps(acc[3][n] + m))));
     for (int64_t m = 0; m < M; m++)
-        for (int n = 0; n < NR; n++) out[m * ldo + n] = (acc[0][n][m] + acc[2][n][m]) + (acc[1][n][m] + acc[3][n][m]);
+        for (int n = 0; n < NR; n++) out[m * ldo + n] = acc[0][n][m];
 }
 
 template <class B>
