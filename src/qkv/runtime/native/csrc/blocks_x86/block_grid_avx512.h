@@ -1,15 +1,16 @@
 // The AVX-512 variant's prompt tile for the grid types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S,
 // IQ1_S, IQ1_M) and Q2_K / Q3_K (small codes, a multiplier per 16 or 32): sixteen activation rows
-// in the lanes of a zmm register, four codes of one weight row broadcast against them by vpdpbusd. A part of block_avx512.cpp in a file of its own, which
-// it includes inside its target region, after its helpers and before its table of tiles by type
-// (include block_avx512.cpp).
+// in the lanes of a zmm register, four codes of one weight row broadcast against them by
+// vpdpbusd. A part of block_avx512.cpp in a file of its own, which it includes inside its target
+// region, after its helpers and before its table of tiles by type (include block_avx512.cpp).
 //
 // Why: block_grid_x86.h's ymm tile spends two multiplies (vpmaddubsw, vpmaddwd) on each 32
 // products of one (weight row, activation row) pair. Here one vpdpbusd takes 4 codes of a weight
 // row against 16 activation rows (64 products), and the sub-block's multiplier is applied once
 // per 16 rows with vpmulld, as ggml's tiled kernels do. The integer sums are dot_grid's exactly
-// and each output then takes grid_term's float operations in a lane (Q2_K / Q3_K: dot_k2's): every
-// output has the bits of its row alone, and the generic reference's.
+// and each output then takes grid_term's float operations (Q2_K / Q3_K: dot_k2's) in a lane of
+// its accumulator i % 4 for super-block i, as the one-row kernels: every output has the bits of
+// its row alone, and the generic reference's.
 //
 // Shape legend: NR weight rows n a tile; G = 16 activation rows r a group (one zmm); g < 64 the
 // groups of 4 codes of a super-block; s a sub-block (SUB = 32 or 16 codes: one multiplier).
