@@ -371,7 +371,7 @@ void wide32(const uint8_t *row, int64_t row_bytes, const XRow *, int64_t M, int6
 }  // namespace qkv
 
 #include "block_float_avx512.h"  // F16 / BF16: wide_rows_float, wide_tile_float
-#include "block_grid_avx512.h"   // the grid types: wide_tile_grid
+#include "block_grid_avx512.h"   // the grid types, Q2_K, Q3_K: wide_tile_grid
 
 namespace qkv {
 namespace blocks {

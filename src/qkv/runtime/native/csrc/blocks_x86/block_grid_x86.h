@@ -193,7 +193,7 @@ float dot_grid(const uint8_t *row, const XRow &x, int64_t K) {
     alignas(16) float a[4];
     _mm_store_ps(a, acc);
     for (int64_t i = i0; i < blocks; i++) a[i % 4] += grid_term(b[i], x.d[i], hsum_i32(grid_sums(b[i], x.q + 256 * i)));
-    return (a[0] + a[2]) + (a[1] + a[3]);
+    return four_accumulators(a);
 }
 
 // A prompt's tile (block_format.h's Tile): each super-block of the NR = 4 weight rows unpacked
@@ -244,7 +244,7 @@ void tile_grid(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t M,
         }
     }
     for (int64_t m = 0; m < M; m++)
-        _mm_storeu_ps(out + m * ldo, _mm_add_ps(_mm_add_ps(acc[m][0], acc[m][2]), _mm_add_ps(acc[m][1], acc[m][3])));
+        _mm_storeu_ps(out + m * ldo, four_accumulators(acc[m]));
 }
 
 constexpr int GRID_TILE_ROWS = 4;

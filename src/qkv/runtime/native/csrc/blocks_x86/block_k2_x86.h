@@ -4,8 +4,6 @@
 // same exact sums.
 #pragma once
 
-#include <algorithm>
-
 namespace qkv {
 namespace blocks {
 namespace {  // each variant's file has its own copies, compiled for its own instruction set
@@ -107,7 +105,7 @@ float dot_k2(const uint8_t *row, const XRow &x, int64_t K) {
         a[i % 4] += (half(b[i].d) * x.d[i]) * static_cast<float>(hsum_i32(isum));
         if constexpr (T == Q2_K) a[i % 4] -= (half(b[i].dmin) * x.d[i]) * static_cast<float>(hsum_i32(msum));
     }
-    return (a[0] + a[2]) + (a[1] + a[3]);
+    return four_accumulators(a);
 }
 
 }  // namespace

@@ -273,7 +273,7 @@ void tile_k2(const uint8_t *row, int64_t row_bytes, const XRow *xs, int64_t M, i
         }
     }
     for (int64_t m = 0; m < M; m++)
-        _mm_storeu_ps(out + m * ldo, _mm_add_ps(_mm_add_ps(acc[m][0], acc[m][2]), _mm_add_ps(acc[m][1], acc[m][3])));
+        _mm_storeu_ps(out + m * ldo, four_accumulators(acc[m]));
 }
 
 template <int64_t T, int NR>

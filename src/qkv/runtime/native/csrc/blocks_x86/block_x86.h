@@ -149,16 +149,6 @@ void rows32(const uint8_t *row, int64_t row_bytes, const XRow &x, int64_t K, flo
     for (int r = 0; r < NR; r++) out[r] = hsum(_mm256_add_ps(acc0[r], acc1[r])) + (offset0[r] + offset1[r]);
 }
 
-}  // namespace
-}  // namespace blocks
-}  // namespace qkv
-
-#include "block_float_x86.h"  // F16 / BF16: rows_float, dot_float, float_rows_by_k
-
-namespace qkv {
-namespace blocks {
-namespace {
-
 // -- the activations' rounding (block_format.cpp's round_activations, the same codes) ------
 inline __m256i codes8(const float *x, __m256 inverse) {  // to nearest, ties to even (MXCSR's default), as lrintf
     return _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), inverse));
@@ -176,6 +166,11 @@ inline __m128i totals4(__m256i a, __m256i b, __m256i c, __m256i d) {
     const __m256i abcd = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));  // per 128-bit half: a b c d
     return _mm_add_epi32(_mm256_castsi256_si128(abcd), _mm256_extracti128_si256(abcd, 1));
 }
+
+// Four accumulators by super-block (acc i % 4 of super-block i: block_format.cpp's dot256 for
+// Q2_K / Q3_K, dot_iq), combined in the generic reference's order: (a0 + a2) + (a1 + a3).
+inline __m128 four_accumulators(const __m128 *a) { return _mm_add_ps(_mm_add_ps(a[0], a[2]), _mm_add_ps(a[1], a[3])); }
+inline float four_accumulators(const float *a) { return (a[0] + a[2]) + (a[1] + a[3]); }
 
 // `groups` groups of `step` (32 or 256) inputs: codes q, step d, and s (PER32) or the 16-sums (PER256).
 inline void round_groups(const float *x, int64_t groups, int64_t step, int8_t *q, float *d, float *s, int16_t *sums) {
@@ -314,16 +309,6 @@ float dot_q6_k(const uint8_t *row, const XRow &x, int64_t K) {
     return hsum(acc);
 }
 
-}  // namespace
-}  // namespace blocks
-}  // namespace qkv
-
-#include "block_k2_x86.h"  // Q2_K / Q3_K: q3_scales, pair_scales, k2_sums, dot_k2
-
-namespace qkv {
-namespace blocks {
-namespace {
-
 // IQ4_XS: per sub-block s of 32, the code book's values (signed) by nibble, |w| times sign(w) x
 // summed by vpmaddubsw (|w| <= 127, |x| <= 127: no int16 saturation) and weighted by the six-bit
 // scale less 32 in vpmaddwd. block_tiles_x86.h's tiles run exactly these integer lanes.
@@ -356,7 +341,9 @@ float dot_iq4_xs(const uint8_t *row, const XRow &x, int64_t K) {
 }  // namespace blocks
 }  // namespace qkv
 
-#include "block_grid_x86.h"
+#include "block_float_x86.h"  // F16 / BF16: rows_float, dot_float, float_rows_by_k
+#include "block_k2_x86.h"     // Q2_K / Q3_K: q3_scales, pair_scales, k2_sums, dot_k2
+#include "block_grid_x86.h"   // the grid types: grid_part, dot_grid, tile_grid
 
 namespace qkv {
 namespace blocks {
